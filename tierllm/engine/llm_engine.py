@@ -1,0 +1,159 @@
+"""LLMEngine: add_request / step / abort over the scheduler and the model runner. Every entry point (HF-style
+generate, the offline LLM API, the server) drives this one loop."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tierllm.config import EngineConfig
+from tierllm.engine.beam_search import BeamSearchGroup
+from tierllm.engine.outputs import CompletionOutput, RequestOutput
+from tierllm.engine.request import Request, RequestStatus
+from tierllm.engine.scheduler import Scheduler
+from tierllm.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class _RequestGroup:
+    """One caller request: `n` sampled children, or the beams of a beam search."""
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    children: list[Request]                         # samples, or beam slots
+    beam: BeamSearchGroup | None = None
+    pending_logprobs: dict[int, torch.Tensor] = field(default_factory=dict)   # beam slot -> log-probs this round
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, scheduler: Scheduler, runner, vocab_size: int):
+        self.config = config
+        self.scheduler = scheduler
+        self.block_manager = scheduler.block_manager
+        self.runner = runner
+        self.vocab_size = vocab_size
+        self.groups: dict[str, _RequestGroup] = {}
+
+    # ---- requests ------------------------------------------------------------------------------
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise a ValueError that says what to change; nothing is queued."""
+        params.validate()
+        max_len = self.config.scheduler.max_model_len
+        if len(prompt_token_ids) == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if len(prompt_token_ids) >= max_len:
+            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens but the model's context holds "
+                             f"{max_len} (max_model_len): shorten the prompt to at most {max_len - 1} tokens")
+        if len(prompt_token_ids) + params.max_tokens > max_len:
+            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_new_tokens ({params.max_tokens}) "
+                             f"exceeds the context of {max_len} tokens: lower max_new_tokens to at most "
+                             f"{max_len - len(prompt_token_ids)}")
+        blocks = self.block_manager.blocks_needed(len(prompt_token_ids) + params.max_tokens)
+        copies = params.num_beams if params.num_beams > 1 else 1
+        if blocks * copies > self.block_manager.num_blocks:
+            raise ValueError(f"this request needs up to {blocks * copies} KV blocks but the cache has "
+                             f"{self.block_manager.num_blocks}: give the KV cache more memory or ask for fewer "
+                             "tokens/beams")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        prompt = list(prompt_token_ids)
+        self.validate_request(prompt, params)
+        if params.num_beams > 1:
+            first = Request(f"{request_id}#beam0", prompt, params, group_id=request_id, beam_slot=0)
+            group = _RequestGroup(request_id, prompt, params, [first],
+                                  beam=BeamSearchGroup(len(prompt), params, params.stop_token_ids))
+        else:
+            children = []
+            for i in range(params.n):
+                child = Request(request_id if params.n == 1 else f"{request_id}#{i}", prompt, params,
+                                group_id=request_id)
+                if params.do_sample and params.seed is not None:
+                    child.generator = self.runner.make_generator(params.seed + i)
+                children.append(child)
+            group = _RequestGroup(request_id, prompt, params, children)
+        self.groups[request_id] = group
+        for child in group.children:
+            self.scheduler.add_request(child)
+
+    def abort(self, request_id: str) -> None:
+        group = self.groups.pop(request_id, None)
+        if group is None:
+            return
+        for child in group.children:
+            if not child.status.is_finished:
+                self.scheduler.finish(child, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduled forward pass; returns an output for every request that got new tokens or finished."""
+        sched_out = self.scheduler.schedule()
+        if sched_out.is_empty:
+            if not self.groups:
+                return []
+            raise RuntimeError("the scheduler found nothing to run although requests are pending "
+                               f"(running={len(self.scheduler.running)}, waiting={len(self.scheduler.waiting)})")
+        model_out = self.runner.execute(sched_out, self.block_manager)
+        ready = self.scheduler.update_after_step(sched_out)
+        touched: dict[str, _RequestGroup] = {}
+        for request in ready:
+            if request.is_beam:
+                continue
+            request.append_token(model_out.sampled_token_ids[request.request_id])
+            if request.check_stop():
+                self.scheduler.finish(request, request.status)
+            group = self.groups[request.group_id]
+            touched[group.request_id] = group
+        for request in ready:
+            if not request.is_beam:
+                continue
+            group = self.groups[request.group_id]
+            group.pending_logprobs[request.beam_slot] = model_out.beam_logprobs[request.request_id]
+            if len(group.pending_logprobs) == len(group.children):
+                self._advance_beams(group)
+                if group.beam.is_done:
+                    touched[group.request_id] = group
+        outputs = [self._make_output(group) for group in touched.values()]
+        for output in outputs:
+            if output.finished:
+                del self.groups[output.request_id]
+        return outputs
+
+    def _advance_beams(self, group: _RequestGroup) -> None:
+        slots = group.children
+        logprobs = torch.stack([group.pending_logprobs[i] for i in range(len(slots))])   # [slots, vocab]
+        group.pending_logprobs.clear()
+        parents = group.beam.step(logprobs)
+        num_computed = [slots[p].num_computed_tokens for p in parents]
+        for j in range(len(slots), len(parents)):           # the first round creates the other beams
+            slot = Request(f"{group.request_id}#beam{j}", group.prompt_token_ids, group.params,
+                           group_id=group.request_id, beam_slot=j)
+            slots.append(slot)
+            self.scheduler.add_running(slot)
+        self.block_manager.fork({slots[j].request_id: slots[p].request_id for j, p in enumerate(parents)})
+        for j, slot in enumerate(slots):
+            slot.output_token_ids = list(group.beam.running_tokens[j])
+            slot.num_computed_tokens = num_computed[j]
+        if group.beam.is_done:
+            for slot in slots:
+                self.scheduler.finish(slot, RequestStatus.FINISHED_STOPPED)
+
+    @staticmethod
+    def _make_output(group: _RequestGroup) -> RequestOutput:
+        if group.beam is not None:                           # beams are reported once, when the search ends
+            eos = set(group.params.stop_token_ids)
+            completions = [CompletionOutput(i, list(t), "stop" if t and t[-1] in eos else "length")
+                           for i, t in enumerate(group.beam.results())]
+            return RequestOutput(group.request_id, group.prompt_token_ids, completions, True)
+        completions = [CompletionOutput(i, list(c.output_token_ids),
+                                        c.status.value if c.status.is_finished else None)
+                       for i, c in enumerate(group.children)]
+        finished = all(c.status.is_finished for c in group.children)
+        return RequestOutput(group.request_id, group.prompt_token_ids, completions, finished)

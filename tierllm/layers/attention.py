@@ -1,0 +1,56 @@
+"""Attention over the blocked KV cache for one flat step: decode tokens first, then prefill chunks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tierllm import kernels
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor            # [num_tokens] cache slot of each token's new K/V
+    num_decode_tokens: int                # the first tokens are single-token steps, one per sequence
+    decode_block_tables: torch.Tensor     # [num_decodes, max_blocks]
+    decode_context_lens: torch.Tensor     # [num_decodes] tokens visible to each decode query (incl. itself)
+    prefill_block_tables: torch.Tensor    # [num_prefills, max_blocks]
+    prefill_query_lens: list[int]         # tokens of each prefill chunk
+    prefill_context_lens: list[int]       # cached prefix + chunk, per prefill sequence
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: int | None = None):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads "
+                             f"({num_kv_heads})")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+        self.k_cache: torch.Tensor | None = None   # [num_blocks, block_size, num_kv_heads, head_dim], bound by runner
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim] -> [num_tokens, H*d]"""
+        kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        num_decode = meta.num_decode_tokens
+        if num_decode == q.shape[0]:
+            out = kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
+                                                 meta.decode_context_lens, self.scale, self.sliding_window)
+        elif num_decode == 0:
+            out = kernels.prefill_attention(q, k, v, self.k_cache, self.v_cache, meta.prefill_block_tables,
+                                            meta.prefill_query_lens, meta.prefill_context_lens, self.scale,
+                                            self.sliding_window)
+        else:
+            decode_out = kernels.paged_decode_attention(q[:num_decode], self.k_cache, self.v_cache,
+                                                        meta.decode_block_tables, meta.decode_context_lens,
+                                                        self.scale, self.sliding_window)
+            prefill_out = kernels.prefill_attention(q[num_decode:], k[num_decode:], v[num_decode:], self.k_cache,
+                                                    self.v_cache, meta.prefill_block_tables,
+                                                    meta.prefill_query_lens, meta.prefill_context_lens,
+                                                    self.scale, self.sliding_window)
+            out = torch.cat((decode_out, prefill_out), dim=0)
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -1,0 +1,41 @@
+"""Rotary embedding tables built by transformers' own RoPE initialisers, so every rope_type the config names
+(default, linear, llama3, yarn, ...) matches HF exactly."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tierllm import kernels
+
+_POSITION_DEPENDENT = {"dynamic", "longrope"}   # their frequencies change with the sequence length
+
+
+def _inv_freq_and_scaling(config, head_dim: int) -> tuple[torch.Tensor, float]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type in _POSITION_DEPENDENT:
+        raise ValueError(f"rope_type {rope_type!r} changes with sequence length and is not supported yet; "
+                         "supported: default, linear, llama3, yarn")
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        rot_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        return 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.int64).float() / rot_dim)), 1.0
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unknown rope_type {rope_type!r} in the model config")
+    return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config, head_dim: int, max_positions: int, device=None):
+        super().__init__()
+        inv_freq, scaling = _inv_freq_and_scaling(config, head_dim)
+        positions = torch.arange(max_positions, dtype=torch.int64).float()
+        freqs = positions[:, None] * inv_freq[None, :]                        # [max_pos, rot_dim / 2]
+        cache = torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
+        self.register_buffer("cos_sin_cache", cache.to(device), persistent=False)   # fp32 [max_pos, rot_dim]
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]."""
+        return kernels.apply_rotary(positions, q, k, self.cos_sin_cache)

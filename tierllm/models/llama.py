@@ -1,0 +1,119 @@
+"""Llama family: Llama 1-3, Mistral, Qwen2, SmolLM (MHA and GQA, RoPE scaling, tied embeddings, QKV bias)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tierllm import kernels
+from tierllm.layers.attention import Attention, AttentionMetadata
+from tierllm.layers.embedding import Embedding, LMHead
+from tierllm.layers.linear import Linear, MergedLinear
+from tierllm.layers.norm import RMSNorm
+from tierllm.layers.rotary import RotaryEmbedding
+from tierllm.models.base import NativeModel, head_dim_of
+
+
+def _sliding_window(config, layer_idx: int) -> int | None:
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and layer_types[layer_idx] != "sliding_attention"):
+        return None
+    if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
+        return None
+    return window
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx: int, rotary: RotaryEmbedding, dtype, device):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = head_dim_of(config)
+        qkv_bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
+        o_bias = getattr(config, "attention_bias", False)
+        self.qkv_proj = MergedLinear(hidden, {"q": self.num_heads * self.head_dim,
+                                              "k": self.num_kv_heads * self.head_dim,
+                                              "v": self.num_kv_heads * self.head_dim}, qkv_bias, dtype, device)
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, o_bias, dtype, device)
+        self.rotary = rotary
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
+                              _sliding_window(config, layer_idx))
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        n = hidden.shape[0]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
+        k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config, dtype, device):
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"Llama-family MLP activation {config.hidden_act!r} is not supported (only silu)")
+        bias = getattr(config, "mlp_bias", False)
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, {0: size, 1: size}, bias, dtype, device)
+        self.down_proj = Linear(size, config.hidden_size, bias, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int, rotary: RotaryEmbedding, dtype, device):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, rotary, dtype, device)
+        self.mlp = LlamaMLP(config, dtype, device)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+
+    def forward(self, positions, hidden, residual, meta):
+        hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config, max_positions: int, dtype, device):
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
+        rotary = RotaryEmbedding(config, head_dim_of(config), max_positions, device)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, rotary, dtype, device)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+
+    def forward(self, input_ids, positions, meta):
+        hidden, residual = self.embed_tokens(input_ids), None          # [num_tokens, hidden]
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, meta)
+        return self.norm(hidden, residual)[0]
+
+
+class LlamaForCausalLM(NativeModel):
+    param_table = [
+        (r"self_attn\.q_proj\.", "self_attn.qkv_proj.", "q", None),
+        (r"self_attn\.k_proj\.", "self_attn.qkv_proj.", "k", None),
+        (r"self_attn\.v_proj\.", "self_attn.qkv_proj.", "v", None),
+        (r"mlp\.gate_proj\.", "mlp.gate_up_proj.", 0, None),
+        (r"mlp\.up_proj\.", "mlp.gate_up_proj.", 1, None),
+    ]
+    ignored_keys = [r"rotary_emb\.inv_freq$"]
+
+    def __init__(self, config, max_positions: int, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, max_positions, dtype, device)
+        tied = self.model.embed_tokens if config.tie_word_embeddings else None
+        if tied is not None:                       # a checkpoint may still carry the tied copy
+            self.ignored_keys = self.ignored_keys + [r"^lm_head\.weight$"]
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, dtype, device, tied_embedding=tied)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]"""
+        return self.model(input_ids, positions, meta)

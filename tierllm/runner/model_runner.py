@@ -1,0 +1,37 @@
+"""Runs one scheduled step: block copies, flat inputs, forward, logits of finished inputs, sampling."""
+from __future__ import annotations
+
+import torch
+
+from tierllm.engine.block_manager import BlockManager
+from tierllm.engine.outputs import ModelOutput, SchedulerOutput
+from tierllm.layers.sampler import sample
+from tierllm.models.base import NativeModel
+from tierllm.runner.input_builder import build_step_inputs
+from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks
+
+
+class ModelRunner:
+    def __init__(self, model: NativeModel, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.kv_caches = allocate_kv_cache(model.attention_layers(), num_blocks, block_size, dtype, device)
+        model.bind_kv_cache(self.kv_caches)
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, block_manager: BlockManager) -> ModelOutput:
+        if out.block_copies:
+            copy_blocks(self.kv_caches, out.block_copies)
+        inputs = build_step_inputs(out, block_manager, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)   # [num_tokens, hidden]
+        if not inputs.sampled_requests:
+            return ModelOutput(sampled_token_ids={})
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])      # [num_sampled, vocab]
+        tokens, beam_logprobs = sample(logits, inputs.sampled_requests)
+        sampled = {r.request_id: t for r, t in zip(inputs.sampled_requests, tokens) if not r.is_beam}
+        return ModelOutput(sampled_token_ids=sampled, beam_logprobs=beam_logprobs)
