@@ -29,8 +29,8 @@ def prefill_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_c
             ks, vs = k[start:start + q_len], v[start:start + q_len]
         else:
             blocks = block_tables[i, : -(-kv_len // block_size)]
-            ks = k_cache[blocks].flatten(0, 1)[:kv_len]                    # [kv_len, KH, d]
-            vs = v_cache[blocks].flatten(0, 1)[:kv_len]
+            ks = k_cache.index_select(0, blocks).flatten(0, 1)[:kv_len]    # [kv_len, KH, d]
+            vs = v_cache.index_select(0, blocks).flatten(0, 1)[:kv_len]
         ks, vs = ks.transpose(0, 1), vs.transpose(0, 1)                    # [KH, kv_len, d]
         gqa = ks.shape[0] != qs.shape[0]
         if kv_len == q_len and sliding_window is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tierllm import kernels
 
 _POSITION_DEPENDENT = {"dynamic", "longrope"}   # their frequencies change with the sequence length
 
@@ -28,14 +27,16 @@ def _inv_freq_and_scaling(config, head_dim: int) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, config, head_dim: int, max_positions: int, device=None):
+    def __init__(self, config, head_dim: int, max_positions: int, dtype: torch.dtype, device=None):
         super().__init__()
         inv_freq, scaling = _inv_freq_and_scaling(config, head_dim)
         positions = torch.arange(max_positions, dtype=torch.int64).float()
         freqs = positions[:, None] * inv_freq[None, :]                        # [max_pos, rot_dim / 2]
-        cache = torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
-        self.register_buffer("cos_sin_cache", cache.to(device), persistent=False)   # fp32 [max_pos, rot_dim]
+        emb = torch.cat((freqs, freqs), dim=-1)                               # [max_pos, rot_dim]
+        # HF computes cos/sin in fp32 and casts them to the model dtype; so do we, once.
+        self.register_buffer("cos", (emb.cos() * scaling).to(device=device, dtype=dtype), persistent=False)
+        self.register_buffer("sin", (emb.sin() * scaling).to(device=device, dtype=dtype), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]."""
-        return kernels.apply_rotary(positions, q, k, self.cos_sin_cache)
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Once per step: [num_tokens] -> cos, sin [num_tokens, rot_dim]."""
+        return self.cos[positions], self.sin[positions]

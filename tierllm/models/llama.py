@@ -24,7 +24,7 @@ def _sliding_window(config, layer_idx: int) -> int | None:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config, layer_idx: int, rotary: RotaryEmbedding, dtype, device):
+    def __init__(self, config, layer_idx: int, dtype, device):
         super().__init__()
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
@@ -36,16 +36,15 @@ class LlamaAttention(nn.Module):
                                               "k": self.num_kv_heads * self.head_dim,
                                               "v": self.num_kv_heads * self.head_dim}, qkv_bias, dtype, device)
         self.o_proj = Linear(self.num_heads * self.head_dim, hidden, o_bias, dtype, device)
-        self.rotary = rotary
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
                               _sliding_window(config, layer_idx))
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, cos_sin, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         n = hidden.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
-        q, k = self.rotary(positions, q, k)
+        q, k = kernels.apply_rotary(q, k, *cos_sin)
         out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta)
         return self.o_proj(out)
 
@@ -65,16 +64,16 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_idx: int, rotary: RotaryEmbedding, dtype, device):
+    def __init__(self, config, layer_idx: int, dtype, device):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, rotary, dtype, device)
+        self.self_attn = LlamaAttention(config, layer_idx, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
-    def forward(self, positions, hidden, residual, meta):
+    def forward(self, cos_sin, hidden, residual, meta):
         hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta)
+        hidden = self.self_attn(cos_sin, hidden, meta)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -83,15 +82,16 @@ class LlamaModel(nn.Module):
     def __init__(self, config, max_positions: int, dtype, device):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
-        rotary = RotaryEmbedding(config, head_dim_of(config), max_positions, device)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, rotary, dtype, device)
+        self.rotary = RotaryEmbedding(config, head_dim_of(config), max_positions, dtype, device)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, dtype, device)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
     def forward(self, input_ids, positions, meta):
         hidden, residual = self.embed_tokens(input_ids), None          # [num_tokens, hidden]
+        cos_sin = self.rotary.lookup(positions)
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, meta)
+            hidden, residual = layer(cos_sin, hidden, residual, meta)
         return self.norm(hidden, residual)[0]
 
 
