@@ -54,6 +54,18 @@ def _default_eos(model_source, config) -> list[int]:
     return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
+def encode_prompt(tokenizer, prompt: str, use_chat_template: bool) -> list[int]:
+    """Text -> token ids, optionally as one user turn of the model's chat template."""
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer: pass token ids, or tokenizer=... when loading")
+    if use_chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat template: send the prompt as raw text")
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+    return tokenizer.encode(prompt)
+
+
 @dataclass
 class GenerationProfile:
     """Timing of the last generate() call, by the reference formulas (ZeRO-Inference)."""
@@ -244,15 +256,7 @@ class LLM:
         self._ids = itertools.count()
 
     def encode(self, prompt: str, use_chat_template: bool = False) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer: pass token ids, or tokenizer=... to LLM()")
-        if use_chat_template:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ValueError("the tokenizer has no chat template: pass use_chat_template=False")
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                           add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False))
-        return self.tokenizer.encode(prompt)
+        return encode_prompt(self.tokenizer, prompt, use_chat_template)
 
     def generate(self, prompts, sampling_params: SamplingParams | None = None,
                  use_chat_template: bool = False) -> list[RequestOutput]:

@@ -1,0 +1,54 @@
+"""Benchmark result files: device, date, versions, measured ceilings, peers and the checks list."""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} ({torch.get_num_threads()} threads)"
+
+
+def versions() -> dict:
+    import transformers
+
+    import tierllm
+    return {"tierllm": tierllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def check(name: str, value: float, op: str, target: float) -> dict:
+    passed = value >= target if op == ">=" else value <= target
+    return {"name": name, "value": round(value, 4), "op": op, "target": target, "passed": passed}
+
+
+def write_result(path: Path, benchmark: str, device: torch.device, ceilings: dict, peers: dict, results: dict,
+                 checks: list[dict], settings: dict) -> dict:
+    doc = {"benchmark": benchmark, "device": device_name(device),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "versions": versions(), "settings": settings, "ceilings": ceilings, "peers": peers,
+           "results": results, "checks": checks}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def print_checks(checks: list[dict]) -> None:
+    width = max(len(c["name"]) for c in checks)
+    for c in checks:
+        mark = "PASS" if c["passed"] else "FAIL"
+        print(f"  {mark}  {c['name']:<{width}}  {c['value']:>10.3f} {c['op']} {c['target']}")

