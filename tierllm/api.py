@@ -1,6 +1,7 @@
 """User API: init_inference(...) -> InferenceEngine (HF-style generate), and the offline LLM class."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -106,13 +107,15 @@ class InferenceEngine:
         self.default_eos = default_eos
         self.default_pad = pad_token_id
         self.profile: GenerationProfile | None = None
+        self._first_token_time: float | None = None
         self._ids = itertools.count()
 
     @property
     def model(self):
         return self.engine.runner.model
 
-    def _prepare(self, input_ids, attention_mask, kwargs) -> tuple[torch.Tensor, torch.Tensor, list, SamplingParams]:
+    def _prepare(self, input_ids, attention_mask, kwargs):
+        """-> (ids [batch, seq], mask [batch, seq], prompts without padding, SamplingParams, pad id)"""
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 1:
             ids = ids[None, :]
@@ -132,17 +135,22 @@ class InferenceEngine:
             self.engine.validate_request(prompt, params)
         return ids, mask, prompts, params, pad
 
-    def _run(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[tuple[int, RequestOutput]]:
-        """Submit rows, step until done; yields (row, output) as outputs change. Aborts leftovers on exit."""
+    def _run(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[list[tuple[int, RequestOutput]]]:
+        """Submit rows, step until done; yields each step's (row, output) pairs. Aborts leftovers on exit.
+        Sets self._first_token_time once every row has its first token."""
         rids = [f"generate-{next(self._ids)}" for _ in prompts]
         row_of = {rid: i for i, rid in enumerate(rids)}
+        groups = self.engine.groups
+        self._first_token_time = None
         try:
             for rid, prompt in zip(rids, prompts):
                 self.engine.add_request(rid, prompt, params)
-            while any(rid in self.engine.groups for rid in rids):
-                for output in self.engine.step():
-                    if output.request_id in row_of:
-                        yield row_of[output.request_id], output
+            while any(rid in groups for rid in rids):
+                outputs = [(row_of[o.request_id], o) for o in self.engine.step() if o.request_id in row_of]
+                if self._first_token_time is None and all(
+                        rid not in groups or any(c.num_output_tokens for c in groups[rid].children) for rid in rids):
+                    self._first_token_time = time.perf_counter()
+                yield outputs
         finally:
             for rid in rids:
                 self.engine.abort(rid)
@@ -154,23 +162,16 @@ class InferenceEngine:
         ids, mask, prompts, params, pad = self._prepare(input_ids, attention_mask, kwargs)
         results: dict[int, list[list[int]]] = {}
         start = time.perf_counter()
-        first_token_at = None
-        for row, output in self._run(prompts, params):
-            if output.finished:
-                results[row] = [c.token_ids for c in output.outputs]
-            if first_token_at is None and self._all_started(prompts, output):
-                first_token_at = time.perf_counter()
+        for step_outputs in self._run(prompts, params):
+            for row, output in step_outputs:
+                if output.finished:
+                    results[row] = [c.token_ids for c in output.outputs]
         total = time.perf_counter() - start
-        prefill = (first_token_at or start + total) - start
-        num_rows = len(prompts) * max(params.n, 1)
+        prefill = (self._first_token_time or start + total) - start
         generated = sum(len(t) for r in results.values() for t in r)
-        self.profile = GenerationProfile(num_rows, sum(len(p) for p in prompts) * max(params.n, 1), generated,
-                                         prefill, total - prefill, total)
+        self.profile = GenerationProfile(len(prompts) * params.n, sum(len(p) for p in prompts) * params.n,
+                                         generated, prefill, total - prefill, total)
         return self._assemble(ids, mask, results, pad)
-
-    def _all_started(self, prompts, _output) -> bool:
-        return all(len(c.output_token_ids) > 0 or c.status.is_finished
-                   for g in self.engine.groups.values() for c in g.children if g.beam is None)
 
     @staticmethod
     def _assemble(ids: torch.Tensor, mask: torch.Tensor, results: dict[int, list[list[int]]], pad: int):
@@ -190,12 +191,13 @@ class InferenceEngine:
         _, _, prompts, params, _ = self._prepare(input_ids, attention_mask, kwargs)
         num_out = params.n
         seen = [0] * (len(prompts) * num_out)
-        for row, output in self._run(prompts, params):
+        for step_outputs in self._run(prompts, params):
             news = [[] for _ in seen]
-            for c in output.outputs:
-                k = row * num_out + c.index
-                news[k] = c.token_ids[seen[k]:]
-                seen[k] = len(c.token_ids)
+            for row, output in step_outputs:
+                for c in output.outputs:
+                    k = row * num_out + c.index
+                    news[k] = c.token_ids[seen[k]:]
+                    seen[k] = len(c.token_ids)
             if any(news):
                 yield news
 
@@ -262,7 +264,7 @@ class LLM:
                  use_chat_template: bool = False) -> list[RequestOutput]:
         params = sampling_params or SamplingParams()
         if not params.stop_token_ids and not params.ignore_eos:
-            params.stop_token_ids = list(self.default_eos)
+            params = dataclasses.replace(params, stop_token_ids=list(self.default_eos))
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         token_lists = [self.encode(p, use_chat_template) if isinstance(p, str) else list(p) for p in prompts]
