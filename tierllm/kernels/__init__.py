@@ -1,11 +1,11 @@
-"""Compute kernels. Each file holds one kernel: its torch reference `*_ref` (the CPU path and the test oracle)
-and, where written, its Triton kernel and launcher. The public functions below pick the implementation."""
+"""Compute kernels. Each file holds one kernel: its Triton kernel and launcher (`*_triton`, taken on CUDA
+tensors) and its torch reference `*_ref` (the CPU path and the test oracle)."""
 from tierllm.kernels.activation import gelu, relu, silu_and_mul
 from tierllm.kernels.cache_write import write_kv_cache
 from tierllm.kernels.decode_attention import paged_decode_attention
 from tierllm.kernels.norm import layer_norm, rms_norm
-from tierllm.kernels.prefill_attention import prefill_attention
-from tierllm.kernels.rotary import apply_rotary
+from tierllm.kernels.prefill_attention import PrefillPlan, paged_prefill_attention, plan_prefill
+from tierllm.kernels.rotary import rotary_and_cache_write
 
 __all__ = ["gelu", "relu", "silu_and_mul", "write_kv_cache", "paged_decode_attention", "layer_norm", "rms_norm",
-           "prefill_attention", "apply_rotary"]
+           "paged_prefill_attention", "PrefillPlan", "plan_prefill", "rotary_and_cache_write"]

@@ -1,6 +1,121 @@
-"""Paged decode attention: one query token per sequence against its KV blocks (GQA aware)."""
+"""Paged decode attention: one query token per sequence against its KV blocks (GQA aware).
+
+Triton version: flash-decoding. Programs = (sequence, KV head, split of the context); each walks its split
+in BLOCK_N-token tiles gathered through the block table, keeps an online softmax for the query heads that
+share the KV head (padded to 16 rows for tensor-core dots), and a second kernel merges the splits. Loop
+bounds come from context_lens on the device, so the launch is CUDA-graph safe."""
+from __future__ import annotations
+
 import torch
 import torch.nn.functional as F
+
+from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+                             out_ptr, part_acc_ptr, part_ml_ptr, stride_qs, stride_qh, stride_bt, stride_os,
+                             stride_oh, scale, num_kv_heads, window, GROUP: tl.constexpr,
+                             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                             SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr):
+        seq = tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        context_len = tl.load(context_lens_ptr + seq)
+        start = split * SPLIT_LEN
+        end = tl.minimum(start + SPLIT_LEN, context_len)
+        if HAS_WINDOW:
+            start = tl.maximum(start, context_len - window)
+        rows = tl.arange(0, 16)                                   # query heads of this KV head, padded to 16
+        dims = tl.arange(0, HEAD_DIM)
+        row_mask = rows < GROUP
+        heads = kv_head * GROUP + rows
+        q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
+                    mask=row_mask[:, None], other=0.0)            # [16, HEAD_DIM]
+        m = tl.full([16], float("-inf"), tl.float32)
+        l = tl.zeros([16], tl.float32)
+        acc = tl.zeros([16, HEAD_DIM], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            valid = offs < end
+            block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=valid, other=0)
+            slot = block.to(tl.int64) * BLOCK_SIZE + offs % BLOCK_SIZE
+            kv_off = slot[:, None] * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims[None, :]
+            k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)   # [BLOCK_N, HEAD_DIM]
+            s = tl.dot(q, tl.trans(k)) * scale                                  # [16, BLOCK_N]
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        if NUM_SPLITS == 1:
+            out = acc / tl.where(l > 0, l, 1.0)[:, None]
+            tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+        else:
+            num_heads = num_kv_heads * GROUP
+            part = (seq * num_heads + heads) * NUM_SPLITS + split             # [16]
+            tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_mask[:, None])
+            tl.store(part_ml_ptr + part * 2, m, mask=row_mask)
+            tl.store(part_ml_ptr + part * 2 + 1, l, mask=row_mask)
+
+    @triton.jit
+    def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_os, stride_oh, num_heads,
+                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+        seq = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        splits = tl.arange(0, NUM_SPLITS)
+        part = (seq * num_heads + head) * NUM_SPLITS + splits
+        m = tl.load(part_ml_ptr + part * 2)
+        l = tl.load(part_ml_ptr + part * 2 + 1)
+        m_max = tl.max(m, axis=0)
+        weight = tl.where(l > 0, tl.exp(m - m_max), 0.0)                       # empty splits weigh nothing
+        total = tl.sum(weight * l, axis=0)
+        dims = tl.arange(0, HEAD_DIM)
+        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :])
+        out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(out_ptr + seq * stride_os + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, device) -> int:
+    """Enough programs to fill the GPU twice over, never splits shorter than one tile. Depends only on
+    shapes, so a captured graph keeps a valid launch."""
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    wanted = max(1, -(-2 * num_sms // max(1, num_seqs * num_kv_heads)))
+    return int(min(wanted, max(1, -(-max_len // block_n)), 32))
+
+
+def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
+    num_seqs, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    if group > 16 or head_dim & (head_dim - 1):
+        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
+    out = torch.empty_like(q)
+    block_n = 64 if block_size <= 64 else block_size
+    max_len = block_tables.shape[1] * block_size
+    num_splits = triton.next_power_of_2(_num_splits(num_seqs, num_kv_heads, max_len, block_n, q.device))
+    split_len = -(-max_len // num_splits)
+    split_len = -(-split_len // block_n) * block_n
+    part_acc = part_ml = out
+    if num_splits > 1:
+        part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, q.stride(0), q.stride(1),
+        block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT_LEN=split_len,
+        NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None, num_warps=4)
+    if num_splits > 1:
+        _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
+                                                    HEAD_DIM=head_dim, NUM_SPLITS=num_splits)
+    return out
 
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -8,7 +123,7 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                sliding_window: int | None = None) -> torch.Tensor:
     """q: [num_seqs, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim];
     block_tables: [num_seqs, max_blocks] (padding entries may be any valid block); context_lens: [num_seqs]
-    (keys at positions >= context_len are masked). Returns [num_seqs, num_heads, head_dim]."""
+    (keys at positions >= context_len are masked; 0 = padding row, output 0). Returns [num_seqs, H, head_dim]."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     flat_tables = block_tables.flatten()                            # index_select: far faster than k_cache[tables]
@@ -21,9 +136,12 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     visible = key_pos[None, :] < context_lens[:, None]               # [num_seqs, max_len]
     if sliding_window is not None:
         visible &= key_pos[None, :] > context_lens[:, None] - 1 - sliding_window
+    visible[:, 0] |= context_lens == 0                               # padding rows: keep softmax finite
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=visible[:, None, None, :], scale=scale)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
+    if use_triton(q) and q.dtype in (torch.float16, torch.bfloat16):
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)

@@ -1,7 +1,111 @@
 """Prefill / chunked-prefill attention, varlen: each sequence's query chunk attends causally to its cached
-prefix and to itself."""
+prefix and to itself. The Triton kernel reads all keys/values (prefix and the chunk, already written) through
+the block table: programs = (query tile of BLOCK_M rows of one sequence, query head)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+
+PREFILL_BLOCK_M = 64
+
+
+@dataclass
+class PrefillPlan:
+    """Per-step device tensors for the Triton prefill kernel (built once per step, shared by all layers)."""
+    tile_seq: torch.Tensor       # [num_tiles] sequence of each query tile
+    tile_row: torch.Tensor       # [num_tiles] first query row of the tile within its sequence
+    q_start: torch.Tensor        # [num_seqs] offset of each sequence's chunk in the flat batch
+    query_lens: torch.Tensor     # [num_seqs]
+    context_lens: torch.Tensor   # [num_seqs]
+
+
+def plan_prefill(query_lens: list[int], context_lens: list[int], device) -> PrefillPlan:
+    tile_seq, tile_row, starts, start = [], [], [], 0
+    for i, q_len in enumerate(query_lens):
+        starts.append(start)
+        start += q_len
+        for row in range(0, q_len, PREFILL_BLOCK_M):
+            tile_seq.append(i)
+            tile_row.append(row)
+
+    def as_tensor(values):
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    return PrefillPlan(as_tensor(tile_seq), as_tensor(tile_row), as_tensor(starts), as_tensor(query_lens),
+                       as_tensor(context_lens))
+
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, tile_seq_ptr, tile_row_ptr,
+                        q_start_ptr, query_lens_ptr, context_lens_ptr, out_ptr, stride_qt, stride_qh,
+                        stride_ot, stride_oh, stride_bt, scale, num_kv_heads, window, GROUP: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr):
+        tile = tl.program_id(0)
+        head = tl.program_id(1)
+        kv_head = head // GROUP
+        seq = tl.load(tile_seq_ptr + tile).to(tl.int64)
+        row0 = tl.load(tile_row_ptr + tile)
+        q_start = tl.load(q_start_ptr + seq)
+        q_len = tl.load(query_lens_ptr + seq)
+        context_len = tl.load(context_lens_ptr + seq)
+        rows = row0 + tl.arange(0, BLOCK_M)
+        row_valid = rows < q_len
+        q_pos = context_len - q_len + rows                                     # absolute position of each query
+        dims = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
+                    mask=row_valid[:, None], other=0.0)                       # [BLOCK_M, HEAD_DIM]
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        hi = tl.minimum(context_len, context_len - q_len + row0 + BLOCK_M)      # causal bound of the tile
+        lo = 0
+        if HAS_WINDOW:
+            lo = tl.maximum(0, context_len - q_len + row0 - window + 1)
+        for n0 in range(lo, hi, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            valid = offs < hi
+            block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=valid, other=0)
+            slot = block.to(tl.int64) * BLOCK_SIZE + offs % BLOCK_SIZE
+            kv_off = slot[:, None] * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims[None, :]
+            k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale                                  # [BLOCK_M, BLOCK_N]
+            visible = valid[None, :] & (offs[None, :] <= q_pos[:, None])
+            if HAS_WINDOW:
+                visible &= offs[None, :] > q_pos[:, None] - window
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)             # rows with nothing visible yet
+            alpha = tl.exp(m - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        out = acc / tl.where(l > 0, l, 1.0)[:, None]
+        tl.store(out_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+def prefill_attention_triton(q, k_cache, v_cache, block_tables, plan: PrefillPlan, scale, sliding_window=None):
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    _prefill_kernel[(plan.tile_seq.shape[0], num_heads)](
+        q, k_cache, v_cache, block_tables, plan.tile_seq, plan.tile_row, plan.q_start, plan.query_lens,
+        plan.context_lens, out, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        scale, num_kv_heads, sliding_window or 0, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=64 if head_dim <= 64 else 32,
+        HAS_WINDOW=sliding_window is not None, num_warps=4, num_stages=2)
+    return out
 
 
 def _causal_mask(q_len: int, kv_len: int, sliding_window: int | None, device) -> torch.Tensor:
@@ -43,7 +147,11 @@ def prefill_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_c
     return out
 
 
-def prefill_attention(q, k, v, k_cache, v_cache, block_tables, query_lens, context_lens, scale,
-                      sliding_window=None):
+def paged_prefill_attention(q, k, v, k_cache, v_cache, block_tables, query_lens, context_lens, scale,
+                      sliding_window=None, plan: PrefillPlan | None = None):
+    head_dim = q.shape[-1]
+    if (plan is not None and use_triton(q) and q.dtype in (torch.float16, torch.bfloat16)
+            and not head_dim & (head_dim - 1)):
+        return prefill_attention_triton(q, k_cache, v_cache, block_tables, plan, scale, sliding_window)
     return prefill_attention_ref(q, k, v, k_cache, v_cache, block_tables, query_lens, context_lens, scale,
                                  sliding_window)

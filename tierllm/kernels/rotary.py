@@ -1,5 +1,64 @@
-"""Rotary position embedding (NeoX / HF "rotate half" layout) applied to q and k."""
+"""Rotary position embedding (NeoX / HF "rotate half" layout) on q and k, fused with the KV-cache write."""
+from __future__ import annotations
+
 import torch
+
+from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+from tierllm.kernels.cache_write import write_kv_cache_ref
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _rotate_heads(ptr, token, stride_t, stride_h, num_heads, c, s, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Rotate [num_heads, 2 * HALF] of one token in place; returns the rotated halves."""
+        heads = tl.arange(0, BLOCK_H)[:, None]
+        dims = tl.arange(0, HALF)[None, :]
+        mask = heads < num_heads
+        base = ptr + token * stride_t + heads * stride_h + dims
+        x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
+        o1 = (x1 * c - x2 * s).to(ptr.dtype.element_ty)
+        o2 = (x2 * c + x1 * s).to(ptr.dtype.element_ty)
+        tl.store(base, o1, mask=mask)
+        tl.store(base + HALF, o2, mask=mask)
+        return o1, o2
+
+    @triton.jit
+    def _rotary_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+                             num_heads, num_kv_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                             BLOCK_KH: tl.constexpr, WRITE_CACHE: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)
+        dims = tl.arange(0, HALF)[None, :]
+        c = tl.load(cos_ptr + token * stride_cs + dims).to(tl.float32)       # cos/sin halves are equal
+        s = tl.load(sin_ptr + token * stride_cs + dims).to(tl.float32)
+        _rotate_heads(q_ptr, token, stride_qt, stride_qh, num_heads, c, s, HALF, BLOCK_H)
+        k1, k2 = _rotate_heads(k_ptr, token, stride_kt, stride_kh, num_kv_heads, c, s, HALF, BLOCK_KH)
+        if WRITE_CACHE:
+            slot = tl.load(slot_ptr + token)
+            if slot >= 0:                                                   # -1: padding row of a graph
+                heads = tl.arange(0, BLOCK_KH)[:, None]
+                mask = heads < num_kv_heads
+                row = slot * num_kv_heads * 2 * HALF + heads * 2 * HALF + dims
+                tl.store(k_cache_ptr + row, k1, mask=mask)
+                tl.store(k_cache_ptr + row + HALF, k2, mask=mask)
+                v_base = v_ptr + token * stride_vt + heads * stride_vh + dims
+                tl.store(v_cache_ptr + row, tl.load(v_base, mask=mask), mask=mask)
+                tl.store(v_cache_ptr + row + HALF, tl.load(v_base + HALF, mask=mask), mask=mask)
+
+
+def rotary_and_cache_write_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
+    """In place: rotates q [T, H, D] and k [T, KH, D] (last dim contiguous) and writes k, v into the caches."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    _rotary_cache_kernel[(num_tokens,)](
+        q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
+        num_heads, num_kv_heads, HALF=head_dim // 2, BLOCK_H=triton.next_power_of_2(num_heads),
+        BLOCK_KH=triton.next_power_of_2(num_kv_heads), WRITE_CACHE=k_cache is not None)
+    return q, k
 
 
 def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -18,5 +77,14 @@ def apply_rotary_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     return rotate(q), rotate(k)
 
 
-def apply_rotary(q, k, cos, sin):
-    return apply_rotary_ref(q, k, cos, sin)
+def rotary_and_cache_write_ref(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
+    q, k = apply_rotary_ref(q, k, cos, sin)
+    write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
+    return q, k
+
+
+def rotary_and_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
+    """Rotate q and k, write k and v to their cache slots; returns (q, k) rotated."""
+    if use_triton(q) and cos.shape[-1] == q.shape[-1]:
+        return rotary_and_cache_write_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    return rotary_and_cache_write_ref(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from tierllm import kernels
+from tierllm.kernels import PrefillPlan
 
 
 @dataclass
@@ -18,6 +19,7 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor    # [num_prefills, max_blocks]
     prefill_query_lens: list[int]         # tokens of each prefill chunk
     prefill_context_lens: list[int]       # cached prefix + chunk, per prefill sequence
+    prefill_plan: PrefillPlan | None = None   # device-side tiling for the Triton prefill kernel (CUDA only)
 
 
 class Attention(nn.Module):
@@ -33,24 +35,29 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None   # [num_blocks, block_size, num_kv_heads, head_dim], bound by runner
         self.v_cache: torch.Tensor | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim] -> [num_tokens, H*d]"""
-        kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
+                cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]; cos_sin: rotary
+        tables of the step's positions, applied to q and k together with the cache write. -> [num_tokens, H*d]"""
+        if cos_sin is not None:
+            q, k = kernels.rotary_and_cache_write(q, k, v, *cos_sin, self.k_cache, self.v_cache, meta.slot_mapping)
+        else:
+            kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         num_decode = meta.num_decode_tokens
         if num_decode == q.shape[0]:
             out = kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
                                                  meta.decode_context_lens, self.scale, self.sliding_window)
         elif num_decode == 0:
-            out = kernels.prefill_attention(q, k, v, self.k_cache, self.v_cache, meta.prefill_block_tables,
+            out = kernels.paged_prefill_attention(q, k, v, self.k_cache, self.v_cache, meta.prefill_block_tables,
                                             meta.prefill_query_lens, meta.prefill_context_lens, self.scale,
-                                            self.sliding_window)
+                                            self.sliding_window, meta.prefill_plan)
         else:
             decode_out = kernels.paged_decode_attention(q[:num_decode], self.k_cache, self.v_cache,
                                                         meta.decode_block_tables, meta.decode_context_lens,
                                                         self.scale, self.sliding_window)
-            prefill_out = kernels.prefill_attention(q[num_decode:], k[num_decode:], v[num_decode:], self.k_cache,
+            prefill_out = kernels.paged_prefill_attention(q[num_decode:], k[num_decode:], v[num_decode:], self.k_cache,
                                                     self.v_cache, meta.prefill_block_tables,
                                                     meta.prefill_query_lens, meta.prefill_context_lens,
-                                                    self.scale, self.sliding_window)
+                                                    self.scale, self.sliding_window, meta.prefill_plan)
             out = torch.cat((decode_out, prefill_out), dim=0)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -44,8 +44,7 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
-        q, k = kernels.apply_rotary(q, k, *cos_sin)
-        out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta)
+        out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta, cos_sin)
         return self.o_proj(out)
 
 

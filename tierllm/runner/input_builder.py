@@ -8,6 +8,7 @@ import torch
 from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.outputs import SchedulerOutput
 from tierllm.engine.request import Request
+from tierllm.kernels import plan_prefill
 from tierllm.layers.attention import AttentionMetadata
 
 
@@ -64,6 +65,8 @@ def build_step_inputs(out: SchedulerOutput, block_manager: BlockManager, device:
         prefill_query_lens=[n for _, n in prefills],
         prefill_context_lens=[r.num_computed_tokens + n for r, n in prefills],
     )
+    if prefills and device.type == "cuda":
+        meta.prefill_plan = plan_prefill(meta.prefill_query_lens, meta.prefill_context_lens, device)
     return StepInputs(torch.tensor(input_ids, dtype=torch.int64, device=device),
                       torch.tensor(positions, dtype=torch.int64, device=device), meta,
                       torch.tensor(logits_indices, dtype=torch.int64, device=device), sampled)

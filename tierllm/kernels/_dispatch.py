@@ -1,0 +1,18 @@
+"""Which implementation a kernel call takes: Triton on CUDA tensors, the torch reference elsewhere.
+TIERLLM_KERNELS=ref forces the references everywhere (for A/B checks)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton  # noqa: F401
+    import triton.language as tl  # noqa: F401
+    HAS_TRITON = True
+except ImportError:            # CPU-only installs may lack Triton; the references cover them
+    HAS_TRITON = False
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    return HAS_TRITON and t.is_cuda and os.environ.get("TIERLLM_KERNELS") != "ref"
