@@ -205,9 +205,10 @@ class InferenceEngine:
 def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory: int | str | None = None,
-                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True, seed: int = 0,
-                 show_progress: bool = True):
-    """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad)."""
+                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
+                 enable_cuda_graph: bool | None = None, seed: int = 0, show_progress: bool = True):
+    """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad).
+    enable_cuda_graph: replay captured graphs for pure-decode steps (default: on for CUDA devices)."""
     source = default_model_path() if model is None else model
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = _resolve_dtype(dtype, device)
@@ -230,7 +231,10 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                                  cache_config, sched_config, seed)
     layers = native.attention_layers()
     num_blocks = plan_num_blocks(cache_config, sched_config, bytes_per_block(layers, block_size, torch_dtype), device)
-    runner = ModelRunner(native, num_blocks, block_size, torch_dtype, device)
+    if enable_cuda_graph is None:
+        enable_cuda_graph = device.type == "cuda"
+    runner = ModelRunner(native, num_blocks, block_size, torch_dtype, device, enable_cuda_graph, max_num_seqs,
+                         max_len)
     scheduler = Scheduler(sched_config, BlockManager(num_blocks, block_size, enable_prefix_caching))
     engine = LLMEngine(engine_config, scheduler, runner, config.vocab_size)
     logger.info("tierllm: %s on %s (%s), %d KV blocks of %d tokens", type(native).__name__, device, torch_dtype,

@@ -84,6 +84,52 @@ def _bench_generate(args) -> int:
     return 0
 
 
+def _probe(args) -> int:
+    import json
+
+    from tierllm.bench.probe import probe
+    ceilings = probe(args.disk_folder)
+    print(json.dumps(ceilings, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(ceilings, indent=1) + "\n")
+    return 0
+
+
+def _bench_gpu(args) -> int:
+    import torch
+
+    from tierllm.bench.gpu_bench import gpu_checks, run_gpu_bench
+    from tierllm.bench.results import print_checks, write_result
+
+    if not torch.cuda.is_available():
+        print("error: bench gpu needs a CUDA GPU", file=sys.stderr)
+        return 2
+    result = run_gpu_bench(args.preset)
+    checks = gpu_checks(result)
+    settings = {"preset": args.preset, "dtype": "bfloat16", "prompt_len": 512, "gen_len": 32,
+                "latency_gen_len": 128, "prefill": "8 x 512"}
+    write_result(Path(args.out), "gpu", torch.device("cuda"), result.pop("ceilings"), {"hf_eager": result["hf_eager"]},
+                 result, checks, settings)
+    lat = result["latency"]
+    print(f"\nbatch-1 decode: {lat['graphs_on']['decode_ms_per_step']:.2f} ms/token (graphs off "
+          f"{lat['graphs_off']['decode_ms_per_step']:.2f}), roofline {lat['roofline_ms_per_token']:.2f} ms, "
+          f"HF eager {result['hf_eager']['latency']['decode_ms_per_step']:.2f} ms")
+    print(f"prefill 8x512: {result['prefill']['seconds'] * 1e3:.1f} ms = {result['prefill']['TFLOPs']} TFLOP/s")
+    print("batch | tierllm tok/s | HF eager tok/s")
+    hf = {r["batch"]: r["total_tok_s"] for r in result["hf_eager"]["throughput"]}
+    for r in result["throughput"]:
+        print(f"{r['batch']:>5} | {r['total_tok_s']:>13.1f} | {hf.get(r['batch'], float('nan')):>14.1f}")
+    print_checks(checks)
+    return 0
+
+
+def _bench_plot(args) -> int:
+    from tierllm.bench.plot import plot_gpu_throughput
+    plot_gpu_throughput(Path(args.result), Path(args.png))
+    print(f"wrote {args.png}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tierllm", description="Run transformer LLMs on the hardware at hand.",
                                      epilog=_EPILOG)
@@ -111,6 +157,20 @@ def main(argv: list[str] | None = None) -> int:
     bg.add_argument("--gen-len", type=int, default=64)
     bg.add_argument("--out", default="benchmarks/results/generate-cpu.json")
     bg.set_defaults(func=_bench_generate)
+
+    bgpu = bench_sub.add_parser("gpu", help="GPU latency/prefill/throughput on a preset vs HF eager (one GPU)")
+    bgpu.add_argument("--preset", default="llama-7b")
+    bgpu.add_argument("--out", default="benchmarks/results/gpu-llama-7b.json")
+    bgpu.set_defaults(func=_bench_gpu)
+    bplot = bench_sub.add_parser("plot", help="PNG of tokens/s vs batch size from a `bench gpu` result")
+    bplot.add_argument("result")
+    bplot.add_argument("png")
+    bplot.set_defaults(func=_bench_plot)
+
+    pr = sub.add_parser("probe", help="measure the machine's ceilings (HBM, PCIe, matmul, disk)")
+    pr.add_argument("--disk-folder", default=None, help="where to write the disk probe file (default: /tmp)")
+    pr.add_argument("--out", default=None, help="also write the JSON here")
+    pr.set_defaults(func=_probe)
 
     args = parser.parse_args(argv)
     try:

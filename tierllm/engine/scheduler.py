@@ -74,7 +74,8 @@ class Scheduler:
                 continue
             out.block_copies.extend(copies)
             out.scheduled.append((request, num_new))
-        budget = self.config.max_num_batched_tokens - out.num_scheduled_tokens
+            budget -= num_new
+        budget = self.config.max_num_batched_tokens - out.num_scheduled_tokens   # victims' tokens come back
         if out.preempted:
             return out                                            # no admissions while memory is short
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:

@@ -1,5 +1,6 @@
 """Token selection from logits, with HF's logits-processor semantics: repetition penalty and min-new-tokens
-first, then temperature, top-k and top-p for sampling. Beam requests get their processed log-probs back."""
+first, then temperature, top-k and top-p for sampling. All rows are decided on the logits' device and come
+back to the host in one transfer. Beam requests get their processed log-probs instead."""
 from __future__ import annotations
 
 import torch
@@ -7,8 +8,8 @@ import torch
 from tierllm.engine.request import Request
 
 
-def _apply_penalties(scores: torch.Tensor, request: Request) -> torch.Tensor:
-    """scores: [vocab] logits or log-probs of one request (modified in place where needed)."""
+def _apply_penalties(scores: torch.Tensor, request: Request) -> None:
+    """scores: [vocab] logits or log-probs of one request, modified in place."""
     params = request.sampling_params
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(request.all_token_ids)), device=scores.device)
@@ -17,50 +18,60 @@ def _apply_penalties(scores: torch.Tensor, request: Request) -> torch.Tensor:
                                    picked / params.repetition_penalty)
     if request.num_output_tokens < params.min_tokens and params.stop_token_ids:
         scores[params.stop_token_ids] = float("-inf")
-    return scores
 
 
-def _warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """logits: [vocab] fp32 -> filtered logits (HF TemperatureLogitsWarper, TopK, TopP)."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
+def _needs_penalties(request: Request) -> bool:
+    params = request.sampling_params
+    return params.repetition_penalty != 1.0 or (request.num_output_tokens < params.min_tokens
+                                                and bool(params.stop_token_ids))
+
+
+def _warp(logits: torch.Tensor, rows: list[Request]) -> torch.Tensor:
+    """logits: [rows, vocab] fp32 -> filtered logits, as HF's TemperatureLogitsWarper, TopKLogitsWarper and
+    TopPLogitsWarper in that order, with each row's own settings (decided on the host: no device sync)."""
+    device, vocab = logits.device, logits.shape[-1]
+    params = [r.sampling_params for r in rows]
+    logits = logits / torch.tensor([p.temperature for p in params], device=device)[:, None]
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    if min(top_k) < vocab:
+        k = torch.tensor(top_k, device=device)
+        kth = torch.topk(logits, max(top_k), dim=-1).values.gather(1, (k - 1)[:, None])   # [rows, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, sorted_idx = torch.sort(logits, descending=False)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        remove = cumulative <= (1 - top_p)
-        remove[-1] = False                                   # keep at least one token
-        logits = logits.masked_fill(remove.scatter(0, sorted_idx, remove), float("-inf"))
+    if min(p.top_p for p in params) < 1.0:
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=False)
+        remove = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)[:, None]
+        remove[:, -1] = False                                               # keep at least one token
+        logits = logits.masked_fill(remove.scatter(1, sorted_idx, remove), float("-inf"))
     return logits
+
+
+def _exponential_noise(rows: list[Request], vocab: int, device) -> torch.Tensor:
+    """Exp(1) noise per row: argmax(probs / noise) is a draw from probs. Seeded rows use their own generator."""
+    noise = torch.empty(len(rows), vocab, device=device).exponential_()
+    for i, request in enumerate(rows):
+        if request.generator is not None:
+            noise[i].exponential_(generator=request.generator)
+    return noise
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], dict[str, torch.Tensor]]:
     """logits: [num_requests, vocab] -> (next token per request, -1 for beam requests; beam log-probs by id)."""
     logits = logits.float()
-    tokens = [-1] * len(requests)
     beam_logprobs: dict[str, torch.Tensor] = {}
-    plain_greedy = [i for i, r in enumerate(requests) if r.sampling_params.is_greedy and not r.is_beam
-                    and r.sampling_params.repetition_penalty == 1.0
-                    and (r.num_output_tokens >= r.sampling_params.min_tokens or not r.sampling_params.stop_token_ids)]
-    if plain_greedy:                                         # the common case: one argmax for all of them
-        picked = logits[plain_greedy].argmax(dim=-1).tolist()
-        for i, token in zip(plain_greedy, picked):
-            tokens[i] = token
-    done = set(plain_greedy)
     for i, request in enumerate(requests):
-        if i in done:
-            continue
-        params = request.sampling_params
-        if request.is_beam:
+        if request.is_beam:                                                 # HF beams: log_softmax, then processors
             row = torch.log_softmax(logits[i], dim=-1)
-            beam_logprobs[request.request_id] = _apply_penalties(row, request)
-            continue
-        row = _apply_penalties(logits[i].clone(), request)
-        if params.is_greedy:
-            tokens[i] = int(row.argmax())
-            continue
-        probs = torch.softmax(_warp(row, params.temperature, params.top_k, params.top_p), dim=-1)
-        tokens[i] = int(torch.multinomial(probs, 1, generator=request.generator))
-    return tokens, beam_logprobs
+            _apply_penalties(row, request)
+            beam_logprobs[request.request_id] = row
+        elif _needs_penalties(request):
+            _apply_penalties(logits[i], request)
+    tokens = logits.argmax(dim=-1)                                          # [num_requests] greedy by default
+    sampled = [i for i, r in enumerate(requests) if not r.is_beam and not r.sampling_params.is_greedy]
+    if sampled:
+        rows = [requests[i] for i in sampled]
+        probs = _warp(logits[sampled], rows).softmax(dim=-1)
+        index = torch.tensor(sampled, device=logits.device)
+        tokens[index] = (probs / _exponential_noise(rows, probs.shape[-1], logits.device)).argmax(dim=-1)
+    token_list = tokens.tolist()                                            # the step's one device->host sync
+    return [-1 if r.is_beam else t for r, t in zip(requests, token_list)], beam_logprobs

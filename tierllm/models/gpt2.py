@@ -58,7 +58,7 @@ class GPT2LMHeadModel(NativeModel):
         (r"^(?!transformer\.)(h\.|wte\.|wpe\.|ln_f\.)", r"transformer.\1", None, None),   # bare GPT2Model names
     ]
     _conv1d = r"(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$"
-    ignored_keys = [r"attn\.masked_bias$", r"attn\.bias$", r"^lm_head\.weight$"]
+    ignored_keys = [r"\.attn\.masked_bias$", r"\.attn\.bias$", r"^lm_head\.weight$"]   # old causal-mask buffers
 
     def __init__(self, config, max_positions: int, dtype: torch.dtype, device=None):
         super().__init__()

@@ -1,0 +1,55 @@
+"""Benchmark model shapes with random weights, built fast: parameters are carved from one random pool
+(per-parameter normal_ on a 7B model takes minutes)."""
+from __future__ import annotations
+
+import torch
+
+PRESETS = {
+    "llama-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
+    "llama-13b": dict(model_type="llama", hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                      num_attention_heads=40, num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096),
+    "llama-70b": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                      num_attention_heads=64, num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
+                         tie_word_embeddings=True, rope_theta=100000.0),
+}
+
+
+def preset_config(name: str):
+    from transformers import AutoConfig
+
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    fields = dict(PRESETS[name])
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+@torch.no_grad()
+def build_preset_hf_model(name: str, dtype: torch.dtype, device: torch.device | str, seed: int = 0):
+    """A transformers model of the preset's shape with N(0, 0.02) weights (norm weights 1)."""
+    from transformers import AutoModelForCausalLM
+
+    config = preset_config(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.to_empty(device=device)
+    model.tie_weights()                                      # to_empty unties shared parameters
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pool = (torch.randn(1 << 25, generator=gen, device=device) * 0.02).to(dtype)   # 32M values
+    half = pool.numel() // 2
+    for name_, param in model.named_parameters():
+        flat = param.view(-1)
+        if "norm" in name_:
+            flat.fill_(1.0)
+            continue
+        for start in range(0, flat.numel(), half):
+            n = min(half, flat.numel() - start)
+            offset = int(torch.randint(0, half, (1,), generator=gen, device=device))
+            flat[start:start + n].copy_(pool[offset:offset + n])
+    for module_name, module in list(model.named_modules()):
+        if module_name.endswith("rotary_emb"):                 # non-persistent buffers: rebuild for real
+            parent = model.get_submodule(module_name.rsplit(".", 1)[0])
+            setattr(parent, "rotary_emb", type(module)(config).to(device))
+    return model.eval()
