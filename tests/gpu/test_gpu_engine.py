@@ -25,9 +25,12 @@ def test_fp32_greedy_equals_hf_on_gpu(family):
         assert out.tolist() == ref.tolist(), family
 
 
-def test_bf16_graphs_on_equal_graphs_off_and_batch_equals_alone():
-    hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda().to(torch.bfloat16)
-    engine = tierllm.init_inference(hf, dtype=torch.bfloat16, show_progress=False, max_num_seqs=16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graphs_on_equal_graphs_off_and_batch_equals_alone(dtype):
+    """Graph replay computes exactly what eager decode computes. Batched rows equal single runs in fp32; in
+    bf16 the GEMMs of another batch size may round differently, so there only graphs on/off must agree."""
+    hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda().to(dtype)
+    engine = tierllm.init_inference(hf, dtype=dtype, show_progress=False, max_num_seqs=16)
     prompts = random_prompts([3, 17, 33, 64, 9, 80], seed=5)
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
@@ -37,8 +40,9 @@ def test_bf16_graphs_on_equal_graphs_off_and_batch_equals_alone():
     without = engine.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24)
     engine.engine.runner.use_cuda_graph = True
     assert torch.equal(with_graphs, without)
-    alone = engine.generate(ids[3:4], max_new_tokens=24, min_new_tokens=24)
-    assert torch.equal(with_graphs[3:4], alone)
+    if dtype == torch.float32:
+        alone = engine.generate(ids[3:4], max_new_tokens=24, min_new_tokens=24)
+        assert torch.equal(with_graphs[3:4], alone)
 
 
 def _smollm2_gguf() -> Path | None:
@@ -72,7 +76,7 @@ def test_bf16_smollm2_agrees_with_hf_bf16():
         ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                             return_tensors="pt", return_dict=True)["input_ids"].cuda()
         with torch.inference_mode():
-            ref = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False)[0, ids.shape[1]:]
+            ref = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False)[0, ids.shape[1]:].cpu()
         out = engine.generate(ids, max_new_tokens=32, min_new_tokens=32)[0, ids.shape[1]:]
         agree += int((out == ref).sum())
         total += ref.numel()

@@ -123,3 +123,15 @@ def test_prefill_attention_with_prefix(dtype, heads, kv_heads, window):
     ref = prefill_attention.prefill_attention_ref(q, k_new, v_new, k_cache, v_cache, tables.long(), query_lens,
                                                   context_lens, 0.2, window)
     assert _rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_gemv(dtype, rows):
+    from tierllm.kernels import gemv
+    torch.manual_seed(6)
+    x = torch.randn(rows, 300, device=DEVICE).to(dtype)
+    w = torch.randn(70, 300, device=DEVICE).to(dtype)
+    b = torch.randn(70, device=DEVICE).to(dtype)
+    assert _rel_err(gemv.gemv_triton(x, w, b), gemv.linear_ref(x.float(), w.float(), b.float())) < 1e-2
+    assert _rel_err(gemv.gemv_triton(x, w), gemv.linear_ref(x.float(), w.float())) < 1e-2

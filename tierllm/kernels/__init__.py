@@ -3,9 +3,10 @@ tensors) and its torch reference `*_ref` (the CPU path and the test oracle)."""
 from tierllm.kernels.activation import gelu, relu, silu_and_mul
 from tierllm.kernels.cache_write import write_kv_cache
 from tierllm.kernels.decode_attention import paged_decode_attention
+from tierllm.kernels.gemv import linear
 from tierllm.kernels.norm import layer_norm, rms_norm
 from tierllm.kernels.prefill_attention import PrefillPlan, paged_prefill_attention, plan_prefill
 from tierllm.kernels.rotary import rotary_and_cache_write
 
-__all__ = ["gelu", "relu", "silu_and_mul", "write_kv_cache", "paged_decode_attention", "layer_norm", "rms_norm",
+__all__ = ["gelu", "relu", "silu_and_mul", "linear", "write_kv_cache", "paged_decode_attention", "layer_norm", "rms_norm",
            "paged_prefill_attention", "PrefillPlan", "plan_prefill", "rotary_and_cache_write"]

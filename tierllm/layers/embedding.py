@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tierllm import kernels
 from tierllm.layers.linear import _new_param, load_whole
 
 
@@ -31,4 +32,4 @@ class LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
         weight = self.tied_embedding.weight if self.tied_embedding is not None else self.weight
-        return F.linear(hidden, weight)
+        return kernels.linear(hidden, weight)

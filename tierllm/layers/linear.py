@@ -3,8 +3,9 @@ projection such as QKV or gate/up)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from tierllm import kernels
 
 
 def _new_param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
@@ -31,7 +32,7 @@ class Linear(nn.Module):
             self.bias.weight_loader = load_whole
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:    # [num_tokens, in] -> [num_tokens, out]
-        return F.linear(x, self.weight, self.bias)
+        return kernels.linear(x, self.weight, self.bias)
 
 
 class MergedLinear(Linear):
