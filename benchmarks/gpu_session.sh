@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine session, run from the repo root:  bash benchmarks/gpu_session.sh PHASE
-#   phase 1 (carry .whl .smol/part00): GPU tests + a smoke run of the GPU benchmark on a small preset;
+#   phase 1 (carry .whl .smol/part00): GPU tests + the decode profile (GEMV vs cuBLAS, kernel table);
 #            keeps the first part of the SmolLM2 GGUF on the machine for phase 2.
 #   phase 2 (carry .whl .smol/part01 .smol/part02): the SmolLM2 bf16 agreement test + the llama-7b benchmark.
 # Results and logs go to $OUT.
@@ -14,13 +14,7 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 if [ "$phase" = 1 ]; then
   mkdir -p /root/smol && cp .smol/part00 /root/smol/
   python3 -m pytest -q -p no:cacheprovider tests/kernels tests/gpu 2>&1 | tee "$OUT/gpu_tests_phase1.log" | tail -25
-  python3 - <<'PY' 2>&1 | tee "$OUT/smoke.log" | tail -15
-from tierllm.bench.gpu_bench import run_gpu_bench, gpu_checks
-import json
-r = run_gpu_bench("smollm2-135m", batch_sizes=(1, 16), hf_batch_sizes=(1, 16), latency_gen_len=16, gen_len=8)
-print(json.dumps({k: v for k, v in r.items() if k != "ceilings"}, indent=1)[:3000])
-print(r["ceilings"])
-PY
+  python3 benchmarks/decode_profile.py 2>&1 | tee "$OUT/decode_profile.log" | grep -E "GBps|decode_ms" | cut -c1-400
 else
   mkdir -p /tmp/smol && cat /root/smol/part00 .smol/part01 .smol/part02 > /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
   md5sum /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -6,10 +6,16 @@ and greedy ties cannot flip between implementations. Everything is fp32 on CPU.
 from __future__ import annotations
 
 import functools
+import os
 
-import pytest
 import torch
-import transformers
+
+# Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before Triton is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import transformers  # noqa: E402
 
 import tierllm
 

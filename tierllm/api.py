@@ -47,12 +47,14 @@ def _load_tokenizer(source):
     return AutoTokenizer.from_pretrained(path, **kwargs)
 
 
-def _default_eos(model_source, config) -> list[int]:
-    gen_config = getattr(model_source, "generation_config", None)
-    eos = getattr(gen_config, "eos_token_id", None) if gen_config is not None else None
-    if eos is None:
-        eos = getattr(config, "eos_token_id", None)
-    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+def _generation_default(checkpoint, name: str):
+    """EOS / pad id as HF generate would take it: generation_config first, then the model config."""
+    value = getattr(checkpoint.generation_config, name, None) if checkpoint.generation_config is not None else None
+    return value if value is not None else getattr(checkpoint.config, name, None)
+
+
+def _as_list(ids) -> list[int]:
+    return [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
 
 
 def encode_prompt(tokenizer, prompt: str, use_chat_template: bool) -> list[int]:
@@ -240,10 +242,8 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     logger.info("tierllm: %s on %s (%s), %d KV blocks of %d tokens", type(native).__name__, device, torch_dtype,
                 num_blocks, block_size)
     tokenizer = _load_tokenizer(checkpoint.tokenizer_source)
-    pad = getattr(getattr(source, "generation_config", None), "pad_token_id", None)
-    if pad is None:
-        pad = getattr(config, "pad_token_id", None)
-    return engine, tokenizer, _default_eos(source, config), pad
+    eos = _as_list(_generation_default(checkpoint, "eos_token_id"))
+    return engine, tokenizer, eos, _generation_default(checkpoint, "pad_token_id")
 
 
 def init_inference(model=None, *, tokenizer=None, **engine_kwargs) -> InferenceEngine:

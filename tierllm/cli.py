@@ -98,7 +98,7 @@ def _probe(args) -> int:
 def _bench_gpu(args) -> int:
     import torch
 
-    from tierllm.bench.gpu_bench import gpu_checks, run_gpu_bench
+    from tierllm.bench.gpu_bench import gpu_checks, physical_limits_vs_hf, run_gpu_bench
     from tierllm.bench.results import print_checks, write_result
 
     if not torch.cuda.is_available():
@@ -106,6 +106,7 @@ def _bench_gpu(args) -> int:
         return 2
     result = run_gpu_bench(args.preset)
     checks = gpu_checks(result)
+    result["physical_limits_vs_hf"] = physical_limits_vs_hf(result)
     settings = {"preset": args.preset, "dtype": "bfloat16", "prompt_len": 512, "gen_len": 32,
                 "latency_gen_len": 128, "prefill": "8 x 512"}
     write_result(Path(args.out), "gpu", torch.device("cuda"), result.pop("ceilings"), {"hf_eager": result["hf_eager"]},
@@ -120,6 +121,7 @@ def _bench_gpu(args) -> int:
     for r in result["throughput"]:
         print(f"{r['batch']:>5} | {r['total_tok_s']:>13.1f} | {hf.get(r['batch'], float('nan')):>14.1f}")
     print_checks(checks)
+    print("largest speed-ups over HF that this machine's ceilings allow:", result["physical_limits_vs_hf"])
     return 0
 
 

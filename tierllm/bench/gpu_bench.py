@@ -115,6 +115,14 @@ def run_gpu_bench(preset: str = "llama-7b", batch_sizes=(1, 16, 64, 256), hf_bat
         _time_ours(engine, _random_prompts(min(batch, 16), prompt_len, vocab, seed + 50 + i).cuda(), 4)
         out["throughput"].append(_time_ours(engine, _random_prompts(batch, prompt_len, vocab, seed + 10 + i).cuda(),
                                             gen_len))
+    # physical ceiling of total tok/s per batch: prefill at the measured matmul rate + decode at the HBM roofline
+    peak = ceilings["bf16_matmul_TFLOPs"] * 1e12
+    kv_token = _kv_bytes_per_token_of_context(config, dtype)
+    for row in out["throughput"]:
+        b = row["batch"]
+        prefill_floor = 2 * _linear_params(hf) * b * prompt_len / peak
+        decode_floor = (gen_len - 1) * (weight_bytes + b * kv_token * (prompt_len + gen_len / 2)) / hbm
+        row["ceiling_total_tok_s"] = round(b * gen_len / (prefill_floor + decode_floor), 1)
     del engine, runner
     gc.collect()
     torch.cuda.empty_cache()
@@ -127,6 +135,17 @@ def run_gpu_bench(preset: str = "llama-7b", batch_sizes=(1, 16, 64, 256), hf_bat
     out["hf_eager"] = peer
     out["ceilings"] = ceilings
     return out
+
+
+def physical_limits_vs_hf(result: dict) -> dict:
+    """The largest speed-up over HF any engine could show on this machine (its ceilings / HF's time)."""
+    lat, hf = result["latency"], result["hf_eager"]
+    ours = {r["batch"]: r for r in result["throughput"]}
+    limits = {"batch1_decode_max_speedup": round(hf["latency"]["decode_ms_per_step"] / lat["roofline_ms_per_token"], 2)}
+    for peer in hf["throughput"]:
+        limits[f"batch{peer['batch']}_total_max_speedup"] = round(
+            ours[peer["batch"]]["ceiling_total_tok_s"] / peer["total_tok_s"], 2)
+    return limits
 
 
 def gpu_checks(result: dict) -> list[dict]:

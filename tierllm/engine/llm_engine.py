@@ -44,6 +44,10 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        bad_stop = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad_stop:
+            raise ValueError(f"eos/stop token ids {bad_stop} are outside the vocabulary [0, {self.vocab_size}): "
+                             "pass ids of this model's tokenizer")
         if len(prompt_token_ids) >= max_len:
             raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens but the model's context holds "
                              f"{max_len} (max_model_len): shorten the prompt to at most {max_len - 1} tokens")

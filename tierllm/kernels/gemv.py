@@ -15,9 +15,11 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    # Memory-bound: many small programs (few rows, long K chunks) keep the most bytes in flight per SM.
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-                for bn, bk, w, s in [(4, 512, 4, 3), (8, 512, 4, 3), (8, 256, 4, 4), (16, 256, 8, 3),
-                                     (4, 1024, 8, 2), (8, 1024, 8, 2), (16, 512, 8, 2), (2, 1024, 4, 3)]]
+                for bn, bk, w, s in [(4, 512, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 2), (16, 512, 8, 2),
+                                     (1, 4096, 4, 1), (2, 4096, 4, 1), (2, 2048, 4, 2), (4, 2048, 8, 2),
+                                     (4, 4096, 8, 1), (1, 2048, 4, 2)]]
 
     @triton.autotune(configs=_CONFIGS, key=["N", "K", "BLOCK_M"])
     @triton.jit

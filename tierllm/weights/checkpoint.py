@@ -22,6 +22,7 @@ class Checkpoint:
     tensors: Iterator[tuple[str, torch.Tensor]]   # (HF name, tensor), each yielded once
     tokenizer_source: tuple[str, dict] | None     # (path, from_pretrained kwargs) or None
     description: str                              # for messages
+    generation_config: object | None = None       # transformers GenerationConfig: default EOS / pad ids
 
 
 def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -80,9 +81,13 @@ def _open_folder(folder: Path) -> Checkpoint:
                               "or a transformers model object")
     config = AutoConfig.from_pretrained(str(folder))
     files = _safetensors_files(folder)
+    from transformers import GenerationConfig
+
     has_tokenizer = any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+    gen_config = (GenerationConfig.from_pretrained(str(folder)) if (folder / "generation_config.json").exists()
+                  else GenerationConfig.from_model_config(config))
     return Checkpoint(config, _count_safetensors(files), _iter_safetensors(files),
-                      (str(folder), {}) if has_tokenizer else None, str(folder))
+                      (str(folder), {}) if has_tokenizer else None, str(folder), gen_config)
 
 
 def _open_gguf(path: Path) -> Checkpoint:
@@ -94,7 +99,8 @@ def _open_gguf(path: Path) -> Checkpoint:
     except Exception as exc:
         raise CheckpointError(f"cannot load GGUF file {path}: {exc}") from exc
     state = hf_model.state_dict()
-    return Checkpoint(hf_model.config, len(state), iter(state.items()), (str(path.parent), kwargs), str(path))
+    return Checkpoint(hf_model.config, len(state), iter(state.items()), (str(path.parent), kwargs), str(path),
+                      hf_model.generation_config)
 
 
 def open_checkpoint(source) -> Checkpoint:
@@ -103,7 +109,8 @@ def open_checkpoint(source) -> Checkpoint:
         if not hasattr(source, "config"):
             raise CheckpointError("a model object must be a transformers PreTrainedModel (it needs .config)")
         state = source.state_dict()
-        return Checkpoint(source.config, len(state), iter(state.items()), None, type(source).__name__)
+        return Checkpoint(source.config, len(state), iter(state.items()), None, type(source).__name__,
+                          getattr(source, "generation_config", None))
     path = Path(os.fspath(source)).expanduser()
     if not path.exists():
         raise CheckpointError(f"model path {path} does not exist. tierllm never downloads: pass a local folder "
