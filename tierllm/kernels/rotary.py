@@ -17,10 +17,13 @@ if HAS_TRITON:
         dims = tl.arange(0, HALF)[None, :]
         mask = heads < num_heads
         base = ptr + token * stride_t + heads * stride_h + dims
+        dtype = ptr.dtype.element_ty
         x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
-        o1 = (x1 * c - x2 * s).to(ptr.dtype.element_ty)
-        o2 = (x2 * c + x1 * s).to(ptr.dtype.element_ty)
+        # Round where HF rounds (q * cos and rotate_half(q) * sin are model-dtype tensors before the add),
+        # so bf16 results match HF's bit for bit.
+        o1 = ((x1 * c).to(dtype).to(tl.float32) - (x2 * s).to(dtype).to(tl.float32)).to(dtype)
+        o2 = ((x2 * c).to(dtype).to(tl.float32) + (x1 * s).to(dtype).to(tl.float32)).to(dtype)
         tl.store(base, o1, mask=mask)
         tl.store(base + HALF, o2, mask=mask)
         return o1, o2
