@@ -10,19 +10,18 @@ from triton.testing import do_bench
 
 import tierllm
 from tierllm.bench.presets import build_preset_hf_model
-from tierllm.kernels.gemv import gemv_dot_triton, gemv_triton
+from tierllm.kernels.gemv import gemv_triton
 
 out = {}
 for n, k in [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008), (32000, 4096)]:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     ref = F.linear(x.float(), w.float())
-    err = max(((f(x, w).float() - ref).norm() / ref.norm()).item() for f in (gemv_triton, gemv_dot_triton))
+    err = ((gemv_triton(x, w).float() - ref).norm() / ref.norm()).item()
     t_cublas = do_bench(lambda: F.linear(x, w), return_mode="median") * 1e-3
-    t_fma = do_bench(lambda: gemv_triton(x, w), return_mode="median") * 1e-3
-    t_dot = do_bench(lambda: gemv_dot_triton(x, w), return_mode="median") * 1e-3
-    out[f"{n}x{k}"] = {"cublas_GBps": round(n * k * 2 / t_cublas / 1e9), "fma_GBps": round(n * k * 2 / t_fma / 1e9),
-                       "dot_GBps": round(n * k * 2 / t_dot / 1e9), "max_rel_err": err}
+    t_gemv = do_bench(lambda: gemv_triton(x, w), return_mode="median") * 1e-3
+    out[f"{n}x{k}"] = {"cublas_GBps": round(n * k * 2 / t_cublas / 1e9), "gemv_GBps": round(n * k * 2 / t_gemv / 1e9),
+                       "gemv_rel_err": err}
     print(n, k, out[f"{n}x{k}"], flush=True)
 
 hf = build_preset_hf_model("llama-7b", torch.bfloat16, "cuda")
@@ -38,15 +37,13 @@ def decode_ms():
     return engine.profile.decode_latency_s / 127 * 1e3
 
 
-out["decode_ms_dot"] = decode_ms()
-for variant in ("fma", "0", "dot"):
-    os.environ["TIERLLM_GEMV"] = variant
-    engine.engine.runner.graphs.capture()
-    out[f"decode_ms_{ {'0': 'cublas'}.get(variant, variant)}"] = decode_ms()
+out["decode_ms_gemv"] = decode_ms()
+os.environ["TIERLLM_GEMV"] = "0"
+engine.engine.runner.graphs.capture()
+out["decode_ms_cublas"] = decode_ms()
+os.environ["TIERLLM_GEMV"] = "1"
+engine.engine.runner.graphs.capture()
 print(out, flush=True)
-best = min(("dot", "fma", "0"), key=lambda v: out[f"decode_ms_{ {'0': 'cublas'}.get(v, v)}"])
-open("/root/gemv_variant", "w").write(best)                     # phase 2 of gpu_session.sh benchmarks with it
-print("fastest decode GEMV variant:", best, flush=True)
 
 engine.engine.runner.use_cuda_graph = False
 from torch.profiler import ProfilerActivity, profile

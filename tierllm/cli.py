@@ -109,7 +109,7 @@ def _bench_gpu(args) -> int:
     checks = gpu_checks(result)
     result["physical_limits_vs_hf"] = physical_limits_vs_hf(result)
     settings = {"preset": args.preset, "dtype": "bfloat16", "prompt_len": 512, "gen_len": 32,
-                "latency_gen_len": 128, "prefill": "8 x 512", "TIERLLM_GEMV": os.environ.get("TIERLLM_GEMV", "dot")}
+                "latency_gen_len": 128, "prefill": "8 x 512", "TIERLLM_GEMV": os.environ.get("TIERLLM_GEMV", "1")}
     write_result(Path(args.out), "gpu", torch.device("cuda"), result.pop("ceilings"), {"hf_eager": result["hf_eager"]},
                  result, checks, settings)
     lat = result["latency"]
