@@ -85,6 +85,21 @@ def _bench_generate(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    import logging
+
+    from tierllm.server.serve import create_server, run_server
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    server = create_server(args.model, served_model_name=args.served_model_name, api_key=args.api_key,
+                           max_queue=args.max_queue, dtype=args.dtype, device=args.device,
+                           max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens,
+                           scheduler_policy=args.scheduler_policy)
+    run_server(server, args.host, args.port)
+    return 0
+
+
 def _probe(args) -> int:
     import json
 
@@ -148,6 +163,21 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     gen.set_defaults(func=_generate)
+
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)", epilog=_EPILOG)
+    srv.add_argument("model", nargs="?", default=None, help="HF folder or .gguf file (default: embedded SmolLM2)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--dtype", default="auto")
+    srv.add_argument("--device", default=None)
+    srv.add_argument("--max-model-len", type=int, default=None)
+    srv.add_argument("--max-num-seqs", type=int, default=256, help="requests computed at once")
+    srv.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    srv.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond max-num-seqs before 429")
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    srv.add_argument("--served-model-name", default=None)
+    srv.add_argument("--scheduler-policy", default="splitfuse", choices=["splitfuse", "prefill_first"])
+    srv.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON to benchmarks/results/")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

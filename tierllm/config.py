@@ -32,6 +32,12 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048        # token budget per step (Dynamic SplitFuse)
     max_num_seqs: int = 256                   # most requests running at once
     max_model_len: int = 2048                 # longest prompt + output a request may have
+    policy: str = "splitfuse"                 # "splitfuse" | "prefill_first" (whole prompts first, decodes wait;
+    #                                           the classic scheduler, kept as the serving benchmark's baseline)
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("splitfuse", "prefill_first"):
+            raise ValueError(f"scheduler policy must be 'splitfuse' or 'prefill_first', got {self.policy!r}")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ class SamplingParams:
     num_beams: int = 1                        # >1 = beam search
     length_penalty: float = 1.0               # beam search: score = logprob_sum / len**length_penalty
     early_stopping: bool | str = False        # beam search: True | False | "never" (HF semantics)
+    logprobs: int | None = None               # return the sampled token's log-prob and this many top ones
 
     def __post_init__(self) -> None:
         self.validate()
@@ -42,6 +43,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
         if self.n < 1 or self.num_beams < 1:
             raise ValueError("n/num_return_sequences and num_beams must be >= 1")
         if self.num_beams > 1:

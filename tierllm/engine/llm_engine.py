@@ -111,6 +111,8 @@ class LLMEngine:
             if request.is_beam:
                 continue
             request.append_token(model_out.sampled_token_ids[request.request_id])
+            if request.request_id in model_out.token_logprobs:
+                request.output_logprobs.append(model_out.token_logprobs[request.request_id])
             if request.check_stop():
                 self.scheduler.finish(request, request.status)
             group = self.groups[request.group_id]
@@ -157,7 +159,8 @@ class LLMEngine:
                            for i, t in enumerate(group.beam.results())]
             return RequestOutput(group.request_id, group.prompt_token_ids, completions, True)
         completions = [CompletionOutput(i, list(c.output_token_ids),
-                                        c.status.value if c.status.is_finished else None)
+                                        c.status.value if c.status.is_finished else None,
+                                        logprobs=list(c.output_logprobs) if group.params.logprobs is not None else None)
                        for i, c in enumerate(group.children)]
         finished = all(c.status.is_finished for c in group.children)
         return RequestOutput(group.request_id, group.prompt_token_ids, completions, finished)

@@ -25,6 +25,8 @@ class SchedulerOutput:
 class ModelOutput:
     sampled_token_ids: dict[str, int]                 # request id -> next token (requests that finished their input)
     beam_logprobs: dict[str, object] = field(default_factory=dict)   # beam request id -> processed log-probs [vocab]
+    token_logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
+    #                         request id -> (sampled token's log-prob, top (token, log-prob) pairs), where asked
 
 
 @dataclass
@@ -33,6 +35,7 @@ class CompletionOutput:
     token_ids: list[int]                              # generated tokens
     finish_reason: str | None = None                  # "stop" | "length" | "abort" | None while running
     text: str | None = None                           # detokenized, when a tokenizer is at hand
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None   # per token, when asked for
 
 
 @dataclass

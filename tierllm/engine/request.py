@@ -27,6 +27,8 @@ class Request:
     sampling_params: SamplingParams               # how to pick tokens and when to stop
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)   # generated so far
+    output_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per token, if asked:
+    #                                                         (its log-prob, [(top token, log-prob), ...])
     num_computed_tokens: int = 0                  # tokens whose KV is in the cache
     status: RequestStatus = RequestStatus.WAITING
     generator: object | None = None               # torch.Generator for seeded sampling (set by the runner)

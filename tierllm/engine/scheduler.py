@@ -47,7 +47,25 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
 
+    def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
+        """Blocks for a running request's next tokens, preempting the newest requests until they fit.
+        Returns whether `request` was scheduled (False: it was preempted itself)."""
+        while True:
+            copies = self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens, num_new)
+            if copies is not None:
+                out.block_copies.extend(copies)
+                out.scheduled.append((request, num_new))
+                return True
+            victim = self.running[-1]                             # the newest request gives way
+            self._preempt(victim)
+            out.preempted.append(victim)
+            out.scheduled = [(r, n) for r, n in out.scheduled if r is not victim]
+            if victim is request:
+                return False
+
     def schedule(self) -> SchedulerOutput:
+        if self.config.policy == "prefill_first":
+            return self._schedule_prefill_first()
         budget = self.config.max_num_batched_tokens
         out = SchedulerOutput(scheduled=[])
         # Decodes (one token to compute) before the rest of partly computed prompts; stable by admission.
@@ -60,43 +78,57 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new == 0:                                      # a beam waiting for its group
                 continue
-            while True:
-                copies = self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens, num_new)
-                if copies is not None:
-                    break
-                victim = self.running[-1]                         # the newest request gives way
-                self._preempt(victim)
-                out.preempted.append(victim)
-                out.scheduled = [(r, n) for r, n in out.scheduled if r is not victim]
-                if victim is request:
-                    break
-            if copies is None:
-                continue
-            out.block_copies.extend(copies)
-            out.scheduled.append((request, num_new))
-            budget -= num_new
+            if self._allocate_or_preempt(request, num_new, out):
+                budget -= num_new
         budget = self.config.max_num_batched_tokens - out.num_scheduled_tokens   # victims' tokens come back
         if out.preempted:
             return out                                            # no admissions while memory is short
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            hits = []
-            if not self.block_manager.get_block_table(request.request_id):
-                hits = self.block_manager.get_computed_blocks(request.all_token_ids)
-                request.num_computed_tokens = len(hits) * self.block_manager.block_size
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            copies = self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens, num_new,
-                                                       hits)
-            if copies is None:
-                if hits:                                          # nothing was taken: forget the hit
-                    request.num_computed_tokens = 0
+            num_new = self._admit(self.waiting[0], budget, out, chunked=True)
+            if num_new is None:
                 break
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            out.block_copies.extend(copies)
-            out.scheduled.append((request, num_new))
             budget -= num_new
+        return out
+
+    def _admit(self, request: Request, budget: int, out: SchedulerOutput, chunked: bool) -> int | None:
+        """Move the head of the waiting queue into running with blocks for its next tokens (a chunk of at most
+        `budget`, or its whole remaining input); None if it does not fit now."""
+        hits = []
+        if not self.block_manager.get_block_table(request.request_id):
+            hits = self.block_manager.get_computed_blocks(request.all_token_ids)
+            request.num_computed_tokens = len(hits) * self.block_manager.block_size
+        num_new = request.num_tokens - request.num_computed_tokens
+        if chunked:
+            num_new = min(num_new, budget)
+        elif out.scheduled and num_new > budget:      # a lone prompt may exceed the budget, or nothing would run
+            return None
+        copies = self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens, num_new, hits)
+        if copies is None:
+            if hits:                                  # nothing was taken: forget the hit
+                request.num_computed_tokens = 0
+            return None
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        out.block_copies.extend(copies)
+        out.scheduled.append((request, num_new))
+        return num_new
+
+    def _schedule_prefill_first(self) -> SchedulerOutput:
+        """Baseline policy: admit whole prompts while any fit (running decodes wait), else decode everything."""
+        out = SchedulerOutput(scheduled=[])
+        budget = self.config.max_num_batched_tokens
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            num_new = self._admit(self.waiting[0], budget, out, chunked=False)
+            if num_new is None:
+                break
+            budget -= num_new
+        if out.scheduled:
+            return out
+        for request in list(self.running):
+            if request.status is not RequestStatus.RUNNING or request.num_tokens == request.num_computed_tokens:
+                continue
+            self._allocate_or_preempt(request, request.num_tokens - request.num_computed_tokens, out)
         return out
 
     def update_after_step(self, out: SchedulerOutput) -> list[Request]:

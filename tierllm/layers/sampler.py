@@ -55,8 +55,26 @@ def _exponential_noise(rows: list[Request], vocab: int, device) -> torch.Tensor:
     return noise
 
 
-def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], dict[str, torch.Tensor]]:
-    """logits: [num_requests, vocab] -> (next token per request, -1 for beam requests; beam log-probs by id)."""
+def _token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, requests: list[Request]) -> dict:
+    """Log-probs (after penalties, before temperature) of the chosen tokens and the top ones, where asked."""
+    rows = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None and not r.is_beam]
+    if not rows:
+        return {}
+    index = torch.tensor(rows, device=logits.device)
+    logprobs = torch.log_softmax(logits[index], dim=-1)                   # [rows, vocab]
+    chosen = logprobs.gather(1, tokens[index][:, None])[:, 0].tolist()
+    k = max(requests[i].sampling_params.logprobs for i in rows)
+    top_values, top_ids = (t.tolist() for t in torch.topk(logprobs, k, dim=-1)) if k else ([[]] * len(rows),) * 2
+    out = {}
+    for j, i in enumerate(rows):
+        n = requests[i].sampling_params.logprobs
+        out[requests[i].request_id] = (chosen[j], list(zip(top_ids[j][:n], top_values[j][:n])))
+    return out
+
+
+def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], dict[str, torch.Tensor], dict]:
+    """logits: [num_requests, vocab] -> (next token per request, -1 for beam requests; beam log-probs by id;
+    token log-probs by id for requests that asked for them)."""
     logits = logits.float()
     beam_logprobs: dict[str, torch.Tensor] = {}
     for i, request in enumerate(requests):
@@ -73,5 +91,6 @@ def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], di
         probs = _warp(logits[sampled], rows).softmax(dim=-1)
         index = torch.tensor(sampled, device=logits.device)
         tokens[index] = (probs / _exponential_noise(rows, probs.shape[-1], logits.device)).argmax(dim=-1)
+    token_logprobs = _token_logprobs(logits, tokens, requests)
     token_list = tokens.tolist()                                            # the step's one device->host sync
-    return [-1 if r.is_beam else t for r, t in zip(requests, token_list)], beam_logprobs
+    return [-1 if r.is_beam else t for r, t in zip(requests, token_list)], beam_logprobs, token_logprobs

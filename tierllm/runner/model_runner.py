@@ -46,6 +46,6 @@ class ModelRunner:
             if not inputs.sampled_requests:
                 return ModelOutput(sampled_token_ids={})
             logits = self.model.compute_logits(hidden[inputs.logits_indices])      # [num_sampled, vocab]
-        tokens, beam_logprobs = sample(logits, inputs.sampled_requests)
+        tokens, beam_logprobs, token_logprobs = sample(logits, inputs.sampled_requests)
         sampled = {r.request_id: t for r, t in zip(inputs.sampled_requests, tokens) if not r.is_beam}
-        return ModelOutput(sampled_token_ids=sampled, beam_logprobs=beam_logprobs)
+        return ModelOutput(sampled, beam_logprobs, token_logprobs)

@@ -1,0 +1,122 @@
+"""AsyncLLMEngine: the engine loop runs in its own thread; each request streams its outputs through its own
+asyncio queue. The engine is touched only from its thread: requests and aborts reach it through an inbox."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+
+from tierllm.engine.llm_engine import LLMEngine
+from tierllm.engine.outputs import RequestOutput
+from tierllm.sampling import SamplingParams
+
+logger = logging.getLogger("tierllm")
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the server's --max-queue allows."""
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine, max_queue: int, on_step: Callable[[LLMEngine, list], None] | None = None):
+        self.engine = engine
+        self.max_unfinished = engine.config.scheduler.max_num_seqs + max_queue   # running + waiting
+        self.on_step = on_step                        # called in the engine thread after each step (metrics)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._streams: dict[str, asyncio.Queue] = {}  # request id -> its outputs (event-loop side)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._streams)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="tierllm-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Yields the request's output after every step that changed it; aborts it if the consumer leaves."""
+        self.engine.validate_request(prompt_token_ids, params)       # reads config only: safe from this thread
+        if self.num_unfinished >= self.max_unfinished:
+            raise QueueFullError(f"the server has {self.num_unfinished} requests in flight (limit "
+                                 f"{self.max_unfinished}); retry later")
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = stream
+        self._send(("add", request_id, prompt_token_ids, params))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:                                        # client gone or error: free its blocks
+                self._send(("abort", request_id))
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    def _send(self, message) -> None:
+        self._inbox.put(message)
+        self._wake.set()
+
+    def _deliver(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put_nowait(item)
+
+    def _deliver_threadsafe(self, request_id: str, item) -> None:
+        self._loop.call_soon_threadsafe(self._deliver, request_id, item)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if message[0] == "add":
+                _, request_id, prompt, params = message
+                try:
+                    self.engine.add_request(request_id, prompt, params)
+                except ValueError as exc:
+                    self._deliver_threadsafe(request_id, exc)
+            else:
+                self.engine.abort(message[1])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox()
+            if not self.engine.has_unfinished_requests():
+                if self.on_step is not None:                        # aborts change the state too
+                    self.on_step(self.engine, [])
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:                                # never leave a client hanging
+                logger.exception("tierllm: engine step failed; aborting the requests in flight")
+                for request_id in list(self.engine.groups):
+                    self.engine.abort(request_id)
+                    self._deliver_threadsafe(request_id, RuntimeError(f"engine step failed: {exc}"))
+                continue
+            for output in outputs:
+                self._deliver_threadsafe(output.request_id, output)
+            if self.on_step is not None:
+                self.on_step(self.engine, outputs)
