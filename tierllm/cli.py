@@ -95,8 +95,28 @@ def _serve(args) -> int:
                            max_queue=args.max_queue, dtype=args.dtype, device=args.device,
                            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens,
-                           scheduler_policy=args.scheduler_policy)
+                           scheduler_policy=args.scheduler_policy, preset=args.preset, tokenizer=args.tokenizer,
+                           gpu_memory_utilization=args.gpu_memory_utilization)
     run_server(server, args.host, args.port)
+    return 0
+
+
+def _bench_serve(args) -> int:
+    import json
+
+    from tierllm.bench.serve_bench import LoadSpec, print_report, run_load_sync
+
+    def pair(text):
+        low, high = (int(v) for v in text.split(","))
+        return low, high
+
+    spec = LoadSpec(request_rate=args.rate, num_requests=args.num_requests, prompt_len_range=pair(args.prompt_len),
+                    output_len_range=pair(args.output_len), seed=args.seed, ttft_slo_s=args.ttft_slo,
+                    tpot_slo_s=args.tpot_slo, token_vocab=args.token_vocab)
+    metrics = run_load_sync(args.url, spec, model=args.model, api_key=args.api_key)
+    print_report(metrics)
+    if args.out:
+        Path(args.out).write_text(json.dumps(metrics, indent=1) + "\n")
     return 0
 
 
@@ -177,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     srv.add_argument("--served-model-name", default=None)
     srv.add_argument("--scheduler-policy", default="splitfuse", choices=["splitfuse", "prefill_first"])
+    srv.add_argument("--preset", default=None, help="serve a benchmark shape (e.g. llama-7b) with random weights")
+    srv.add_argument("--tokenizer", default=None, help="tokenizer folder (needed with --preset)")
+    srv.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     srv.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON to benchmarks/results/")
@@ -195,6 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     bgpu.add_argument("--preset", default="llama-7b")
     bgpu.add_argument("--out", default="benchmarks/results/gpu-llama-7b.json")
     bgpu.set_defaults(func=_bench_gpu)
+    bs = bench_sub.add_parser("serve", help="load a running server: Poisson arrivals, TTFT/TPOT percentiles")
+    bs.add_argument("--url", default="http://127.0.0.1:8000")
+    bs.add_argument("--model", default=None, help="default: the server's first model")
+    bs.add_argument("--api-key", default=None)
+    bs.add_argument("--rate", type=float, default=4.0, help="requests per second (inf: all at once)")
+    bs.add_argument("--num-requests", type=int, default=64)
+    bs.add_argument("--prompt-len", default="32,256", help="min,max prompt length (uniform)")
+    bs.add_argument("--output-len", default="16,128", help="min,max new tokens (uniform)")
+    bs.add_argument("--token-vocab", type=int, default=None, help="send random token-id prompts below this id")
+    bs.add_argument("--ttft-slo", type=float, default=2.0)
+    bs.add_argument("--tpot-slo", type=float, default=0.1)
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--out", default=None, help="write the metrics JSON here")
+    bs.set_defaults(func=_bench_serve)
     bplot = bench_sub.add_parser("plot", help="PNG of tokens/s vs batch size from a `bench gpu` result")
     bplot.add_argument("result")
     bplot.add_argument("png")

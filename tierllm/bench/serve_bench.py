@@ -31,6 +31,8 @@ class LoadSpec:
     tpot_slo_s: float = 0.1                            # time-per-output-token target for effective throughput
     max_concurrency: int | None = None                 # cap on requests in flight (None: no cap)
     timeout_s: float = 600.0                           # per-request HTTP timeout
+    token_vocab: int | None = None                     # set: prompts are random token ids in [100, token_vocab)
+    #                                                    of exactly prompt_len tokens (models without a tokenizer)
 
 
 @dataclass
@@ -39,7 +41,7 @@ class PlannedRequest:
     arrival_s: float                                   # planned send time, seconds after the run starts
     prompt_len: int                                    # words in the prompt (N requested)
     output_len: int                                    # max_tokens asked for
-    prompt: str                                        # the prompt text (prompt_len words)
+    prompt: str | list[int]                            # the prompt text (prompt_len words), or token ids
 
 
 @dataclass
@@ -95,7 +97,9 @@ def plan_requests(spec: LoadSpec) -> list[PlannedRequest]:
             t += arrivals_rng.expovariate(spec.request_rate)
         n_in = lengths_rng.randint(*spec.prompt_len_range)
         n_out = lengths_rng.randint(*spec.output_len_range)
-        planned.append(PlannedRequest(i, t, n_in, n_out, make_prompt(n_in, lengths_rng)))
+        prompt = (make_prompt(n_in, lengths_rng) if spec.token_vocab is None
+                  else [lengths_rng.randrange(100, spec.token_vocab) for _ in range(n_in)])
+        planned.append(PlannedRequest(i, t, n_in, n_out, prompt))
     return planned
 
 
