@@ -76,13 +76,16 @@ class AsyncLLMEngine:
         self._inbox.put(message)
         self._wake.set()
 
-    def _deliver(self, request_id: str, item) -> None:
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.put_nowait(item)
+    def _deliver(self, items: list[tuple[str, object]]) -> None:
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.put_nowait(item)
 
-    def _deliver_threadsafe(self, request_id: str, item) -> None:
-        self._loop.call_soon_threadsafe(self._deliver, request_id, item)
+    def _deliver_threadsafe(self, items: list[tuple[str, object]]) -> None:
+        """One hop to the event loop per engine step (not per request): less GIL ping-pong under load."""
+        if items:
+            self._loop.call_soon_threadsafe(self._deliver, items)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -95,7 +98,7 @@ class AsyncLLMEngine:
                 try:
                     self.engine.add_request(request_id, prompt, params)
                 except ValueError as exc:
-                    self._deliver_threadsafe(request_id, exc)
+                    self._deliver_threadsafe([(request_id, exc)])
             else:
                 self.engine.abort(message[1])
 
@@ -112,11 +115,11 @@ class AsyncLLMEngine:
                 outputs = self.engine.step()
             except Exception as exc:                                # never leave a client hanging
                 logger.exception("tierllm: engine step failed; aborting the requests in flight")
-                for request_id in list(self.engine.groups):
+                failed = list(self.engine.groups)
+                for request_id in failed:
                     self.engine.abort(request_id)
-                    self._deliver_threadsafe(request_id, RuntimeError(f"engine step failed: {exc}"))
+                self._deliver_threadsafe([(r, RuntimeError(f"engine step failed: {exc}")) for r in failed])
                 continue
-            for output in outputs:
-                self._deliver_threadsafe(output.request_id, output)
+            self._deliver_threadsafe([(output.request_id, output) for output in outputs])
             if self.on_step is not None:
                 self.on_step(self.engine, outputs)
