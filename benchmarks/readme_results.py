@@ -60,13 +60,33 @@ def gpu_section(gpu: dict) -> list[str]:
     return lines
 
 
+def serve_section(doc: dict) -> list[str]:
+    r, settings = doc["results"], doc["settings"]
+    lines = ["", f"**Serving** — `benchmarks/serve_gpu.py`, `llama-7b` preset bf16 behind `tierllm serve`, {doc['device']}, "
+             f"{doc['date'][:10]} ([JSON](benchmarks/results/serve-llama-7b-h100.json)): {settings['num_requests']} "
+             f"requests, prompts {settings['prompt_len_range']} tokens, outputs {settings['output_len_range']}, Poisson "
+             f"arrivals; token budget per step {settings['token_budgets']}.", "",
+             "| scheduling | offered load | TTFT p50 / p95 (s) | TPOT p50 / p95 (ms) | output tok/s |", "|---|---|---|---|---|"]
+    for name, m in r.items():
+        if name == "offline":
+            continue
+        policy, _, load = name.partition("_mixed_") if "_mixed_" in name else name.partition("_")
+        lines.append(f"| {policy} | {load or 'all at once'} | {m['ttft_p50_s']:.3f} / {m['ttft_p95_s']:.3f} | "
+                     f"{m['tpot_p50_s'] * 1e3:.1f} / {m['tpot_p95_s'] * 1e3:.1f} | {m['output_throughput']:.0f} |")
+    lines.append(f"| offline (engine, same requests) | all at once | | | {r['offline']['output_throughput']:.0f} |")
+    lines += ["", "Checks: " + "; ".join(f"{c['name']} = {c['value']:.2f} (target {c['op']} {c['target']}: "
+                                          f"{'met' if c['passed'] else 'not met'})" for c in doc["checks"]) + "."]
+    return lines
+
+
 def main() -> None:
     cpu = json.loads((ROOT / "benchmarks/results/generate-cpu.json").read_text())
     gpu = json.loads((ROOT / "benchmarks/results/gpu-llama-7b-h100.json").read_text())
     readme = (ROOT / "README.md").read_text()
     head, rest = readme.split(BEGIN)
     _, tail = rest.split(END)
-    body = "\n".join(cpu_section(cpu) + gpu_section(gpu))
+    serve = json.loads((ROOT / "benchmarks/results/serve-llama-7b-h100.json").read_text())
+    body = "\n".join(cpu_section(cpu) + gpu_section(gpu) + serve_section(serve))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
