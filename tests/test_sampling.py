@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import assert_no_leaks, build_hf_model, hf_greedy, left_pad, random_prompt, random_prompts
+
+import tierllm
 from tierllm.sampling import SamplingParams, sampling_params_from_hf
 
 
@@ -218,7 +219,7 @@ def test_sampling_distribution_matches_hf_warpers(temperature, top_k, top_p):
     draws = 4000
     requests = [Request(f"r{i}", [5], params) for i in range(draws)]
     torch.manual_seed(1)
-    tokens, beam_logprobs = sample(logits[None].repeat(draws, 1), requests)
+    tokens, beam_logprobs, _ = sample(logits[None].repeat(draws, 1), requests)
     assert beam_logprobs == {}
     counts = torch.bincount(torch.tensor(tokens), minlength=256).float()
     assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.nonzero(expected).flatten().tolist())
@@ -242,7 +243,7 @@ def test_sample_mixed_batch_rows_keep_their_own_settings():
     beam.append_token(200)
     penalised = Request("penalised", [int(logits[3].argmax())], SamplingParams(max_tokens=4,
                                                                                  repetition_penalty=1e6))
-    tokens, beam_logprobs = sample(logits.clone(), [greedy, top1, beam, penalised])
+    tokens, beam_logprobs, _ = sample(logits.clone(), [greedy, top1, beam, penalised])
     assert tokens[0] == int(logits[0].argmax())
     assert tokens[1] == int(logits[1].argmax())
     assert tokens[2] == -1
@@ -250,3 +251,20 @@ def test_sample_mixed_batch_rows_keep_their_own_settings():
     expected = RepetitionPenaltyLogitsProcessor(1.7)(torch.tensor([beam.all_token_ids]),
                                                      torch.log_softmax(logits[2], -1)[None])
     torch.testing.assert_close(beam_logprobs["beam"], expected[0])
+
+
+def test_logprobs_are_the_model_log_softmax():
+    """SamplingParams(logprobs=k): each token's log-prob and the top k equal log_softmax of HF's logits."""
+    model = build_hf_model("llama")
+    llm = tierllm.LLM(model, show_progress=False)
+    prompt = random_prompt(7, seed=11)
+    out = llm.generate([prompt], tierllm.SamplingParams(max_tokens=3, logprobs=3))[0].outputs[0]
+    ids = list(prompt)
+    for token, (token_lp, top) in zip(out.token_ids, out.logprobs):
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+        assert abs(token_lp - ref[token].item()) < 1e-4
+        ref_top = torch.topk(ref, 3)
+        assert [t for t, _ in top] == ref_top.indices.tolist()
+        assert max(abs(v - r) for (_, v), r in zip(top, ref_top.values.tolist())) < 1e-4
+        ids.append(token)

@@ -5,7 +5,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import metric, running_server, sse_events
+from server_helpers import metric, running_server, sse_events
 
 import tierllm
 

@@ -4,7 +4,7 @@ import signal
 
 import httpx
 import pytest
-from conftest import running_server, sse_events
+from server_helpers import running_server, sse_events, tiny_model_dir  # noqa: F401 (fixture)
 
 MODEL = "tiny"
 

@@ -1,4 +1,5 @@
-"""Live servers for the API tests: `tierllm serve` in a subprocess on 127.0.0.1, stopped after the module."""
+"""Helpers for the API tests (not a conftest: the suite imports `conftest` by name, and two would clash).
+Live servers: `tierllm serve` in a subprocess on 127.0.0.1, stopped after the module."""
 from __future__ import annotations
 
 import contextlib
