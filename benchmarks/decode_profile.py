@@ -2,7 +2,6 @@
 decode ms/token with each, and the eager step's kernel table. Writes $OUT/decode_profile.json."""
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F

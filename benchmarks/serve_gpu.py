@@ -2,7 +2,6 @@
 mixed load (prompts 128-4096 tokens, outputs 32-256), and saturated server throughput vs offline generation of
 the same requests. Servers run as `tierllm serve` subprocesses; the load generator runs here.
 Usage: python benchmarks/serve_gpu.py TOKENIZER_DIR OUT_JSON"""
-import json
 import os
 import signal
 import socket

@@ -208,7 +208,7 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory: int | str | None = None,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
-                 enable_cuda_graph: bool | None = None, scheduler_policy: str = "splitfuse", seed: int = 0,
+                 enable_cuda_graph: bool | None = None, scheduler_policy: str = "splitfuse",
                  show_progress: bool = True):
     """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad).
     enable_cuda_graph: replay captured graphs for pure-decode steps (default: on for CUDA devices)."""
@@ -231,7 +231,7 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                                enable_prefix_caching)
     sched_config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, max_len, scheduler_policy)
     engine_config = EngineConfig(str(source) if model is not None else DEFAULT_MODEL_NAME, str(torch_dtype), str(device),
-                                 cache_config, sched_config, seed)
+                                 cache_config, sched_config)
     layers = native.attention_layers()
     num_blocks = plan_num_blocks(cache_config, sched_config, bytes_per_block(layers, block_size, torch_dtype), device)
     if enable_cuda_graph is None:

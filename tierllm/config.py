@@ -47,4 +47,3 @@ class EngineConfig:
     device: str                               # "cpu" | "cuda" | "cuda:N"
     cache: CacheConfig                        # KV pool
     scheduler: SchedulerConfig                # batching limits
-    seed: int = 0                             # seed for requests that give none

@@ -51,5 +51,5 @@ def build_preset_hf_model(name: str, dtype: torch.dtype, device: torch.device | 
     for module_name, module in list(model.named_modules()):
         if module_name.endswith("rotary_emb"):                 # non-persistent buffers: rebuild for real
             parent = model.get_submodule(module_name.rsplit(".", 1)[0])
-            setattr(parent, "rotary_emb", type(module)(config).to(device))
+            parent.rotary_emb = type(module)(config).to(device)
     return model.eval()
