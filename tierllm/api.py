@@ -185,7 +185,7 @@ class InferenceEngine:
             for tokens in results[i]:
                 row = base + tokens
                 rows.append(row + [pad] * (width - len(row)))
-        return torch.tensor(rows, dtype=ids.dtype)
+        return torch.tensor(rows, dtype=ids.dtype, device=ids.device)          # on the input's device, as HF
 
     def generate_stream(self, input_ids, attention_mask=None, **kwargs) -> Iterator[list[list[int]]]:
         """Yields, after each engine step that produced tokens, the new tokens of every output row

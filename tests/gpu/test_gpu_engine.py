@@ -77,7 +77,7 @@ def test_bf16_smollm2_agrees_with_hf_bf16():
                                             return_tensors="pt", return_dict=True)["input_ids"].cuda()
         with torch.inference_mode():
             ref = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False)[0, ids.shape[1]:].cpu()
-        out = engine.generate(ids, max_new_tokens=32, min_new_tokens=32)[0, ids.shape[1]:]
+        out = engine.generate(ids, max_new_tokens=32, min_new_tokens=32)[0, ids.shape[1]:].cpu()
         free += int((out == ref).sum())
         prefix = ids[0].tolist()
         for token in ref.tolist():                       # teacher forcing: HF's prefix, our next token
