@@ -133,7 +133,7 @@ def test_fork_uses_the_tables_from_before_the_call():
 def _fill(bm: BlockManager, rid: str, tokens: list[int]) -> None:
     """Allocate and 'compute' the whole token list, registering full blocks in the prefix cache."""
     assert bm.allocate_slots(rid, 0, len(tokens)) is not None
-    bm.cache_full_blocks(rid, tokens, len(tokens))
+    bm.cache_full_blocks(rid, len(tokens), lambda: tokens)
 
 
 def test_prefix_cache_hits_full_blocks_only_and_leaves_a_token():
@@ -232,8 +232,8 @@ def test_cache_full_blocks_only_registers_computed_full_blocks():
     bm = BlockManager(8, 4)
     tokens = list(range(10, 22))
     bm.allocate_slots("a", 0, 12)
-    bm.cache_full_blocks("a", tokens, 5)                     # only block 0 is fully computed
+    bm.cache_full_blocks("a", 5, lambda: tokens)                    # only block 0 is fully computed
     assert len(bm.block_to_hash) == 1
     assert bm.get_computed_blocks(tokens) == bm.get_block_table("a")[:1]
-    bm.cache_full_blocks("a", tokens, 12)
+    bm.cache_full_blocks("a", 12, lambda: tokens)
     assert len(bm.block_to_hash) == 3

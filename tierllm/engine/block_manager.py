@@ -6,6 +6,7 @@ by `allocate_slots` (copy-on-write) before the step's forward pass.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class BlockManager:
@@ -110,8 +111,10 @@ class BlockManager:
             table.append(self._take_free_block())
         return copies
 
-    def cache_full_blocks(self, request_id: str, token_ids: list[int], num_computed_tokens: int) -> None:
-        """Register the prefix hashes of blocks that became full (all their tokens computed)."""
+    def cache_full_blocks(self, request_id: str, num_computed_tokens: int,
+                          get_token_ids: Callable[[], list[int]]) -> None:
+        """Register the prefix hashes of blocks that became full (all their tokens computed). The token ids are
+        fetched only when a block did fill (once per block_size tokens, not every step)."""
         if not self.enable_prefix_caching:
             return
         table = self.block_tables.get(request_id, [])
@@ -119,6 +122,7 @@ class BlockManager:
         num_full = min(num_computed_tokens // self.block_size, len(table))
         if num_full <= start:
             return
+        token_ids = get_token_ids()
         parent = None
         for i in range(num_full):
             parent = self._chain_hash(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])

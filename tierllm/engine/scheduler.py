@@ -136,8 +136,8 @@ class Scheduler:
         ready = []
         for request, num_new in out.scheduled:
             request.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(request.request_id, request.all_token_ids,
-                                                 request.num_computed_tokens)
+            self.block_manager.cache_full_blocks(request.request_id, request.num_computed_tokens,
+                                                 lambda r=request: r.all_token_ids)
             if request.num_computed_tokens == request.num_tokens:
                 ready.append(request)
         return ready
