@@ -250,3 +250,20 @@ def test_many_requests_over_max_num_seqs(family_engine):
     got = engine.generate(ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0)
     assert got.tolist() == expected.tolist()
     assert_no_leaks(engine)
+
+
+def test_batched_beam_search_under_memory_pressure_finishes_and_equals_single_runs():
+    """Beams waiting for a preempted sibling must not deadlock the queue (a pool that fits one request)."""
+    import random
+
+    model = build_hf_model("llama")
+    engine = make_engine(model, block_size=4, num_kv_blocks=8, enable_prefix_caching=False)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 256) for _ in range(n)] for n in (12, 4, 8)]
+    alone = [engine.generate(torch.tensor([p]), max_new_tokens=4, num_beams=2)[0, len(p):].tolist() for p in prompts]
+    ids, mask = left_pad(prompts, 0)
+    batched = engine.generate(ids, attention_mask=mask, max_new_tokens=4, num_beams=2)
+    width = ids.shape[1]
+    for row, tokens in zip(batched.tolist(), alone):
+        assert row[width:width + len(tokens)] == tokens
+    assert_no_leaks(engine)

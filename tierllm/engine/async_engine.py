@@ -19,6 +19,26 @@ class QueueFullError(RuntimeError):
     """More requests are waiting than the server's --max-queue allows."""
 
 
+class _Stream:
+    """The newest output of one request. Outputs are cumulative, so a consumer that falls behind (a client that
+    stops reading) skips to the newest instead of piling up one snapshot per step."""
+
+    def __init__(self):
+        self.latest: RequestOutput | BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, item) -> None:
+        if not isinstance(self.latest, BaseException):      # an error is never overwritten
+            self.latest = item
+        self.ready.set()
+
+    async def get(self):
+        await self.ready.wait()
+        self.ready.clear()
+        item, self.latest = self.latest, None
+        return item
+
+
 class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, max_queue: int, on_step: Callable[[LLMEngine, list], None] | None = None):
         self.engine = engine
@@ -27,7 +47,7 @@ class AsyncLLMEngine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._streams: dict[str, asyncio.Queue] = {}  # request id -> its outputs (event-loop side)
+        self._streams: dict[str, _Stream] = {}        # request id -> its newest output (event-loop side)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -53,7 +73,7 @@ class AsyncLLMEngine:
         if self.num_unfinished >= self.max_unfinished:
             raise QueueFullError(f"the server has {self.num_unfinished} requests in flight (limit "
                                  f"{self.max_unfinished}); retry later")
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = _Stream()
         self._streams[request_id] = stream
         self._send(("add", request_id, prompt_token_ids, params))
         finished = False
@@ -80,12 +100,16 @@ class AsyncLLMEngine:
         for request_id, item in items:
             stream = self._streams.get(request_id)
             if stream is not None:
-                stream.put_nowait(item)
+                stream.put(item)
 
     def _deliver_threadsafe(self, items: list[tuple[str, object]]) -> None:
         """One hop to the event loop per engine step (not per request): less GIL ping-pong under load."""
         if items:
             self._loop.call_soon_threadsafe(self._deliver, items)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def _drain_inbox(self) -> None:
         while True:
@@ -104,22 +128,24 @@ class AsyncLLMEngine:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._drain_inbox()
-            if not self.engine.has_unfinished_requests():
-                if self.on_step is not None:                        # aborts change the state too
-                    self.on_step(self.engine, [])
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
-                continue
             try:
-                outputs = self.engine.step()
-            except Exception as exc:                                # never leave a client hanging
-                logger.exception("tierllm: engine step failed; aborting the requests in flight")
+                self._loop_once()
+            except Exception as exc:                               # never leave a client hanging
+                logger.exception("tierllm: engine loop failed; aborting the requests in flight")
                 failed = list(self.engine.groups)
                 for request_id in failed:
                     self.engine.abort(request_id)
-                self._deliver_threadsafe([(r, RuntimeError(f"engine step failed: {exc}")) for r in failed])
-                continue
-            self._deliver_threadsafe([(output.request_id, output) for output in outputs])
-            if self.on_step is not None:
-                self.on_step(self.engine, outputs)
+                self._deliver_threadsafe([(r, RuntimeError(f"engine failure: {exc}")) for r in failed])
+
+    def _loop_once(self) -> None:
+        self._drain_inbox()
+        if not self.engine.has_unfinished_requests():
+            if self.on_step is not None:                            # aborts change the state too
+                self.on_step(self.engine, [])
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            return
+        outputs = self.engine.step()
+        self._deliver_threadsafe([(output.request_id, output) for output in outputs])
+        if self.on_step is not None:
+            self.on_step(self.engine, outputs)

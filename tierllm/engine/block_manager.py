@@ -5,6 +5,8 @@ by `allocate_slots` (copy-on-write) before the step's forward pass.
 """
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -19,8 +21,9 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks                 # live users per block
         self.free_blocks: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # LRU order
         self.block_tables: dict[str, list[int]] = {}       # request id -> physical blocks
-        self.hash_to_block: dict[int, int] = {}            # prefix hash of a full block -> block
-        self.block_to_hash: dict[int, int] = {}
+        self.hash_to_block: dict[bytes, int] = {}          # prefix hash of a full block -> block
+        self.block_to_hash: dict[int, bytes] = {}
+        self.block_tokens: dict[int, tuple[int, ...]] = {}  # cached block -> its tokens (hits are verified)
         self.num_cached_blocks: dict[str, int] = {}        # request id -> leading blocks already hashed
 
     # ---- queries -------------------------------------------------------------------------------
@@ -39,8 +42,12 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     @staticmethod
-    def _chain_hash(parent_hash: int | None, block_tokens: list[int]) -> int:
-        return hash((parent_hash, tuple(block_tokens)))
+    def _chain_hash(parent_hash: bytes | None, block_tokens: list[int]) -> bytes:
+        """SHA-256 over the parent's hash and this block's tokens: a prefix cache shared by all clients must not
+        be steerable by crafted collisions (hits are also checked token by token)."""
+        digest = hashlib.sha256(parent_hash or b"")
+        digest.update(array("q", block_tokens).tobytes())
+        return digest.digest()
 
     def get_computed_blocks(self, token_ids: list[int]) -> list[int]:
         """Longest run of cached full blocks matching the prefix. At least one token is left to compute,
@@ -50,9 +57,10 @@ class BlockManager:
         hits: list[int] = []
         parent = None
         for i in range((len(token_ids) - 1) // self.block_size):
-            parent = self._chain_hash(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
+            tokens = token_ids[i * self.block_size:(i + 1) * self.block_size]
+            parent = self._chain_hash(parent, tokens)
             block = self.hash_to_block.get(parent)
-            if block is None:
+            if block is None or self.block_tokens[block] != tuple(tokens):
                 break
             hits.append(block)
         return hits
@@ -63,6 +71,7 @@ class BlockManager:
         old_hash = self.block_to_hash.pop(block, None)
         if old_hash is not None:                            # evict its cached content
             self.hash_to_block.pop(old_hash, None)
+            del self.block_tokens[block]
         self.ref_counts[block] = 1
         return block
 
@@ -125,13 +134,15 @@ class BlockManager:
         token_ids = get_token_ids()
         parent = None
         for i in range(num_full):
-            parent = self._chain_hash(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
+            tokens = token_ids[i * self.block_size:(i + 1) * self.block_size]
+            parent = self._chain_hash(parent, tokens)
             if i < start:
                 continue
             block = table[i]
             if parent not in self.hash_to_block and block not in self.block_to_hash:
                 self.hash_to_block[parent] = block
                 self.block_to_hash[block] = parent
+                self.block_tokens[block] = tuple(tokens)
         self.num_cached_blocks[request_id] = num_full
 
     def fork(self, child_to_parent: dict[str, str]) -> None:

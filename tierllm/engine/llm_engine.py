@@ -33,6 +33,7 @@ class LLMEngine:
         self.runner = runner
         self.vocab_size = vocab_size
         self.groups: dict[str, _RequestGroup] = {}
+        self.num_tokens_last_step = 0                 # tokens appended by the last step (metrics)
 
     # ---- requests ------------------------------------------------------------------------------
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -100,11 +101,12 @@ class LLMEngine:
         """One scheduled forward pass; returns an output for every request that got new tokens or finished."""
         sched_out = self.scheduler.schedule()
         if sched_out.is_empty:
-            if not self.groups:
+            if not self.groups or sched_out.preempted:    # nothing to do, or blocks were freed for the next step
                 return []
             raise RuntimeError("the scheduler found nothing to run although requests are pending "
                                f"(running={len(self.scheduler.running)}, waiting={len(self.scheduler.waiting)})")
         model_out = self.runner.execute(sched_out, self.block_manager)
+        self.num_tokens_last_step = 0                 # tokens appended by this step (metrics)
         ready = self.scheduler.update_after_step(sched_out)
         touched: dict[str, _RequestGroup] = {}
         for request in ready:
@@ -113,17 +115,21 @@ class LLMEngine:
             request.append_token(model_out.sampled_token_ids[request.request_id])
             if request.request_id in model_out.token_logprobs:
                 request.output_logprobs.append(model_out.token_logprobs[request.request_id])
+            self.num_tokens_last_step += 1
             if request.check_stop():
                 self.scheduler.finish(request, request.status)
             group = self.groups[request.group_id]
             touched[group.request_id] = group
-        for request in ready:
-            if not request.is_beam:
-                continue
-            group = self.groups[request.group_id]
-            group.pending_logprobs[request.beam_slot] = model_out.beam_logprobs[request.request_id]
+        beam_groups: dict[str, _RequestGroup] = {}
+        for request in ready:            # store every beam's log-probs first: they all belong to this round
+            if request.is_beam:
+                group = self.groups[request.group_id]
+                group.pending_logprobs[request.beam_slot] = model_out.beam_logprobs[request.request_id]
+                beam_groups[group.request_id] = group
+        for group in beam_groups.values():
             if len(group.pending_logprobs) == len(group.children):
                 self._advance_beams(group)
+                self.num_tokens_last_step += len(group.children)
                 if group.beam.is_done:
                     touched[group.request_id] = group
         outputs = [self._make_output(group) for group in touched.values()]

@@ -83,12 +83,28 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens - out.num_scheduled_tokens   # victims' tokens come back
         if out.preempted:
             return out                                            # no admissions while memory is short
+        self._admit_waiting(budget, out)
+        if not out.scheduled and self.waiting:
+            # Everything running waits on the queue (beams whose siblings were preempted) and holds the blocks or
+            # seats the queue needs: those requests go to the back of the queue and recompute later.
+            for request in list(self.running):
+                self._preempt(request)
+                self.waiting.remove(request)
+                self.waiting.append(request)
+                out.preempted.append(request)
+            for request in self.waiting:              # beams forked while queued hold blocks too: recompute
+                if self.block_manager.get_block_table(request.request_id):
+                    self.block_manager.free(request.request_id)
+                    request.num_computed_tokens = 0
+            self._admit_waiting(budget, out)
+        return out
+
+    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             num_new = self._admit(self.waiting[0], budget, out, chunked=True)
             if num_new is None:
                 break
             budget -= num_new
-        return out
 
     def _admit(self, request: Request, budget: int, out: SchedulerOutput, chunked: bool) -> int | None:
         """Move the head of the waiting queue into running with blocks for its next tokens (a chunk of at most

@@ -35,7 +35,7 @@ class ServerMetrics:
         self.kv_blocks_used.set(scheduler.block_manager.num_used_blocks)
         self.kv_blocks_total.set(scheduler.block_manager.num_blocks)
         now = time.monotonic()
-        new_tokens = sum(len(o.outputs) for o in outputs)          # each output row gained a token
+        new_tokens = engine.num_tokens_last_step if outputs else 0
         self.generated_tokens.inc(new_tokens)
         self._recent.append((now, new_tokens))
         while self._recent and self._recent[0][0] < now - 10.0:

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API over AsyncLLMEngine (FastAPI)."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hmac
 import itertools
 import json
 import time
@@ -105,6 +107,10 @@ class OpenAIServer:
         except ValueError as exc:
             self.metrics.requests.labels("invalid").inc()
             raise APIError(400, str(exc)) from exc
+        except RuntimeError as exc:                                 # the engine failed: answered, not hung
+            self.metrics.requests.labels("error").inc()
+            raise APIError(500, f"the engine failed while serving this request: {exc}", kind="server_error") \
+                from exc
         finally:
             await outputs.aclose()            # an abandoned request is aborted there and its KV blocks freed
         self.metrics.requests.labels("ok").inc()
@@ -113,7 +119,7 @@ class OpenAIServer:
     def _check_key(self, raw: Request) -> None:
         if self.api_key is None:
             return
-        if raw.headers.get("authorization", "") != f"Bearer {self.api_key}":
+        if not hmac.compare_digest(raw.headers.get("authorization", ""), f"Bearer {self.api_key}"):
             raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            kind="authentication_error")
 
@@ -133,21 +139,31 @@ class OpenAIServer:
     async def completions(self, req: CompletionRequest, raw: Request, chat: bool):
         self._check_key(raw)
         self._check_model(req.model)
+        text_len = (sum(len(m.content) for m in req.messages) if chat
+                    else len(req.prompt) if isinstance(req.prompt, str) else 0)
+        if text_len > self.max_model_len * 64:             # far beyond the context whatever the tokenizer
+            raise APIError(400, f"the prompt ({text_len} characters) cannot fit the model's context of "
+                                f"{self.max_model_len} tokens", param="messages" if chat else "prompt")
         if chat:
             try:
-                prompt_ids = list(self.tokenizer.apply_chat_template(
-                    [m.model_dump() for m in req.messages], add_generation_prompt=True, tokenize=True,
-                    return_dict=False))
+                prompt_ids = list(await asyncio.to_thread(
+                    self.tokenizer.apply_chat_template, [m.model_dump() for m in req.messages],
+                    add_generation_prompt=True, tokenize=True, return_dict=False))
             except Exception as exc:                                # template errors are the caller's input
                 raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
             max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
             logprobs = (req.top_logprobs or 0) if req.logprobs else None
         else:
+            if req.echo:
+                raise APIError(400, "echo=true is not supported", param="echo")
             prompt_ids = (list(req.prompt) if isinstance(req.prompt, list)
-                          else encode_prompt(self.tokenizer, req.prompt, use_chat_template=False))
+                          else await asyncio.to_thread(encode_prompt, self.tokenizer, req.prompt, False))
             max_tokens, logprobs = req.max_tokens, req.logprobs
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="messages" if chat else "prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens but the model's context holds "
+                                f"{self.max_model_len}: shorten it", param="messages" if chat else "prompt")
         params = self._params(req, max_tokens, len(prompt_ids), logprobs)
         events = self._run(raw, prompt_ids, params, self._stops(req.stop))
         kind = "chat.completion" if chat else "text_completion"
@@ -240,6 +256,8 @@ class OpenAIServer:
 
         @app.get("/health")
         async def health():
+            if not self.engine.is_alive:
+                return _error(503, "the engine thread is not running", "server_error")
             return {"status": "ok"}
 
         @app.get("/metrics")
