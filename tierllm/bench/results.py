@@ -23,12 +23,21 @@ def device_name(device: torch.device) -> str:
     return f"{model} ({torch.get_num_threads()} threads)"
 
 
+def _git_commit() -> str | None:
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def versions() -> dict:
     import transformers
 
     import tierllm
-    return {"tierllm": tierllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    return {"tierllm": tierllm.__version__, "commit": _git_commit(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}
 
 
 def check(name: str, value: float, op: str, target: float) -> dict:
