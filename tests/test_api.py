@@ -212,3 +212,33 @@ def test_generate_accepts_lists_and_1d_input(llama):
     assert engine.generate(torch.tensor(prompt), max_new_tokens=6).tolist() == expected.tolist()
     out = engine.generate(torch.tensor([prompt], dtype=torch.int32), max_new_tokens=6)
     assert out.dtype == torch.int32 and out.tolist() == expected.tolist()
+
+
+def test_stop_choice_ends_one_of_n_samples_and_frees_its_blocks():
+    from tierllm.sampling import SamplingParams
+
+    engine = make_engine(build_hf_model("llama")).engine
+    engine.add_request("r", random_prompt(6, seed=4), SamplingParams(max_tokens=20, do_sample=True, n=2, seed=1,
+                                                                       ignore_eos=True))
+    engine.step()
+    engine.stop_choice("r", 0)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    final = outputs[-1]
+    assert final.finished and final.outputs[0].finish_reason == "stop"
+    assert len(final.outputs[0].token_ids) < 20 and len(final.outputs[1].token_ids) == 20
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_stopping_every_choice_ends_the_request():
+    from tierllm.sampling import SamplingParams
+
+    engine = make_engine(build_hf_model("llama")).engine
+    engine.add_request("r", random_prompt(6, seed=4), SamplingParams(max_tokens=20, do_sample=True, n=2, seed=1))
+    engine.step()
+    engine.stop_choice("r", 0)
+    engine.stop_choice("r", 1)
+    outputs = engine.step()
+    assert [o.request_id for o in outputs] == ["r"] and outputs[0].finished
+    assert not engine.has_unfinished_requests() and engine.block_manager.num_used_blocks == 0

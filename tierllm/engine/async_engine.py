@@ -92,6 +92,10 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))
 
+    def stop_choice(self, request_id: str, index: int) -> None:
+        """One of the request's n outputs is done (a stop string): stop computing it."""
+        self._send(("stop_choice", request_id, index))
+
     def _send(self, message) -> None:
         self._inbox.put(message)
         self._wake.set()
@@ -123,6 +127,8 @@ class AsyncLLMEngine:
                     self.engine.add_request(request_id, prompt, params)
                 except ValueError as exc:
                     self._deliver_threadsafe([(request_id, exc)])
+            elif message[0] == "stop_choice":
+                self.engine.stop_choice(message[1], message[2])
             else:
                 self.engine.abort(message[1])
 

@@ -34,6 +34,7 @@ class LLMEngine:
         self.vocab_size = vocab_size
         self.groups: dict[str, _RequestGroup] = {}
         self.num_tokens_last_step = 0                 # tokens appended by the last step (metrics)
+        self._ended_outside_step: list[str] = []      # groups finished by stop_choice, reported by the next step
 
     # ---- requests ------------------------------------------------------------------------------
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -93,12 +94,27 @@ class LLMEngine:
             if not child.status.is_finished:
                 self.scheduler.finish(child, RequestStatus.FINISHED_ABORTED)
 
+    def stop_choice(self, request_id: str, index: int) -> None:
+        """End one of a request's n sampled outputs early (e.g. it hit a stop string); frees its blocks."""
+        group = self.groups.get(request_id)
+        if group is None or group.beam is not None or not 0 <= index < len(group.children):
+            return
+        child = group.children[index]
+        if not child.status.is_finished:
+            self.scheduler.finish(child, RequestStatus.FINISHED_STOPPED)
+        if all(c.status.is_finished for c in group.children):      # nothing left to step: report it next step
+            self._ended_outside_step.append(group.request_id)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups)
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduled forward pass; returns an output for every request that got new tokens or finished."""
+        ended = [self._make_output(self.groups.pop(rid)) for rid in self._ended_outside_step if rid in self.groups]
+        self._ended_outside_step.clear()
+        if ended:
+            return ended
         sched_out = self.scheduler.schedule()
         if sched_out.is_empty:
             if not self.groups or sched_out.preempted:    # nothing to do, or blocks were freed for the next step

@@ -94,6 +94,8 @@ class OpenAIServer:
                     seen[c.index] = len(c.token_ids)
                     final = c.finish_reason is not None
                     delta = stream.update(c.token_ids, final)
+                    if stream.stopped and not final and params.n > 1:
+                        self.engine.stop_choice(request_id, c.index)     # the other choices go on
                     reason = "stop" if stream.stopped else ({"length": "length"}.get(c.finish_reason, "stop")
                                                             if final else None)
                     if delta or reason or new_ids:
