@@ -57,6 +57,21 @@ def _as_list(ids) -> list[int]:
     return [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
 
 
+def run_to_completion(engine: LLMEngine, request_ids: list[str], prompts: list[list[int]],
+                      params: SamplingParams) -> Iterator[list[tuple[int, RequestOutput]]]:
+    """Submit the prompts and step until all are done, yielding each step's (prompt index, output) pairs.
+    Whatever is left (an error, an abandoned iteration) is aborted, so its KV blocks are freed."""
+    index = {rid: i for i, rid in enumerate(request_ids)}
+    try:
+        for rid, prompt in zip(request_ids, prompts):
+            engine.add_request(rid, prompt, params)
+        while any(rid in engine.groups for rid in request_ids):
+            yield [(index[o.request_id], o) for o in engine.step() if o.request_id in index]
+    finally:
+        for rid in request_ids:
+            engine.abort(rid)
+
+
 def encode_prompt(tokenizer, prompt: str, use_chat_template: bool) -> list[int]:
     """Text -> token ids, optionally as one user turn of the model's chat template."""
     if tokenizer is None:
@@ -138,24 +153,19 @@ class InferenceEngine:
         return ids, mask, prompts, params, pad
 
     def _run(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[list[tuple[int, RequestOutput]]]:
-        """Submit rows, step until done; yields each step's (row, output) pairs. Aborts leftovers on exit.
-        Sets self._first_token_time once every row has its first token."""
+        """run_to_completion, also setting self._first_token_time once every row has its first token."""
         rids = [f"generate-{next(self._ids)}" for _ in prompts]
-        row_of = {rid: i for i, rid in enumerate(rids)}
         groups = self.engine.groups
         self._first_token_time = None
+        steps = run_to_completion(self.engine, rids, prompts, params)
         try:
-            for rid, prompt in zip(rids, prompts):
-                self.engine.add_request(rid, prompt, params)
-            while any(rid in groups for rid in rids):
-                outputs = [(row_of[o.request_id], o) for o in self.engine.step() if o.request_id in row_of]
+            for outputs in steps:
                 if self._first_token_time is None and all(
                         rid not in groups or any(c.num_output_tokens for c in groups[rid].children) for rid in rids):
                     self._first_token_time = time.perf_counter()
                 yield outputs
         finally:
-            for rid in rids:
-                self.engine.abort(rid)
+            steps.close()                             # a consumer that stops early aborts the rest
 
     def generate(self, input_ids, attention_mask=None, **kwargs) -> torch.Tensor:
         """HF `generate` for decoder-only models: returns [batch * num_return_sequences, prompt + new] token ids,
@@ -276,18 +286,11 @@ class LLM:
         for tokens in token_lists:
             self.engine.validate_request(tokens, params)
         rids = [f"llm-{next(self._ids)}" for _ in token_lists]
-        results: dict[str, RequestOutput] = {}
-        try:
-            for rid, tokens in zip(rids, token_lists):
-                self.engine.add_request(rid, tokens, params)
-            while any(rid in self.engine.groups for rid in rids):
-                for output in self.engine.step():
-                    if output.finished:
-                        results[output.request_id] = output
-        finally:
-            for rid in rids:
-                self.engine.abort(rid)
-        outputs = [results[rid] for rid in rids]
+        outputs: list[RequestOutput | None] = [None] * len(token_lists)
+        for step_outputs in run_to_completion(self.engine, rids, token_lists, params):
+            for i, output in step_outputs:
+                if output.finished:
+                    outputs[i] = output
         if self.tokenizer is not None:
             for output in outputs:
                 for completion in output.outputs:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 
 from tierllm.sampling import SamplingParams
@@ -25,7 +24,6 @@ class Request:
     request_id: str                               # unique among live requests
     prompt_token_ids: list[int]                   # the prompt
     sampling_params: SamplingParams               # how to pick tokens and when to stop
-    arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)   # generated so far
     output_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per token, if asked:
     #                                                         (its log-prob, [(top token, log-prob), ...])

@@ -43,14 +43,3 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody
