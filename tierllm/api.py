@@ -10,13 +10,15 @@ from dataclasses import dataclass
 
 import torch
 
-from tierllm.config import CacheConfig, EngineConfig, SchedulerConfig, parse_bytes
+from tierllm.config import CacheConfig, EngineConfig, OffloadConfig, SchedulerConfig, parse_bytes
 from tierllm.default_model import DEFAULT_MODEL_NAME, default_model_path
 from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.llm_engine import LLMEngine
 from tierllm.engine.outputs import RequestOutput
 from tierllm.engine.scheduler import Scheduler
 from tierllm.models.registry import resolve_model_class
+from tierllm.offload.offload_model import gpu_budget_bytes, offload_model, plan_for_model, throughput_token_budget
+from tierllm.offload.placement import module_bytes
 from tierllm.runner.kv_cache import bytes_per_block, plan_num_blocks
 from tierllm.runner.model_runner import ModelRunner
 from tierllm.sampling import SamplingParams, sampling_params_from_hf
@@ -215,13 +217,16 @@ class InferenceEngine:
 
 
 def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | None = None,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, block_size: int = 16,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory: int | str | None = None,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
                  enable_cuda_graph: bool | None = None, scheduler_policy: str = "splitfuse",
-                 show_progress: bool = True):
+                 show_progress: bool = True, offload: OffloadConfig | dict | None = None):
     """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad).
-    enable_cuda_graph: replay captured graphs for pure-decode steps (default: on for CUDA devices)."""
+    enable_cuda_graph: replay captured graphs for pure-decode steps (default: on for CUDA devices).
+    max_num_batched_tokens: token budget per step (default 2048; with offload, as many as the GPU budget's
+    activations allow, so one pass over the streamed layers serves a whole batch of prompts).
+    offload: an OffloadConfig (or its fields as a dict) to stream decoder layers from pinned CPU memory or NVMe."""
     source = default_model_path() if model is None else model
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = _resolve_dtype(dtype, device)
@@ -232,18 +237,32 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     if max_model_len is not None and max_model_len > context:
         raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings ({context})")
     max_len = max_model_len or context
-    if max_num_batched_tokens < 1 or max_num_seqs < 1:
+    if (max_num_batched_tokens is not None and max_num_batched_tokens < 1) or max_num_seqs < 1:
         raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
-    native = model_cls(config, max_len, torch_dtype, device)
+    offload = OffloadConfig(**offload) if isinstance(offload, dict) else offload
+    native = model_cls(config, max_len, torch_dtype, torch.device("cpu") if offload else device)
     load_weights(native, checkpoint, show_progress)
     native.eval()
+    block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
+    if offload is not None:
+        gpu_budget = gpu_budget_bytes(offload, device, gpu_memory_utilization,
+                                      module_bytes(native) + (parse_bytes(kv_cache_memory) or 1 << 30) + (1 << 30))
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = throughput_token_budget(native, gpu_budget, max_num_seqs * max_len, torch_dtype)
+        plan = plan_for_model(native, offload, gpu_budget, block_bytes // block_size, max_num_seqs, max_len,
+                              max_num_batched_tokens, torch_dtype)
+        offload_model(native, plan, offload, device, show_progress)
+        num_kv_blocks = num_kv_blocks or plan.kv_cache_bytes // block_bytes
+        if plan.offloaded_layers and enable_cuda_graph:
+            logger.info("tierllm: CUDA graphs are off while layers stream (the step is bound by the copies)")
+        enable_cuda_graph = enable_cuda_graph and not plan.offloaded_layers
+    max_num_batched_tokens = max_num_batched_tokens or 2048
     cache_config = CacheConfig(block_size, num_kv_blocks, parse_bytes(kv_cache_memory), gpu_memory_utilization,
                                enable_prefix_caching)
     sched_config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, max_len, scheduler_policy)
     engine_config = EngineConfig(str(source) if model is not None else DEFAULT_MODEL_NAME, str(torch_dtype), str(device),
                                  cache_config, sched_config)
-    layers = native.attention_layers()
-    num_blocks = plan_num_blocks(cache_config, sched_config, bytes_per_block(layers, block_size, torch_dtype), device)
+    num_blocks = plan_num_blocks(cache_config, sched_config, block_bytes, device)
     if enable_cuda_graph is None:
         enable_cuda_graph = device.type == "cuda"
     runner = ModelRunner(native, num_blocks, block_size, torch_dtype, device, enable_cuda_graph, max_num_seqs,

@@ -47,3 +47,84 @@ class EngineConfig:
     device: str                               # "cpu" | "cuda" | "cuda:N"
     cache: CacheConfig                        # KV pool
     scheduler: SchedulerConfig                # batching limits
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """Where decoder-layer weights live when the model does not fit the GPU (ZeRO-Inference)."""
+    device: str = "cpu"                       # "cpu" (pinned host memory) | "nvme" (files under nvme_path)
+    nvme_path: str | None = None              # folder for the layer files; needed for device="nvme"
+    pin_memory: bool = True                   # page-lock host buffers (faster, async H2D copies)
+    max_gpu_memory: int | str | None = None   # GPU bytes for resident weights, staging, KV cache and activations
+    num_resident_layers: int | None = None    # decoder layers kept on the GPU; None = as many as the budget allows
+    prefetch_layers: int = 1                  # layers loading ahead while one computes
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "nvme"):
+            raise ValueError(f"OffloadConfig.device must be 'cpu' or 'nvme', got {self.device!r}")
+        if self.device == "nvme" and not self.nvme_path:
+            raise ValueError("OffloadConfig(device='nvme') needs nvme_path=<folder on a fast local disk>")
+        if self.prefetch_layers < 1:
+            raise ValueError(f"prefetch_layers must be >= 1, got {self.prefetch_layers}")
+        if self.num_resident_layers is not None and self.num_resident_layers < 0:
+            raise ValueError(f"num_resident_layers must be >= 0, got {self.num_resident_layers}")
+        parse_bytes(self.max_gpu_memory)      # fail early on an unreadable size
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Weight quantization of the decoder layers' linears (embedding and LM head stay in the model dtype).
+    bits=8: int8 weights, one scale per output channel (symmetric). bits=4: int4 weights in groups of
+    `group_size` input channels, asymmetric (scale + min per group) unless symmetric=True.
+    activations="int8" (bits=8 only): W8A8, activations quantized per token at run time (ZeroQuant-style)."""
+    bits: int = 8                             # 8 | 4
+    group_size: int | None = None             # input channels per scale; None = per output channel (int8 only)
+    symmetric: bool | None = None             # None = the default for `bits` (int8: True, int4: False)
+    activations: str | None = None            # None = weight-only (activations stay fp16/bf16/fp32) | "int8"
+
+    def __post_init__(self) -> None:
+        if self.bits not in (8, 4):
+            raise ValueError(f"QuantConfig.bits must be 8 or 4, got {self.bits!r}")
+        if self.symmetric is None:
+            object.__setattr__(self, "symmetric", self.bits == 8)
+        if self.bits == 4 and self.group_size is None:
+            object.__setattr__(self, "group_size", 64)
+        if self.bits == 8 and (self.group_size is not None or not self.symmetric):
+            raise ValueError("int8 weights are per output channel and symmetric: leave group_size=None and "
+                             "symmetric=True (use bits=4 for group-wise quantization)")
+        if self.bits == 4 and (self.group_size < 16 or self.group_size & (self.group_size - 1)):
+            raise ValueError(f"int4 group_size must be a power of two >= 16 (e.g. 32, 64, 128), got {self.group_size}")
+        if self.activations not in (None, "int8"):
+            raise ValueError(f"QuantConfig.activations must be None (weight-only) or 'int8', got {self.activations!r}")
+        if self.activations == "int8" and self.bits != 8:
+            raise ValueError("int8 activations (W8A8) need int8 weights: use bits=8")
+
+    @property
+    def name(self) -> str:
+        """Short name for logs and results: int8 | int4-g64 | int4-g64-sym | w8a8."""
+        if self.activations == "int8":
+            return "w8a8"
+        if self.bits == 8:
+            return "int8"
+        return f"int4-g{self.group_size}" + ("-sym" if self.symmetric else "")
+
+    def as_dict(self) -> dict:
+        return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric,
+                "activations": self.activations}
+
+    @classmethod
+    def from_any(cls, value) -> QuantConfig:
+        """A QuantConfig, a dict of its fields, or a name: "int8" | "int4" | "w8a8"."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - {"bits", "group_size", "symmetric", "activations"}
+            if unknown:
+                raise ValueError(f"unknown QuantConfig fields {sorted(unknown)}; "
+                                 "use bits, group_size, symmetric, activations")
+            return cls(**value)
+        names = {"int8": {"bits": 8}, "int4": {"bits": 4}, "w8a8": {"bits": 8, "activations": "int8"}}
+        if isinstance(value, str) and value in names:
+            return cls(**names[value])
+        raise ValueError(f"cannot read {value!r} as a quantization config: pass a QuantConfig, a dict of its "
+                         f"fields, or one of {sorted(names)}")

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from tierllm.layers.attention import Attention
+from tierllm.offload.streamer import LayerStreamer, ResidentLayers
 
 
 class NativeModel(nn.Module):
@@ -14,10 +15,19 @@ class NativeModel(nn.Module):
 
     Subclasses set `param_table`: (regex on an HF parameter name, replacement, shard id, transform) rows that map
     checkpoint names onto our (fused) parameters; names no row matches map to themselves. `ignored_keys` are
-    checkpoint names that carry no weights (e.g. old causal-mask buffers)."""
+    checkpoint names that carry no weights (e.g. old causal-mask buffers). `layers_path` names the ModuleList of
+    decoder layers, whose loop calls `layer_streamer` around each layer (weight offload)."""
 
     param_table: list[tuple[str, str, object, str | None]] = []
     ignored_keys: list[str] = []
+    layers_path = "model.layers"
+
+    def __init__(self):
+        super().__init__()
+        self.layer_streamer: ResidentLayers | LayerStreamer = ResidentLayers()
+
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.get_submodule(self.layers_path)
 
     def map_param_name(self, hf_name: str) -> tuple[str, object, str | None]:
         """HF name -> (our parameter name, shard id or None, transform or None)."""

@@ -54,6 +54,7 @@ class GPT2Block(nn.Module):
 
 
 class GPT2LMHeadModel(NativeModel):
+    layers_path = "transformer.h"
     param_table = [
         (r"^(?!transformer\.)(h\.|wte\.|wpe\.|ln_f\.)", r"transformer.\1", None, None),   # bare GPT2Model names
     ]
@@ -79,6 +80,8 @@ class GPT2LMHeadModel(NativeModel):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         t = self.transformer
         hidden, residual = t.wte(input_ids) + t.wpe(positions), None
-        for block in t.h:
+        for i, block in enumerate(t.h):
+            self.layer_streamer.before_layer(i)
             hidden, residual = block(hidden, residual, meta)
+            self.layer_streamer.after_layer(i)
         return t.ln_f(hidden, residual)[0]

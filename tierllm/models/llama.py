@@ -86,11 +86,13 @@ class LlamaModel(nn.Module):
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
-    def forward(self, input_ids, positions, meta):
+    def forward(self, input_ids, positions, meta, streamer):
         hidden, residual = self.embed_tokens(input_ids), None          # [num_tokens, hidden]
         cos_sin = self.rotary.lookup(positions)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            streamer.before_layer(i)
             hidden, residual = layer(cos_sin, hidden, residual, meta)
+            streamer.after_layer(i)
         return self.norm(hidden, residual)[0]
 
 
@@ -115,4 +117,4 @@ class LlamaForCausalLM(NativeModel):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]"""
-        return self.model(input_ids, positions, meta)
+        return self.model(input_ids, positions, meta, self.layer_streamer)

@@ -71,13 +71,15 @@ class OPTDecoder(nn.Module):
         self.final_layer_norm = LayerNorm(hidden, 1e-5, dtype, device) if has_final_norm else None
         self.layers = nn.ModuleList(OPTDecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers))
 
-    def forward(self, input_ids, positions, meta):
+    def forward(self, input_ids, positions, meta, streamer):
         hidden = self.embed_tokens(input_ids)                              # [num_tokens, proj_dim]
         if self.project_in is not None:
             hidden = self.project_in(hidden)
         hidden = hidden + self.embed_positions(positions + _POSITION_OFFSET)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            streamer.before_layer(i)
             hidden = layer(hidden, meta)
+            streamer.after_layer(i)
         if self.final_layer_norm is not None:
             hidden = self.final_layer_norm(hidden)[0]
         if self.project_out is not None:
@@ -86,6 +88,7 @@ class OPTDecoder(nn.Module):
 
 
 class OPTForCausalLM(NativeModel):
+    layers_path = "model.decoder.layers"
     param_table = [
         (r"self_attn\.q_proj\.", "self_attn.qkv_proj.", "q", None),
         (r"self_attn\.k_proj\.", "self_attn.qkv_proj.", "k", None),
@@ -103,4 +106,4 @@ class OPTForCausalLM(NativeModel):
                               tied_embedding=self.model.decoder.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model.decoder(input_ids, positions, meta)
+        return self.model.decoder(input_ids, positions, meta, self.layer_streamer)
