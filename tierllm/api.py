@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tierllm.config import CacheConfig, EngineConfig, OffloadConfig, SchedulerConfig, parse_bytes
+from tierllm.config import CacheConfig, EngineConfig, OffloadConfig, QuantConfig, SchedulerConfig, parse_bytes
 from tierllm.default_model import DEFAULT_MODEL_NAME, default_model_path
 from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.llm_engine import LLMEngine
@@ -19,6 +19,8 @@ from tierllm.engine.scheduler import Scheduler
 from tierllm.models.registry import resolve_model_class
 from tierllm.offload.offload_model import gpu_budget_bytes, offload_model, plan_for_model, throughput_token_budget
 from tierllm.offload.placement import module_bytes
+from tierllm.quant.quantize import quantize_model
+from tierllm.quant.saved import load_prequantized
 from tierllm.runner.kv_cache import bytes_per_block, plan_num_blocks
 from tierllm.runner.model_runner import ModelRunner
 from tierllm.sampling import SamplingParams, sampling_params_from_hf
@@ -221,12 +223,15 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                  num_kv_blocks: int | None = None, kv_cache_memory: int | str | None = None,
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
                  enable_cuda_graph: bool | None = None, scheduler_policy: str = "splitfuse",
-                 show_progress: bool = True, offload: OffloadConfig | dict | None = None):
+                 show_progress: bool = True, offload: OffloadConfig | dict | None = None,
+                 quant: QuantConfig | dict | str | None = None):
     """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad).
     enable_cuda_graph: replay captured graphs for pure-decode steps (default: on for CUDA devices).
     max_num_batched_tokens: token budget per step (default 2048; with offload, as many as the GPU budget's
     activations allow, so one pass over the streamed layers serves a whole batch of prompts).
-    offload: an OffloadConfig (or its fields as a dict) to stream decoder layers from pinned CPU memory or NVMe."""
+    offload: an OffloadConfig (or its fields as a dict) to stream decoder layers from pinned CPU memory or NVMe.
+    quant: a QuantConfig (or its fields as a dict, or "int8" | "int4" | "w8a8") to quantize the decoder layers'
+    linears after loading; a folder written by `tierllm quantize` loads quantized without it."""
     source = default_model_path() if model is None else model
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = _resolve_dtype(dtype, device)
@@ -240,8 +245,16 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     if (max_num_batched_tokens is not None and max_num_batched_tokens < 1) or max_num_seqs < 1:
         raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
     offload = OffloadConfig(**offload) if isinstance(offload, dict) else offload
-    native = model_cls(config, max_len, torch_dtype, torch.device("cpu") if offload else device)
-    load_weights(native, checkpoint, show_progress)
+    is_prequantized = checkpoint.quant_config is not None          # a folder written by `tierllm quantize`
+    native = model_cls(config, max_len, torch_dtype, torch.device("cpu") if offload or is_prequantized else device)
+    if is_prequantized:
+        load_prequantized(native, checkpoint, quant, show_progress)    # fills QuantLinear shells, no re-quantizing
+        if not offload:
+            native.to(device)
+    else:
+        load_weights(native, checkpoint, show_progress)
+        if quant is not None:
+            quantize_model(native, QuantConfig.from_any(quant), show_progress)
     native.eval()
     block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
     if offload is not None:

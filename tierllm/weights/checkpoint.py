@@ -23,6 +23,11 @@ class Checkpoint:
     tokenizer_source: tuple[str, dict] | None     # (path, from_pretrained kwargs) or None
     description: str                              # for messages
     generation_config: object | None = None       # transformers GenerationConfig: default EOS / pad ids
+    quant_config: object | None = None            # QuantConfig of a folder written by `tierllm quantize` (tensors
+    #                                               then carry native names and are already packed)
+
+    def __str__(self) -> str:
+        return self.description
 
 
 def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -86,8 +91,10 @@ def _open_folder(folder: Path) -> Checkpoint:
     has_tokenizer = any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
     gen_config = (GenerationConfig.from_pretrained(str(folder)) if (folder / "generation_config.json").exists()
                   else GenerationConfig.from_model_config(config))
+    from tierllm.quant.saved import read_quant_config
+
     return Checkpoint(config, _count_safetensors(files), _iter_safetensors(files),
-                      (str(folder), {}) if has_tokenizer else None, str(folder), gen_config)
+                      (str(folder), {}) if has_tokenizer else None, str(folder), gen_config, read_quant_config(folder))
 
 
 def _open_gguf(path: Path) -> Checkpoint:
@@ -104,7 +111,9 @@ def _open_gguf(path: Path) -> Checkpoint:
 
 
 def open_checkpoint(source) -> Checkpoint:
-    """source: path to a folder or .gguf file, or a transformers PreTrainedModel."""
+    """source: path to a folder or .gguf file, or a transformers PreTrainedModel (or an open Checkpoint)."""
+    if isinstance(source, Checkpoint):
+        return source
     if isinstance(source, torch.nn.Module):
         if not hasattr(source, "config"):
             raise CheckpointError("a model object must be a transformers PreTrainedModel (it needs .config)")

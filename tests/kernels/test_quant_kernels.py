@@ -1,0 +1,92 @@
+"""Quantized-weight kernels (W8A16 / W4A16 GEMV and GEMM, per-token int8 quantization, W8A8 GEMM) against
+their torch references on random inputs: on CPU through the Triton interpreter (small shapes), on CUDA natively."""
+import pytest
+import torch
+
+from tierllm.config import QuantConfig
+from tierllm.kernels import act_quant, int8_gemm, quant_gemm, quant_gemv
+from tierllm.kernels._dispatch import HAS_TRITON
+from tierllm.quant.quantize import quantize_weight
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The Triton interpreter mishandles bf16 storage (see test_triton_kernels.py): bf16 runs on CUDA only.
+LOW_PRECISION = [torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all(), "non-finite output"
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _quantized(n: int, k: int, quant: QuantConfig, seed: int) -> tuple[dict, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    packed = quantize_weight(torch.randn(n, k, generator=gen), quant)
+    bias = torch.randn(n, generator=gen)
+    return {name: t.to(DEVICE) for name, t in packed.items()}, bias.to(DEVICE)
+
+
+def _x(m: int, k: int, dtype, seed: int) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("m,n,k", [(1, 40, 96), (3, 19, 160)])          # odd N, K not a multiple of the block
+def test_w8_gemv(dtype, m, n, k):
+    w, bias = _quantized(n, k, QuantConfig(bits=8), seed=m)
+    x = _x(m, k, dtype, seed=k)
+    for b in (bias.to(dtype), None):
+        ref = quant_gemv.w8_linear_ref(x.float(), w["qweight"], w["scales"], None if b is None else b.float())
+        assert _rel_err(quant_gemv.w8_gemv_triton(x, w["qweight"], w["scales"], b), ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("m,n,k,group", [(1, 24, 192, 64), (5, 13, 96, 32)])   # odd N, groups not filling a block
+def test_w4_gemv(dtype, symmetric, m, n, k, group):
+    w, bias = _quantized(n, k, QuantConfig(bits=4, group_size=group, symmetric=symmetric), seed=n)
+    x = _x(m, k, dtype, seed=m)
+    mins = w.get("mins")
+    ref = quant_gemv.w4_linear_ref(x.float(), w["qweight"], w["scales"], mins, group, bias.float())
+    out = quant_gemv.w4_gemv_triton(x, w["qweight"], w["scales"], mins, group, bias.to(dtype))
+    assert _rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("quant", [QuantConfig(bits=8), QuantConfig(bits=4, group_size=32),
+                                   QuantConfig(bits=4, group_size=64, symmetric=True)], ids=lambda q: q.name)
+def test_quant_gemm(dtype, quant):
+    m, n, k = 37, 45, 128                                                  # ragged M and N tiles
+    w, bias = _quantized(n, k, quant, seed=7)
+    x = _x(m, k, dtype, seed=8)
+    mins = w.get("mins")
+    if quant.bits == 8:
+        ref = quant_gemv.w8_linear_ref(x.float(), w["qweight"], w["scales"], bias.float())
+    else:
+        ref = quant_gemv.w4_linear_ref(x.float(), w["qweight"], w["scales"], mins, quant.group_size, bias.float())
+    out = quant_gemm.quant_gemm_triton(x, w["qweight"], w["scales"], mins, quant.bits, quant.group_size,
+                                       bias.to(dtype))
+    assert _rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION + [torch.float32])
+def test_per_token_quant_matches_reference_exactly(dtype):
+    x = _x(6, 300, dtype, seed=3) * torch.linspace(0.01, 10, 6, device=DEVICE)[:, None].to(dtype)
+    q, s = act_quant.per_token_quant_triton(x)
+    q_ref, s_ref = act_quant.per_token_quant_ref(x)
+    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    assert _rel_err(q.float() * s[:, None], x.float()) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("m", [1, 21])
+def test_int8_gemm(dtype, m):
+    n, k = 35, 96
+    w, bias = _quantized(n, k, QuantConfig(bits=8, activations="int8"), seed=11)
+    xq, xs = act_quant.per_token_quant_ref(_x(m, k, dtype, seed=12))
+    ref = int8_gemm.int8_gemm_ref(xq, xs, w["qweight"], w["scales"], torch.float32, bias)
+    out = int8_gemm.int8_gemm_triton(xq, xs, w["qweight"], w["scales"], dtype, bias.to(dtype))
+    assert _rel_err(out, ref) < 1e-2
+    exact = int8_gemm.int8_gemm_triton(xq, xs, w["qweight"], w["scales"], torch.float32)
+    assert torch.allclose(exact, int8_gemm.int8_gemm_ref(xq, xs, w["qweight"], w["scales"], torch.float32),
+                          rtol=1e-6, atol=0)                               # integer sums are exact

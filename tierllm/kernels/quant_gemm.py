@@ -1,0 +1,120 @@
+"""Prefill-sized matmul on quantized weights (W8A16, W4A16) on the tensor cores: each K step loads a
+[BLOCK_K, BLOCK_N] tile of packed weights, dequantizes it in registers to the activation dtype and feeds
+tl.dot; nothing dequantized goes back to memory. int4: BLOCK_K <= group size, so one scale (and min) per column
+covers a tile; the low and high nibbles form two half-K tiles multiplied with x's even and odd columns.
+`quant_linear` dispatches: the GEMV kernels for M <= 8, this kernel above, the torch reference on CPU / fp32."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+from tierllm.kernels.quant_gemv import (
+    MAX_QUANT_GEMV_ROWS,
+    w4_gemv_triton,
+    w4_linear_ref,
+    w8_gemv_triton,
+    w8_linear_ref,
+)
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
+                for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+                                         (64, 64, 64, 4, 4), (128, 256, 64, 8, 3), (32, 128, 64, 4, 4),
+                                         (16, 128, 64, 4, 4)]]
+
+    @triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "N", "K", "BITS", "GROUP"])
+    @triton.jit
+    def _quant_gemm_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, M, N, K, M_BUCKET, stride_xm, stride_wn,
+                           stride_sn, stride_ym, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_MINS: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        # grouped program order: GROUP_M row blocks share each weight column block while it is in L2
+        pid = tl.program_id(0)
+        num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        group_first = (pid // (GROUP_M * num_n)) * GROUP_M
+        group_rows = min(num_m - group_first, GROUP_M)
+        pid_m = group_first + (pid % (GROUP_M * num_n)) % group_rows
+        pid_n = (pid % (GROUP_M * num_n)) // group_rows
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_mask, n_mask = offs_m < M, offs_n < N
+        x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+        w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if BITS == 8:
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                k_mask = offs_k < K
+                x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
+                w = tl.load(w_cols + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0)    # [BK, BN]
+                acc = tl.dot(x, w.to(x.dtype), acc)
+            acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            half: tl.constexpr = BLOCK_K // 2
+            offs_j = tl.arange(0, half)
+            for k0 in range(0, K, BLOCK_K):               # K is a multiple of GROUP, GROUP of BLOCK_K
+                col = k0 + 2 * offs_j
+                x_even = tl.load(x_rows + col[None, :], mask=m_mask[:, None], other=0.0)          # [BM, BK / 2]
+                x_odd = tl.load(x_rows + col[None, :] + 1, mask=m_mask[:, None], other=0.0)
+                packed = tl.load(w_cols + (k0 // 2 + offs_j)[:, None], mask=n_mask[None, :], other=0)  # [BK/2, BN]
+                group = k0 // GROUP
+                scale = tl.load(s_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(tl.float32)
+                low = (packed & 0xF).to(tl.float32)
+                high = (packed >> 4).to(tl.float32)
+                if HAS_MINS:
+                    low_value = tl.load(mn_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(tl.float32)
+                    w_even = low * scale[None, :] + low_value[None, :]
+                    w_odd = high * scale[None, :] + low_value[None, :]
+                else:
+                    w_even = (low - 8.0) * scale[None, :]
+                    w_odd = (high - 8.0) * scale[None, :]
+                acc = tl.dot(x_even, w_even.to(x_even.dtype), acc)
+                acc = tl.dot(x_odd, w_odd.to(x_odd.dtype), acc)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
+
+
+def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                      bits: int, group_size: int | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] fp16/bf16 (last dim contiguous); int8 qweight [N, K] + scales [N], or int4 qweight uint8
+    [N, K // 2] + scales / mins [N, K // G] -> [M, N]."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    group = group_size if bits == 4 else k
+    args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y,
+            m, n, k, triton.next_power_of_2(m), x.stride(0), qweight.stride(0), scales.stride(0), y.stride(0))
+    flags = {"BITS": bits, "GROUP": group, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
+    if os.environ.get("TRITON_INTERPRET") == "1":                  # the interpreter cannot time configs
+        grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16),)
+        _quant_gemm_kernel.fn[grid](*args, **flags, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32 if bits == 8 else min(32, group),
+                                          GROUP_M=2)
+    else:
+        if bits == 4 and group < 64:
+            raise ValueError(f"the int4 GEMM kernel needs group_size >= 64 (its K tile), got {group}")
+        _quant_gemm_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
+            *args, **flags)
+    return y
+
+
+def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                 bits: int, group_size: int | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Weight-only quantized linear, [M, K] -> [M, N]: Triton (GEMV for M <= 8, GEMM above) for fp16/bf16
+    activations on CUDA, the torch reference (dequantize + matmul) otherwise."""
+    if x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1:
+        if x.shape[0] <= MAX_QUANT_GEMV_ROWS:
+            if bits == 8:
+                return w8_gemv_triton(x, qweight, scales, bias)
+            return w4_gemv_triton(x, qweight, scales, mins, group_size, bias)
+        if bits == 8 or group_size >= 64:
+            return quant_gemm_triton(x, qweight, scales, mins, bits, group_size, bias)
+    if bits == 8:
+        return w8_linear_ref(x, qweight, scales, bias)
+    return w4_linear_ref(x, qweight, scales, mins, group_size, bias)

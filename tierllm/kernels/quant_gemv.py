@@ -1,0 +1,143 @@
+"""Decode-sized matmul on quantized weights (W8A16, W4A16): y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ b),
+M <= 8, fp16/bf16 activations. Bandwidth-bound on the weight, which is dequantized in registers and never
+written back. Layouts: tierllm/quant/formats.py.
+int8: each program streams BLOCK_N int8 rows in BLOCK_K chunks for all M rows; the per-channel scale is
+applied once at the end. int4: one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the
+grid, so the M programs reading the same weight block run together and only the first reads HBM; each step
+covers GROUPS_PER_BLOCK whole groups, and the group's scale (and min) multiply the group's partial dot product
+instead of every weight."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tierllm.kernels._dispatch import HAS_TRITON
+from tierllm.quant.formats import dequantize_int4, dequantize_int8
+
+MAX_QUANT_GEMV_ROWS = 8
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    _INT8_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+                     for bn, bk, w, s in [(4, 1024, 4, 3), (8, 1024, 8, 2), (8, 512, 4, 3), (16, 512, 8, 2),
+                                          (2, 4096, 4, 1), (4, 2048, 8, 2), (1, 4096, 4, 2), (16, 1024, 8, 2)]]
+
+    @triton.autotune(configs=_INT8_CONFIGS, key=["N", "K", "BLOCK_M"])
+    @triton.jit
+    def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        n_mask = offs_n < N
+        m_mask = offs_m < M
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
+                        mask=n_mask[:, None] & k_mask[None, :], other=0)                 # [BLOCK_N, BLOCK_K] int8
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
+            acc += tl.sum(x[:, None, :].to(tl.float32) * w[None, :, :].to(tl.float32), axis=2)
+        acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
+
+    _INT4_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb}, num_warps=w, num_stages=s)
+                     for bn, gpb, w, s in [(4, 16, 4, 3), (8, 8, 4, 3), (8, 16, 8, 2), (16, 8, 8, 2),
+                                           (2, 32, 4, 2), (4, 32, 8, 2), (16, 4, 4, 3), (32, 4, 8, 2)]]
+
+    @triton.autotune(configs=_INT4_CONFIGS, key=["N", "K", "GROUP"])
+    @triton.jit
+    def _w4_gemv_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_sn,
+                        stride_ym, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
+        m = tl.program_id(0)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        half: tl.constexpr = GROUP // 2                             # bytes per group per row
+        offs_j = tl.arange(0, half)
+        num_groups = K // GROUP
+        row = offs_n.to(tl.int64)
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
+            offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
+            g_mask = offs_g < num_groups
+            byte = offs_g[:, None] * half + offs_j[None, :]                                # [GPB, half]
+            packed = tl.load(w_ptr + row[:, None, None] * stride_wn + byte[None, :, :],
+                             mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)  # [BLOCK_N, GPB, half]
+            x_even = tl.load(x_ptr + m * stride_xm + 2 * byte, mask=g_mask[:, None], other=0.0).to(tl.float32)
+            x_odd = tl.load(x_ptr + m * stride_xm + 2 * byte + 1, mask=g_mask[:, None], other=0.0).to(tl.float32)
+            low = (packed & 0xF).to(tl.float32)
+            high = (packed >> 4).to(tl.float32)
+            dot = tl.sum(low * x_even[None, :, :] + high * x_odd[None, :, :], axis=2)       # [BLOCK_N, GPB]
+            x_sum = tl.sum(x_even + x_odd, axis=1)                                         # [GPB]
+            sg_mask = n_mask[:, None] & g_mask[None, :]
+            scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                            other=0.0).to(tl.float32)                                      # [BLOCK_N, GPB]
+            if HAS_MINS:
+                low_value = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                                    other=0.0).to(tl.float32)
+                acc += tl.sum(scale * dot + low_value * x_sum[None, :], axis=1)
+            else:
+                acc += tl.sum(scale * (dot - 8.0 * x_sum[None, :]), axis=1)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"           # the interpreter cannot time configs
+
+
+def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] (M <= 8, last dim contiguous); qweight: int8 [N, K] contiguous; scales [N] -> [M, N]."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_m = max(1, triton.next_power_of_2(m))
+    args = (x, qweight, scales, bias if bias is not None else scales, y, m, n, k, x.stride(0), qweight.stride(0),
+            y.stride(0))
+    if _interpreted():
+        _w8_gemv_kernel.fn[(triton.cdiv(n, 8),)](*args, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=8,
+                                                 BLOCK_K=64)
+    else:
+        _w8_gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, HAS_BIAS=bias is not None,
+                                                                          BLOCK_M=block_m)
+    return y
+
+
+def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                   group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] (last dim contiguous); qweight: uint8 [N, K // 2]; scales / mins: [N, K // G] (mins None =
+    symmetric) -> [M, N]."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, n, k,
+            x.stride(0), qweight.stride(0), scales.stride(0), y.stride(0))
+    flags = {"GROUP": group_size, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
+    if _interpreted():
+        _w4_gemv_kernel.fn[(m, triton.cdiv(n, 8))](*args, **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2)
+    else:
+        _w4_gemv_kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
+    return y
+
+
+def w8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize, then matmul in fp32; the result in x's dtype."""
+    y = x.float() @ dequantize_int8(qweight, scales, torch.float32).t()                  # [M, N]
+    return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
+def w4_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                  group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = x.float() @ dequantize_int4(qweight, scales, mins, group_size, torch.float32).t()   # [M, N]
+    return (y if bias is None else y + bias.float()).to(x.dtype)

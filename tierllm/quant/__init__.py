@@ -1,0 +1,2 @@
+"""Weight quantization: packed formats (formats.py), quantizing dense weights and models (quantize.py), and
+quantized checkpoints written by `tierllm quantize` (saved.py)."""
