@@ -128,3 +128,18 @@ def family_engine():
             _ENGINES[family] = make_engine(build_hf_model(family))
         return _ENGINES[family]
     return get
+
+
+@pytest.fixture
+def preempt_counter(monkeypatch):
+    """Counts Scheduler._preempt calls (any engine) during one test."""
+    calls = []
+    from tierllm.engine.scheduler import Scheduler
+    original = Scheduler._preempt
+
+    def counting(self, request):
+        calls.append(request.request_id)
+        return original(self, request)
+
+    monkeypatch.setattr(Scheduler, "_preempt", counting)
+    return calls

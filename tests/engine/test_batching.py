@@ -7,7 +7,6 @@ import torch
 
 from conftest import assert_no_leaks, build_hf_model, left_pad, make_engine, random_prompts, right_pad
 from tierllm.engine.block_manager import BlockManager
-from tierllm.engine.scheduler import Scheduler
 
 LENGTHS = [3, 17, 9, 30, 1, 12, 24, 6]          # 8 prompts of different lengths
 
@@ -27,20 +26,6 @@ def _alone(engine, prompts, **kwargs) -> list[list[int]]:
 
 def _pad_to(tokens: list[int], width: int, pad: int) -> list[int]:
     return tokens + [pad] * (width - len(tokens))
-
-
-@pytest.fixture
-def preempt_counter(monkeypatch):
-    """Counts Scheduler._preempt calls (any engine) during one test."""
-    calls = []
-    original = Scheduler._preempt
-
-    def counting(self, request):
-        calls.append(request.request_id)
-        return original(self, request)
-
-    monkeypatch.setattr(Scheduler, "_preempt", counting)
-    return calls
 
 
 @pytest.fixture

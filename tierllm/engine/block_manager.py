@@ -6,13 +6,15 @@ by `allocate_slots` (copy-on-write) before the step's forward pass.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 prefer_low_ids: bool = False):
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.num_blocks = num_blocks                       # pool size
@@ -25,6 +27,10 @@ class BlockManager:
         self.block_to_hash: dict[int, bytes] = {}
         self.block_tokens: dict[int, tuple[int, ...]] = {}  # cached block -> its tokens (hits are verified)
         self.num_cached_blocks: dict[str, int] = {}        # request id -> leading blocks already hashed
+        # KV offload copies the span of blocks [0, highest used id] each step: hand out the lowest free ids so the
+        # span stays as small as the blocks in use (instead of least-recently-freed first). Lazy min-heap.
+        self.prefer_low_ids = prefer_low_ids
+        self.low_id_heap: list[int] = list(range(num_blocks)) if prefer_low_ids else []
 
     # ---- queries -------------------------------------------------------------------------------
     @property
@@ -67,7 +73,13 @@ class BlockManager:
 
     # ---- allocation ----------------------------------------------------------------------------
     def _take_free_block(self) -> int:
-        block, _ = self.free_blocks.popitem(last=False)     # least recently freed first
+        if self.prefer_low_ids:
+            block = heapq.heappop(self.low_id_heap)
+            while self.ref_counts[block] or block not in self.free_blocks:   # stale entry: taken since
+                block = heapq.heappop(self.low_id_heap)
+            del self.free_blocks[block]
+        else:
+            block, _ = self.free_blocks.popitem(last=False)     # least recently freed first
         old_hash = self.block_to_hash.pop(block, None)
         if old_hash is not None:                            # evict its cached content
             self.hash_to_block.pop(old_hash, None)
@@ -84,6 +96,8 @@ class BlockManager:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
             self.free_blocks[block] = None
+            if self.prefer_low_ids:
+                heapq.heappush(self.low_id_heap, block)
 
     def can_allocate(self, request_id: str, num_computed_tokens: int, num_new_tokens: int,
                      computed_blocks: list[int] = ()) -> bool:

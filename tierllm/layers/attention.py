@@ -34,11 +34,14 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         self.k_cache: torch.Tensor | None = None   # [num_blocks, block_size, num_kv_heads, head_dim], bound by runner
         self.v_cache: torch.Tensor | None = None
+        self.cpu_attention = None                  # KV offload, on steps it attends on the CPU (see offload/kv_offload)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]; cos_sin: rotary
         tables of the step's positions, applied to q and k together with the cache write. -> [num_tokens, H*d]"""
+        if self.cpu_attention is not None:
+            return self.cpu_attention.attend(self, q, k, v, meta, cos_sin)
         if cos_sin is not None:
             q, k = kernels.rotary_and_cache_write(q, k, v, *cos_sin, self.k_cache, self.v_cache, meta.slot_mapping)
         else:
