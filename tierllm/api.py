@@ -18,6 +18,7 @@ from tierllm.engine.outputs import RequestOutput
 from tierllm.engine.scheduler import Scheduler
 from tierllm.models.registry import resolve_model_class
 from tierllm.offload.offload_model import gpu_budget_bytes, offload_model, plan_for_model, throughput_token_budget
+from tierllm.offload.kv_offload import KVOffload, host_kv_blocks
 from tierllm.offload.placement import module_bytes
 from tierllm.quant.quantize import quantize_model
 from tierllm.quant.saved import load_prequantized
@@ -224,12 +225,16 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = True,
                  enable_cuda_graph: bool | None = None, scheduler_policy: str = "splitfuse",
                  show_progress: bool = True, offload: OffloadConfig | dict | None = None,
+                 kv_offload: bool = False, pin_kv_cache: bool = True, async_kv_offload: bool = True,
                  quant: QuantConfig | dict | str | None = None):
     """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad).
     enable_cuda_graph: replay captured graphs for pure-decode steps (default: on for CUDA devices).
     max_num_batched_tokens: token budget per step (default 2048; with offload, as many as the GPU budget's
     activations allow, so one pass over the streamed layers serves a whole batch of prompts).
     offload: an OffloadConfig (or its fields as a dict) to stream decoder layers from pinned CPU memory or NVMe.
+    kv_offload: keep the KV pool in host memory (pinned if pin_kv_cache; kv_cache_memory bytes, default 40% of
+    RAM) and bring each layer's blocks over per step (asynchronously, a layer ahead, if async_kv_offload) or attend
+    on the CPU, whichever is cheaper: the batch is then bounded by host memory.
     quant: a QuantConfig (or its fields as a dict, or "int8" | "int4" | "w8a8") to quantize the decoder layers'
     linears after loading; a folder written by `tierllm quantize` loads quantized without it."""
     source = default_model_path() if model is None else model
@@ -257,15 +262,17 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
             quantize_model(native, QuantConfig.from_any(quant), show_progress)
     native.eval()
     block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
+    # with KV offload the GPU holds two layers' working buffers of the pool, not every layer's blocks
+    gpu_block_bytes = 2 * block_bytes // len(native.attention_layers()) if kv_offload else block_bytes
     if offload is not None:
         gpu_budget = gpu_budget_bytes(offload, device, gpu_memory_utilization,
                                       module_bytes(native) + (parse_bytes(kv_cache_memory) or 1 << 30) + (1 << 30))
         if max_num_batched_tokens is None:
             max_num_batched_tokens = throughput_token_budget(native, gpu_budget, max_num_seqs * max_len, torch_dtype)
-        plan = plan_for_model(native, offload, gpu_budget, block_bytes // block_size, max_num_seqs, max_len,
+        plan = plan_for_model(native, offload, gpu_budget, gpu_block_bytes // block_size, max_num_seqs, max_len,
                               max_num_batched_tokens, torch_dtype)
         offload_model(native, plan, offload, device, show_progress)
-        num_kv_blocks = num_kv_blocks or plan.kv_cache_bytes // block_bytes
+        num_kv_blocks = num_kv_blocks or plan.kv_cache_bytes // gpu_block_bytes
         if plan.offloaded_layers and enable_cuda_graph:
             logger.info("tierllm: CUDA graphs are off while layers stream (the step is bound by the copies)")
         enable_cuda_graph = enable_cuda_graph and not plan.offloaded_layers
@@ -275,12 +282,19 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     sched_config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, max_len, scheduler_policy)
     engine_config = EngineConfig(str(source) if model is not None else DEFAULT_MODEL_NAME, str(torch_dtype), str(device),
                                  cache_config, sched_config)
-    num_blocks = plan_num_blocks(cache_config, sched_config, block_bytes, device)
+    num_blocks = plan_num_blocks(cache_config, sched_config, gpu_block_bytes, device)
+    kv = None
+    if kv_offload:
+        num_blocks = min(num_blocks, host_kv_blocks(cache_config, sched_config, block_bytes))
+        kv = KVOffload(native.attention_layers(), num_blocks, block_size, torch_dtype, device, native.layer_streamer,
+                       pin_kv_cache, async_kv_offload)
+        enable_cuda_graph = False
     if enable_cuda_graph is None:
         enable_cuda_graph = device.type == "cuda"
     runner = ModelRunner(native, num_blocks, block_size, torch_dtype, device, enable_cuda_graph, max_num_seqs,
-                         max_len)
-    scheduler = Scheduler(sched_config, BlockManager(num_blocks, block_size, enable_prefix_caching))
+                         max_len, kv)
+    scheduler = Scheduler(sched_config, BlockManager(num_blocks, block_size, enable_prefix_caching,
+                                                     prefer_low_ids=kv_offload))
     engine = LLMEngine(engine_config, scheduler, runner, config.vocab_size)
     logger.info("tierllm: %s on %s (%s), %d KV blocks of %d tokens", type(native).__name__, device, torch_dtype,
                 num_blocks, block_size)
