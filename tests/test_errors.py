@@ -8,6 +8,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+import tierllm
 from conftest import assert_no_leaks, build_hf_model, hf_greedy, make_engine, random_prompt
 from tierllm.models.registry import UnsupportedArchitectureError
 from tierllm.sampling import SamplingParams
@@ -157,12 +158,16 @@ def test_unknown_architecture(config, tmp_path):
     model = transformers.AutoModelForCausalLM.from_config(config)
     message = (rf"model_type '{config.model_type}'\) has no native tierllm implementation; "
                r"supported model types: gpt2, llama, mistral, opt, qwen2")
-    with pytest.raises(UnsupportedArchitectureError, match=message):
-        make_engine(model)
+    with pytest.raises(UnsupportedArchitectureError, match=message):     # the batching engine needs a native family
+        tierllm.LLM(model, show_progress=False)
     model.save_pretrained(tmp_path)                  # the same from a folder
-    with pytest.raises(UnsupportedArchitectureError, match=message):
-        make_engine(str(tmp_path))
+    with pytest.raises(UnsupportedArchitectureError, match="init_inference still runs it through its HF modules"):
+        tierllm.LLM(str(tmp_path), show_progress=False)
     assert issubclass(UnsupportedArchitectureError, ValueError)
+    fallback = make_engine(str(tmp_path))            # init_inference falls back to the HF modules from a folder too
+    ids = torch.tensor([[5, 9, 17, 3]])
+    expected = model.eval().generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert fallback.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0).tolist() == expected.tolist()
 
 
 # ---- checkpoint errors ----------------------------------------------------------------------------------------

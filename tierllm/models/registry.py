@@ -24,6 +24,7 @@ def resolve_model_class(config):
         arch = (getattr(config, "architectures", None) or [model_type])[0]
         raise UnsupportedArchitectureError(
             f"architecture {arch!r} (model_type {model_type!r}) has no native tierllm implementation; "
-            f"supported model types: {', '.join(sorted(NATIVE_MODELS))}. Convert the model to one of these "
-            "families or open an issue for it.")
+            f"supported model types: {', '.join(sorted(NATIVE_MODELS))}. tierllm.init_inference still runs it through its "
+            "HF modules and HF generate (with layer streaming if offloaded); the batching engine (LLM, serve) needs "
+            "a native family: convert the model to one of these or open an issue for it.")
     return NATIVE_MODELS[model_type]
