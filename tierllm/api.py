@@ -12,6 +12,9 @@ import torch
 
 from tierllm.config import CacheConfig, EngineConfig, OffloadConfig, QuantConfig, SchedulerConfig, parse_bytes
 from tierllm.default_model import DEFAULT_MODEL_NAME, default_model_path
+from tierllm.distributed.comm import min_over_ranks
+from tierllm.distributed.driver import serve_worker
+from tierllm.distributed.launch import start_tensor_parallel
 from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.llm_engine import LLMEngine
 from tierllm.engine.outputs import RequestOutput
@@ -136,6 +139,10 @@ class InferenceEngine:
     def model(self):
         return self.engine.runner.model
 
+    def close(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); also done at interpreter exit."""
+        self.engine.close()
+
     def _prepare(self, input_ids, attention_mask, kwargs):
         """-> (ids [batch, seq], mask [batch, seq], prompts without padding, SamplingParams, pad id)"""
         ids = torch.as_tensor(input_ids)
@@ -226,9 +233,12 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                  enable_cuda_graph: bool | None = None, scheduler_policy: str = "splitfuse",
                  show_progress: bool = True, offload: OffloadConfig | dict | None = None,
                  kv_offload: bool = False, pin_kv_cache: bool = True, async_kv_offload: bool = True,
-                 quant: QuantConfig | dict | str | None = None):
+                 quant: QuantConfig | dict | str | None = None, tensor_parallel: dict | int | None = None):
     """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad).
     enable_cuda_graph: replay captured graphs for pure-decode steps (default: on for CUDA devices).
+    tensor_parallel: {"tp_size": N} splits every layer over N processes (N GPUs): under torchrun each rank joins
+    the job (ranks > 0 then serve rank 0's steps inside this call and exit when it shuts down, never returning);
+    otherwise this process is rank 0 and spawns N-1 workers. See tierllm/distributed/launch.py.
     max_num_batched_tokens: token budget per step (default 2048; with offload, as many as the GPU budget's
     activations allow, so one pass over the streamed layers serves a whole batch of prompts).
     offload: an OffloadConfig (or its fields as a dict) to stream decoder layers from pinned CPU memory or NVMe.
@@ -237,8 +247,11 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     on the CPU, whichever is cheaper: the batch is then bounded by host memory.
     quant: a QuantConfig (or its fields as a dict, or "int8" | "int4" | "w8a8") to quantize the decoder layers'
     linears after loading; a folder written by `tierllm quantize` loads quantized without it."""
+    engine_args = dict(locals())                  # this call's arguments: spawned tensor-parallel workers repeat it
     source = default_model_path() if model is None else model
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    parallel, source = start_tensor_parallel(tensor_parallel, device, source, engine_args)
+    device = parallel.device                      # this rank's device
     torch_dtype = _resolve_dtype(dtype, device)
     checkpoint = open_checkpoint(source)
     config = checkpoint.config
@@ -251,7 +264,8 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
         raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
     offload = OffloadConfig(**offload) if isinstance(offload, dict) else offload
     is_prequantized = checkpoint.quant_config is not None          # a folder written by `tierllm quantize`
-    native = model_cls(config, max_len, torch_dtype, torch.device("cpu") if offload or is_prequantized else device)
+    native = model_cls(config, max_len, torch_dtype, parallel=parallel,
+                       device=torch.device("cpu") if offload or is_prequantized else device)
     if is_prequantized:
         load_prequantized(native, checkpoint, quant, show_progress)    # fills QuantLinear shells, no re-quantizing
         if not offload:
@@ -282,7 +296,7 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     sched_config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, max_len, scheduler_policy)
     engine_config = EngineConfig(str(source) if model is not None else DEFAULT_MODEL_NAME, str(torch_dtype), str(device),
                                  cache_config, sched_config)
-    num_blocks = plan_num_blocks(cache_config, sched_config, gpu_block_bytes, device)
+    num_blocks = min_over_ranks(plan_num_blocks(cache_config, sched_config, gpu_block_bytes, device), parallel)
     kv = None
     if kv_offload:
         num_blocks = min(num_blocks, host_kv_blocks(cache_config, sched_config, block_bytes))
@@ -292,7 +306,9 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     if enable_cuda_graph is None:
         enable_cuda_graph = device.type == "cuda"
     runner = ModelRunner(native, num_blocks, block_size, torch_dtype, device, enable_cuda_graph, max_num_seqs,
-                         max_len, kv)
+                         max_len, kv, parallel)
+    if not parallel.is_driver:
+        serve_worker(runner)                      # tensor-parallel ranks > 0: follow rank 0's steps, then exit
     scheduler = Scheduler(sched_config, BlockManager(num_blocks, block_size, enable_prefix_caching,
                                                      prefer_low_ids=kv_offload))
     engine = LLMEngine(engine_config, scheduler, runner, config.vocab_size)
@@ -320,6 +336,10 @@ class LLM:
 
     def encode(self, prompt: str, use_chat_template: bool = False) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, use_chat_template)
+
+    def close(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); also done at interpreter exit."""
+        self.engine.close()
 
     def generate(self, prompts, sampling_params: SamplingParams | None = None,
                  use_chat_template: bool = False) -> list[RequestOutput]:

@@ -108,6 +108,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups)
 
+    def close(self) -> None:
+        """Shut down the runner's tensor-parallel workers, if any (safe to call twice)."""
+        self.runner.close()
+
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduled forward pass; returns an output for every request that got new tokens or finished."""

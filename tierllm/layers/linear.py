@@ -1,11 +1,16 @@
 """Linear layers whose parameters load themselves from checkpoint tensors (whole, or one shard of a fused
-projection such as QKV or gate/up)."""
+projection such as QKV or gate/up), and their tensor-parallel forms: each rank loads its own slice of the full
+checkpoint tensor. `weight`, `bias`, `in_features`, `out_features` and `output_sizes` always describe the local
+shard (the whole tensor when tp_size=1)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from tierllm import kernels
+from tierllm.distributed.comm import all_reduce
+from tierllm.distributed.parallel_state import ParallelState
+from tierllm.distributed.sharding import RowSlice, even_slice, head_slice
 
 
 def _new_param(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
@@ -18,8 +23,27 @@ def load_whole(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None
     param.data.copy_(loaded)
 
 
+def take_slice(loaded: torch.Tensor, part: RowSlice, dim: int) -> torch.Tensor:
+    """This rank's part of a full checkpoint tensor along `dim`, after checking the full size."""
+    if loaded.shape[dim] != part.full_rows:
+        raise ValueError(f"checkpoint tensor {tuple(loaded.shape)} has {loaded.shape[dim]} along dim {dim}, "
+                         f"expected {part.full_rows}")
+    return loaded.narrow(dim, part.start, part.rows)
+
+
+def reduce_partial_output(y: torch.Tensor, bias: torch.Tensor | None, parallel: ParallelState) -> torch.Tensor:
+    """The row-parallel epilogue: sum the ranks' partial outputs, then add the bias once."""
+    y = all_reduce(y, parallel)                                        # [num_tokens, out]
+    return y if bias is None else y + bias
+
+
 class Linear(nn.Module):
-    """y = x W^T + b with W: [out_features, in_features]."""
+    """y = x W^T + b with W: [out_features, in_features], this rank's shard.
+
+    reduce_output (row-parallel): y is this rank's partial sum; forward all-reduces it over `parallel`'s group
+    and adds the bias once, after the reduce. A module that replaces a Linear after loading (e.g. a quantized
+    one) keeps the local weight, copies `parallel` and `reduce_output`, and, when reduce_output is set, ends its
+    forward with `reduce_partial_output(y_without_bias, bias, parallel)`."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device=None):
         super().__init__()
@@ -30,18 +54,62 @@ class Linear(nn.Module):
         if bias:
             self.bias = _new_param(out_features, dtype=dtype, device=device)
             self.bias.weight_loader = load_whole
+        self.parallel: ParallelState | None = None       # the tensor-parallel group (parallel subclasses)
+        self.reduce_output = False                        # all-reduce y over `parallel` (row-parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:    # [num_tokens, in] -> [num_tokens, out]
+        if self.reduce_output:
+            return reduce_partial_output(kernels.linear(x, self.weight), self.bias, self.parallel)
         return kernels.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(Linear):
+    """Output features split over the ranks: rank r holds output rows [r * out/tp, (r + 1) * out/tp) and its
+    output stays split (no communication)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device,
+                 parallel: ParallelState):
+        out_slice = even_slice(out_features, parallel.tp_rank, parallel.tp_size)
+        super().__init__(in_features, out_slice.rows, bias, dtype, device)
+        self.out_slice = out_slice                                 # rows of the checkpoint tensor held here
+        self.parallel = parallel
+        for param in (self.weight, self.bias):
+            if param is not None:
+                param.weight_loader = self._load_rows
+
+    def _load_rows(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        load_whole(param, take_slice(loaded, self.out_slice, 0))
+
+
+class RowParallelLinear(Linear):
+    """Input features split over the ranks (the input is a column-parallel output): rank r holds input columns
+    [r * in/tp, (r + 1) * in/tp); the partial outputs are all-reduced in forward, the bias added once."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device,
+                 parallel: ParallelState):
+        in_slice = even_slice(in_features, parallel.tp_rank, parallel.tp_size)
+        super().__init__(in_slice.rows, out_features, bias, dtype, device)
+        self.in_slice = in_slice                                   # columns of the checkpoint tensor held here
+        self.parallel = parallel
+        self.reduce_output = parallel.tp_size > 1
+        self.weight.weight_loader = self._load_columns            # the bias is whole on every rank
+
+    def _load_columns(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        load_whole(param, take_slice(loaded, self.in_slice, 1))
 
 
 class MergedLinear(Linear):
     """Several projections of the same input fused along the output dimension, e.g. QKV = {"q","k","v"} or
-    gate_up = {0, 1}. Each checkpoint tensor fills its shard; the loader checks that every shard arrived."""
+    gate_up = {0, 1}. Each checkpoint tensor fills its shard; the loader checks that every shard arrived.
+    source_slices: the rows of each full checkpoint tensor this rank holds (tensor parallelism; None = all).
+    is_packed: the checkpoint stores all shards as one tensor (GPT-2's c_attn), loaded with shard id None."""
 
-    def __init__(self, in_features: int, output_sizes: dict, bias: bool, dtype: torch.dtype, device=None):
+    def __init__(self, in_features: int, output_sizes: dict, bias: bool, dtype: torch.dtype, device=None,
+                 source_slices: dict[object, RowSlice] | None = None, is_packed: bool = False):
         super().__init__(in_features, sum(output_sizes.values()), bias, dtype, device)
-        self.output_sizes = dict(output_sizes)                # shard id -> rows
+        self.output_sizes = dict(output_sizes)                # shard id -> local rows
+        self.source_slices = source_slices or {k: RowSlice(n, 0, n) for k, n in output_sizes.items()}
+        self.is_packed = is_packed
         offsets, offset = {}, 0
         for shard_id, size in output_sizes.items():
             offsets[shard_id] = offset
@@ -50,13 +118,21 @@ class MergedLinear(Linear):
         for param in (self.weight, self.bias):
             if param is not None:
                 param.weight_loader = self._load_shard
-                param.shard_ids = tuple(output_sizes)
+                param.shard_ids = (None,) if is_packed else tuple(output_sizes)
 
     def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
+        if shard_id is None and self.is_packed:
+            full_sizes = [part.full_rows for part in self.source_slices.values()]
+            if loaded.shape[0] != sum(full_sizes):
+                raise ValueError(f"packed checkpoint tensor {tuple(loaded.shape)} should have {sum(full_sizes)} "
+                                 f"rows ({full_sizes})")
+            for sid, part in zip(self.output_sizes, loaded.split(full_sizes, dim=0), strict=True):
+                self._load_shard(param, part, sid)
+            return
         if shard_id not in self.output_sizes:
             raise ValueError(f"unknown shard {shard_id!r}; expected one of {list(self.output_sizes)}")
-        rows = self.output_sizes[shard_id]
-        target = param.data.narrow(0, self.offsets[shard_id], rows)
+        loaded = take_slice(loaded, self.source_slices[shard_id], 0)
+        target = param.data.narrow(0, self.offsets[shard_id], self.output_sizes[shard_id])
         if tuple(loaded.shape) != tuple(target.shape):
             raise ValueError(f"shape mismatch for shard {shard_id!r}: checkpoint tensor {tuple(loaded.shape)} "
                              f"vs {tuple(target.shape)}")
@@ -65,3 +141,31 @@ class MergedLinear(Linear):
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """[num_tokens, sum(sizes)] -> one view per shard."""
         return y.split(list(self.output_sizes.values()), dim=-1)
+
+
+class MergedColumnParallelLinear(MergedLinear):
+    """Column-parallel over each projection separately (gate/up): rank r holds rows [r * n/tp, (r + 1) * n/tp) of
+    every shard, so its fused output is [gate_r | up_r]."""
+
+    def __init__(self, in_features: int, full_sizes: dict, bias: bool, dtype: torch.dtype, device,
+                 parallel: ParallelState):
+        slices = {k: even_slice(n, parallel.tp_rank, parallel.tp_size) for k, n in full_sizes.items()}
+        super().__init__(in_features, {k: s.rows for k, s in slices.items()}, bias, dtype, device, slices)
+        self.parallel = parallel
+
+
+class QKVParallelLinear(MergedLinear):
+    """Fused Q/K/V split by attention heads: rank r holds num_heads/tp query heads and num_kv_heads/tp KV heads;
+    with fewer KV heads than ranks (GQA) each rank holds one KV head, replicated (rank r: head
+    r * num_kv_heads // tp_size). Shard ids "q", "k", "v", or one packed tensor (GPT-2)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool,
+                 dtype: torch.dtype, device, parallel: ParallelState, is_packed: bool = False):
+        rank, size = parallel.tp_rank, parallel.tp_size
+        slices = {"q": head_slice(num_heads, head_dim, rank, size),
+                  "k": head_slice(num_kv_heads, head_dim, rank, size),
+                  "v": head_slice(num_kv_heads, head_dim, rank, size)}
+        super().__init__(hidden_size, {k: s.rows for k, s in slices.items()}, bias, dtype, device, slices, is_packed)
+        self.parallel = parallel
+        self.num_local_heads = slices["q"].rows // head_dim          # query heads on this rank
+        self.num_local_kv_heads = slices["k"].rows // head_dim       # KV heads on this rank

@@ -6,25 +6,29 @@ import re
 import torch
 from torch import nn
 
+from tierllm.distributed.parallel_state import ParallelState
+from tierllm.distributed.sharding import check_tp_size
 from tierllm.layers.activation import get_activation
 from tierllm.layers.attention import Attention, AttentionMetadata
-from tierllm.layers.embedding import Embedding, LMHead
-from tierllm.layers.linear import Linear
+from tierllm.layers.embedding import Embedding, ParallelLMHead, VocabParallelEmbedding
+from tierllm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tierllm.layers.norm import LayerNorm
 from tierllm.models.base import NativeModel
 
 
 class GPT2Attention(nn.Module):
-    def __init__(self, config, layer_idx: int, dtype, device):
+    def __init__(self, config, layer_idx: int, dtype, device, parallel: ParallelState):
         super().__init__()
         hidden = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.head_dim = hidden // self.num_heads
+        num_heads = config.num_attention_heads
+        self.head_dim = hidden // num_heads
         scale = self.head_dim ** -0.5 if config.scale_attn_weights else 1.0
         if getattr(config, "scale_attn_by_inverse_layer_idx", False):
             scale /= layer_idx + 1
-        self.c_attn = Linear(hidden, 3 * hidden, True, dtype, device)
-        self.c_proj = Linear(hidden, hidden, True, dtype, device)
+        self.c_attn = QKVParallelLinear(hidden, num_heads, num_heads, self.head_dim, True, dtype, device, parallel,
+                                        is_packed=True)                # one [3 * hidden, hidden] tensor
+        self.num_heads = self.c_attn.num_local_heads                 # this rank's heads
+        self.c_proj = RowParallelLinear(hidden, hidden, True, dtype, device, parallel)
         self.attn = Attention(self.num_heads, self.num_heads, self.head_dim, scale)
 
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -34,16 +38,16 @@ class GPT2Attention(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, config, layer_idx: int, dtype, device):
+    def __init__(self, config, layer_idx: int, dtype, device, parallel: ParallelState):
         super().__init__()
         hidden, eps = config.hidden_size, config.layer_norm_epsilon
         inner = config.n_inner or 4 * hidden
         self.ln_1 = LayerNorm(hidden, eps, dtype, device)
-        self.attn = GPT2Attention(config, layer_idx, dtype, device)
+        self.attn = GPT2Attention(config, layer_idx, dtype, device, parallel)
         self.ln_2 = LayerNorm(hidden, eps, dtype, device)
         self.mlp = nn.Module()
-        self.mlp.c_fc = Linear(hidden, inner, True, dtype, device)
-        self.mlp.c_proj = Linear(inner, hidden, True, dtype, device)
+        self.mlp.c_fc = ColumnParallelLinear(hidden, inner, True, dtype, device, parallel)
+        self.mlp.c_proj = RowParallelLinear(inner, hidden, True, dtype, device, parallel)
         self.act = get_activation(config.activation_function)
 
     def forward(self, hidden, residual, meta):
@@ -61,17 +65,26 @@ class GPT2LMHeadModel(NativeModel):
     _conv1d = r"(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$"
     ignored_keys = [r"\.attn\.masked_bias$", r"\.attn\.bias$", r"^lm_head\.weight$"]   # old causal-mask buffers
 
-    def __init__(self, config, max_positions: int, dtype: torch.dtype, device=None):
+    @staticmethod
+    def check_tp_size(config, tp_size: int) -> None:
+        """A clear ValueError, listing the tp sizes that work, when tp_size cannot split this model."""
+        check_tp_size("gpt2", tp_size, {"n_head": config.num_attention_heads,
+                                        "n_inner": config.n_inner or 4 * config.hidden_size})
+
+    def __init__(self, config, max_positions: int, dtype: torch.dtype, device=None,
+                 parallel: ParallelState | None = None):
         super().__init__()
         self.config = config
         hidden = config.hidden_size
+        parallel = parallel or ParallelState()
+        self.check_tp_size(config, parallel.tp_size)
         self.transformer = nn.Module()
-        self.transformer.wte = Embedding(config.vocab_size, hidden, dtype, device)
+        self.transformer.wte = VocabParallelEmbedding(config.vocab_size, hidden, dtype, device, parallel)
         self.transformer.wpe = Embedding(config.max_position_embeddings, hidden, dtype, device)
-        self.transformer.h = nn.ModuleList(GPT2Block(config, i, dtype, device)
+        self.transformer.h = nn.ModuleList(GPT2Block(config, i, dtype, device, parallel)
                                            for i in range(config.num_hidden_layers))
         self.transformer.ln_f = LayerNorm(hidden, config.layer_norm_epsilon, dtype, device)
-        self.lm_head = LMHead(hidden, config.vocab_size, dtype, device, tied_embedding=self.transformer.wte)
+        self.lm_head = ParallelLMHead(hidden, config.vocab_size, dtype, device, parallel, self.transformer.wte)
 
     def map_param_name(self, hf_name: str):
         name, shard, _ = super().map_param_name(hf_name)

@@ -5,9 +5,11 @@ import torch
 from torch import nn
 
 from tierllm import kernels
+from tierllm.distributed.parallel_state import ParallelState
+from tierllm.distributed.sharding import check_tp_size
 from tierllm.layers.attention import Attention, AttentionMetadata
-from tierllm.layers.embedding import Embedding, LMHead
-from tierllm.layers.linear import Linear, MergedLinear
+from tierllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from tierllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tierllm.layers.norm import RMSNorm
 from tierllm.layers.rotary import RotaryEmbedding
 from tierllm.models.base import NativeModel, head_dim_of
@@ -24,18 +26,19 @@ def _sliding_window(config, layer_idx: int) -> int | None:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config, layer_idx: int, dtype, device):
+    def __init__(self, config, layer_idx: int, dtype, device, parallel: ParallelState):
         super().__init__()
         hidden = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        num_heads = config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
         self.head_dim = head_dim_of(config)
         qkv_bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
         o_bias = getattr(config, "attention_bias", False)
-        self.qkv_proj = MergedLinear(hidden, {"q": self.num_heads * self.head_dim,
-                                              "k": self.num_kv_heads * self.head_dim,
-                                              "v": self.num_kv_heads * self.head_dim}, qkv_bias, dtype, device)
-        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, o_bias, dtype, device)
+        self.qkv_proj = QKVParallelLinear(hidden, num_heads, num_kv_heads, self.head_dim, qkv_bias, dtype, device,
+                                          parallel)
+        self.num_heads = self.qkv_proj.num_local_heads               # this rank's heads
+        self.num_kv_heads = self.qkv_proj.num_local_kv_heads
+        self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden, o_bias, dtype, device, parallel)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
                               _sliding_window(config, layer_idx))
 
@@ -49,24 +52,25 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config, dtype, device):
+    def __init__(self, config, dtype, device, parallel: ParallelState):
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"Llama-family MLP activation {config.hidden_act!r} is not supported (only silu)")
         bias = getattr(config, "mlp_bias", False)
         size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, {0: size, 1: size}, bias, dtype, device)
-        self.down_proj = Linear(size, config.hidden_size, bias, dtype, device)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, {0: size, 1: size}, bias, dtype, device,
+                                                       parallel)
+        self.down_proj = RowParallelLinear(size, config.hidden_size, bias, dtype, device, parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_idx: int, dtype, device):
+    def __init__(self, config, layer_idx: int, dtype, device, parallel: ParallelState):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, dtype, device)
-        self.mlp = LlamaMLP(config, dtype, device)
+        self.self_attn = LlamaAttention(config, layer_idx, dtype, device, parallel)
+        self.mlp = LlamaMLP(config, dtype, device, parallel)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
@@ -78,11 +82,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config, max_positions: int, dtype, device):
+    def __init__(self, config, max_positions: int, dtype, device, parallel: ParallelState):
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype, device, parallel)
         self.rotary = RotaryEmbedding(config, head_dim_of(config), max_positions, dtype, device)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, dtype, device)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, dtype, device, parallel)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
@@ -106,14 +110,25 @@ class LlamaForCausalLM(NativeModel):
     ]
     ignored_keys = [r"rotary_emb\.inv_freq$"]
 
-    def __init__(self, config, max_positions: int, dtype: torch.dtype, device=None):
+    @staticmethod
+    def check_tp_size(config, tp_size: int) -> None:
+        """A clear ValueError, listing the tp sizes that work, when tp_size cannot split this model."""
+        num_heads = config.num_attention_heads
+        check_tp_size(config.model_type, tp_size,
+                      {"num_attention_heads": num_heads, "intermediate_size": config.intermediate_size},
+                      {"num_key_value_heads": getattr(config, "num_key_value_heads", None) or num_heads})
+
+    def __init__(self, config, max_positions: int, dtype: torch.dtype, device=None,
+                 parallel: ParallelState | None = None):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, max_positions, dtype, device)
+        parallel = parallel or ParallelState()
+        self.check_tp_size(config, parallel.tp_size)
+        self.model = LlamaModel(config, max_positions, dtype, device, parallel)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
         if tied is not None:                       # a checkpoint may still carry the tied copy
             self.ignored_keys = self.ignored_keys + [r"^lm_head\.weight$"]
-        self.lm_head = LMHead(config.hidden_size, config.vocab_size, dtype, device, tied_embedding=tied)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, dtype, device, parallel, tied)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]"""

@@ -4,10 +4,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tierllm.distributed.parallel_state import ParallelState
+from tierllm.distributed.sharding import check_tp_size
 from tierllm.layers.activation import get_activation
 from tierllm.layers.attention import Attention, AttentionMetadata
-from tierllm.layers.embedding import Embedding, LMHead
-from tierllm.layers.linear import Linear, MergedLinear
+from tierllm.layers.embedding import Embedding, ParallelLMHead, VocabParallelEmbedding
+from tierllm.layers.linear import ColumnParallelLinear, Linear, QKVParallelLinear, RowParallelLinear
 from tierllm.layers.norm import LayerNorm
 from tierllm.models.base import NativeModel
 
@@ -15,13 +17,14 @@ _POSITION_OFFSET = 2   # OPT's learned position table starts at index 2
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, config, dtype, device):
+    def __init__(self, config, dtype, device, parallel: ParallelState):
         super().__init__()
         hidden, bias = config.hidden_size, getattr(config, "enable_bias", True)
-        self.num_heads = config.num_attention_heads
-        self.head_dim = hidden // self.num_heads
-        self.qkv_proj = MergedLinear(hidden, {"q": hidden, "k": hidden, "v": hidden}, bias, dtype, device)
-        self.out_proj = Linear(hidden, hidden, bias, dtype, device)
+        num_heads = config.num_attention_heads
+        self.head_dim = hidden // num_heads
+        self.qkv_proj = QKVParallelLinear(hidden, num_heads, num_heads, self.head_dim, bias, dtype, device, parallel)
+        self.num_heads = self.qkv_proj.num_local_heads               # this rank's heads
+        self.out_proj = RowParallelLinear(hidden, hidden, bias, dtype, device, parallel)
         self.attn = Attention(self.num_heads, self.num_heads, self.head_dim, self.head_dim ** -0.5)
 
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -31,15 +34,15 @@ class OPTAttention(nn.Module):
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, config, dtype, device):
+    def __init__(self, config, dtype, device, parallel: ParallelState):
         super().__init__()
         hidden, bias = config.hidden_size, getattr(config, "enable_bias", True)
         eps = 1e-5
         self.pre_norm = config.do_layer_norm_before
-        self.self_attn = OPTAttention(config, dtype, device)
+        self.self_attn = OPTAttention(config, dtype, device, parallel)
         self.self_attn_layer_norm = LayerNorm(hidden, eps, dtype, device)
-        self.fc1 = Linear(hidden, config.ffn_dim, bias, dtype, device)
-        self.fc2 = Linear(config.ffn_dim, hidden, bias, dtype, device)
+        self.fc1 = ColumnParallelLinear(hidden, config.ffn_dim, bias, dtype, device, parallel)
+        self.fc2 = RowParallelLinear(config.ffn_dim, hidden, bias, dtype, device, parallel)
         self.final_layer_norm = LayerNorm(hidden, eps, dtype, device)
         self.act = get_activation(config.activation_function)
 
@@ -60,16 +63,17 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPTDecoder(nn.Module):
-    def __init__(self, config, dtype, device):
+    def __init__(self, config, dtype, device, parallel: ParallelState):
         super().__init__()
         hidden, proj_dim = config.hidden_size, config.word_embed_proj_dim
-        self.embed_tokens = Embedding(config.vocab_size, proj_dim, dtype, device)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, proj_dim, dtype, device, parallel)
         self.embed_positions = Embedding(config.max_position_embeddings + _POSITION_OFFSET, hidden, dtype, device)
         self.project_in = Linear(proj_dim, hidden, False, dtype, device) if proj_dim != hidden else None
         self.project_out = Linear(hidden, proj_dim, False, dtype, device) if proj_dim != hidden else None
         has_final_norm = config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False)
         self.final_layer_norm = LayerNorm(hidden, 1e-5, dtype, device) if has_final_norm else None
-        self.layers = nn.ModuleList(OPTDecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(OPTDecoderLayer(config, dtype, device, parallel)
+                                    for _ in range(config.num_hidden_layers))
 
     def forward(self, input_ids, positions, meta, streamer):
         hidden = self.embed_tokens(input_ids)                              # [num_tokens, proj_dim]
@@ -96,14 +100,22 @@ class OPTForCausalLM(NativeModel):
         (r"^decoder\.", "model.decoder.", None, None),                   # some checkpoints drop the "model." prefix
     ]
 
-    def __init__(self, config, max_positions: int, dtype: torch.dtype, device=None):
+    @staticmethod
+    def check_tp_size(config, tp_size: int) -> None:
+        """A clear ValueError, listing the tp sizes that work, when tp_size cannot split this model."""
+        check_tp_size("opt", tp_size, {"num_attention_heads": config.num_attention_heads, "ffn_dim": config.ffn_dim})
+
+    def __init__(self, config, max_positions: int, dtype: torch.dtype, device=None,
+                 parallel: ParallelState | None = None):
         super().__init__()
         self.config = config
+        parallel = parallel or ParallelState()
+        self.check_tp_size(config, parallel.tp_size)
         self.model = nn.Module()
-        self.model.decoder = OPTDecoder(config, dtype, device)
+        self.model.decoder = OPTDecoder(config, dtype, device, parallel)
         self.ignored_keys = [r"^lm_head\.weight$"]                        # always tied to embed_tokens
-        self.lm_head = LMHead(config.word_embed_proj_dim, config.vocab_size, dtype, device,
-                              tied_embedding=self.model.decoder.embed_tokens)
+        self.lm_head = ParallelLMHead(config.word_embed_proj_dim, config.vocab_size, dtype, device, parallel,
+                                      self.model.decoder.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model.decoder(input_ids, positions, meta, self.layer_streamer)

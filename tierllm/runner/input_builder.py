@@ -21,6 +21,25 @@ class StepInputs:
     sampled_requests: list[Request]    # requests whose whole input is computed after this step
 
 
+@dataclass
+class StepPlan:
+    """One step's inputs as host lists: built on rank 0, broadcast to tensor-parallel workers, made into device
+    tensors by every rank."""
+    input_ids: list[int]                       # [num_tokens]
+    positions: list[int]                       # [num_tokens]
+    slot_mapping: list[int]                    # [num_tokens] cache slot of each token's new K/V
+    num_decode_tokens: int                     # the first tokens are single-token steps
+    decode_block_tables: list[list[int]]       # [num_decodes][blocks]
+    decode_context_lens: list[int]             # [num_decodes]
+    prefill_block_tables: list[list[int]]      # [num_prefills][blocks]
+    prefill_query_lens: list[int]              # tokens of each prefill chunk
+    prefill_context_lens: list[int]            # cached prefix + chunk, per prefill sequence
+    logits_indices: list[int]                  # [num_sampled] rows whose logits are sampled
+    block_copies: list[tuple[int, int]]        # copy-on-write (src, dst) blocks before the step
+    kv_span: int                               # 1 + the highest KV block id a scheduled request holds (KV offload)
+    use_cuda_graph: bool = False               # replay a captured graph if the step is pure decode
+
+
 def _token_slice(request: Request, start: int, end: int) -> list[int]:
     prompt = request.prompt_token_ids
     if start >= len(prompt):
@@ -33,7 +52,8 @@ def _padded_tables(tables: list[list[int]], device) -> torch.Tensor:
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64, device=device)
 
 
-def build_step_inputs(out: SchedulerOutput, block_manager: BlockManager, device: torch.device) -> StepInputs:
+def build_step_plan(out: SchedulerOutput, block_manager: BlockManager) -> tuple[StepPlan, list[Request]]:
+    """-> (the step's plan, the requests sampled after it, in logits_indices order)"""
     block_size = block_manager.block_size
     decodes = [(r, n) for r, n in out.scheduled if n == 1]
     prefills = [(r, n) for r, n in out.scheduled if n > 1]
@@ -43,11 +63,13 @@ def build_step_inputs(out: SchedulerOutput, block_manager: BlockManager, device:
     logits_indices: list[int] = []
     sampled: list[Request] = []
     tables = {"decode": [], "prefill": []}
+    kv_span = 0
     for kind, group in (("decode", decodes), ("prefill", prefills)):
         for request, num_new in group:
             start = request.num_computed_tokens
             end = start + num_new
             table = block_manager.get_block_table(request.request_id)
+            kv_span = max(kv_span, 1 + max(table, default=-1))
             input_ids.extend(_token_slice(request, start, end))
             positions.extend(range(start, end))
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
@@ -55,18 +77,30 @@ def build_step_inputs(out: SchedulerOutput, block_manager: BlockManager, device:
             if end == request.num_tokens:
                 logits_indices.append(len(input_ids) - 1)
                 sampled.append(request)
+    plan = StepPlan(input_ids, positions, slots, len(decodes), tables["decode"],
+                    [r.num_computed_tokens + 1 for r, _ in decodes], tables["prefill"], [n for _, n in prefills],
+                    [r.num_computed_tokens + n for r, n in prefills], logits_indices, list(out.block_copies or []),
+                    kv_span)
+    return plan, sampled
+
+
+def inputs_from_plan(plan: StepPlan, device: torch.device, sampled: list[Request] | None = None) -> StepInputs:
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        num_decode_tokens=len(decodes),
-        decode_block_tables=_padded_tables(tables["decode"], device),
-        decode_context_lens=torch.tensor([r.num_computed_tokens + 1 for r, _ in decodes], dtype=torch.int64,
-                                         device=device),
-        prefill_block_tables=_padded_tables(tables["prefill"], device),
-        prefill_query_lens=[n for _, n in prefills],
-        prefill_context_lens=[r.num_computed_tokens + n for r, n in prefills],
+        slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.int64, device=device),
+        num_decode_tokens=plan.num_decode_tokens,
+        decode_block_tables=_padded_tables(plan.decode_block_tables, device),
+        decode_context_lens=torch.tensor(plan.decode_context_lens, dtype=torch.int64, device=device),
+        prefill_block_tables=_padded_tables(plan.prefill_block_tables, device),
+        prefill_query_lens=plan.prefill_query_lens,
+        prefill_context_lens=plan.prefill_context_lens,
     )
-    if prefills and device.type == "cuda":
+    if plan.prefill_query_lens and device.type == "cuda":
         meta.prefill_plan = plan_prefill(meta.prefill_query_lens, meta.prefill_context_lens, device)
-    return StepInputs(torch.tensor(input_ids, dtype=torch.int64, device=device),
-                      torch.tensor(positions, dtype=torch.int64, device=device), meta,
-                      torch.tensor(logits_indices, dtype=torch.int64, device=device), sampled)
+    return StepInputs(torch.tensor(plan.input_ids, dtype=torch.int64, device=device),
+                      torch.tensor(plan.positions, dtype=torch.int64, device=device), meta,
+                      torch.tensor(plan.logits_indices, dtype=torch.int64, device=device), sampled or [])
+
+
+def build_step_inputs(out: SchedulerOutput, block_manager: BlockManager, device: torch.device) -> StepInputs:
+    plan, sampled = build_step_plan(out, block_manager)
+    return inputs_from_plan(plan, device, sampled)

@@ -1,0 +1,44 @@
+"""Collectives of the tensor-parallel group through torch.distributed. With tp_size=1 each is a no-op."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from tierllm.distributed.parallel_state import ParallelState
+
+# torch >= 2.13 renamed all_gather_into_tensor (deprecated there; the device machines run 2.11)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def all_reduce(x: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """Sum x over the ranks, in place (captured into CUDA graphs on NCCL like any kernel)."""
+    if state.tp_size > 1:
+        dist.all_reduce(x, group=state.group)
+    return x
+
+
+def all_gather_last_dim(x: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """[..., n] on every rank -> [..., tp_size * n], rank r's part at [r * n, (r + 1) * n)."""
+    if state.tp_size == 1:
+        return x
+    x = x.contiguous()
+    gathered = torch.empty((state.tp_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    _all_gather_single(gathered, x, group=state.group)                                 # [tp * rows, ..., n]
+    gathered = gathered.view(state.tp_size, *x.shape)                                  # [tp, rows, ..., n]
+    return gathered.movedim(0, -2).reshape(*x.shape[:-1], state.tp_size * x.shape[-1])
+
+
+def broadcast_from_driver(obj, state: ParallelState):
+    """Rank 0's picklable object (a step plan, None to stop) -> the same object on every rank, over the CPU group."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=state.cpu_group)
+    return box[0]
+
+
+def min_over_ranks(value: int, state: ParallelState) -> int:
+    """The smallest of the ranks' values (e.g. KV blocks that fit every rank's free memory)."""
+    if state.tp_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=state.cpu_group)
+    return int(t.item())

@@ -1,0 +1,109 @@
+"""Both sides of a tensor-parallel step. Rank 0 (TensorParallelDriver) broadcasts each step's plan before its own
+forward pass and turns a failed peer into a TensorParallelError; ranks > 0 (serve_worker) run the same forward
+pass on every plan they receive, until rank 0 sends None (shutdown)."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import weakref
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from tierllm.distributed.comm import broadcast_from_driver
+from tierllm.distributed.parallel_state import ParallelState, destroy_parallel_state
+
+logger = logging.getLogger("tierllm")
+
+_DEATH_REPORT_WAIT_S = 3.0        # after a failed collective, how long to wait for the dead worker to be reaped
+
+
+class TensorParallelError(RuntimeError):
+    """A tensor-parallel rank died or a collective failed; the engine cannot continue."""
+
+
+@dataclass
+class _GroupStatus:
+    """Shared by the driver and its finalizer (which must not hold the driver itself)."""
+    failure: str | None = None        # why the group is broken; None while healthy
+    is_closed: bool = False
+
+
+def _shutdown(state: ParallelState, status: _GroupStatus) -> None:
+    """Tell the workers to exit (if they can still hear), reap spawned ones, release the process groups."""
+    if status.is_closed:
+        return
+    status.is_closed = True
+    if status.failure is None:
+        try:
+            broadcast_from_driver(None, state)
+        except Exception as exc:                    # a worker died meanwhile: it cannot hear us anyway
+            logger.warning("tierllm: tensor-parallel shutdown message not delivered: %s", exc)
+    if state.workers is not None:                 # healthy workers exit by themselves; after a failure, don't wait
+        state.workers.stop(timeout_s=30.0 if status.failure is None else 0.5)
+    destroy_parallel_state(state)
+
+
+class TensorParallelDriver:
+    """Rank 0's side of the group. Shut down by close(), by garbage collection or at interpreter exit."""
+
+    def __init__(self, state: ParallelState):
+        self.state = state
+        self.status = _GroupStatus()
+        self._finalizer = weakref.finalize(self, _shutdown, state, self.status)
+        if state.workers is not None:
+            state.workers.on_death = self._on_worker_death
+
+    def _on_worker_death(self, message: str) -> None:
+        """Watchdog thread: a spawned worker exited. On NCCL, abort the group so that a step blocked in a
+        collective returns instead of waiting for the timeout (gloo notices the closed sockets by itself)."""
+        self.status.failure = self.status.failure or message
+        logger.error("tierllm: %s", message)
+        if self.state.device.type == "cuda":
+            with contextlib.suppress(Exception):
+                dist.distributed_c10d._abort_process_group(self.state.group)
+
+    def _fail(self, reason: str) -> TensorParallelError:
+        self.status.failure = self.status.failure or reason
+        self.close()
+        return TensorParallelError(f"{self.status.failure}. The tensor-parallel engine cannot continue: start a "
+                                   "new one (the other ranks have been shut down).")
+
+    @contextlib.contextmanager
+    def step(self, plan):
+        """Broadcast `plan`, then run the body (this rank's forward pass and sampling). Any failure inside
+        breaks the group (the ranks may be mid-collective): it is reported with the dead rank if one died."""
+        if self.status.failure is not None:
+            raise TensorParallelError(f"{self.status.failure}. The tensor-parallel engine cannot continue: start "
+                                      "a new one.")
+        if self.status.is_closed:
+            raise TensorParallelError("this tensor-parallel engine was closed")
+        try:
+            broadcast_from_driver(plan, self.state)
+            yield
+        except Exception as exc:
+            dead = self.state.workers.death_message(_DEATH_REPORT_WAIT_S) if self.state.workers else None
+            reason = dead or f"a tensor-parallel step failed on rank 0 ({type(exc).__name__}: {exc})"
+            raise self._fail(reason) from exc
+        if self.status.failure is not None:             # the watchdog saw a death while the step ran
+            raise self._fail(self.status.failure)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def serve_worker(runner) -> None:
+    """Ranks > 0: run every step plan rank 0 broadcasts, until it sends None; then release the group and exit
+    the process (code 0; 1 when rank 0 or a collective failed). Never returns to the caller."""
+    state: ParallelState = runner.parallel
+    code = 0
+    try:
+        while (plan := broadcast_from_driver(None, state)) is not None:
+            runner.forward_plan(plan)
+    except Exception as exc:                         # rank 0 died, or a collective failed
+        logger.error("tierllm: tensor-parallel rank %d stops: %s", state.tp_rank, exc)
+        code = 1
+    finally:
+        destroy_parallel_state(state)
+    sys.exit(code)

@@ -1,0 +1,109 @@
+"""Starting tensor parallelism for build_engine: a single process (tp_size=1), a rank of a torchrun job, or rank 0
+spawning ranks 1..N-1 itself. Workers get the model as a source they can open on their own."""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from tierllm.distributed.parallel_state import ParallelConfig, ParallelState, init_parallel_state, rank_device
+from tierllm.distributed.parallel_state import torchrun_env
+from tierllm.distributed.workers import WorkerProcesses, WorkerSpec
+
+
+@dataclass
+class StateDictSource:
+    """A transformers model sent to spawned workers: its config and tensors (shared memory, not copied)."""
+    config: object                        # transformers PretrainedConfig
+    state_dict: dict                      # HF name -> tensor
+    generation_config: object | None      # default EOS / pad ids
+    description: str                      # for messages
+
+    def open_checkpoint(self, device: torch.device):
+        from tierllm.weights.checkpoint import Checkpoint
+        return Checkpoint(self.config, len(self.state_dict), iter(self.state_dict.items()), None, self.description,
+                          self.generation_config)
+
+
+def open_source(source, device: torch.device):
+    """Objects with open_checkpoint(device) (StateDictSource, bench presets) open here, on this rank's device;
+    paths and model objects pass through to open_checkpoint."""
+    return source.open_checkpoint(device) if hasattr(source, "open_checkpoint") else source
+
+
+def _portable(source):
+    """The model as spawned workers can receive it."""
+    if isinstance(source, torch.nn.Module):
+        if not hasattr(source, "config"):
+            raise ValueError("a model object must be a transformers PreTrainedModel (it needs .config)")
+        return StateDictSource(source.config, source.state_dict(), getattr(source, "generation_config", None),
+                               type(source).__name__)
+    if isinstance(source, (str, os.PathLike)) or hasattr(source, "open_checkpoint"):
+        return source
+    raise ValueError(f"tensor parallelism cannot send a {type(source).__name__} to its worker processes: pass a "
+                     "checkpoint path, a transformers model object, or a benchmark preset source")
+
+
+def _peek_config(source):
+    """The HF config without loading weights (None when only a full load could tell, e.g. GGUF)."""
+    if hasattr(source, "config"):
+        return source.config
+    from pathlib import Path
+    path = Path(os.fspath(source)).expanduser()
+    if (path / "config.json").exists():
+        from transformers import AutoConfig
+        return AutoConfig.from_pretrained(str(path))
+    return None
+
+
+def _check_model_fits(source, tp_size: int) -> None:
+    """The indivisible-heads error before any worker starts (each model also checks in its constructor)."""
+    config = _peek_config(source)
+    if config is None:
+        return
+    from tierllm.models.registry import resolve_model_class
+    resolve_model_class(config).check_tp_size(config, tp_size)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_tensor_parallel(tensor_parallel, device: torch.device, source, engine_args: dict):
+    """-> (this rank's ParallelState, the model source to open on this rank).
+    tensor_parallel: None / 1 (single process), {"tp_size": N, "timeout_s": s} / ParallelConfig, or the
+    ParallelState of a worker this module spawned. Under torchrun (RANK/WORLD_SIZE set) every rank joins the job's
+    group; otherwise this process becomes rank 0 and spawns N-1 workers, which rebuild the engine from
+    engine_args (their own shard) and serve rank 0's steps."""
+    if isinstance(tensor_parallel, ParallelState):
+        return tensor_parallel, open_source(source, tensor_parallel.device)
+    config = ParallelConfig.from_any(tensor_parallel)
+    if config.tp_size == 1:
+        return ParallelState(device=device), open_source(source, device)
+    env = torchrun_env()
+    if env is not None:
+        rank, _, local_rank = env
+        state = init_parallel_state(rank, config.tp_size, rank_device(device, local_rank), config.timeout_s)
+        return state, open_source(source, state.device)
+    if dist.is_initialized():
+        raise ValueError("torch.distributed is already initialized in this process (another tensor-parallel engine "
+                         "is running?): close that engine first, or start the job with torchrun")
+    for rank in range(config.tp_size):
+        rank_device(device, rank)                       # every rank's GPU exists
+    _check_model_fits(source, config.tp_size)
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    worker_args = {**engine_args, "model": _portable(source), "show_progress": False}
+    workers = WorkerProcesses([WorkerSpec(rank, config.tp_size, init_method, str(device), config.timeout_s,
+                                          torch.get_num_threads(), worker_args) for rank in range(1, config.tp_size)])
+    try:
+        state = init_parallel_state(0, config.tp_size, rank_device(device, 0), config.timeout_s, init_method)
+    except BaseException:
+        workers.stop(timeout_s=0.5)
+        raise
+    state.workers = workers
+    return state, open_source(source, state.device)
