@@ -1,0 +1,133 @@
+"""Tensor parallelism on CPU (gloo, 2 processes): TP=2 greedy tokens equal TP=1, the spawn and torchrun launch
+paths, the indivisible-heads error, a killed worker, and shutdown without stray processes."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_hf_model, make_engine, random_prompts
+
+import tierllm
+from tierllm.distributed.driver import TensorParallelError
+from tierllm.distributed.sharding import check_tp_size, head_slice
+
+HERE = Path(__file__).parent
+TP2 = {"tp_size": 2, "timeout_s": 60}
+
+
+def _worker_processes(engine) -> dict:
+    return engine.engine.runner.parallel.workers.processes
+
+
+def _tp_children() -> list:
+    return [p for p in multiprocessing.active_children() if p.name.startswith("tierllm-tp-")]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# ---- sharding rules (no processes) --------------------------------------------------------------------------------
+def test_kv_heads_replicated_when_fewer_than_ranks():
+    # 2 KV heads over 4 ranks: ranks 0, 1 hold head 0 and ranks 2, 3 hold head 1 (rank r: head r * 2 // 4)
+    starts = [head_slice(2, 8, rank, 4).start // 8 for rank in range(4)]
+    assert starts == [0, 0, 1, 1]
+    assert [head_slice(8, 8, rank, 4).start // 8 for rank in range(4)] == [0, 2, 4, 6]
+
+
+def test_indivisible_head_count_names_the_tp_sizes_that_work():
+    with pytest.raises(ValueError, match=r"tp sizes that work for this model: 1, 2, 4$"):
+        check_tp_size("llama", 3, {"num_attention_heads": 4, "intermediate_size": 128}, {"num_key_value_heads": 1})
+
+
+@pytest.mark.timeout(60)
+def test_indivisible_heads_fail_before_any_worker_starts():
+    with pytest.raises(ValueError, match="tp_size=3.*num_attention_heads=4.*tp sizes that work for this model: 1, 2"):
+        make_engine(build_hf_model("llama"), tensor_parallel={"tp_size": 3})
+    assert _tp_children() == []
+
+
+# ---- spawn path ---------------------------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", ["llama", "llama_mqa", "opt", "gpt2"])
+def test_tp2_greedy_tokens_equal_tp1(family, family_engine):
+    """A batch of different-length prompts, chunked prefill (budget 16 < prompts) then decode, fp32."""
+    prompts = random_prompts([5, 23, 11], seed=3)
+    reference = [family_engine(family).generate(torch.tensor([p]), max_new_tokens=20)[0].tolist() for p in prompts]
+    engine = make_engine(build_hf_model(family), tensor_parallel=TP2, max_num_batched_tokens=16)
+    try:
+        for prompt, expected in zip(prompts, reference, strict=True):
+            assert engine.generate(torch.tensor([prompt]), max_new_tokens=20)[0].tolist() == expected
+        batch = [engine.generate(torch.tensor([p]), max_new_tokens=20)[0].tolist() for p in prompts]
+        assert batch == reference
+    finally:
+        engine.close()
+    assert _tp_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_llm_api_tp2_matches_tp1_and_close_reaps_workers():
+    model = build_hf_model("llama_gqa")
+    params = tierllm.SamplingParams(max_tokens=12, temperature=0.0)
+    prompts = random_prompts([6, 9], seed=5)
+    expected = [o.outputs[0].token_ids for o in tierllm.LLM(model, show_progress=False, num_kv_blocks=64)
+                .generate(prompts, params)]
+    llm = tierllm.LLM(model, show_progress=False, num_kv_blocks=64, tensor_parallel=2)
+    pids = [p.pid for p in _worker_processes(llm).values()]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
+    llm.close()
+    llm.close()                                                # twice is fine
+    assert not any(_pid_alive(pid) for pid in pids) and _tp_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_killed_worker_gives_clear_error_naming_the_rank():
+    engine = make_engine(build_hf_model("llama"), tensor_parallel=TP2)
+    prompt = torch.tensor(random_prompts([7], seed=1))
+    engine.generate(prompt, max_new_tokens=4)
+    worker = _worker_processes(engine)[1]
+    os.kill(worker.pid, signal.SIGKILL)
+    start = time.perf_counter()
+    with pytest.raises(TensorParallelError, match=rf"worker rank 1 \(pid {worker.pid}\) was killed by SIGKILL"):
+        engine.generate(prompt, max_new_tokens=4)
+    assert time.perf_counter() - start < 30
+    with pytest.raises(TensorParallelError, match="cannot continue"):   # later calls fail at once, no hang
+        engine.generate(prompt, max_new_tokens=4)
+    engine.close()
+    assert _tp_children() == []
+
+
+# ---- interpreter exit and torchrun (subprocesses) -----------------------------------------------------------------
+def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE.parents[1])]),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=HERE)
+
+
+@pytest.mark.timeout(150)
+def test_engine_left_open_is_shut_down_at_interpreter_exit():
+    result = _run([sys.executable, str(HERE / "tp_scripts.py"), "spawn-and-exit"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    pids = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("WORKER_PID")]
+    assert pids and "TP_MATCH True" in result.stdout
+    assert not any(_pid_alive(pid) for pid in pids)
+
+
+@pytest.mark.timeout(180)
+def test_torchrun_launch_every_rank_runs_the_same_script():
+    result = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                   str(29400 + os.getpid() % 500), str(HERE / "tp_scripts.py"), "torchrun"], timeout=150)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "TP_MATCH True" in result.stdout
+    assert "RANK1_RETURNED" not in result.stdout                 # rank 1 never got back into user code
