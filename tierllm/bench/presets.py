@@ -11,6 +11,10 @@ PRESETS = {
                       num_attention_heads=40, num_key_value_heads=40, vocab_size=32000, max_position_embeddings=4096),
     "llama-70b": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                       num_attention_heads=64, num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096),
+    # SmolLM2-1.7B's shape: 32 heads split over 2, 4 or 8 GPUs (the 135M model's 9 heads split over none of them)
+    "smollm2-1.7b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+                         num_attention_heads=32, num_key_value_heads=32, vocab_size=49152, max_position_embeddings=8192,
+                         tie_word_embeddings=True, rope_theta=130000.0),
     "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192,
                          tie_word_embeddings=True, rope_theta=100000.0),
@@ -53,3 +57,46 @@ def build_preset_hf_model(name: str, dtype: torch.dtype, device: torch.device | 
             parent = model.get_submodule(module_name.rsplit(".", 1)[0])
             parent.rotary_emb = type(module)(config).to(device)
     return model.eval()
+
+
+class PresetSource:
+    """A preset as a checkpoint source that any process can open by itself: every tensor is generated on the
+    opening rank's device from the same seeded pool, so all tensor-parallel ranks (and a TP=1 run) see the same
+    weights without building or sending the whole model (a 70B preset fits no single GPU)."""
+
+    def __init__(self, name: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+        self.name, self.dtype, self.seed = name, dtype, seed
+        self.config = preset_config(name)
+
+    def __str__(self) -> str:
+        return f"preset {self.name}"
+
+    def _shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
+        return [(name, tuple(p.shape)) for name, p in model.named_parameters()]   # tied weights listed once
+
+    def open_checkpoint(self, device: torch.device):
+        from tierllm.weights.checkpoint import Checkpoint
+
+        shapes = self._shapes()
+        return Checkpoint(self.config, len(shapes), self._tensors(shapes, torch.device(device)), None, str(self))
+
+    @torch.no_grad()
+    def _tensors(self, shapes, device: torch.device):
+        gen = torch.Generator().manual_seed(self.seed)                 # on the CPU: the same on every rank
+        pool = (torch.randn(1 << 25, generator=gen) * 0.02).to(device, self.dtype)   # 32M values
+        half = pool.numel() // 2
+        for name, shape in shapes:
+            tensor = torch.empty(shape, dtype=self.dtype, device=device)
+            flat = tensor.view(-1)
+            if "norm" in name:
+                flat.fill_(1.0)
+            else:
+                for start in range(0, flat.numel(), half):
+                    n = min(half, flat.numel() - start)
+                    offset = int(torch.randint(0, half, (1,), generator=gen))
+                    flat[start:start + n].copy_(pool[offset:offset + n])
+            yield name, tensor

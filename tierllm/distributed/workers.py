@@ -35,6 +35,7 @@ def worker_main(spec: WorkerSpec) -> None:
     from tierllm.api import build_engine
     from tierllm.distributed.parallel_state import init_parallel_state, rank_device
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C reaches the whole process group: rank 0 decides
     torch.set_num_threads(spec.num_threads)
     state = init_parallel_state(spec.rank, spec.tp_size, rank_device(torch.device(spec.device), spec.rank),
                                 spec.timeout_s, spec.init_method)

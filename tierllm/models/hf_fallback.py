@@ -106,7 +106,7 @@ def fallback_reason(source, replace_with_kernel_inject: bool) -> str | None:
     if source is None:
         return None                                            # the embedded SmolLM2: Llama family
     from tierllm.models.registry import NATIVE_MODELS
-    if isinstance(source, nn.Module):
+    if isinstance(source, nn.Module) or hasattr(source, "config"):     # a model, a Checkpoint, a preset source
         config = source.config
     else:
         folder = Path(source).expanduser()
