@@ -9,8 +9,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from tierllm.distributed.parallel_state import ParallelConfig, ParallelState, init_parallel_state, rank_device
-from tierllm.distributed.parallel_state import torchrun_env
+from tierllm.distributed.parallel_state import (
+    ParallelConfig,
+    ParallelState,
+    init_parallel_state,
+    rank_device,
+    torchrun_env,
+)
 from tierllm.distributed.workers import WorkerProcesses, WorkerSpec
 
 
@@ -48,14 +53,18 @@ def _portable(source):
 
 
 def _peek_config(source):
-    """The HF config without loading weights (None when only a full load could tell, e.g. GGUF)."""
+    """The HF config without loading weights (None for a path the checkpoint reader will reject anyway)."""
     if hasattr(source, "config"):
         return source.config
     from pathlib import Path
+
+    from transformers import AutoConfig
     path = Path(os.fspath(source)).expanduser()
     if (path / "config.json").exists():
-        from transformers import AutoConfig
         return AutoConfig.from_pretrained(str(path))
+    ggufs = [path] if path.suffix == ".gguf" else sorted(path.glob("*.gguf")) if path.is_dir() else []
+    if len(ggufs) == 1 and ggufs[0].is_file():
+        return AutoConfig.from_pretrained(str(ggufs[0].parent), gguf_file=ggufs[0].name)   # metadata only
     return None
 
 
@@ -98,8 +107,9 @@ def start_tensor_parallel(tensor_parallel, device: torch.device, source, engine_
     _check_model_fits(source, config.tp_size)
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     worker_args = {**engine_args, "model": _portable(source), "show_progress": False}
-    workers = WorkerProcesses([WorkerSpec(rank, config.tp_size, init_method, str(device), config.timeout_s,
-                                          torch.get_num_threads(), worker_args) for rank in range(1, config.tp_size)])
+    threads = torch.get_num_threads() if device.type == "cuda" else max(1, torch.get_num_threads() // config.tp_size)
+    workers = WorkerProcesses([WorkerSpec(rank, config.tp_size, init_method, str(device), config.timeout_s, threads,
+                                          worker_args) for rank in range(1, config.tp_size)])
     try:
         state = init_parallel_state(0, config.tp_size, rank_device(device, 0), config.timeout_s, init_method)
     except BaseException:
