@@ -35,9 +35,9 @@ def _free(engine) -> None:
         torch._C._host_emptyCache()
 
 
-def _engine(hf, offload, prompt_len: int, gen_len: int, max_num_seqs: int, **kwargs):
+def _engine(hf, offload, prompt_len: int, gen_len: int, max_num_seqs: int, device: str = "cuda", **kwargs):
     import tierllm
-    return tierllm.init_inference(hf, dtype=torch.bfloat16, device="cuda", offload=offload,
+    return tierllm.init_inference(hf, dtype=torch.bfloat16, device=device, offload=offload,
                                   max_model_len=prompt_len + gen_len, max_num_seqs=max_num_seqs,
                                   show_progress=False, **kwargs)
 
@@ -62,14 +62,30 @@ def run_peer(peer: str, batch: int, timeout_s: int = 420) -> dict:
     return {"peer": peer, "batch": batch, "error": (proc.stderr or proc.stdout)[-2000:]}
 
 
+def resident_vs_offloaded(hf, prompt_len: int, gen_len: int, seed: int, device: str = "cuda") -> float:
+    """Share of greedy tokens (4 prompts) on which the offloaded engine equals the resident one (same step budget,
+    eager decode in both, so the same kernels see the same shapes)."""
+    import tierllm
+    ids = _random_prompts(4, prompt_len, hf.config.vocab_size, seed + 99).to(device)
+    tokens = []
+    for offload in (None, tierllm.OffloadConfig(device="cpu", num_resident_layers=0)):
+        engine = _engine(hf, offload, prompt_len, gen_len, 4, device=device, max_num_batched_tokens=2048,
+                         enable_cuda_graph=False)
+        tokens.append(engine.generate(ids, max_new_tokens=gen_len, min_new_tokens=gen_len)[:, prompt_len:].cpu())
+        _free(engine)
+    return float((tokens[0] == tokens[1]).float().mean())
+
+
 def cpu_part(hf, ceilings: dict, batches, peers, prompt_len: int, gen_len: int, seed: int) -> tuple[dict, list]:
     import tierllm
     vocab = hf.config.vocab_size
+    agreement = resident_vs_offloaded(hf, prompt_len, gen_len, seed)
+    print("resident vs offloaded greedy agreement", agreement, flush=True)
     engine = _engine(hf, tierllm.OffloadConfig(device="cpu", num_resident_layers=0), prompt_len, gen_len,
                      max(batches))
     plan = engine.model.placement_plan
     floor_s = plan.offloaded_bytes / (ceilings["h2d_pinned_GBps"] * 1e9)
-    _time_ours(engine, _random_prompts(4, 64, vocab, seed).cuda(), 2)                    # warm-up: Triton compiles
+    _time_ours(engine, _random_prompts(4, min(64, prompt_len), vocab, seed).cuda(), 2)   # warm-up: Triton compiles
     rows = []
     for i, batch in enumerate(batches):
         row = _run(engine, batch, prompt_len, gen_len, vocab, seed + 1 + i)
@@ -82,10 +98,10 @@ def cpu_part(hf, ceilings: dict, batches, peers, prompt_len: int, gen_len: int, 
         name, batch = spec.split(":")
         peer_rows.append(run_peer(name, int(batch)))
         print("peer", peer_rows[-1], flush=True)
-    result = {"offloaded_bytes": plan.offloaded_bytes, "pcie_floor_s": round(floor_s, 4), "tierllm": rows,
-              "peers": peer_rows}
+    result = {"resident_vs_offloaded_greedy_agreement": agreement, "offloaded_bytes": plan.offloaded_bytes,
+              "pcie_floor_s": round(floor_s, 4), "tierllm": rows, "peers": peer_rows}
     ours = {r["batch"]: r for r in rows}
-    checks = []
+    checks = [check("bf16 greedy tokens: offloaded equal resident (share)", agreement, ">=", 1.0)]
     for peer in peer_rows:
         b = peer["batch"]
         if "error" in peer or b not in ours:
@@ -131,7 +147,7 @@ def kv_part(hf, gpu_budget: str, host_kv: str, prompt_len: int, gen_len: int, se
     for name, kwargs in (("kv_on_gpu", {}), ("kv_offload", {"kv_offload": True, "kv_cache_memory": host_kv})):
         engine = _engine(hf, offload, prompt_len, gen_len, 512, **kwargs)
         max_batch = engine.engine.block_manager.num_blocks // blocks_per_request
-        _time_ours(engine, _random_prompts(2, 64, hf.config.vocab_size, seed).cuda(), 2)           # warm-up
+        _time_ours(engine, _random_prompts(2, min(64, prompt_len), hf.config.vocab_size, seed).cuda(), 2)           # warm-up
         row = _run(engine, max_batch, prompt_len, gen_len, hf.config.vocab_size, seed + 7)
         row["max_batch"] = max_batch
         result[name] = row
