@@ -1,0 +1,193 @@
+"""Tensor parallelism on the device machine (2 or 4 GPUs, bf16, random-weight presets opened by every rank
+itself), one full measurement per call, JSON under $OUT:
+
+  python benchmarks/tp_gpu.py --tp-sizes 1,2        # nvidia-h100-x2
+  python benchmarks/tp_gpu.py --tp-sizes 1,2,4      # nvidia-h100-x4 (adds TP=4 and the llama-70b run)
+
+(a) agreement: TP=N greedy tokens vs TP=1 on the smollm2-1.7b and llama-13b presets. Random weights give flat
+    logits, so a free-running comparison diverges for good after the first near-tie; the check is teacher-forced:
+    on every prefix of TP=1's own continuation, does TP=N pick the same next token (>= 95%)? Free-running
+    agreement is reported too. (SmolLM2-135M's 9 heads split over neither 2 nor 4 GPUs: its error is recorded.)
+(b) llama-13b batch-1 time per token, TP=2 vs TP=1 (<= 0.58x); llama-70b (4 GPUs) batch-1 time per token vs the
+    aggregate HBM roofline (>= 75%); batch-64 throughput of llama-13b at every TP size (and llama-70b at TP=4).
+Ceilings (HBM copy bandwidth, bf16 matmul rate) are measured on GPU 0 in the same run."""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+for _key, _value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                     "NVSHMEM_DISABLE_NVLS": "1"}.items():
+    os.environ.setdefault(_key, _value)                  # NVLink multicast stays off on the device machines
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # run from a checkout: python benchmarks/tp_gpu.py
+
+import torch  # noqa: E402
+
+import tierllm  # noqa: E402
+from tierllm.bench.generate_bench import _random_prompts  # noqa: E402
+from tierllm.bench.gpu_bench import _kv_bytes_per_token_of_context, _time_ours  # noqa: E402
+from tierllm.bench.presets import PresetSource  # noqa: E402
+from tierllm.bench.probe import hbm_copy_GBps, matmul_TFLOPs  # noqa: E402
+from tierllm.bench.results import check, print_checks, write_result  # noqa: E402
+
+DTYPE = torch.bfloat16
+PROMPT_LEN, LATENCY_GEN_LEN, THROUGHPUT_GEN_LEN, THROUGHPUT_BATCH = 512, 128, 32, 64
+AGREE_PROMPTS, AGREE_PROMPT_LEN, AGREE_GEN_LEN = 4, 64, 32
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def open_engine(preset: str, tp_size: int):
+    start = time.perf_counter()
+    engine = tierllm.init_inference(PresetSource(preset, DTYPE), dtype=DTYPE, device="cuda",
+                                    tensor_parallel={"tp_size": tp_size, "timeout_s": 300}, max_model_len=1024,
+                                    max_num_seqs=THROUGHPUT_BATCH, max_num_batched_tokens=4096, show_progress=False,
+                                    gpu_memory_utilization=0.9)
+    log(f"{preset} TP={tp_size}: engine up in {time.perf_counter() - start:.1f} s")
+    return engine, time.perf_counter() - start
+
+
+def close_engine(engine) -> None:
+    engine.close()
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def next_tokens(engine, prefixes: list[list[int]]) -> list[int]:
+    """Greedy next token after each prefix (left-padded batch, one new token)."""
+    width = max(len(p) for p in prefixes)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prefixes])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prefixes])
+    return engine.generate(ids, attention_mask=mask, max_new_tokens=1, min_new_tokens=1, do_sample=False,
+                           pad_token_id=0)[:, -1].tolist()
+
+
+def agreement_probe(engine, vocab: int, reference: dict | None) -> dict:
+    """TP=1 (reference None): its continuations and its next token on every prefix of them. TP=N: the same
+    questions, compared with TP=1's answers."""
+    prompts = _random_prompts(AGREE_PROMPTS, AGREE_PROMPT_LEN, vocab, seed=99)
+    continuations = engine.generate(prompts, max_new_tokens=AGREE_GEN_LEN, min_new_tokens=AGREE_GEN_LEN,
+                                    do_sample=False)[:, AGREE_PROMPT_LEN:].tolist()
+    base = reference["continuations"] if reference else continuations
+    prefixes = [prompts[i].tolist() + base[i][:t] for i in range(AGREE_PROMPTS) for t in range(AGREE_GEN_LEN)]
+    answers = next_tokens(engine, prefixes)
+    out = {"continuations": continuations, "answers": answers}
+    if reference:
+        pairs = [(a, b) for ra, oa in zip(reference["continuations"], continuations, strict=True)
+                 for a, b in zip(ra, oa, strict=True)]
+        out["free_running_agreement"] = sum(a == b for a, b in pairs) / len(pairs)
+        out["teacher_forced_agreement"] = sum(a == b for a, b in zip(reference["answers"], answers, strict=True)) \
+            / len(answers)
+    return out
+
+
+def decode_bytes(preset: str, tp_size: int) -> dict:
+    """Bytes one batch-1 decode step reads on each rank: its weight shard (all but the embedding table; norms are
+    replicated) and its KV heads at the average context of the latency run."""
+    source = PresetSource(preset, DTYPE)
+    config, element = source.config, torch.empty((), dtype=DTYPE).element_size()
+    weights = 0
+    for name, shape in source._shapes():
+        numel = torch.Size(shape).numel()
+        if "embed_tokens" in name:
+            numel = numel if config.tie_word_embeddings else 0          # tied: the LM head reads it
+        weights += numel * element // (1 if "norm" in name else tp_size)
+    kv_heads = max(1, config.num_key_value_heads // tp_size)
+    kv = _kv_bytes_per_token_of_context(config, DTYPE) * kv_heads // config.num_key_value_heads
+    return {"weight_bytes_per_rank": weights, "kv_bytes_per_rank": int(kv * (PROMPT_LEN + LATENCY_GEN_LEN / 2))}
+
+
+def speed(engine, preset: str, tp_size: int, hbm_GBps: float) -> dict:
+    """Batch-1 latency against the aggregate HBM roofline (each rank reads its shard at one GPU's bandwidth,
+    all ranks at once) and batch-64 throughput."""
+    vocab = engine.engine.vocab_size
+    _time_ours(engine, _random_prompts(1, PROMPT_LEN, vocab, 2).cuda(), 8)                      # warm-up
+    latency = _time_ours(engine, _random_prompts(1, PROMPT_LEN, vocab, 1).cuda(), LATENCY_GEN_LEN)
+    traffic = decode_bytes(preset, tp_size)
+    roofline_ms = (traffic["weight_bytes_per_rank"] + traffic["kv_bytes_per_rank"]) / (hbm_GBps * 1e9) * 1e3
+    latency.update(traffic, roofline_ms_per_token=round(roofline_ms, 3),
+                   fraction_of_aggregate_roofline=round(roofline_ms / latency["decode_ms_per_step"], 4))
+    _time_ours(engine, _random_prompts(8, PROMPT_LEN, vocab, 3).cuda(), 4)                      # warm-up
+    throughput = _time_ours(engine, _random_prompts(THROUGHPUT_BATCH, PROMPT_LEN, vocab, 4).cuda(),
+                            THROUGHPUT_GEN_LEN)
+    log(f"{preset} TP={tp_size}: batch 1 {latency['decode_ms_per_step']:.2f} ms/token (roofline "
+        f"{roofline_ms:.2f}), batch {THROUGHPUT_BATCH} {throughput['total_tok_s']:.0f} tok/s")
+    return {"batch1": latency, f"batch{THROUGHPUT_BATCH}": throughput}
+
+
+def smollm2_135m_error() -> str:
+    from tierllm.bench.presets import preset_config
+    from tierllm.models.llama import LlamaForCausalLM
+    try:
+        LlamaForCausalLM.check_tp_size(preset_config("smollm2-135m"), 2)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tp-sizes", default="1,2", help="comma list; must start with 1 (the reference)")
+    parser.add_argument("--skip-70b", action="store_true", help="leave out the llama-70b TP=4 run")
+    args = parser.parse_args()
+    tp_sizes = [int(t) for t in args.tp_sizes.split(",")]
+    if tp_sizes[0] != 1 or max(tp_sizes) > torch.cuda.device_count():
+        parser.error(f"--tp-sizes must start with 1 and need at most {torch.cuda.device_count()} GPUs here")
+    out_dir = Path(os.environ.get("OUT", "benchmarks/results"))
+    started = time.perf_counter()
+    ceilings = {"hbm_copy_GBps(read+write)": round(hbm_copy_GBps(), 1), "bf16_matmul_TFLOPs": round(matmul_TFLOPs(), 1),
+                "num_gpus": torch.cuda.device_count()}
+    gc.collect()
+    torch.cuda.empty_cache()
+    hbm = ceilings["hbm_copy_GBps(read+write)"]
+    log(f"ceilings on GPU 0: {ceilings}")
+    results: dict = {"smollm2-135m_tp2_error": smollm2_135m_error()}
+    checks = []
+    for preset in ("smollm2-1.7b", "llama-13b"):
+        reference = None
+        for tp_size in tp_sizes:
+            engine, init_s = open_engine(preset, tp_size)
+            row = {"init_s": round(init_s, 1)}
+            probe_out = agreement_probe(engine, engine.engine.vocab_size, reference)
+            if reference is None:
+                reference = probe_out
+            else:
+                row["free_running_agreement"] = round(probe_out["free_running_agreement"], 4)
+                row["teacher_forced_agreement"] = round(probe_out["teacher_forced_agreement"], 4)
+                checks.append(check(f"{preset} TP={tp_size} vs TP=1: teacher-forced greedy agreement (bf16)",
+                                    probe_out["teacher_forced_agreement"], ">=", 0.95))
+                log(f"{preset} TP={tp_size}: agreement {row}")
+            if preset == "llama-13b":
+                row.update(speed(engine, preset, tp_size, hbm))
+            results[f"{preset}_tp{tp_size}"] = row
+            close_engine(engine)
+    lat = {t: results[f"llama-13b_tp{t}"]["batch1"]["decode_ms_per_step"] for t in tp_sizes}
+    if 2 in lat:
+        checks.append(check("llama-13b batch 1: time per token TP=2 / TP=1", lat[2] / lat[1], "<=", 0.58))
+    if 4 in tp_sizes and not args.skip_70b:
+        engine, init_s = open_engine("llama-70b", 4)
+        results["llama-70b_tp4"] = {"init_s": round(init_s, 1), **speed(engine, "llama-70b", 4, hbm)}
+        close_engine(engine)
+        checks.append(check("llama-70b TP=4 batch 1: fraction of the aggregate HBM roofline (4 GPUs)",
+                            results["llama-70b_tp4"]["batch1"]["fraction_of_aggregate_roofline"], ">=", 0.75))
+    settings = {"dtype": "bfloat16", "tp_sizes": tp_sizes, "prompt_len": PROMPT_LEN, "latency_gen_len": LATENCY_GEN_LEN,
+                "throughput": f"batch {THROUGHPUT_BATCH} x {PROMPT_LEN} prompt + {THROUGHPUT_GEN_LEN} new",
+                "agreement": f"{AGREE_PROMPTS} prompts x {AGREE_PROMPT_LEN} tokens, {AGREE_GEN_LEN} new, greedy",
+                "cuda_graphs": True, "max_num_seqs": THROUGHPUT_BATCH, "wall_s": round(time.perf_counter() - started)}
+    name = "tp-" + "-".join(map(str, tp_sizes)) + ".json"
+    write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks, settings)
+    print_checks(checks)
+    print(f"wrote {out_dir / name} in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
