@@ -19,6 +19,7 @@ from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.llm_engine import LLMEngine
 from tierllm.engine.outputs import RequestOutput
 from tierllm.engine.scheduler import Scheduler
+from tierllm.models.hf_fallback import HFFallbackEngine, build_fallback_engine, fallback_reason
 from tierllm.models.registry import resolve_model_class
 from tierllm.offload.offload_model import gpu_budget_bytes, offload_model, plan_for_model, throughput_token_budget
 from tierllm.offload.kv_offload import KVOffload, host_kv_blocks
@@ -287,9 +288,10 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                               max_num_batched_tokens, torch_dtype)
         offload_model(native, plan, offload, device, show_progress)
         num_kv_blocks = num_kv_blocks or plan.kv_cache_bytes // gpu_block_bytes
-        if plan.offloaded_layers and enable_cuda_graph:
-            logger.info("tierllm: CUDA graphs are off while layers stream (the step is bound by the copies)")
-        enable_cuda_graph = enable_cuda_graph and not plan.offloaded_layers
+        if plan.offloaded_layers:
+            if enable_cuda_graph:
+                logger.info("tierllm: CUDA graphs are off while layers stream (the step is bound by the copies)")
+            enable_cuda_graph = False
     max_num_batched_tokens = max_num_batched_tokens or 2048
     cache_config = CacheConfig(block_size, num_kv_blocks, parse_bytes(kv_cache_memory), gpu_memory_utilization,
                                enable_prefix_caching)
@@ -319,9 +321,15 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     return engine, tokenizer, eos, _generation_default(checkpoint, "pad_token_id")
 
 
-def init_inference(model=None, *, tokenizer=None, **engine_kwargs) -> InferenceEngine:
+def init_inference(model=None, *, tokenizer=None, replace_with_kernel_inject: bool = True,
+                   **engine_kwargs) -> InferenceEngine | HFFallbackEngine:
     """Load `model` (HF folder, .gguf file, or transformers model object; None = the embedded SmolLM2) and
-    return an InferenceEngine with HF-style generate(). See build_engine for the engine options."""
+    return an InferenceEngine with HF-style generate(). See build_engine for the engine options.
+    A model with no native implementation, or replace_with_kernel_inject=False, runs through its HF modules and
+    HF generate instead (with layer streaming when `offload` is given); the log says kernels were not injected."""
+    reason = fallback_reason(model, replace_with_kernel_inject)
+    if reason is not None:
+        return build_fallback_engine(model, tokenizer, reason, **engine_kwargs)
     engine, loaded_tokenizer, eos, pad = build_engine(model, **engine_kwargs)
     return InferenceEngine(engine, tokenizer or loaded_tokenizer, eos, pad)
 
