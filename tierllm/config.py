@@ -57,13 +57,16 @@ class OffloadConfig:
     pin_memory: bool = True                   # page-lock host buffers (faster, async H2D copies)
     max_gpu_memory: int | str | None = None   # GPU bytes for resident weights, staging, KV cache and activations
     num_resident_layers: int | None = None    # decoder layers kept on the GPU; None = as many as the budget allows
-    prefetch_layers: int = 1                  # layers loading ahead while one computes
+    prefetch_layers: int | None = None        # layers loading ahead while one computes (None: 1 from CPU memory,
+    #                                           2 from NVMe, whose queue must never drain)
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "nvme"):
             raise ValueError(f"OffloadConfig.device must be 'cpu' or 'nvme', got {self.device!r}")
         if self.device == "nvme" and not self.nvme_path:
             raise ValueError("OffloadConfig(device='nvme') needs nvme_path=<folder on a fast local disk>")
+        if self.prefetch_layers is None:
+            object.__setattr__(self, "prefetch_layers", 2 if self.device == "nvme" else 1)
         if self.prefetch_layers < 1:
             raise ValueError(f"prefetch_layers must be >= 1, got {self.prefetch_layers}")
         if self.num_resident_layers is not None and self.num_resident_layers < 0:

@@ -85,9 +85,9 @@ def cpu_part(hf, ceilings: dict, batches, peers, prompt_len: int, gen_len: int, 
                      max(batches))
     plan = engine.model.placement_plan
     floor_s = plan.offloaded_bytes / (ceilings["h2d_pinned_GBps"] * 1e9)
-    _time_ours(engine, _random_prompts(4, min(64, prompt_len), vocab, seed).cuda(), 2)   # warm-up: Triton compiles
     rows = []
     for i, batch in enumerate(batches):
+        _time_ours(engine, _random_prompts(batch, min(64, prompt_len), vocab, seed).cuda(), 2)   # this batch's shapes
         row = _run(engine, batch, prompt_len, gen_len, vocab, seed + 1 + i)
         row["decode_step_over_pcie_floor"] = round(row["decode_ms_per_step"] / 1e3 / floor_s, 3)
         rows.append(row)
@@ -125,6 +125,7 @@ def nvme_part(hf, ceilings: dict, nvme_path: str, batch: int, prompt_len: int, g
                      prompt_len, gen_len, batch)
     write_s = time.perf_counter() - start
     plan = engine.model.placement_plan
+    _time_ours(engine, _random_prompts(batch, min(64, prompt_len), hf.config.vocab_size, seed).cuda(), 2)  # warm-up
     row = _run(engine, batch, prompt_len, gen_len, hf.config.vocab_size, seed)
     o_direct = engine.model.layer_streamer.store.o_direct
     _free(engine)
@@ -147,7 +148,7 @@ def kv_part(hf, gpu_budget: str, host_kv: str, prompt_len: int, gen_len: int, se
     for name, kwargs in (("kv_on_gpu", {}), ("kv_offload", {"kv_offload": True, "kv_cache_memory": host_kv})):
         engine = _engine(hf, offload, prompt_len, gen_len, 512, **kwargs)
         max_batch = engine.engine.block_manager.num_blocks // blocks_per_request
-        _time_ours(engine, _random_prompts(2, min(64, prompt_len), hf.config.vocab_size, seed).cuda(), 2)           # warm-up
+        _time_ours(engine, _random_prompts(max_batch, min(64, prompt_len), hf.config.vocab_size, seed).cuda(), 2)
         row = _run(engine, max_batch, prompt_len, gen_len, hf.config.vocab_size, seed + 7)
         row["max_batch"] = max_batch
         result[name] = row

@@ -95,6 +95,8 @@ class NvmeLayerStore:
         self.file_bytes[index] = nbytes
         with open(self.path(index), "wb") as f:
             f.write(view)
+            f.flush()
+            os.fsync(f.fileno())          # on disk now: no write-back competing with the reads later
 
     def _read_chunk(self, fd: int, target: memoryview, offset: int, index: int) -> None:
         done = 0

@@ -45,8 +45,9 @@ class LayerStreamer:
         self.slot_free_event: list[torch.cuda.Event | None] = [None] * self.num_slots
         self.bounce_copied: list[torch.cuda.Event | None] = [None] * self.num_slots   # NVMe: bounce buffer reusable
         self.pending: dict[int, Future | torch.cuda.Event | None] = {}    # layer -> its load, not yet waited on
-        # NVMe reads block on the disk: one loader thread keeps them going while the model computes
-        self.loader = ThreadPoolExecutor(1, thread_name_prefix="tierllm-stream") \
+        # NVMe reads block on the disk: loader threads keep them going while the model computes, one per slot so
+        # the next layer's read starts while this one's last chunks finish (the disk queue never drains)
+        self.loader = ThreadPoolExecutor(self.num_slots, thread_name_prefix="tierllm-stream") \
             if isinstance(store, NvmeLayerStore) else None
 
     @property
