@@ -27,6 +27,47 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-offload", action="store_true", help="keep the KV cache in pinned CPU memory")
 
 
+def _add_quant_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quant", choices=["int8", "int4", "w8a8"], default=None,
+                   help="quantize the decoder layers' weights on load: int8 per channel, int4 group-wise, or W8A8 "
+                        "(int8 weights and per-token int8 activations)")
+    p.add_argument("--group-size", type=int, default=None, help="input channels per int4 scale (default 64)")
+
+
+def _quant_kwargs(args) -> dict:
+    """The engine's quant option from the command line."""
+    if args.quant is None:
+        if args.group_size is not None:
+            raise ValueError("--group-size needs --quant int4")
+        return {}
+    import tierllm
+    fields = dict(tierllm.QuantConfig.from_any(args.quant).as_dict(), group_size=args.group_size)
+    if args.quant != "int4":
+        fields.update(group_size=None, symmetric=None)
+        if args.group_size is not None:
+            raise ValueError(f"--group-size applies to --quant int4, not {args.quant}")
+    return {"quant": tierllm.QuantConfig(**fields)}
+
+
+def _quantize(args) -> int:
+    import torch
+
+    import tierllm
+    from tierllm.api import _resolve_dtype
+    from tierllm.default_model import default_model_path
+    from tierllm.quant.saved import quantize_checkpoint
+
+    quant = tierllm.QuantConfig(bits=args.bits, group_size=args.group_size, symmetric=args.symmetric or None,
+                                activations=args.activations)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    source = default_model_path() if args.src == "default" else args.src
+    dst = quantize_checkpoint(source, Path(args.dst), quant, _resolve_dtype(args.dtype, device), device)
+    size = sum(f.stat().st_size for f in dst.iterdir() if f.is_file())
+    print(f"wrote {dst} ({quant.name}, {size / 2**20:.1f} MiB); load it with tierllm.init_inference({str(dst)!r}) "
+          f"or `tierllm generate --model {dst}`")
+    return 0
+
+
 def _offload_kwargs(args) -> dict:
     """The engine's offload options from the command line."""
     import tierllm
@@ -43,7 +84,7 @@ def _generate(args) -> int:
     from tierllm.api import encode_prompt
 
     engine = tierllm.init_inference(args.model, dtype=args.dtype, device=args.device, tensor_parallel=args.tp,
-                                    max_model_len=args.max_model_len, **_offload_kwargs(args))
+                                    max_model_len=args.max_model_len, **_offload_kwargs(args), **_quant_kwargs(args))
     tokenizer = engine.tokenizer
     use_template = not args.no_chat_template and bool(getattr(tokenizer, "chat_template", None))
     prompt_ids = encode_prompt(tokenizer, args.prompt, use_template)
@@ -118,7 +159,8 @@ def _serve(args) -> int:
                            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            scheduler_policy=args.scheduler_policy, preset=args.preset, tokenizer=args.tokenizer,
-                           gpu_memory_utilization=args.gpu_memory_utilization, **_offload_kwargs(args))
+                           gpu_memory_utilization=args.gpu_memory_utilization, **_offload_kwargs(args),
+                           **_quant_kwargs(args))
     run_server(server, args.host, args.port)
     return 0
 
@@ -219,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     gen.add_argument("--tp", type=int, default=1, metavar="N", help=_TP_HELP)
+    _add_quant_args(gen)
     gen.set_defaults(func=_generate)
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)", epilog=_EPILOG)
@@ -238,7 +281,20 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--tokenizer", default=None, help="tokenizer folder (needed with --preset)")
     srv.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     srv.add_argument("--tp", type=int, default=1, metavar="N", help=_TP_HELP)
+    _add_quant_args(srv)
     srv.set_defaults(func=_serve)
+
+    qz = sub.add_parser("quantize", help="quantize a model's weights and write a folder that loads quantized")
+    qz.add_argument("src", help="HF checkpoint folder, .gguf file, or 'default' (the embedded SmolLM2)")
+    qz.add_argument("dst", help="output folder (safetensors + quant_config.json + config and tokenizer files)")
+    qz.add_argument("--bits", type=int, choices=[8, 4], default=8, help="8: per-channel int8; 4: group-wise int4")
+    qz.add_argument("--group-size", type=int, default=None, help="input channels per int4 scale (default 64)")
+    qz.add_argument("--symmetric", action="store_true", help="symmetric int4 (default: asymmetric, scale + min)")
+    qz.add_argument("--activations", choices=["int8"], default=None, help="int8: W8A8 (with --bits 8)")
+    qz.add_argument("--dtype", default="bfloat16", help="dtype of the tensors left unquantized (embedding, "
+                                                        "norms, LM head)")
+    qz.add_argument("--device", default=None, help="where to quantize (default: cuda if available)")
+    qz.set_defaults(func=_quantize)
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON to benchmarks/results/")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

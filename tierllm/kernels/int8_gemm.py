@@ -1,6 +1,6 @@
 """W8A8 matmul on the int8 tensor cores: y[M, N] = (xq[M, K] @ wq[N, K]^T) * x_scale[M] * w_scale[N] (+ b),
 int32 accumulation, the two scales applied once in the epilogue (ZeroQuant-style per-token x per-channel).
-The reference is exact integer arithmetic (products summed in float64, exact for any K below 2^38)."""
+The reference is exact integer arithmetic (fp32 sums over K chunks short enough to stay exact, added in fp64)."""
 from __future__ import annotations
 
 import os
@@ -58,7 +58,7 @@ def int8_gemm_triton(xq: torch.Tensor, x_scales: torch.Tensor, wq: torch.Tensor,
     n = wq.shape[0]
     y = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     args = (xq, x_scales, wq, w_scales, bias if bias is not None else w_scales, y, m, n, k,
-            triton.next_power_of_2(m), xq.stride(0), wq.stride(0), y.stride(0))
+            min(triton.next_power_of_2(m), 256), xq.stride(0), wq.stride(0), y.stride(0))
     if os.environ.get("TRITON_INTERPRET") == "1":                  # the interpreter cannot time configs
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16),)
         _int8_gemm_kernel.fn[grid](*args, HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=2)
@@ -68,9 +68,15 @@ def int8_gemm_triton(xq: torch.Tensor, x_scales: torch.Tensor, wq: torch.Tensor,
     return y
 
 
+_EXACT_FP32_K = 1024               # 1024 * 127 * 127 < 2^24: fp32 sums of this many int8 products are exact
+
+
 def int8_gemm_ref(xq: torch.Tensor, x_scales: torch.Tensor, wq: torch.Tensor, w_scales: torch.Tensor,
                   out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
-    acc = (xq.double() @ wq.double().t()).float()            # [M, N], the exact int32 sums rounded to fp32
+    acc = torch.zeros(xq.shape[0], wq.shape[0], dtype=torch.float64, device=xq.device)      # [M, N]
+    for k0 in range(0, xq.shape[1], _EXACT_FP32_K):          # exact fp32 partial sums, added in fp64
+        acc += (xq[:, k0:k0 + _EXACT_FP32_K].float() @ wq[:, k0:k0 + _EXACT_FP32_K].float().t()).double()
+    acc = acc.float()                                        # the exact int32 sums rounded to fp32
     y = acc * x_scales.float()[:, None] * w_scales.float()[None, :]
     return (y if bias is None else y + bias.float()).to(out_dtype)
 

@@ -90,7 +90,7 @@ def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     group = group_size if bits == 4 else k
     args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y,
-            m, n, k, triton.next_power_of_2(m), x.stride(0), qweight.stride(0), scales.stride(0), y.stride(0))
+            m, n, k, min(triton.next_power_of_2(m), 256), x.stride(0), qweight.stride(0), scales.stride(0), y.stride(0))
     flags = {"BITS": bits, "GROUP": group, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
     if os.environ.get("TRITON_INTERPRET") == "1":                  # the interpreter cannot time configs
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16),)

@@ -8,10 +8,10 @@ int8, per output channel, symmetric (also the weight side of W8A8):
 int4, group-wise over K (group size G, a power of two dividing K):
     qweight  uint8   [N, K // 2]   two 4-bit codes per byte along K: byte j of row n holds
                                    k = 2j in its low nibble and k = 2j + 1 in its high nibble
-    scales   float16 [N, K // G]   asymmetric: (max - min) / 15 of the group; symmetric: max|W| / 7
-    mins     float16 [N, K // G]   asymmetric only: the group's minimum (the value of code 0)
+    scales   float16 [N, K // G]   the group's step (quantize.py fits it, and the min, to the group's values)
+    mins     float16 [N, K // G]   asymmetric only: the value of code 0
     dequant (asymmetric): W[n, k] = code * scales[n, k // G] + mins[n, k // G]        code in [0, 15]
-    dequant (symmetric):  W[n, k] = (code - 8) * scales[n, k // G]                   code in [1, 15]
+    dequant (symmetric):  W[n, k] = (code - 8) * scales[n, k // G]                   code in [0, 15]
 
 Scales and mins are float16 whatever the model dtype (the kernels dequantize in fp32): the same files serve
 fp16, bf16 and fp32 models, and int4-g64 costs 4.5 bits per weight (4.25 when symmetric).

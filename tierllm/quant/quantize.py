@@ -20,6 +20,50 @@ def quantize_int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"qweight": q.to(torch.int8), "scales": scales}
 
 
+_REFINE_STEPS = 4                  # alternating least-squares steps of the int4 grid fit
+
+
+def _fit_int4_grid(w: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """w: [N, K // G, G] -> (scales, mins or None, codes): per group, the affine 16-level grid that lowers the
+    squared error of round-to-nearest. Starts from the min/max (or max |w|) grid, then alternates rounding with
+    a least-squares refit of scale (and min); a step is kept only for the groups whose error it lowers. Scales
+    and mins are rounded to fp16 inside the loop, so the codes fit the stored values."""
+    def grid(scales, mins):
+        if symmetric:
+            codes = torch.round(w / scales[..., None]).clamp_(-8, 7)
+            return codes, ((codes * scales[..., None] - w) ** 2).sum(-1)
+        codes = torch.round((w - mins[..., None]) / scales[..., None]).clamp_(0, 15)
+        return codes, ((codes * scales[..., None] + mins[..., None] - w) ** 2).sum(-1)
+
+    def to_fp16(t):
+        return t.to(SCALE_DTYPE).float()
+
+    if symmetric:
+        scales, mins = to_fp16((w.abs().amax(dim=-1) / 7).clamp(min=1e-8)), None
+    else:
+        low, high = w.amin(dim=-1), w.amax(dim=-1)
+        scales, mins = to_fp16(((high - low) / 15).clamp(min=1e-8)), to_fp16(low)
+    codes, err = grid(scales, mins)
+    g = w.shape[-1]
+    for _ in range(_REFINE_STEPS):
+        sum_qw, sum_qq = (codes * w).sum(-1), (codes * codes).sum(-1)
+        if symmetric:
+            new_scales, new_mins = to_fp16((sum_qw / sum_qq.clamp(min=1)).clamp(min=1e-8)), None
+        else:
+            sum_q, sum_w = codes.sum(-1), w.sum(-1)
+            det = g * sum_qq - sum_q * sum_q                                               # 0: all codes equal
+            slope = (g * sum_qw - sum_q * sum_w) / det.clamp(min=1e-12)
+            new_scales = to_fp16(torch.where(det > 0, slope, scales).clamp(min=1e-8))
+            new_mins = to_fp16((sum_w - new_scales * sum_q) / g)
+        new_codes, new_err = grid(new_scales, new_mins)
+        better = new_err < err                                                             # [N, K // G]
+        scales = torch.where(better, new_scales, scales)
+        mins = None if symmetric else torch.where(better, new_mins, mins)
+        codes = torch.where(better[..., None], new_codes, codes)
+        err = torch.minimum(new_err, err)
+    return scales, mins, (codes + 8 if symmetric else codes)
+
+
 def quantize_int4(weight: torch.Tensor, group_size: int, symmetric: bool) -> dict[str, torch.Tensor]:
     """[N, K] -> {"qweight": uint8 [N, K // 2], "scales": fp16 [N, K // G] (+ "mins" when asymmetric)}."""
     n, k = weight.shape
@@ -27,18 +71,10 @@ def quantize_int4(weight: torch.Tensor, group_size: int, symmetric: bool) -> dic
         raise ValueError(f"int4 group_size {group_size} does not divide in_features {k}: choose a group size "
                          "that divides every linear's input size (e.g. 32 or 64)")
     w = weight.float().view(n, k // group_size, group_size)                            # [N, K // G, G]
-    if symmetric:
-        scales = (w.abs().amax(dim=-1) / 7).clamp(min=1e-8).to(SCALE_DTYPE)             # [N, K // G]
-        codes = torch.round(w / scales.float()[..., None]).clamp_(-7, 7) + 8
-        mins = None
-    else:
-        low, high = w.amin(dim=-1), w.amax(dim=-1)
-        scales = ((high - low) / 15).clamp(min=1e-8).to(SCALE_DTYPE)
-        mins = low.to(SCALE_DTYPE)
-        codes = torch.round((w - mins.float()[..., None]) / scales.float()[..., None]).clamp_(0, 15)
-    out = {"qweight": pack_int4(codes.view(n, k).to(torch.uint8)), "scales": scales}
+    scales, mins, codes = _fit_int4_grid(w, symmetric)
+    out = {"qweight": pack_int4(codes.view(n, k).to(torch.uint8)), "scales": scales.to(SCALE_DTYPE)}
     if mins is not None:
-        out["mins"] = mins
+        out["mins"] = mins.to(SCALE_DTYPE)
     return out
 
 

@@ -100,3 +100,24 @@ def load_prequantized(model: torch.nn.Module, checkpoint: Checkpoint, quant=None
                          f"{QuantConfig.from_any(quant).name}")
     convert_to_quant_shells(model, stored)
     load_native_weights(model, checkpoint, show_progress)
+
+
+def quantize_checkpoint(source, dst: Path, quant: QuantConfig, dtype: torch.dtype, device: torch.device,
+                        show_progress: bool = True) -> Path:
+    """`tierllm quantize`: load `source` (HF folder, .gguf, model object), quantize its decoder linears, and write
+    a folder that loads back quantized. Non-quantized tensors (embedding, norms, LM head) are kept in `dtype`."""
+    from tierllm.api import _load_tokenizer
+    from tierllm.models.registry import resolve_model_class
+    from tierllm.quant.quantize import quantize_model
+    from tierllm.weights.checkpoint import open_checkpoint
+    from tierllm.weights.loader import load_weights
+
+    checkpoint = open_checkpoint(source)
+    if checkpoint.quant_config is not None:
+        raise ValueError(f"{checkpoint.description} is already quantized ({checkpoint.quant_config.name}); "
+                         "quantize the original model instead")
+    config = checkpoint.config
+    model = resolve_model_class(config)(config, config.max_position_embeddings, dtype, device)
+    load_weights(model, checkpoint, show_progress)
+    quantize_model(model, quant, show_progress)
+    return save_quantized(model, quant, checkpoint, _load_tokenizer(checkpoint.tokenizer_source), dst)

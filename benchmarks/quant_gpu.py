@@ -1,0 +1,148 @@
+"""Quantized decode on one GPU: `llama-7b` preset (random weights), bf16 vs int8 vs int4-g64 (and W8A8),
+batch-1 and batch-64 decode tokens/s, each against its HBM roofline (weight bytes per step / measured HBM copy
+bandwidth, measured in the same run). The quantized models are built layer by layer (bench/quant_presets.py).
+
+    python benchmarks/quant_gpu.py [--out PATH] [--skip-w8a8]
+
+Writes JSON with the checks of issue #5 (int8 >= 1.7x and int4 >= 2.8x bf16 at batch 1; int4 no slower than
+bf16 at batch 64) to --out (default: $OUT/quant-llama-7b.json, or benchmarks/results/ without $OUT)."""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import tierllm
+from tierllm.api import InferenceEngine, build_engine
+from tierllm.bench.generate_bench import _random_prompts
+from tierllm.bench.gpu_bench import _time_ours
+from tierllm.bench.presets import build_preset_hf_model
+from tierllm.bench.probe import hbm_copy_GBps, matmul_TFLOPs, pinned_copy_GBps
+from tierllm.bench.quant_presets import preset_quant_checkpoint
+from tierllm.bench.results import check, print_checks, write_result
+
+PRESET = "llama-7b"
+VARIANTS = ["bf16", "int8", "int4", "w8a8"]
+
+
+def _decode_bytes(model) -> int:
+    """Bytes one decode step reads: every parameter but the embedding table (one row per token)."""
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+
+
+def _engine(variant: str, args):
+    kwargs = {"dtype": torch.bfloat16, "device": "cuda", "max_model_len": 1024, "max_num_seqs": args.batch,
+              "max_num_batched_tokens": 8 * args.prompt_len, "show_progress": False, "gpu_memory_utilization": 0.9}
+    if variant == "bf16":
+        source = build_preset_hf_model(PRESET, torch.bfloat16, "cuda", args.seed)
+    else:                                                   # built layer by layer, never dense as a whole
+        source = preset_quant_checkpoint(PRESET, variant, torch.bfloat16, "cuda", args.seed)
+    return InferenceEngine(*build_engine(source, **kwargs))
+
+
+def _measure(variant: str, args, hbm_Bps: float) -> dict:
+    start = time.perf_counter()
+    engine = _engine(variant, args)
+    build_s = time.perf_counter() - start
+    vocab = engine.model.config.vocab_size
+    _time_ours(engine, _random_prompts(1, 64, vocab, args.seed + 1).cuda(), 8)                   # warm-up
+    batch1 = _time_ours(engine, _random_prompts(1, args.prompt_len, vocab, args.seed + 2).cuda(), args.gen_len_b1)
+    _time_ours(engine, _random_prompts(16, args.prompt_len, vocab, args.seed + 3).cuda(), 4)     # prefill warm-up
+    batch_n = _time_ours(engine, _random_prompts(args.batch, args.prompt_len, vocab, args.seed + 4).cuda(),
+                         args.gen_len)
+    weight_bytes = _decode_bytes(engine.model)
+    roofline_ms = weight_bytes / hbm_Bps * 1e3
+    out = {"variant": variant, "build_s": round(build_s, 1), "decode_weight_bytes": weight_bytes,
+           "batch1": batch1, f"batch{args.batch}": batch_n,
+           "batch1_weight_roofline_ms": round(roofline_ms, 3),
+           "batch1_fraction_of_roofline": round(roofline_ms / batch1["decode_ms_per_step"], 4),
+           "cuda_graph_capture_s": round(engine.engine.runner.graphs.capture_seconds, 1)}
+    print(f"{variant:>5}: built in {build_s:.0f} s | batch 1 decode {batch1['decode_ms_per_step']:.2f} ms/token "
+          f"({batch1['decode_tok_s']:.1f} tok/s, roofline {roofline_ms:.2f} ms) | batch {args.batch} decode "
+          f"{batch_n['decode_tok_s']:.0f} tok/s, prefill {batch_n['prefill_tok_s']:.0f} tok/s", flush=True)
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def _kernel_row(n: int, k: int, hbm_Bps: float) -> dict:
+    from tierllm.bench.probe import _time_cuda
+    from tierllm.kernels import gemv, quant_gemv
+    from tierllm.quant.quantize import quantize_weight
+
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    q8, q4 = quantize_weight(w, tierllm.QuantConfig(bits=8)), quantize_weight(w, tierllm.QuantConfig(bits=4))
+    runs = {"bf16": (lambda: gemv.gemv_triton(x, w), [w]),
+            "int8": (lambda: quant_gemv.w8_gemv_triton(x, q8["qweight"], q8["scales"]), q8.values()),
+            "int4": (lambda: quant_gemv.w4_gemv_triton(x, q4["qweight"], q4["scales"], q4["mins"], 64), q4.values())}
+    row = {"shape": [n, k]}
+    for name, (fn, tensors) in runs.items():
+        seconds = _time_cuda(fn, 50)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        row[f"{name}_us"] = round(seconds * 1e6, 1)
+        row[f"{name}_fraction_of_hbm"] = round(nbytes / seconds / hbm_Bps, 3)
+    return row
+
+
+def _kernel_table(hbm_Bps: float) -> list[dict]:
+    """Batch-1 matmul time per llama-7b linear shape: bf16 GEMV vs the int8 / int4 GEMVs, and the share of the
+    measured HBM bandwidth (copy, read + write) each reaches on its own weight bytes."""
+    rows = []
+    for n, k in [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]:
+        rows.append(_kernel_row(n, k, hbm_Bps))
+        print("kernel", rows[-1], flush=True)
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    default_out = Path(os.environ["OUT"]) / "quant-llama-7b.json" if os.environ.get("OUT") else \
+        Path("benchmarks/results/quant-llama-7b-h100.json")
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--gen-len", type=int, default=32)
+    parser.add_argument("--gen-len-b1", type=int, default=128)
+    parser.add_argument("--skip-w8a8", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    h2d, _ = pinned_copy_GBps()
+    ceilings = {"device": torch.cuda.get_device_name(), "hbm_copy_GBps(read+write)": round(hbm_copy_GBps(), 1),
+                "h2d_pinned_GBps": round(h2d, 2), "bf16_matmul_TFLOPs": round(matmul_TFLOPs(), 1)}
+    torch.cuda.empty_cache()
+    print("ceilings:", ceilings, flush=True)
+    hbm_Bps = ceilings["hbm_copy_GBps(read+write)"] * 1e9
+    kernels = _kernel_table(hbm_Bps)
+    results = {v: _measure(v, args, hbm_Bps) for v in VARIANTS if not (v == "w8a8" and args.skip_w8a8)}
+    b1 = {v: r["batch1"]["decode_tok_s"] for v, r in results.items()}
+    bn = {v: r[f"batch{args.batch}"]["decode_tok_s"] for v, r in results.items()}
+    results["batch1_kernels"] = kernels
+    results["speedup_vs_bf16"] = {v: {"batch1_decode": round(b1[v] / b1["bf16"], 3),
+                                      f"batch{args.batch}_decode": round(bn[v] / bn["bf16"], 3)} for v in b1}
+    checks = [check("batch-1 decode tok/s: int8 / bf16", b1["int8"] / b1["bf16"], ">=", 1.7),
+              check("batch-1 decode tok/s: int4-g64 / bf16", b1["int4"] / b1["bf16"], ">=", 2.8),
+              check(f"batch-{args.batch} decode tok/s: int4-g64 / bf16", bn["int4"] / bn["bf16"], ">=", 1.0)]
+    settings = {"preset": PRESET, "dtype": "bfloat16", "prompt_len": args.prompt_len, "gen_len": args.gen_len,
+                "batch1_gen_len": args.gen_len_b1, "batch": args.batch, "int4": "group 64, asymmetric",
+                "int8": "per channel, symmetric", "w8a8": "per-token int8 activations x per-channel int8 weights",
+                "cuda_graphs": True, "wall_s": round(time.perf_counter() - start, 1)}
+    write_result(args.out, "quant", torch.device("cuda"), ceilings, {}, results, checks, settings)
+    print_checks(checks)
+    print(f"wrote {args.out} ({settings['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
