@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # Offload benchmarks on one GPU of the device machine, from the repo root, with .whl carried:
+#   bash benchmarks/offload_session.sh all       # the three parts below in one process (about 8 minutes on an H100)
 #   bash benchmarks/offload_session.sh cpu       # every layer in pinned CPU memory + DeepSpeed / accelerate peers
 #   bash benchmarks/offload_session.sh nvme-kv   # NVMe tier + KV-cache offload at a fixed GPU budget
 # .whl holds the server/test wheels, deepspeed-0.19.8.tar.gz and the wheels DeepSpeed lacks in the image
 # (hjson, msgpack, psutil, ninja, einops, py-cpuinfo, pydantic ...). Results and logs go to $OUT.
 set -uo pipefail
-part=${1:?part: cpu or nvme-kv}
+part=${1:?part: all, cpu or nvme-kv}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 free -g | head -2; df -h /root | tail -1
-if [ "$part" = cpu ]; then
+if [ "$part" = cpu ] || [ "$part" = all ]; then
   mkdir -p /tmp/ds && tar xzf .whl/deepspeed-0.19.8.tar.gz -C /tmp/ds
   (cd /tmp/ds/deepspeed-0.19.8 && DS_BUILD_OPS=0 python3 -m pip install -q --no-index --no-deps --no-build-isolation \
       --no-compile --target /tmp/site . 2>&1 | tail -3)
   python3 -c "import deepspeed, accelerate; print('deepspeed', deepspeed.__version__, 'accelerate', accelerate.__version__)"
+fi
+if [ "$part" = all ]; then
+  python3 -m tierllm.cli bench offload --parts cpu,nvme,kv --out "$OUT/offload-llama-7b.json" 2>&1 \
+      | tee "$OUT/offload.log" | grep -v "^\s*$" | tail -40
+elif [ "$part" = cpu ]; then
   python3 -m tierllm.cli bench offload --parts cpu --out "$OUT/offload-cpu-llama-7b.json" 2>&1 | tee "$OUT/offload-cpu.log" \
       | grep -v "^\s*$" | tail -40
 else
