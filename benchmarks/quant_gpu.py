@@ -2,7 +2,7 @@
 batch-1 and batch-64 decode tokens/s, each against its HBM roofline (weight bytes per step / measured HBM copy
 bandwidth, measured in the same run). The quantized models are built layer by layer (bench/quant_presets.py).
 
-    python benchmarks/quant_gpu.py [--out PATH] [--skip-w8a8]
+    python benchmarks/quant_gpu.py [--out PATH] [--skip-w8a8] [--kernels-only]
 
 Writes JSON with the checks of issue #5 (int8 >= 1.7x and int4 >= 2.8x bf16 at batch 1; int4 no slower than
 bf16 at batch 64) to --out (default: $OUT/quant-llama-7b.json, or benchmarks/results/ without $OUT)."""
@@ -71,32 +71,57 @@ def _measure(variant: str, args, hbm_Bps: float) -> dict:
     return out
 
 
-def _kernel_row(n: int, k: int, hbm_Bps: float) -> dict:
+def _graph_time(fn, repeats: int = 20) -> float:
+    """Seconds per call, launch overhead excluded: `repeats` calls captured in one CUDA graph, replayed."""
     from tierllm.bench.probe import _time_cuda
-    from tierllm.kernels import gemv, quant_gemv
+
+    fn()                                                        # autotune and compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            fn()
+    return _time_cuda(graph.replay, 10) / repeats
+
+
+def _kernel_row(n: int, k: int, m: int, hbm_Bps: float) -> dict:
+    from tierllm.kernels import gemv, int8_gemm, quant_gemm, quant_gemv
     from tierllm.quant.quantize import quantize_weight
 
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     q8, q4 = quantize_weight(w, tierllm.QuantConfig(bits=8)), quantize_weight(w, tierllm.QuantConfig(bits=4))
-    runs = {"bf16": (lambda: gemv.gemv_triton(x, w), [w]),
-            "int8": (lambda: quant_gemv.w8_gemv_triton(x, q8["qweight"], q8["scales"]), q8.values()),
-            "int4": (lambda: quant_gemv.w4_gemv_triton(x, q4["qweight"], q4["scales"], q4["mins"], 64), q4.values())}
-    row = {"shape": [n, k]}
+    if m <= quant_gemv.MAX_QUANT_GEMV_ROWS:
+        runs = {"bf16": (lambda: gemv.gemv_triton(x, w), [w]),
+                "int8": (lambda: quant_gemv.w8_gemv_triton(x, q8["qweight"], q8["scales"]), q8.values()),
+                "int4": (lambda: quant_gemv.w4_gemv_triton(x, q4["qweight"], q4["scales"], q4["mins"], 64),
+                         q4.values())}
+    else:
+        runs = {"bf16": (lambda: x @ w.t(), [w]),
+                "int8": (lambda: quant_gemm.quant_gemm_triton(x, q8["qweight"], q8["scales"], None, 8, None),
+                         q8.values()),
+                "int4": (lambda: quant_gemm.quant_gemm_triton(x, q4["qweight"], q4["scales"], q4["mins"], 4, 64),
+                         q4.values()),
+                "w8a8": (lambda: int8_gemm.w8a8_linear(x, q8["qweight"], q8["scales"]), q8.values())}
+    row = {"shape": [m, n, k]}
     for name, (fn, tensors) in runs.items():
-        seconds = _time_cuda(fn, 50)
+        seconds = _graph_time(fn)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         row[f"{name}_us"] = round(seconds * 1e6, 1)
         row[f"{name}_fraction_of_hbm"] = round(nbytes / seconds / hbm_Bps, 3)
+        if m > quant_gemv.MAX_QUANT_GEMV_ROWS:
+            row[f"{name}_TFLOPs"] = round(2 * m * n * k / seconds / 1e12, 1)
     return row
 
 
 def _kernel_table(hbm_Bps: float) -> list[dict]:
-    """Batch-1 matmul time per llama-7b linear shape: bf16 GEMV vs the int8 / int4 GEMVs, and the share of the
-    measured HBM bandwidth (copy, read + write) each reaches on its own weight bytes."""
+    """Matmul time per llama-7b linear shape (in CUDA graphs): at batch 1, bf16 GEMV vs the int8 / int4 GEMVs
+    with the share of the measured HBM bandwidth each reaches on its own weight bytes; at 64 rows,
+    cuBLAS bf16 vs the dequantizing GEMMs and W8A8."""
     rows = []
-    for n, k in [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]:
-        rows.append(_kernel_row(n, k, hbm_Bps))
+    for m in (1, 64):
+        for n, k in [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]:
+            rows.append(_kernel_row(n, k, m, hbm_Bps))
         print("kernel", rows[-1], flush=True)
     torch.cuda.empty_cache()
     return rows
@@ -112,6 +137,7 @@ def main() -> int:
     parser.add_argument("--gen-len", type=int, default=32)
     parser.add_argument("--gen-len-b1", type=int, default=128)
     parser.add_argument("--skip-w8a8", action="store_true")
+    parser.add_argument("--kernels-only", action="store_true", help="only the per-shape kernel table (no JSON)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -125,6 +151,8 @@ def main() -> int:
     print("ceilings:", ceilings, flush=True)
     hbm_Bps = ceilings["hbm_copy_GBps(read+write)"] * 1e9
     kernels = _kernel_table(hbm_Bps)
+    if args.kernels_only:
+        return 0
     results = {v: _measure(v, args, hbm_Bps) for v in VARIANTS if not (v == "w8a8" and args.skip_w8a8)}
     b1 = {v: r["batch1"]["decode_tok_s"] for v, r in results.items()}
     bn = {v: r[f"batch{args.batch}"]["decode_tok_s"] for v, r in results.items()}

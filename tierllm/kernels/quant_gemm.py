@@ -1,7 +1,7 @@
 """Prefill-sized matmul on quantized weights (W8A16, W4A16) on the tensor cores: each K step loads a
 [BLOCK_K, BLOCK_N] tile of packed weights, dequantizes it in registers to the activation dtype and feeds
 tl.dot; nothing dequantized goes back to memory. int4: BLOCK_K <= group size, so one scale (and min) per column
-covers a tile; the low and high nibbles form two half-K tiles multiplied with x's even and odd columns.
+covers a tile; the low and high nibbles are interleaved back into K order in registers.
 `quant_linear` dispatches: the GEMV kernels for M <= 8, this kernel above, the torch reference on CPU / fp32."""
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from tierllm.kernels.quant_gemv import (
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from tierllm.kernels.quant_gemv import codes_to_f32, int8_to_f32
 
     _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
                 for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
@@ -52,29 +54,25 @@ if HAS_TRITON:
                 k_mask = offs_k < K
                 x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
                 w = tl.load(w_cols + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0)    # [BK, BN]
-                acc = tl.dot(x, w.to(x.dtype), acc)
+                acc = tl.dot(x, int8_to_f32(w).to(x.dtype), acc)
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         else:
-            half: tl.constexpr = BLOCK_K // 2
-            offs_j = tl.arange(0, half)
+            offs_j = tl.arange(0, BLOCK_K // 2)
+            w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
             for k0 in range(0, K, BLOCK_K):               # K is a multiple of GROUP, GROUP of BLOCK_K
-                col = k0 + 2 * offs_j
-                x_even = tl.load(x_rows + col[None, :], mask=m_mask[:, None], other=0.0)          # [BM, BK / 2]
-                x_odd = tl.load(x_rows + col[None, :] + 1, mask=m_mask[:, None], other=0.0)
-                packed = tl.load(w_cols + (k0 // 2 + offs_j)[:, None], mask=n_mask[None, :], other=0)  # [BK/2, BN]
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)              # [BM, BK]
+                packed = tl.load(w_rows + (k0 // 2 + offs_j)[None, :], mask=n_mask[:, None], other=0)  # [BN, BK / 2]
+                packed = packed.to(tl.int32)
+                codes = tl.interleave(codes_to_f32(packed & 0xF), codes_to_f32(packed >> 4))          # [BN, BK]
                 group = k0 // GROUP
                 scale = tl.load(s_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(tl.float32)
-                low = (packed & 0xF).to(tl.float32)
-                high = (packed >> 4).to(tl.float32)
                 if HAS_MINS:
                     low_value = tl.load(mn_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(tl.float32)
-                    w_even = low * scale[None, :] + low_value[None, :]
-                    w_odd = high * scale[None, :] + low_value[None, :]
+                    w = codes * scale[:, None] + low_value[:, None]
                 else:
-                    w_even = (low - 8.0) * scale[None, :]
-                    w_odd = (high - 8.0) * scale[None, :]
-                acc = tl.dot(x_even, w_even.to(x_even.dtype), acc)
-                acc = tl.dot(x_odd, w_odd.to(x_odd.dtype), acc)
+                    w = (codes - 8.0) * scale[:, None]
+                acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
