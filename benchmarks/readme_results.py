@@ -79,6 +79,37 @@ def serve_section(doc: dict) -> list[str]:
     return lines
 
 
+def offload_section(doc: dict) -> list[str]:
+    r, c = doc["results"], doc["ceilings"]
+    cpu, nvme, kv = r["cpu"], r["nvme"], r["kv"]
+    peers = {(p["peer"], p["batch"]): p for p in cpu["peers"] if "total_tok_s" in p}
+    lines = ["", f"**Offload** — `tierllm bench offload`, `llama-7b` preset bf16 with every decoder layer offloaded "
+             f"({cpu['offloaded_bytes'] / 1e9:.2f} GB streamed per forward pass), prompt 512, gen 32, {doc['device']}, "
+             f"{doc['date'][:10]} ([JSON](benchmarks/results/offload-llama-7b-h100.json)). Ceilings in the same run: "
+             f"pinned H2D {c['h2d_pinned_GBps']} GB/s (PCIe floor {cpu['pcie_floor_s']:.3f} s per pass), O_DIRECT disk "
+             f"read {c['disk_read_direct_GBps']} GB/s. Peers in the same run, each in its own process: DeepSpeed "
+             "ZeRO-Inference (ZeRO-3, `offload_param` to pinned CPU, through HF `generate`) and accelerate "
+             "`cpu_offload`.", "",
+             "| batch | tierllm total tok/s | decode s/step (vs PCIe floor) | DeepSpeed tok/s | accelerate tok/s |",
+             "|---|---|---|---|---|"]
+    for row in cpu["tierllm"]:
+        b = row["batch"]
+        ds, acc = peers.get(("deepspeed", b)), peers.get(("accelerate", b))
+        lines.append(f"| {b} | {row['total_tok_s']} | {row['decode_ms_per_step'] / 1e3:.3f} "
+                     f"({row['decode_step_over_pcie_floor']:.3f}x) | {ds['total_tok_s'] if ds else ''} | "
+                     f"{acc['total_tok_s'] if acc else ''} |")
+    on, off = kv["kv_on_gpu"], kv["kv_offload"]
+    lines += ["", f"KV offload at a {kv['gpu_budget']} GPU budget (KV pool {kv['host_kv_memory']} of pinned host "
+              f"memory): the largest batch goes from {on['max_batch']} to {off['max_batch']} and total tok/s from "
+              f"{on['total_tok_s']} to {off['total_tok_s']}. NVMe tier, batch {nvme['run']['batch']}: a decode step "
+              f"takes {nvme['run']['decode_ms_per_step'] / 1e3:.1f} s against a {nvme['disk_floor_s']:.1f} s disk floor "
+              f"(the first pass, the prefill, took {nvme['run']['prefill_s']:.1f} s).", "",
+              "![offload](benchmarks/results/offload-llama-7b-h100.png)", "",
+              "Checks: " + "; ".join(f"{x['name']} = {x['value']:.3f} (target {x['op']} {x['target']}: "
+                                     f"{'met' if x['passed'] else 'not met'})" for x in doc["checks"]) + "."]
+    return lines
+
+
 def main() -> None:
     cpu = json.loads((ROOT / "benchmarks/results/generate-cpu.json").read_text())
     gpu = json.loads((ROOT / "benchmarks/results/gpu-llama-7b-h100.json").read_text())
@@ -86,7 +117,8 @@ def main() -> None:
     head, rest = readme.split(BEGIN)
     _, tail = rest.split(END)
     serve = json.loads((ROOT / "benchmarks/results/serve-llama-7b-h100.json").read_text())
-    body = "\n".join(cpu_section(cpu) + gpu_section(gpu) + serve_section(serve))
+    offload = json.loads((ROOT / "benchmarks/results/offload-llama-7b-h100.json").read_text())
+    body = "\n".join(cpu_section(cpu) + gpu_section(gpu) + serve_section(serve) + offload_section(offload))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 

@@ -14,7 +14,7 @@ from tierllm.config import CacheConfig, EngineConfig, OffloadConfig, QuantConfig
 from tierllm.default_model import DEFAULT_MODEL_NAME, default_model_path
 from tierllm.distributed.comm import min_over_ranks
 from tierllm.distributed.driver import serve_worker
-from tierllm.distributed.launch import start_tensor_parallel
+from tierllm.distributed.launch import released_on_error, start_tensor_parallel
 from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.llm_engine import LLMEngine
 from tierllm.engine.outputs import RequestOutput
@@ -253,72 +253,80 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     parallel, source = start_tensor_parallel(tensor_parallel, device, source, engine_args)
     device = parallel.device                      # this rank's device
-    torch_dtype = _resolve_dtype(dtype, device)
-    checkpoint = open_checkpoint(source)
-    config = checkpoint.config
-    model_cls = resolve_model_class(config)
-    context = config.max_position_embeddings
-    if max_model_len is not None and max_model_len > context:
-        raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings ({context})")
-    max_len = max_model_len or context
-    if (max_num_batched_tokens is not None and max_num_batched_tokens < 1) or max_num_seqs < 1:
-        raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
-    offload = OffloadConfig(**offload) if isinstance(offload, dict) else offload
-    is_prequantized = checkpoint.quant_config is not None          # a folder written by `tierllm quantize`
-    native = model_cls(config, max_len, torch_dtype, parallel=parallel,
-                       device=torch.device("cpu") if offload or is_prequantized else device)
-    if is_prequantized:
-        load_prequantized(native, checkpoint, quant, show_progress)    # fills QuantLinear shells, no re-quantizing
-        if not offload:
-            native.to(device)
-    else:
-        load_weights(native, checkpoint, show_progress)
-        if quant is not None:
-            quantize_model(native, QuantConfig.from_any(quant), show_progress)
-    native.eval()
-    block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
-    # with KV offload the GPU holds two layers' working buffers of the pool, not every layer's blocks
-    gpu_block_bytes = 2 * block_bytes // len(native.attention_layers()) if kv_offload else block_bytes
-    if offload is not None:
-        gpu_budget = gpu_budget_bytes(offload, device, gpu_memory_utilization,
-                                      module_bytes(native) + (parse_bytes(kv_cache_memory) or 1 << 30) + (1 << 30))
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = throughput_token_budget(native, gpu_budget, max_num_seqs * max_len, torch_dtype)
-        plan = plan_for_model(native, offload, gpu_budget, gpu_block_bytes // block_size, max_num_seqs, max_len,
-                              max_num_batched_tokens, torch_dtype)
-        offload_model(native, plan, offload, device, show_progress)
-        num_kv_blocks = num_kv_blocks or plan.kv_cache_bytes // gpu_block_bytes
-        if plan.offloaded_layers:
-            if enable_cuda_graph:
-                logger.info("tierllm: CUDA graphs are off while layers stream (the step is bound by the copies)")
+    with released_on_error(parallel):             # a failed build leaves no workers or process group behind
+        torch_dtype = _resolve_dtype(dtype, device)
+        checkpoint = open_checkpoint(source)
+        config = checkpoint.config
+        model_cls = resolve_model_class(config)
+        context = config.max_position_embeddings
+        if max_model_len is not None and max_model_len > context:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings ({context})")
+        max_len = max_model_len or context
+        if (max_num_batched_tokens is not None and max_num_batched_tokens < 1) or max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        offload = OffloadConfig(**offload) if isinstance(offload, dict) else offload
+        is_prequantized = checkpoint.quant_config is not None          # a folder written by `tierllm quantize`
+        if is_prequantized and parallel.tp_size > 1:
+            raise ValueError("a folder written by `tierllm quantize` holds whole (unsharded) tensors, which tensor "
+                             "parallelism cannot load: load the original model with quant=... instead (each rank "
+                             "then quantizes its own shard)")
+        native = model_cls(config, max_len, torch_dtype, parallel=parallel,
+                           device=torch.device("cpu") if offload or is_prequantized else device)
+        if is_prequantized:
+            load_prequantized(native, checkpoint, quant, show_progress)    # fills QuantLinear shells, no re-quantizing
+            if not offload:
+                native.to(device)
+        else:
+            load_weights(native, checkpoint, show_progress)
+            if quant is not None:
+                quantize_model(native, QuantConfig.from_any(quant), show_progress)
+        native.eval()
+        block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
+        # with KV offload the GPU holds two layers' working buffers of the pool, not every layer's blocks
+        gpu_block_bytes = 2 * block_bytes // len(native.attention_layers()) if kv_offload else block_bytes
+        if offload is not None:
+            gpu_budget = gpu_budget_bytes(offload, device, gpu_memory_utilization,
+                                          module_bytes(native) + (parse_bytes(kv_cache_memory) or 1 << 30) + (1 << 30))
+            if max_num_batched_tokens is None:
+                max_num_batched_tokens = throughput_token_budget(native, gpu_budget, max_num_seqs * max_len,
+                                                                 torch_dtype)
+            plan = plan_for_model(native, offload, gpu_budget, gpu_block_bytes // block_size, max_num_seqs, max_len,
+                                  max_num_batched_tokens, torch_dtype)
+            offload_model(native, plan, offload, device, show_progress)
+            num_kv_blocks = num_kv_blocks or plan.kv_cache_bytes // gpu_block_bytes
+            if plan.offloaded_layers:
+                if enable_cuda_graph:
+                    logger.info("tierllm: CUDA graphs are off while layers stream (the step is bound by the copies)")
+                enable_cuda_graph = False
+        max_num_batched_tokens = max_num_batched_tokens or 2048
+        cache_config = CacheConfig(block_size, num_kv_blocks, parse_bytes(kv_cache_memory), gpu_memory_utilization,
+                                   enable_prefix_caching)
+        sched_config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, max_len, scheduler_policy)
+        engine_config = EngineConfig(str(source) if model is not None else DEFAULT_MODEL_NAME, str(torch_dtype),
+                                     str(device), cache_config, sched_config)
+        num_blocks = plan_num_blocks(cache_config, sched_config, gpu_block_bytes, device)
+        if kv_offload:                            # the ranks of a host share its memory
+            num_blocks = min(num_blocks, host_kv_blocks(cache_config, sched_config, block_bytes, parallel.tp_size))
+        num_blocks = min_over_ranks(num_blocks, parallel)
+        kv = None
+        if kv_offload:
+            kv = KVOffload(native.attention_layers(), num_blocks, block_size, torch_dtype, device,
+                           native.layer_streamer, pin_kv_cache, async_kv_offload)
             enable_cuda_graph = False
-    max_num_batched_tokens = max_num_batched_tokens or 2048
-    cache_config = CacheConfig(block_size, num_kv_blocks, parse_bytes(kv_cache_memory), gpu_memory_utilization,
-                               enable_prefix_caching)
-    sched_config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, max_len, scheduler_policy)
-    engine_config = EngineConfig(str(source) if model is not None else DEFAULT_MODEL_NAME, str(torch_dtype), str(device),
-                                 cache_config, sched_config)
-    num_blocks = min_over_ranks(plan_num_blocks(cache_config, sched_config, gpu_block_bytes, device), parallel)
-    kv = None
-    if kv_offload:
-        num_blocks = min(num_blocks, host_kv_blocks(cache_config, sched_config, block_bytes))
-        kv = KVOffload(native.attention_layers(), num_blocks, block_size, torch_dtype, device, native.layer_streamer,
-                       pin_kv_cache, async_kv_offload)
-        enable_cuda_graph = False
-    if enable_cuda_graph is None:
-        enable_cuda_graph = device.type == "cuda"
-    runner = ModelRunner(native, num_blocks, block_size, torch_dtype, device, enable_cuda_graph, max_num_seqs,
-                         max_len, kv, parallel)
-    if not parallel.is_driver:
-        serve_worker(runner)                      # tensor-parallel ranks > 0: follow rank 0's steps, then exit
-    scheduler = Scheduler(sched_config, BlockManager(num_blocks, block_size, enable_prefix_caching,
-                                                     prefer_low_ids=kv_offload))
-    engine = LLMEngine(engine_config, scheduler, runner, config.vocab_size)
-    logger.info("tierllm: %s on %s (%s), %d KV blocks of %d tokens", type(native).__name__, device, torch_dtype,
-                num_blocks, block_size)
-    tokenizer = _load_tokenizer(checkpoint.tokenizer_source)
-    eos = _as_list(_generation_default(checkpoint, "eos_token_id"))
-    return engine, tokenizer, eos, _generation_default(checkpoint, "pad_token_id")
+        if enable_cuda_graph is None:
+            enable_cuda_graph = device.type == "cuda"
+        runner = ModelRunner(native, num_blocks, block_size, torch_dtype, device, enable_cuda_graph, max_num_seqs,
+                             max_len, kv, parallel)
+        if not parallel.is_driver:
+            serve_worker(runner)                      # tensor-parallel ranks > 0: follow rank 0's steps, then exit
+        scheduler = Scheduler(sched_config, BlockManager(num_blocks, block_size, enable_prefix_caching,
+                                                         prefer_low_ids=kv_offload))
+        engine = LLMEngine(engine_config, scheduler, runner, config.vocab_size)
+        logger.info("tierllm: %s on %s (%s), %d KV blocks of %d tokens", type(native).__name__, device, torch_dtype,
+                    num_blocks, block_size)
+        tokenizer = _load_tokenizer(checkpoint.tokenizer_source)
+        eos = _as_list(_generation_default(checkpoint, "eos_token_id"))
+        return engine, tokenizer, eos, _generation_default(checkpoint, "pad_token_id")
 
 
 def init_inference(model=None, *, tokenizer=None, replace_with_kernel_inject: bool = True,

@@ -17,6 +17,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                                                    "fp32 on CPU)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    _add_offload_args(p)
+
+
+def _add_offload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offload", choices=["cpu", "nvme"], default=None,
                    help="stream decoder layers from pinned CPU memory or NVMe files (models bigger than the GPU)")
     p.add_argument("--nvme-path", default=None, help="folder for the layer files with --offload nvme")
@@ -85,11 +89,15 @@ def _generate(args) -> int:
 
     engine = tierllm.init_inference(args.model, dtype=args.dtype, device=args.device, tensor_parallel=args.tp,
                                     max_model_len=args.max_model_len, **_offload_kwargs(args), **_quant_kwargs(args))
-    tokenizer = engine.tokenizer
-    use_template = not args.no_chat_template and bool(getattr(tokenizer, "chat_template", None))
-    prompt_ids = encode_prompt(tokenizer, args.prompt, use_template)
-    out = engine.generate([prompt_ids], max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
-                          temperature=args.temperature or 1.0, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    try:
+        tokenizer = engine.tokenizer
+        use_template = not args.no_chat_template and bool(getattr(tokenizer, "chat_template", None))
+        prompt_ids = encode_prompt(tokenizer, args.prompt, use_template)
+        out = engine.generate([prompt_ids], max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
+                              temperature=args.temperature or 1.0, top_p=args.top_p, top_k=args.top_k,
+                              seed=args.seed)
+    finally:
+        engine.close()                                # workers, NVMe layer files
     print(tokenizer.decode(out[0, len(prompt_ids):].tolist(), skip_special_tokens=True).strip(), flush=True)
     p = engine.profile
     config = engine.engine.config
@@ -240,8 +248,11 @@ def _plan(args) -> int:
 
 
 def _bench_plot(args) -> int:
-    from tierllm.bench.plot import plot_gpu_throughput
-    plot_gpu_throughput(Path(args.result), Path(args.png))
+    import json
+
+    from tierllm.bench.plot import plot_gpu_throughput, plot_offload_throughput
+    kind = json.loads(Path(args.result).read_text()).get("benchmark")
+    (plot_offload_throughput if kind == "offload" else plot_gpu_throughput)(Path(args.result), Path(args.png))
     print(f"wrote {args.png}")
     return 0
 
@@ -272,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--device", default=None)
     srv.add_argument("--max-model-len", type=int, default=None)
     srv.add_argument("--max-num-seqs", type=int, default=256, help="requests computed at once")
-    srv.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    srv.add_argument("--max-num-batched-tokens", type=int, default=None,
+                     help="token budget per step (default 2048; with --offload, what the GPU budget allows)")
     srv.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond max-num-seqs before 429")
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     srv.add_argument("--served-model-name", default=None)
@@ -280,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--preset", default=None, help="serve a benchmark shape (e.g. llama-7b) with random weights")
     srv.add_argument("--tokenizer", default=None, help="tokenizer folder (needed with --preset)")
     srv.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    _add_offload_args(srv)
     srv.add_argument("--tp", type=int, default=1, metavar="N", help=_TP_HELP)
     _add_quant_args(srv)
     srv.set_defaults(func=_serve)
@@ -326,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     bs.add_argument("--seed", type=int, default=0)
     bs.add_argument("--out", default=None, help="write the metrics JSON here")
     bs.set_defaults(func=_bench_serve)
-    bplot = bench_sub.add_parser("plot", help="PNG of tokens/s vs batch size from a `bench gpu` result")
+    bplot = bench_sub.add_parser("plot", help="PNG of tokens/s vs batch size from a `bench gpu` or `bench offload` "
+                                             "result")
     bplot.add_argument("result")
     bplot.add_argument("png")
     bplot.set_defaults(func=_bench_plot)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_hf_model, make_engine, random_prompts
+from conftest import build_hf_model, left_pad, make_engine, random_prompts
 
 import tierllm
 from tierllm.distributed.driver import TensorParallelError
@@ -69,8 +69,11 @@ def test_tp2_greedy_tokens_equal_tp1(family, family_engine):
     try:
         for prompt, expected in zip(prompts, reference, strict=True):
             assert engine.generate(torch.tensor([prompt]), max_new_tokens=20)[0].tolist() == expected
-        batch = [engine.generate(torch.tensor([p]), max_new_tokens=20)[0].tolist() for p in prompts]
-        assert batch == reference
+        ids, mask = left_pad(prompts, pad=0)                   # all three in one batch
+        batch = engine.generate(ids, attention_mask=mask, max_new_tokens=20, pad_token_id=0)
+        for row, prompt, expected in zip(batch.tolist(), prompts, reference, strict=True):
+            tokens = row[ids.shape[1] - len(prompt):]           # a row that stopped early is padded after
+            assert tokens[:len(expected)] == expected and set(tokens[len(expected):]) <= {0}
     finally:
         engine.close()
     assert _tp_children() == []

@@ -49,3 +49,19 @@ def test_replace_with_kernel_inject_false_runs_hf_modules():
 def test_fallback_rejects_engine_only_options():
     with pytest.raises(ValueError, match="does not take \\['kv_offload'\\]"):
         tierllm.init_inference(_neox(), kv_offload=True, show_progress=False)
+
+
+@pytest.mark.slow
+def test_default_gguf_model_without_kernel_injection_answers_as_with_it():
+    ids = None
+    outputs = []
+    for inject in (True, False):
+        engine = tierllm.init_inference(None, replace_with_kernel_inject=inject, max_model_len=256,
+                                        show_progress=False)
+        if ids is None:
+            ids = torch.tensor([engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True,
+                tokenize=True, return_dict=False)])
+        outputs.append(engine.generate(ids, max_new_tokens=12, do_sample=False).tolist())
+        engine.close()
+    assert outputs[0] == outputs[1]

@@ -78,3 +78,18 @@ def test_sigterm_drains_requests_in_flight(tiny_model_dir):
         assert rest[-1]["usage"]["completion_tokens"] == 120
         # uvicorn re-raises the signal once it has shut down cleanly, so the exit status is SIGTERM's
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def test_offload_and_quant_flags_serve_the_same_greedy_text(tiny_model_dir, tmp_path):
+    """Every engine feature is reachable from `tierllm serve` flags: layers streamed from NVMe, the KV cache in
+    host memory and int8 weights answer as the plain server does with int8 weights."""
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
+    texts = []
+    for extra in ([], ["--offload", "nvme", "--nvme-path", str(tmp_path), "--num-resident-layers", "0",
+                       "--kv-offload", "--max-num-batched-tokens", "64"]):
+        with running_server([str(tiny_model_dir), "--served-model-name", MODEL, "--quant", "int8", *extra]) as (base, _):
+            response = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            texts.append(response.json()["choices"][0]["text"])
+    assert texts[0] == texts[1] and texts[0]
+    assert list(tmp_path.iterdir()) == []                    # the layer files went with the server

@@ -13,12 +13,15 @@ from tierllm.runner.kv_cache import allocate_kv_cache
 
 @torch.inference_mode()
 def prefill_logits(model, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
-    """One prefill of `token_ids` from an empty cache -> fp32 logits at every position [n, vocab]."""
+    """One prefill of `token_ids` from an empty cache -> fp32 logits at every position [n, vocab]. The model's
+    own KV cache (an engine's) is bound back afterwards."""
     embedding = next(p for p in model.parameters() if p.is_floating_point())      # the token embedding
     device, dtype = embedding.device, embedding.dtype
     n = len(token_ids)
     num_blocks = -(-n // block_size)
-    model.bind_kv_cache(allocate_kv_cache(model.attention_layers(), num_blocks, block_size, dtype, device))
+    layers = model.attention_layers()
+    engine_caches = [(layer.k_cache, layer.v_cache) for layer in layers]
+    model.bind_kv_cache(allocate_kv_cache(layers, num_blocks, block_size, dtype, device))
     ids = torch.tensor(token_ids, dtype=torch.int64, device=device)                # [n]
     positions = torch.arange(n, device=device)
     meta = AttentionMetadata(
@@ -29,8 +32,12 @@ def prefill_logits(model, token_ids: list[int], block_size: int = 16) -> torch.T
         prefill_query_lens=[n], prefill_context_lens=[n])
     if device.type == "cuda":
         meta.prefill_plan = plan_prefill([n], [n], device)
-    hidden = model(ids, positions, meta)                                            # [n, hidden]
-    return model.compute_logits(hidden).float()                                    # [n, vocab]
+    try:
+        hidden = model(ids, positions, meta)                                        # [n, hidden]
+        return model.compute_logits(hidden).float()                                # [n, vocab]
+    finally:
+        for layer, (k_cache, v_cache) in zip(layers, engine_caches, strict=True):
+            layer.k_cache, layer.v_cache = k_cache, v_cache
 
 
 def perplexity(model, token_ids: list[int], window: int = 512) -> float:

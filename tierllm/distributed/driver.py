@@ -86,6 +86,9 @@ class TensorParallelDriver:
             dead = self.state.workers.death_message(_DEATH_REPORT_WAIT_S) if self.state.workers else None
             reason = dead or f"a tensor-parallel step failed on rank 0 ({type(exc).__name__}: {exc})"
             raise self._fail(reason) from exc
+        except BaseException as exc:                    # Ctrl-C mid-step: the workers may wait in a collective
+            self._fail(f"a tensor-parallel step was interrupted on rank 0 ({type(exc).__name__})")
+            raise
         if self.status.failure is not None:             # the watchdog saw a death while the step ran
             raise self._fail(self.status.failure)
 

@@ -2,6 +2,8 @@
 spawning ranks 1..N-1 itself. Workers get the model as a source they can open on their own."""
 from __future__ import annotations
 
+import contextlib
+
 import os
 import socket
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ import torch.distributed as dist
 from tierllm.distributed.parallel_state import (
     ParallelConfig,
     ParallelState,
+    destroy_parallel_state,
     init_parallel_state,
     rank_device,
     torchrun_env,
@@ -117,3 +120,17 @@ def start_tensor_parallel(tensor_parallel, device: torch.device, source, engine_
         raise
     state.workers = workers
     return state, open_source(source, state.device)
+
+
+@contextlib.contextmanager
+def released_on_error(state: ParallelState):
+    """Around the rest of an engine build: if it fails, stop the spawned workers and release the process groups,
+    so the next build in this process can start a group again."""
+    try:
+        yield
+    except BaseException:
+        if state.tp_size > 1:
+            if state.workers is not None:
+                state.workers.stop(timeout_s=0.5)
+            destroy_parallel_state(state)
+        raise

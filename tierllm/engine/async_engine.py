@@ -61,10 +61,13 @@ class AsyncLLMEngine:
         self._thread.start()
 
     def shutdown(self) -> None:
+        """Stop the engine thread, then release the engine (workers, offload stores): the process may end by a
+        re-raised signal, which runs no atexit hook."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.engine.close()
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:

@@ -109,7 +109,7 @@ class LLMEngine:
         return bool(self.groups)
 
     def close(self) -> None:
-        """Shut down the runner's tensor-parallel workers, if any (safe to call twice)."""
+        """Shut down the runner's tensor-parallel workers and offload stores, if any (safe to call twice)."""
         self.runner.close()
 
     # ---- the loop ------------------------------------------------------------------------------

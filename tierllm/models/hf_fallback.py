@@ -30,10 +30,17 @@ def decoder_layer_list(model: nn.Module) -> nn.ModuleList:
 
 
 def load_hf_model(source, dtype: torch.dtype):
+    """A model object as is; a folder or .gguf file (None: the embedded SmolLM2) through from_pretrained."""
     from transformers import AutoModelForCausalLM
     if isinstance(source, nn.Module):
         return source
-    return AutoModelForCausalLM.from_pretrained(str(Path(source).expanduser()), dtype=dtype)
+    if source is None:
+        from tierllm.default_model import default_model_path
+        source = default_model_path()
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
 
 
 class HFFallbackModel:
@@ -71,6 +78,20 @@ class HFFallbackModel:
         return LayerStreamer(layers, plan.offloaded_layers, store, device, plan.num_slots)
 
 
+def _load_tokenizer(source):
+    from transformers import AutoTokenizer
+    if source is None:
+        from tierllm.default_model import default_model_path
+        source = default_model_path()
+    path = Path(source).expanduser()
+    try:
+        if path.suffix == ".gguf":
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError):
+        return None
+
+
 class HFFallbackEngine:
     """What init_inference returns for the fallback: HF `generate` (all its options), with `profile` timing."""
 
@@ -82,6 +103,10 @@ class HFFallbackEngine:
     @property
     def model(self) -> nn.Module:
         return self.fallback.model
+
+    def close(self) -> None:
+        """Release the layer streamer (NVMe files, loader threads); also done when the engine is collected."""
+        self.fallback.streamer.close()
 
     @torch.inference_mode()
     def generate(self, input_ids, attention_mask=None, **kwargs) -> torch.Tensor:
@@ -139,10 +164,6 @@ def build_fallback_engine(source, tokenizer, reason: str, **options) -> HFFallba
                    " with layer streaming" if offload else "")
     hf_model = load_hf_model(source, dtype)
     if tokenizer is None and not isinstance(source, nn.Module):
-        from transformers import AutoTokenizer
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(source))
-        except (OSError, ValueError):
-            tokenizer = None
+        tokenizer = _load_tokenizer(source)
     fallback = HFFallbackModel(hf_model, dtype, device, offload, options.get("show_progress", True))
     return HFFallbackEngine(fallback, tokenizer)

@@ -79,10 +79,5 @@ class HostLayerStore:
             if progress is not None:
                 progress.update(1)
 
-    def copy_into(self, index: int, staging: torch.Tensor) -> None:
-        """Enqueue the layer's bytes into `staging` on the current stream."""
-        buffer = self.buffers[index]
-        staging[:buffer.numel()].copy_(buffer, non_blocking=True)
-
     def close(self) -> None:
         self.buffers.clear()

@@ -22,6 +22,7 @@ from tierllm.config import CacheConfig, SchedulerConfig
 from tierllm.kernels.decode_attention import paged_decode_attention_ref
 from tierllm.layers.attention import Attention, AttentionMetadata
 from tierllm.offload.streamer import LayerStreamer, ResidentLayers
+from tierllm.runner.input_builder import StepPlan
 
 
 @dataclass
@@ -30,7 +31,8 @@ class KVStep:
     slot_mapping: torch.Tensor        # [num_tokens] on the device: rows written this step
     slot_mapping_cpu: torch.Tensor    # [num_tokens] the same, on the host
     use_cpu_attention: bool           # attend on the CPU this step (decode-only steps)
-    meta_cpu: AttentionMetadata | None = None   # decode tables and lengths on the host, for CPU attention
+    block_tables_cpu: torch.Tensor | None = None   # [num_decodes, max_blocks] on the host, for CPU attention
+    context_lens_cpu: torch.Tensor | None = None   # [num_decodes]
 
 
 def measure_h2d_GBps(device: torch.device, nbytes: int = 64 << 20) -> float:
@@ -88,10 +90,6 @@ class KVOffload:
         self.dummy_cache = torch.zeros((1,) + shape[1:], dtype=dtype, device=device)
         self.num_cpu_steps = self.num_copy_steps = 0                      # which way steps went (for the bench)
 
-    @property
-    def host_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return self.host
-
     # ---- per step --------------------------------------------------------------------------------------------
     def flush(self) -> None:
         """Wait until every write-back reached the host pool (before host-side block copies or reads)."""
@@ -100,38 +98,37 @@ class KVOffload:
                 pending.result()
                 self.writebacks[i] = None
 
-    def choose_cpu_attention(self, span: int, meta: AttentionMetadata, num_tokens: int) -> bool:
+    def choose_cpu_attention(self, plan: StepPlan) -> bool:
         """Cost model for one layer: copying the span over PCIe vs reading the context's KV on the CPU."""
+        is_pure_decode = plan.num_decode_tokens == len(plan.input_ids)
         if self.attention_mode != "auto":
-            return self.attention_mode == "cpu" and meta.num_decode_tokens == num_tokens
-        if meta.num_decode_tokens != num_tokens:
+            return self.attention_mode == "cpu" and is_pure_decode
+        if not is_pure_decode:
             return False                                                  # prefill chunks attend on the GPU
-        copy_s = span * self.bytes_per_block / (self.h2d_GBps * 1e9)
-        context_blocks = int(meta.decode_context_lens.sum()) / self.block_size
+        copy_s = plan.kv_span * self.bytes_per_block / (self.h2d_GBps * 1e9)
+        context_blocks = sum(plan.decode_context_lens) / self.block_size
         cpu_s = context_blocks * self.bytes_per_block / (self.cpu_attention_GBps * 1e9)
         return cpu_s < copy_s
 
-    def begin_step(self, span: int, meta: AttentionMetadata, num_tokens: int) -> None:
-        use_cpu = self.choose_cpu_attention(span, meta, num_tokens)
+    def begin_step(self, plan: StepPlan, meta: AttentionMetadata) -> None:
+        """Choose the way for this step (from the host-side plan: no device sync) and start layer 0's copy."""
+        use_cpu = self.choose_cpu_attention(plan)
         self.num_cpu_steps += use_cpu
         self.num_copy_steps += not use_cpu
-        meta_cpu = None
+        step = KVStep(plan.kv_span, meta.slot_mapping, torch.tensor(plan.slot_mapping, dtype=torch.int64), use_cpu)
         if use_cpu:
-            meta_cpu = AttentionMetadata(meta.slot_mapping.cpu(), meta.num_decode_tokens,
-                                         meta.decode_block_tables.cpu(), meta.decode_context_lens.cpu(),
-                                         meta.prefill_block_tables.cpu(), [], [])
-        self.step = KVStep(span, meta.slot_mapping, meta.slot_mapping.cpu(), use_cpu, meta_cpu)
+            width = max(len(t) for t in plan.decode_block_tables)
+            step.block_tables_cpu = torch.tensor([t + [0] * (width - len(t)) for t in plan.decode_block_tables])
+            step.context_lens_cpu = torch.tensor(plan.decode_context_lens)
+        self.step = step
         for layer in self.layers:
             layer.cpu_attention = self if use_cpu else None
         if not use_cpu:
             self._issue_load(0)
 
     def _issue_load(self, i: int) -> None:
-        """Copy layer i's span into working buffer i % 2, after the buffer's last user and i's write-backs."""
-        pending = self.writebacks[i]
-        if pending is not None:
-            pending.result()
-            self.writebacks[i] = None
+        """Copy layer i's span into working buffer i % 2 after the buffer's last user (the last step's write-backs
+        reached the pool: the runner flushed them before this step)."""
         span, buf = self.step.span, i % 2
         (k_host, v_host), (k_work, v_work) = self.host[i], self.work[buf]
         if self.copy_stream is None:
@@ -208,9 +205,8 @@ class KVOffload:
         q_cpu, k_cpu, v_cpu = q.cpu(), k.cpu(), v.cpu()
         k_host.flatten(0, 1).index_copy_(0, step.slot_mapping_cpu, k_cpu)
         v_host.flatten(0, 1).index_copy_(0, step.slot_mapping_cpu, v_cpu)
-        out = paged_decode_attention_ref(q_cpu, k_host, v_host, step.meta_cpu.decode_block_tables,
-                                                 step.meta_cpu.decode_context_lens, layer.scale,
-                                                 layer.sliding_window)
+        out = paged_decode_attention_ref(q_cpu, k_host, v_host, step.block_tables_cpu, step.context_lens_cpu,
+                                         layer.scale, layer.sliding_window)
         return out.to(q.device, non_blocking=True).reshape(q.shape[0], layer.num_heads * layer.head_dim)
 
     def close(self) -> None:
@@ -219,10 +215,11 @@ class KVOffload:
         self.inner.close()
 
 
-def host_kv_blocks(cache: CacheConfig, scheduler: SchedulerConfig, block_bytes: int) -> int:
-    """Blocks of the host-memory pool: kv_cache_memory bytes (default 40% of physical memory), capped at what
-    max_num_seqs full-length requests could use."""
-    budget = cache.kv_cache_memory or int(0.4 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+def host_kv_blocks(cache: CacheConfig, scheduler: SchedulerConfig, block_bytes: int, num_sharing: int = 1) -> int:
+    """Blocks of the host-memory pool: kv_cache_memory bytes (default 40% of physical memory, split between the
+    `num_sharing` processes of this host), capped at what max_num_seqs full-length requests could use."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    budget = cache.kv_cache_memory or int(0.4 * physical) // num_sharing
     blocks_per_seq = -(-scheduler.max_model_len // cache.block_size)
     num_blocks = min(budget // block_bytes, blocks_per_seq * scheduler.max_num_seqs)
     if num_blocks < blocks_per_seq:

@@ -71,12 +71,11 @@ def module_bytes(module: nn.Module) -> int:
 
 
 def activation_bytes_per_token(layer: nn.Module, dtype: torch.dtype) -> int:
-    """A loose upper bound on live activations per token in one layer: a few hidden-size tensors plus the widest
-    projection output (gate_up), twice for its activation."""
-    widest = max((m.weight.shape[0] for m in layer.modules() if getattr(m, "weight", None) is not None
-                  and m.weight.dim() == 2), default=0)
-    hidden = max((m.weight.shape[1] for m in layer.modules() if getattr(m, "weight", None) is not None
-                  and m.weight.dim() == 2), default=0)
+    """A loose upper bound on live activations per token in one layer: a few input-size tensors plus the widest
+    projection output (gate_up), twice for its activation. Reads in/out_features, so quantized linears count."""
+    linears = [m for m in layer.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")]
+    widest = max((m.out_features for m in linears), default=0)
+    hidden = max((m.in_features for m in linears), default=0)
     return (8 * hidden + 3 * widest) * torch.empty((), dtype=dtype).element_size()
 
 

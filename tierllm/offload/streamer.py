@@ -50,10 +50,6 @@ class LayerStreamer:
         self.loader = ThreadPoolExecutor(self.num_slots, thread_name_prefix="tierllm-stream") \
             if isinstance(store, NvmeLayerStore) else None
 
-    @property
-    def staging_bytes(self) -> int:
-        return sum(s.numel() for s in self.slots)
-
     def _load(self, index: int, slot: int, free_event) -> torch.cuda.Event | None:
         """Copy layer `index` into staging slot `slot` once its previous owner is done with it."""
         if isinstance(self.store, NvmeLayerStore):
@@ -93,17 +89,32 @@ class LayerStreamer:
         n = len(self.order)
         slot = k % self.num_slots
         if self.slot_owner[slot] != index and not self.slot_released[slot]:   # a forward stopped midway (error)
-            if self.is_cuda:
-                torch.cuda.synchronize(self.device)
-            self.slot_released[slot] = True
+            self._abandon(slot)
         for j in range(k, k + self.num_slots):                  # this layer, then prefetch the next ones
             self._try_issue(self.order[j % n])
         assert self.slot_owner[slot] == index, "layer streamer: layers must run in order"
         loaded = self.pending.pop(index, None)
         if isinstance(loaded, Future):
-            loaded = loaded.result()                            # raises a corrupt-file error here
+            try:
+                loaded = loaded.result()                        # raises a corrupt-file error here
+            except BaseException:
+                self.slot_owner[slot], self.slot_released[slot] = None, True   # the slot holds nothing usable
+                raise
         if loaded is not None:
             torch.cuda.current_stream(self.device).wait_event(loaded)
+
+    def _abandon(self, slot: int) -> None:
+        """Forget the slot's owner after an interrupted forward: its load (if any) must finish first, so no copy
+        lands in the slot afterwards; the next user reloads."""
+        pending = self.pending.pop(self.slot_owner[slot], None)
+        if isinstance(pending, Future):
+            try:
+                pending.result()
+            except Exception:                                   # already reported by the forward that failed
+                pass
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+        self.slot_owner[slot], self.slot_released[slot] = None, True
 
     def after_layer(self, index: int) -> None:
         k = self.position.get(index)

@@ -33,7 +33,7 @@ class ModelRunner:
         self.driver = TensorParallelDriver(self.parallel) if self.parallel.tp_size > 1 and \
             self.parallel.is_driver else None
         if kv_offload is not None:                      # the pool is in host memory; layers bind a working buffer
-            self.kv_caches = kv_offload.host_caches
+            self.kv_caches = kv_offload.host
             model.layer_streamer = kv_offload           # it wraps the weight streamer
         else:
             self.kv_caches = allocate_kv_cache(model.attention_layers(), num_blocks, block_size, dtype, device)
@@ -71,7 +71,7 @@ class ModelRunner:
         inputs = inputs_from_plan(plan, self.device)
         num_tokens, num_sampled = len(plan.input_ids), len(plan.logits_indices)
         if self.kv_offload is not None:
-            self.kv_offload.begin_step(plan.kv_span, inputs.meta, num_tokens)
+            self.kv_offload.begin_step(plan, inputs.meta)
         is_pure_decode = plan.num_decode_tokens == num_tokens == num_sampled
         if plan.use_cuda_graph and is_pure_decode and self.graphs.can_run(num_tokens):
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)   # [num_seqs, vocab]
@@ -81,6 +81,7 @@ class ModelRunner:
         return self.model.compute_logits(hidden[inputs.logits_indices])            # [num_sampled, vocab]
 
     def close(self) -> None:
-        """Shut the tensor-parallel workers down (no-op for a single process)."""
+        """Shut the tensor-parallel workers down and release the offload stores (NVMe files, loader threads)."""
         if self.driver is not None:
             self.driver.close()
+        self.model.layer_streamer.close()
