@@ -27,7 +27,7 @@ def _ids(seed: int = 0) -> torch.Tensor:
 def test_only_decoder_linears_are_quantized(family):
     engine = make_engine(build_hf_model(family), quant="int8")
     model = engine.model
-    layers = quantize_module.decoder_layers(model)
+    layers = model.decoder_layers()
     inside = [m for layer in layers for m in layer.modules() if isinstance(m, QuantLinear)]
     assert inside and all(m.qweight.dtype == torch.int8 for m in inside)
     assert not [m for m in model.modules() if type(m) is Linear and any(m is x for x in layers.modules())]

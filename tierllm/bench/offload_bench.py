@@ -20,7 +20,7 @@ import torch
 from tierllm.bench.generate_bench import _random_prompts
 from tierllm.bench.gpu_bench import _time_ours
 from tierllm.bench.presets import build_preset_hf_model
-from tierllm.bench.probe import probe
+from tierllm.bench.probe import files_read_direct_GBps, probe
 from tierllm.bench.results import check
 
 PEERS_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "offload_peers.py"
@@ -127,10 +127,14 @@ def nvme_part(hf, ceilings: dict, nvme_path: str, batch: int, prompt_len: int, g
     plan = engine.model.placement_plan
     _time_ours(engine, _random_prompts(batch, min(64, prompt_len), hf.config.vocab_size, seed).cuda(), 2)  # warm-up
     row = _run(engine, batch, prompt_len, gen_len, hf.config.vocab_size, seed)
-    o_direct = engine.model.layer_streamer.store.o_direct
+    store = engine.model.layer_streamer.store
+    files_GBps = files_read_direct_GBps([store.path(i) for i in plan.offloaded_layers])   # after the run: same state
+    o_direct = store.o_direct
     _free(engine)
     floor_s = plan.offloaded_bytes / (disk * 1e9) if disk else None
-    result = {"build_and_write_s": round(write_s, 1), "o_direct": o_direct, "disk_floor_s": floor_s, "run": row}
+    result = {"build_and_write_s": round(write_s, 1), "o_direct": o_direct, "disk_floor_s": floor_s, "run": row,
+              "layer_files_read_direct_GBps": round(files_GBps, 3),
+              "layer_files_floor_s": round(plan.offloaded_bytes / (files_GBps * 1e9), 3)}
     print("tierllm nvme tier", result, flush=True)
     checks = []
     if floor_s:
@@ -156,7 +160,7 @@ def kv_part(hf, gpu_budget: str, host_kv: str, prompt_len: int, gen_len: int, se
         _free(engine)
     on_gpu, offloaded = result["kv_on_gpu"], result["kv_offload"]
     checks = [check("kv offload: largest batch / without", offloaded["max_batch"] / on_gpu["max_batch"], ">=", 3.0),
-              check("kv offload: total tok/s / without", offloaded["total_tok_s"] / on_gpu["total_tok_s"], ">", 1.0)]
+              check("kv offload: total tok/s / without", offloaded["total_tok_s"] / on_gpu["total_tok_s"], ">=", 1.0)]
     return result, checks
 
 

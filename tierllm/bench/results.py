@@ -41,8 +41,10 @@ def versions() -> dict:
 
 
 def check(name: str, value: float, op: str, target: float) -> dict:
-    """One acceptance number: op is ">=", "<=", ">" or "<"."""
-    passed = {">=": value >= target, "<=": value <= target, ">": value > target, "<": value < target}[op]
+    """One acceptance number: op is ">=" or "<=" (DESIGN.md)."""
+    if op not in (">=", "<="):
+        raise ValueError(f"a check's op is '>=' or '<=', not {op!r}")
+    passed = value >= target if op == ">=" else value <= target
     return {"name": name, "value": round(value, 4), "op": op, "target": target, "passed": passed}
 
 

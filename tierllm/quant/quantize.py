@@ -85,18 +85,10 @@ def quantize_weight(weight: torch.Tensor, quant: QuantConfig) -> dict[str, torch
     return quantize_int4(weight, quant.group_size, quant.symmetric)
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The model's stack of decoder layers: its largest ModuleList (model.layers, decoder.layers, h, ...)."""
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    if not lists:
-        raise ValueError(f"{type(model).__name__} has no ModuleList of decoder layers to quantize")
-    return max(lists, key=len)
-
-
 def quantizable_linears(model: nn.Module) -> list[tuple[nn.Module, str, Linear]]:
     """(parent, attribute, linear) for every Linear / MergedLinear inside the decoder layers."""
     found = []
-    for layer in decoder_layers(model):
+    for layer in model.decoder_layers():
         for parent in layer.modules():
             for attr, child in parent.named_children():
                 if isinstance(child, Linear):
