@@ -3,10 +3,11 @@
 #   bash benchmarks/offload_session.sh all       # the three parts below in one process (about 8 minutes on an H100)
 #   bash benchmarks/offload_session.sh cpu       # every layer in pinned CPU memory + DeepSpeed / accelerate peers
 #   bash benchmarks/offload_session.sh nvme-kv   # NVMe tier + KV-cache offload at a fixed GPU budget
+#   bash benchmarks/offload_session.sh q70       # llama-70b int4 streamed under 24GiB vs its PCIe-floor throughput
 # .whl holds the server/test wheels, deepspeed-0.19.8.tar.gz and the wheels DeepSpeed lacks in the image
 # (hjson, msgpack, psutil, ninja, einops, py-cpuinfo, pydantic ...). Results and logs go to $OUT.
 set -uo pipefail
-part=${1:?part: all, cpu or nvme-kv}
+part=${1:?part: all, cpu, nvme-kv or q70}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
@@ -21,6 +22,9 @@ fi
 if [ "$part" = all ]; then
   python3 -m tierllm.cli bench offload --parts cpu,nvme,kv --out "$OUT/offload-llama-7b.json" 2>&1 \
       | tee "$OUT/offload.log" | grep -v "^\s*$" | tail -40
+elif [ "$part" = q70 ]; then     # llama-70b int4, streamed under a 24GiB GPU budget (issue 5)
+  python3 -m tierllm.cli bench offload --parts q70 --out "$OUT/offload-int4-llama-70b.json" 2>&1 \
+      | tee "$OUT/offload-q70.log" | grep -v "^\s*$" | tail -30
 elif [ "$part" = cpu ]; then
   python3 -m tierllm.cli bench offload --parts cpu --out "$OUT/offload-cpu-llama-7b.json" 2>&1 | tee "$OUT/offload-cpu.log" \
       | grep -v "^\s*$" | tail -40

@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
 
     bo = bench_sub.add_parser("offload", help="llama-7b with every layer streamed: tok/s vs PCIe/disk floors, "
                                               "DeepSpeed ZeRO-Inference and accelerate (one GPU)")
-    bo.add_argument("--parts", default="cpu,nvme,kv", help="comma list of cpu | nvme | kv")
+    bo.add_argument("--parts", default="cpu,nvme,kv", help="comma list of cpu | nvme | kv | q70 (llama-70b int4 "
+                                                           "streamed under a 24GiB GPU budget)")
     bo.add_argument("--nvme-path", default="/root/tierllm-nvme", help="folder on the disk to test")
     bo.add_argument("--out", default="benchmarks/results/offload-llama-7b.json")
     bo.set_defaults(func=_bench_offload)
