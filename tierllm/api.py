@@ -291,7 +291,7 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                 max_num_batched_tokens = throughput_token_budget(native, gpu_budget, max_num_seqs * max_len,
                                                                  torch_dtype)
             plan = plan_for_model(native, offload, gpu_budget, gpu_block_bytes // block_size, max_num_seqs, max_len,
-                                  max_num_batched_tokens, torch_dtype)
+                                  max_num_batched_tokens, torch_dtype, block_size)
             offload_model(native, plan, offload, device, show_progress)
             num_kv_blocks = num_kv_blocks or plan.kv_cache_bytes // gpu_block_bytes
             if plan.offloaded_layers:

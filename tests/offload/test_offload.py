@@ -132,3 +132,15 @@ def test_quantized_layers_stream_quantized(quant, tmp_path):
         assert packed < module_bytes(make_engine(model).model.decoder_layers()[0]) / 2   # quantized bytes move
         assert engine.generate(ids, attention_mask=mask, max_new_tokens=10).tolist() == expected.tolist()
         engine.close()
+
+
+def test_planned_kv_pool_holds_max_num_seqs_full_requests(preempt_counter):
+    """The plan reserves whole blocks per request: max_num_seqs requests of max_model_len tokens (35, not a
+    multiple of the 16-token block) run together without preemption."""
+    model = build_hf_model("llama_gqa")
+    engine = make_engine(model, offload=tierllm.OffloadConfig(num_resident_layers=0), num_kv_blocks=None,
+                         max_num_seqs=4, max_model_len=35)
+    assert engine.engine.block_manager.num_blocks >= 4 * 3
+    ids, mask = left_pad(random_prompts([30, 30, 30, 30], seed=9), pad=0)
+    engine.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5)
+    assert preempt_counter == []

@@ -126,8 +126,12 @@ def nvme_part(hf, ceilings: dict, nvme_path: str, batch: int, prompt_len: int, g
     write_s = time.perf_counter() - start
     plan = engine.model.placement_plan
     _time_ours(engine, _random_prompts(batch, min(64, prompt_len), hf.config.vocab_size, seed).cuda(), 2)  # warm-up
+    streamer = engine.model.layer_streamer
+    streamer.wait_seconds, streamer.store.read_seconds, streamer.store.num_bytes_read = 0.0, 0.0, 0
     row = _run(engine, batch, prompt_len, gen_len, hf.config.vocab_size, seed)
-    store = engine.model.layer_streamer.store
+    store = streamer.store
+    row.update(passes=gen_len, layer_loop_wait_s=round(streamer.wait_seconds, 2),
+               read_calls_s=round(store.read_seconds, 2), bytes_read=store.num_bytes_read)   # where the time went
     files_GBps = files_read_direct_GBps([store.path(i) for i in plan.offloaded_layers])   # after the run: same state
     o_direct = store.o_direct
     _free(engine)

@@ -8,6 +8,7 @@ import mmap
 import os
 import shutil
 import tempfile
+import time
 import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -82,6 +83,8 @@ class NvmeLayerStore:
         max_bytes = max(self.file_bytes.values())
         self.bounce = [_aligned_host_buffer(max_bytes, pin_memory) for _ in range(num_bounce_buffers)]
         self.pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tierllm-nvme")
+        self.num_bytes_read = 0                # counters for the benchmark's report
+        self.read_seconds = 0.0                # summed over reads (reads of different layers may overlap)
 
     def path(self, index: int) -> str:
         return os.path.join(self.folder, f"layer-{index:05d}.bin")
@@ -117,6 +120,7 @@ class NvmeLayerStore:
         -> [file_bytes] uint8 view of the bounce buffer."""
         nbytes = self.file_bytes[index]
         target = self.bounce[bounce_index][1][:nbytes]
+        start = time.perf_counter()
         flags = os.O_RDONLY | (os.O_DIRECT if self.o_direct else 0)
         try:
             fd = os.open(self.path(index), flags)
@@ -136,6 +140,8 @@ class NvmeLayerStore:
                 future.result()
         finally:
             os.close(fd)
+        self.read_seconds += time.perf_counter() - start
+        self.num_bytes_read += nbytes
         return target
 
     def close(self) -> None:

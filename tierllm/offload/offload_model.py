@@ -30,11 +30,11 @@ def gpu_budget_bytes(offload: OffloadConfig, device: torch.device, gpu_memory_ut
 
 def plan_for_model(model: NativeModel, offload: OffloadConfig, gpu_budget: int, kv_bytes_per_token: int,
                    max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
-                   dtype: torch.dtype) -> PlacementPlan:
+                   dtype: torch.dtype, block_size: int = 16) -> PlacementPlan:
     layers = model.decoder_layers()
     fixed = module_bytes(model) - sum(module_bytes(layer) for layer in layers)
     return plan_placement(layers, fixed, offload, gpu_budget, kv_bytes_per_token, max_num_seqs, max_model_len,
-                          max_num_batched_tokens, model.config.vocab_size, dtype)
+                          max_num_batched_tokens, model.config.vocab_size, dtype, block_size)
 
 
 def offload_model(model: NativeModel, plan: PlacementPlan, offload: OffloadConfig, device: torch.device,

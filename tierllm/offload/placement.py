@@ -25,6 +25,7 @@ class PlacementPlan:
     kv_cache_bytes: int              # the KV pool on the GPU
     kv_bytes_per_token: int          # K and V of one token over all layers
     num_slots: int                   # staging slots (prefetch_layers + 1, or fewer when few layers stream)
+    block_size: int = 16             # tokens per KV block: a request holds whole blocks
 
     @property
     def resident_bytes(self) -> int:
@@ -35,8 +36,8 @@ class PlacementPlan:
         return sum(self.layer_bytes[i] for i in self.offloaded_layers)
 
     def max_batch(self, seq_len: int) -> int:
-        """Sequences of seq_len tokens whose KV fits the GPU pool."""
-        return self.kv_cache_bytes // (self.kv_bytes_per_token * seq_len)
+        """Sequences of seq_len tokens whose KV (whole blocks) fits the GPU pool."""
+        return self.kv_cache_bytes // (self.kv_bytes_per_token * -(-seq_len // self.block_size) * self.block_size)
 
     def predicted_decode_step_s(self, ceilings: dict) -> float | None:
         """max(stream the offloaded bytes, read the resident bytes from HBM): the two overlap."""
@@ -81,12 +82,13 @@ def activation_bytes_per_token(layer: nn.Module, dtype: torch.dtype) -> int:
 
 def plan_placement(layers: nn.ModuleList, fixed_bytes: int, offload: OffloadConfig | None, gpu_budget: int,
                    kv_bytes_per_token: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
-                   vocab_size: int, dtype: torch.dtype) -> PlacementPlan:
+                   vocab_size: int, dtype: torch.dtype, block_size: int = 16) -> PlacementPlan:
     layer_bytes = [module_bytes(layer) for layer in layers]
     num_layers = len(layer_bytes)
     activations = (max_num_batched_tokens * activation_bytes_per_token(layers[0], dtype)
                    + max_num_seqs * vocab_size * 4)                       # fp32 logits of the sampled rows
-    kv_one_request = kv_bytes_per_token * max_model_len
+    # whole blocks: a request of max_model_len tokens holds ceil(max_model_len / block_size) of them
+    kv_one_request = kv_bytes_per_token * -(-max_model_len // block_size) * block_size
     kv_demand = kv_one_request * max_num_seqs
     num_slots = min((offload.prefetch_layers if offload else 1) + 1, num_layers)
     staging = num_slots * max(layer_bytes)
@@ -128,4 +130,4 @@ def plan_placement(layers: nn.ModuleList, fixed_bytes: int, offload: OffloadConf
             "max_gpu_memory or lower max_model_len.")
     tier = "none" if not offloaded else offload.device
     return PlacementPlan(gpu_budget, resident, offloaded, tier, layer_bytes, fixed_bytes, activations, staging,
-                         min(kv_bytes, kv_demand), kv_bytes_per_token, num_slots)
+                         min(kv_bytes, kv_demand), kv_bytes_per_token, num_slots, block_size)

@@ -43,7 +43,7 @@ def plan_report(model: str | None, gpu_memory: str, offload_device: str = "cpu",
     offload = OffloadConfig(device=offload_device, nvme_path="(planned)", max_gpu_memory=gpu_memory,
                             num_resident_layers=num_resident_layers)
     plan = plan_placement(layers, fixed, offload, parse_bytes(gpu_memory), block_bytes // block_size, max_num_seqs,
-                          max_len, max_num_batched_tokens, config.vocab_size, torch_dtype)
+                          max_len, max_num_batched_tokens, config.vocab_size, torch_dtype, block_size)
     # with KV offload the GPU keeps two layers' working buffers; the pool itself lives in host memory
     gpu_working_blocks = plan.kv_cache_bytes // (2 * block_bytes // len(layers))
     host_blocks = parse_bytes(host_kv_memory) // block_bytes if host_kv_memory else gpu_working_blocks

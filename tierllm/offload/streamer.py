@@ -4,6 +4,7 @@ slot reusable once layer i's kernels are done. Offloaded layers take the slots i
 uses slot k % num_slots), so loads of the next layers overlap the compute of this one."""
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -45,6 +46,7 @@ class LayerStreamer:
         self.slot_free_event: list[torch.cuda.Event | None] = [None] * self.num_slots
         self.bounce_copied: list[torch.cuda.Event | None] = [None] * self.num_slots   # NVMe: bounce buffer reusable
         self.pending: dict[int, Future | torch.cuda.Event | None] = {}    # layer -> its load, not yet waited on
+        self.wait_seconds = 0.0                                           # the layer loop blocked on loads
         # NVMe reads block on the disk: loader threads keep them going while the model computes, one per slot so
         # the next layer's read starts while this one's last chunks finish (the disk queue never drains)
         self.loader = ThreadPoolExecutor(self.num_slots, thread_name_prefix="tierllm-stream") \
@@ -95,11 +97,14 @@ class LayerStreamer:
         assert self.slot_owner[slot] == index, "layer streamer: layers must run in order"
         loaded = self.pending.pop(index, None)
         if isinstance(loaded, Future):
+            start = time.perf_counter()
             try:
                 loaded = loaded.result()                        # raises a corrupt-file error here
             except BaseException:
                 self.slot_owner[slot], self.slot_released[slot] = None, True   # the slot holds nothing usable
                 raise
+            finally:
+                self.wait_seconds += time.perf_counter() - start
         if loaded is not None:
             torch.cuda.current_stream(self.device).wait_event(loaded)
 
