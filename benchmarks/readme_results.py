@@ -103,7 +103,10 @@ def offload_section(doc: dict) -> list[str]:
               f"memory): the largest batch goes from {on['max_batch']} to {off['max_batch']} and total tok/s from "
               f"{on['total_tok_s']} to {off['total_tok_s']}. NVMe tier, batch {nvme['run']['batch']}: a decode step "
               f"takes {nvme['run']['decode_ms_per_step'] / 1e3:.1f} s against a {nvme['disk_floor_s']:.1f} s disk floor "
-              f"(the first pass, the prefill, took {nvme['run']['prefill_s']:.1f} s).", "",
+              f"(the first pass, the prefill, took {nvme['run']['prefill_s']:.1f} s). That run was hit by a bug found "
+              "afterwards: the placement plan reserved KV for 515 tokens per request rather than whole blocks (528), "
+              "so decode steps preempted and recomputed requests; it is fixed and tested, the NVMe run is to be "
+              "repeated.", "",
               "![offload](benchmarks/results/offload-llama-7b-h100.png)", "",
               "Checks: " + "; ".join(f"{x['name']} = {x['value']:.3f} (target {x['op']} {x['target']}: "
                                      f"{'met' if x['passed'] else 'not met'})" for x in doc["checks"]) + "."]
