@@ -30,6 +30,33 @@ def preset_config(name: str):
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
+class RandomPool:
+    """N(0, 0.02) values that every weight is carved from (chunks at random offsets): per-parameter normal_ on a 7B
+    model takes minutes. Drawn on the CPU from `seed`, so every process (tensor-parallel ranks too) gets the same
+    values; kept on `device`."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device | str, seed: int, size: int = 1 << 25):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.pool = (torch.randn(size, generator=self.gen) * 0.02).to(device, dtype)     # [size]
+
+    @torch.no_grad()
+    def fill_(self, flat: torch.Tensor, is_norm: bool = False) -> torch.Tensor:
+        """Fill a 1-D view in place (norm weights with 1)."""
+        if is_norm:
+            return flat.fill_(1.0)
+        half = self.pool.numel() // 2
+        for start in range(0, flat.numel(), half):
+            n = min(half, flat.numel() - start)
+            offset = int(torch.randint(0, half, (1,), generator=self.gen))
+            flat[start:start + n].copy_(self.pool[offset:offset + n])
+        return flat
+
+    def tensor(self, shape, is_norm: bool = False) -> torch.Tensor:
+        out = torch.empty(shape, dtype=self.pool.dtype, device=self.pool.device)
+        self.fill_(out.view(-1), is_norm)
+        return out
+
+
 @torch.no_grad()
 def build_preset_hf_model(name: str, dtype: torch.dtype, device: torch.device | str, seed: int = 0):
     """A transformers model of the preset's shape with N(0, 0.02) weights (norm weights 1)."""
@@ -40,18 +67,9 @@ def build_preset_hf_model(name: str, dtype: torch.dtype, device: torch.device | 
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.to_empty(device=device)
     model.tie_weights()                                      # to_empty unties shared parameters
-    gen = torch.Generator(device=device).manual_seed(seed)
-    pool = (torch.randn(1 << 25, generator=gen, device=device) * 0.02).to(dtype)   # 32M values
-    half = pool.numel() // 2
+    pool = RandomPool(dtype, device, seed)
     for name_, param in model.named_parameters():
-        flat = param.view(-1)
-        if "norm" in name_:
-            flat.fill_(1.0)
-            continue
-        for start in range(0, flat.numel(), half):
-            n = min(half, flat.numel() - start)
-            offset = int(torch.randint(0, half, (1,), generator=gen, device=device))
-            flat[start:start + n].copy_(pool[offset:offset + n])
+        pool.fill_(param.view(-1), is_norm="norm" in name_)
     for module_name, module in list(model.named_modules()):
         if module_name.endswith("rotary_emb"):                 # non-persistent buffers: rebuild for real
             parent = model.get_submodule(module_name.rsplit(".", 1)[0])
@@ -84,19 +102,7 @@ class PresetSource:
         shapes = self._shapes()
         return Checkpoint(self.config, len(shapes), self._tensors(shapes, torch.device(device)), None, str(self))
 
-    @torch.no_grad()
     def _tensors(self, shapes, device: torch.device):
-        gen = torch.Generator().manual_seed(self.seed)                 # on the CPU: the same on every rank
-        pool = (torch.randn(1 << 25, generator=gen) * 0.02).to(device, self.dtype)   # 32M values
-        half = pool.numel() // 2
+        pool = RandomPool(self.dtype, device, self.seed)               # the same values on every rank
         for name, shape in shapes:
-            tensor = torch.empty(shape, dtype=self.dtype, device=device)
-            flat = tensor.view(-1)
-            if "norm" in name:
-                flat.fill_(1.0)
-            else:
-                for start in range(0, flat.numel(), half):
-                    n = min(half, flat.numel() - start)
-                    offset = int(torch.randint(0, half, (1,), generator=gen))
-                    flat[start:start + n].copy_(pool[offset:offset + n])
-            yield name, tensor
+            yield name, pool.tensor(shape, is_norm="norm" in name)

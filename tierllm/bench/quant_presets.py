@@ -8,32 +8,15 @@ from collections.abc import Iterator
 
 import torch
 
-from tierllm.bench.presets import preset_config
+from tierllm.bench.presets import RandomPool, preset_config
 from tierllm.config import QuantConfig
 from tierllm.layers.quant_linear import QuantLinear
 from tierllm.models.registry import resolve_model_class
 from tierllm.quant.quantize import convert_to_quant_shells, quantize_weight
 from tierllm.weights.checkpoint import Checkpoint
 
-_POOL_SIZE = 1 << 24                        # random values every tensor is carved from (N(0, 0.02))
 
-
-class _RandomPool:
-    def __init__(self, dtype: torch.dtype, device: torch.device, seed: int):
-        self.gen = torch.Generator(device=device).manual_seed(seed)
-        self.pool = (torch.randn(_POOL_SIZE, generator=self.gen, device=device) * 0.02).to(dtype)
-
-    def tensor(self, shape) -> torch.Tensor:
-        out = torch.empty(shape, dtype=self.pool.dtype, device=self.pool.device)
-        flat, half = out.view(-1), _POOL_SIZE // 2
-        for start in range(0, flat.numel(), half):
-            n = min(half, flat.numel() - start)
-            offset = int(torch.randint(0, half, (1,), generator=self.gen, device=self.pool.device))
-            flat[start:start + n].copy_(self.pool[offset:offset + n])
-        return out
-
-
-def _tensors(skeleton: torch.nn.Module, quant: QuantConfig, pool: _RandomPool) -> Iterator[tuple[str, torch.Tensor]]:
+def _tensors(skeleton: torch.nn.Module, quant: QuantConfig, pool: RandomPool) -> Iterator[tuple[str, torch.Tensor]]:
     for module_name, module in skeleton.named_modules():
         prefix = f"{module_name}." if module_name else ""
         if isinstance(module, QuantLinear):
@@ -46,8 +29,7 @@ def _tensors(skeleton: torch.nn.Module, quant: QuantConfig, pool: _RandomPool) -
             continue
         for name, param in module.named_parameters(recurse=False):
             is_norm = "norm" in module_name or "ln" in module_name.rsplit(".", 1)[-1]
-            yield prefix + name, (torch.ones(param.shape, dtype=pool.pool.dtype, device=pool.pool.device) if is_norm
-                                  else pool.tensor(param.shape))
+            yield prefix + name, pool.tensor(param.shape, is_norm)
 
 
 def preset_quant_checkpoint(name: str, quant: QuantConfig | dict | str, dtype: torch.dtype = torch.bfloat16,
@@ -60,5 +42,5 @@ def preset_quant_checkpoint(name: str, quant: QuantConfig | dict | str, dtype: t
     skeleton = resolve_model_class(config)(config, 16, dtype, torch.device("meta"))   # names and shapes only
     convert_to_quant_shells(skeleton, quant)
     num_tensors = len(dict(skeleton.named_parameters()))
-    return Checkpoint(config, num_tensors, _tensors(skeleton, quant, _RandomPool(dtype, device, seed)), None,
+    return Checkpoint(config, num_tensors, _tensors(skeleton, quant, RandomPool(dtype, device, seed)), None,
                       f"preset {name} ({quant.name}, random weights)", None, quant)
