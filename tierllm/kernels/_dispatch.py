@@ -16,3 +16,9 @@ except ImportError:            # CPU-only installs may lack Triton; the referenc
 
 def use_triton(t: torch.Tensor) -> bool:
     return HAS_TRITON and t.is_cuda and os.environ.get("TIERLLM_KERNELS") != "ref"
+
+
+def is_interpreted() -> bool:
+    """Triton's CPU interpreter (TRITON_INTERPRET=1) runs the kernels: it cannot time autotune configs, so
+    launchers call the kernel's plain function with one fixed config."""
+    return os.environ.get("TRITON_INTERPRET") == "1"

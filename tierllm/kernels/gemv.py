@@ -7,7 +7,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 
 MAX_GEMV_ROWS = 8
 
@@ -51,7 +51,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = max(1, triton.next_power_of_2(m))
     args = (x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0))
-    if os.environ.get("TRITON_INTERPRET") == "1":                  # the interpreter cannot time configs
+    if is_interpreted():                                           # the interpreter cannot time configs
         _gemv_kernel.fn[(triton.cdiv(n, 8),)](*args, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=8,
                                               BLOCK_K=128)
     else:

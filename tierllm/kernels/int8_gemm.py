@@ -3,11 +3,10 @@ int32 accumulation, the two scales applied once in the epilogue (ZeroQuant-style
 The reference is exact integer arithmetic (fp32 sums over K chunks short enough to stay exact, added in fp64)."""
 from __future__ import annotations
 
-import os
 
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.act_quant import per_token_quant
 
 if HAS_TRITON:
@@ -59,7 +58,7 @@ def int8_gemm_triton(xq: torch.Tensor, x_scales: torch.Tensor, wq: torch.Tensor,
     y = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     args = (xq, x_scales, wq, w_scales, bias if bias is not None else w_scales, y, m, n, k,
             min(triton.next_power_of_2(m), 256), xq.stride(0), wq.stride(0), y.stride(0))
-    if os.environ.get("TRITON_INTERPRET") == "1":                  # the interpreter cannot time configs
+    if is_interpreted():                                           # the interpreter cannot time configs
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16),)
         _int8_gemm_kernel.fn[grid](*args, HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=2)
     else:

@@ -5,11 +5,10 @@ covers a tile; the low and high nibbles are interleaved back into K order in reg
 `quant_linear` dispatches: the GEMV kernels for M <= 8, this kernel above, the torch reference on CPU / fp32."""
 from __future__ import annotations
 
-import os
 
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.quant_gemv import (
     MAX_QUANT_GEMV_ROWS,
     w4_gemv_triton,
@@ -90,7 +89,7 @@ def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y,
             m, n, k, min(triton.next_power_of_2(m), 256), x.stride(0), qweight.stride(0), scales.stride(0), y.stride(0))
     flags = {"BITS": bits, "GROUP": group, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
-    if os.environ.get("TRITON_INTERPRET") == "1":                  # the interpreter cannot time configs
+    if is_interpreted():                                           # the interpreter cannot time configs
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16),)
         _quant_gemm_kernel.fn[grid](*args, **flags, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32 if bits == 8 else min(32, group),
                                           GROUP_M=2)

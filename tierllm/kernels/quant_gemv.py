@@ -8,11 +8,10 @@ covers GROUPS_PER_BLOCK whole groups, and the group's scale (and min) multiply t
 instead of every weight."""
 from __future__ import annotations
 
-import os
 
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
 
 MAX_QUANT_GEMV_ROWS = 8
@@ -103,8 +102,6 @@ if HAS_TRITON:
         tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"           # the interpreter cannot time configs
 
 
 def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -116,7 +113,7 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     block_m = max(1, triton.next_power_of_2(m))
     args = (x, qweight, scales, bias if bias is not None else scales, y, m, n, k, x.stride(0), qweight.stride(0),
             y.stride(0))
-    if _interpreted():
+    if is_interpreted():
         _w8_gemv_kernel.fn[(triton.cdiv(n, 8),)](*args, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=8,
                                                  BLOCK_K=64)
     else:
@@ -135,7 +132,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, n, k,
             x.stride(0), qweight.stride(0), scales.stride(0), y.stride(0))
     flags = {"GROUP": group_size, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
-    if _interpreted():
+    if is_interpreted():
         _w4_gemv_kernel.fn[(m, triton.cdiv(n, 8))](*args, **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2)
     else:
         _w4_gemv_kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
