@@ -64,6 +64,9 @@ def test_api_key_required(tiny_model_dir):
         assert wrong.status_code == 401 and "API key" in wrong.json()["error"]["message"]
         good = httpx.post(f"{base}/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"})
         assert good.status_code == 200
+        malformed = httpx.post(f"{base}/v1/completions", content=b"{not json")       # no key: 401 before 400
+        assert malformed.status_code == 401
+        assert httpx.get(f"{base}/v1/models").status_code == 401
 
 
 def test_sigterm_drains_requests_in_flight(tiny_model_dir):

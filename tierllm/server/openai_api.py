@@ -9,7 +9,7 @@ import json
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
@@ -139,7 +139,6 @@ class OpenAIServer:
                             for t, (lp, top) in zip(token_ids, logprobs)]}
 
     async def completions(self, req: CompletionRequest, raw: Request, chat: bool):
-        self._check_key(raw)
         self._check_model(req.model)
         text_len = (sum(len(m.content) for m in req.messages) if chat
                     else len(req.prompt) if isinstance(req.prompt, str) else 0)
@@ -267,17 +266,19 @@ class OpenAIServer:
             return PlainTextResponse(generate_latest(self.metrics.registry).decode(),
                                      media_type="text/plain; version=0.0.4")
 
-        @app.get("/v1/models")
-        async def models(raw: Request):
-            self._check_key(raw)
+        # the key is a dependency: checked before the body is parsed, so a bad key is 401 even with a bad body
+        key = [Depends(self._check_key)]
+
+        @app.get("/v1/models", dependencies=key)
+        async def models():
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                 "owned_by": "tierllm", "max_model_len": self.max_model_len}]}
 
-        @app.post("/v1/completions")
+        @app.post("/v1/completions", dependencies=key)
         async def completions(req: CompletionRequest, raw: Request):
             return await self.completions(req, raw, chat=False)
 
-        @app.post("/v1/chat/completions")
+        @app.post("/v1/chat/completions", dependencies=key)
         async def chat_completions(req: ChatCompletionRequest, raw: Request):
             return await self.completions(req, raw, chat=True)
 
