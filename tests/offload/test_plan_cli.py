@@ -45,3 +45,14 @@ def test_generate_cli_streams_smollm2_from_nvme_with_kv_offload(capsys, tmp_path
                  "--num-resident-layers", "10", "--kv-offload"]) == 0
     assert capsys.readouterr().out == resident and "Paris" in resident
     assert list(tmp_path.iterdir()) == []                    # the layer files are gone with the engine
+
+
+def test_plan_predicts_the_decode_step_from_probe_ceilings(capsys, tmp_path):
+    ceilings = tmp_path / "ceilings.json"
+    ceilings.write_text('{"hbm_copy_GBps(read+write)": 3000.0, "h2d_pinned_GBps": 50.0}')
+    assert main(["plan", "llama-7b", "--gpu-memory", "24GiB", "--max-model-len", "544", "--ceilings",
+                 str(ceilings)]) == 0
+    text = capsys.readouterr().out
+    offloaded_gib = _value(text, "32 offloaded decoder layers (cpu)")
+    # every layer streams: the step is the PCIe time of the offloaded bytes (HBM reads overlap and are faster)
+    assert abs(_value(text, "predicted decode step") - offloaded_gib * 2 ** 30 / 50e9 * 1e3) < 1.0
