@@ -227,6 +227,29 @@ class InferenceEngine:
                 yield news
 
 
+def _load_native_model(checkpoint, model_cls, max_len: int, dtype: torch.dtype, parallel, device: torch.device,
+                       is_offloaded: bool, quant, show_progress: bool):
+    """Build the native model and fill it: a folder written by `tierllm quantize` fills QuantLinear shells (never
+    quantizes again); any other checkpoint loads dense weights, quantized afterwards if `quant` is given. A model
+    to offload is built on the CPU (offload_model places it)."""
+    is_prequantized = checkpoint.quant_config is not None
+    if is_prequantized and parallel.tp_size > 1:
+        raise ValueError("a folder written by `tierllm quantize` holds whole (unsharded) tensors, which tensor "
+                         "parallelism cannot load: load the original model with quant=... instead (each rank "
+                         "then quantizes its own shard)")
+    native = model_cls(checkpoint.config, max_len, dtype, parallel=parallel,
+                       device=torch.device("cpu") if is_offloaded or is_prequantized else device)
+    if is_prequantized:
+        load_prequantized(native, checkpoint, quant, show_progress)
+        if not is_offloaded:
+            native.to(device)
+    else:
+        load_weights(native, checkpoint, show_progress)
+        if quant is not None:
+            quantize_model(native, QuantConfig.from_any(quant), show_progress)
+    return native.eval()
+
+
 def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory: int | str | None = None,
@@ -265,22 +288,8 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
         if (max_num_batched_tokens is not None and max_num_batched_tokens < 1) or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
         offload = OffloadConfig(**offload) if isinstance(offload, dict) else offload
-        is_prequantized = checkpoint.quant_config is not None          # a folder written by `tierllm quantize`
-        if is_prequantized and parallel.tp_size > 1:
-            raise ValueError("a folder written by `tierllm quantize` holds whole (unsharded) tensors, which tensor "
-                             "parallelism cannot load: load the original model with quant=... instead (each rank "
-                             "then quantizes its own shard)")
-        native = model_cls(config, max_len, torch_dtype, parallel=parallel,
-                           device=torch.device("cpu") if offload or is_prequantized else device)
-        if is_prequantized:
-            load_prequantized(native, checkpoint, quant, show_progress)    # fills QuantLinear shells, no re-quantizing
-            if not offload:
-                native.to(device)
-        else:
-            load_weights(native, checkpoint, show_progress)
-            if quant is not None:
-                quantize_model(native, QuantConfig.from_any(quant), show_progress)
-        native.eval()
+        native = _load_native_model(checkpoint, model_cls, max_len, torch_dtype, parallel, device,
+                                    is_offloaded=offload is not None, quant=quant, show_progress=show_progress)
         block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
         # with KV offload the GPU holds two layers' working buffers of the pool, not every layer's blocks
         gpu_block_bytes = 2 * block_bytes // len(native.attention_layers()) if kv_offload else block_bytes
