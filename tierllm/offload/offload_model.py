@@ -28,13 +28,17 @@ def gpu_budget_bytes(offload: OffloadConfig, device: torch.device, gpu_memory_ut
     return cpu_fallback_bytes
 
 
+def fixed_bytes(model: NativeModel) -> int:
+    """Bytes outside the decoder layers (embeddings, LM head, final norm): always on the GPU."""
+    return module_bytes(model) - sum(module_bytes(layer) for layer in model.decoder_layers())
+
+
 def plan_for_model(model: NativeModel, offload: OffloadConfig, gpu_budget: int, kv_bytes_per_token: int,
                    max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
                    dtype: torch.dtype, block_size: int = 16) -> PlacementPlan:
-    layers = model.decoder_layers()
-    fixed = module_bytes(model) - sum(module_bytes(layer) for layer in layers)
-    return plan_placement(layers, fixed, offload, gpu_budget, kv_bytes_per_token, max_num_seqs, max_model_len,
-                          max_num_batched_tokens, model.config.vocab_size, dtype, block_size)
+    return plan_placement(model.decoder_layers(), fixed_bytes(model), offload, gpu_budget, kv_bytes_per_token,
+                          max_num_seqs, max_model_len, max_num_batched_tokens, model.config.vocab_size, dtype,
+                          block_size)
 
 
 def offload_model(model: NativeModel, plan: PlacementPlan, offload: OffloadConfig, device: torch.device,
@@ -64,7 +68,6 @@ def throughput_token_budget(model: NativeModel, gpu_budget: int, max_tokens: int
     prompts — the tokens whose activations fill a sixth of the GPU budget left after the embeddings and two
     staging slots, at least 2048 and at most `max_tokens`, a multiple of 256."""
     layers = model.decoder_layers()
-    fixed = module_bytes(model) - sum(module_bytes(layer) for layer in layers)
-    room = gpu_budget - fixed - 2 * max(module_bytes(layer) for layer in layers)
+    room = gpu_budget - fixed_bytes(model) - 2 * max(module_bytes(layer) for layer in layers)
     tokens = room // 6 // activation_bytes_per_token(layers[0], dtype) // 256 * 256
     return int(min(max(tokens, 2048), max_tokens))
