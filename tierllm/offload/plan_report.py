@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from tierllm.config import OffloadConfig, parse_bytes
-from tierllm.offload.placement import PlacementPlan, module_bytes, plan_placement
+from tierllm.offload.offload_model import fixed_bytes
+from tierllm.offload.placement import PlacementPlan, plan_placement
 from tierllm.runner.kv_cache import bytes_per_block
 
 
@@ -37,7 +38,7 @@ def plan_report(model: str | None, gpu_memory: str, offload_device: str = "cpu",
     max_len = min(max_model_len, config.max_position_embeddings)
     native = resolve_model_class(config)(config, max_len, torch_dtype, torch.device("meta"))
     layers = native.decoder_layers()
-    fixed = module_bytes(native) - sum(module_bytes(layer) for layer in layers)
+    fixed = fixed_bytes(native)
     block_size = 16
     block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
     offload = OffloadConfig(device=offload_device, nvme_path="(planned)", max_gpu_memory=gpu_memory,
