@@ -135,3 +135,19 @@ def test_gemv(dtype, rows):
     b = torch.randn(70, device=DEVICE).to(dtype)
     assert _rel_err(gemv.gemv_triton(x, w, b), gemv.linear_ref(x.float(), w.float(), b.float())) < 1e-2
     assert _rel_err(gemv.gemv_triton(x, w), gemv.linear_ref(x.float(), w.float())) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_gemv_and_linear_fp32_partial_sums(dtype):
+    """out_dtype=float32 (row-parallel partial sums) returns the unrounded fp32 accumulator, from the GEMV kernel
+    and from the reference path alike: closer to the exact product than the output rounded to `dtype`."""
+    from tierllm.kernels import gemv
+    torch.manual_seed(7)
+    x = torch.randn(3, 300, device=DEVICE).to(dtype)
+    w = torch.randn(70, 300, device=DEVICE).to(dtype)
+    b = torch.randn(70, device=DEVICE).to(dtype)
+    exact = gemv.linear_ref(x.double(), w.double(), b.double())
+    for out in (gemv.gemv_triton(x, w, b, out_dtype=torch.float32), gemv.linear_ref(x, w, b, out_dtype=torch.float32)):
+        assert out.dtype == torch.float32
+        assert _rel_err(out, exact) < 1e-5
+    assert _rel_err(gemv.gemv_triton(x, w, b), exact) > 1e-4          # rounding to dtype is what fp32 avoids

@@ -44,11 +44,13 @@ if HAS_TRITON:
                  mask=m_mask[:, None] & n_mask[None, :])
 
 
-def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [M, K] with M <= 8 (last dim contiguous); weight: [N, K] contiguous -> [M, N]."""
+def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x: [M, K] with M <= 8 (last dim contiguous); weight: [N, K] contiguous -> [M, N] in out_dtype (x's dtype
+    by default; the accumulator is fp32 either way)."""
     m, k = x.shape
     n = weight.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    y = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     block_m = max(1, triton.next_power_of_2(m))
     args = (x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0))
     if is_interpreted():                                           # the interpreter cannot time configs
@@ -60,16 +62,26 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y
 
 
-def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    if out_dtype is None or out_dtype == x.dtype:
+        return F.linear(x, weight, bias)
+    if x.is_cuda:                                    # fp32 accumulator written out unrounded (cuBLAS)
+        y = torch.mm(x, weight.t(), out_dtype=out_dtype)
+    else:
+        y = F.linear(x.to(out_dtype), weight.to(out_dtype))
+    return y if bias is None else y + bias
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """[M, K] @ [N, K]^T: the GEMV kernel for decode-sized M in fp16/bf16 on CUDA, cuBLAS otherwise.
-    TIERLLM_GEMV=0 sends everything to cuBLAS (for A/B runs). A tensor-core variant (x padded to 16 rows,
-    pipelined weight tiles) measured 2-6% slower than this one on an H100 and was dropped."""
+    out_dtype=torch.float32 returns the fp32 accumulator instead of rounding it to x's dtype (partial sums that
+    are all-reduced before rounding). TIERLLM_GEMV=0 sends everything to cuBLAS (for A/B runs). A tensor-core
+    variant (x padded to 16 rows, pipelined weight tiles) measured 2-6% slower than this one on an H100 and was
+    dropped."""
     if (os.environ.get("TIERLLM_GEMV", "1") != "0" and x.shape[0] <= MAX_GEMV_ROWS
             and x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
             and weight.is_contiguous()):
-        return gemv_triton(x, weight, bias)
-    return linear_ref(x, weight, bias)
+        return gemv_triton(x, weight, bias, out_dtype)
+    return linear_ref(x, weight, bias, out_dtype)
