@@ -152,6 +152,21 @@ def test_percentile_and_metrics_on_hand_made_records():
     assert compute_metrics([], 1.0, 1.0, 1.0)["ttft_p50_s"] is None
 
 
+def test_token_level_gaps_show_a_stall_that_the_per_request_mean_hides():
+    """19 gaps of 10 ms and one 200 ms stall: the request's mean TPOT is 19.5 ms, but 5% of its token gaps are
+    the stall, so the token-level p99 is the stall."""
+    r = RequestRecord(0, 8, 21, arrival_s=0.0, start_s=0.0, outcome="ok", status=200, n_tokens=21, n_chunks=21)
+    r.first_token_s = 0.1
+    gaps = [0.01] * 10 + [0.2] + [0.01] * 9
+    r.chunk_times_s = [0.1 + sum(gaps[:i + 1]) for i in range(len(gaps))]
+    r.end_s = r.chunk_times_s[-1]
+    assert r.token_gaps_s == pytest.approx(gaps)
+    m = compute_metrics([r], duration_s=1.0, ttft_slo_s=1.0, tpot_slo_s=1.0)
+    assert m["tpot_p99_s"] == pytest.approx(0.39 / 20)
+    assert m["itl_p50_s"] == pytest.approx(0.01) and m["itl_p99_s"] > 0.15
+    assert m["itl_mean_s"] == pytest.approx(m["tpot_mean_s"])
+
+
 def test_load_against_fake_server(fake_server, capsys):
     base_url, state = fake_server
     _reset(state)
@@ -174,6 +189,7 @@ def test_load_against_fake_server(fake_server, capsys):
         assert TTFT_S * 0.9 <= r["ttft_s"] < TTFT_S + 0.3
         assert TPOT_S * 0.9 <= r["tpot_s"] < TPOT_S + 0.03                      # ~ the fake sleep
     assert TPOT_S * 0.9 <= m["tpot_p50_s"] <= m["tpot_p95_s"] <= m["tpot_p99_s"] < TPOT_S + 0.03
+    assert TPOT_S * 0.9 <= m["itl_p50_s"] < TPOT_S + 0.03
     assert m["ttft_p50_s"] > 0 and m["duration_s"] >= plan[-1].arrival_s
     assert m["effective_throughput"] == pytest.approx(m["request_throughput"])  # loose SLOs: all met
     strict = compute_metrics([RequestRecord(**{k: v for k, v in r.items() if k not in ("ttft_s", "tpot_s")})

@@ -71,6 +71,16 @@ class RequestRecord:
             return None
         return (self.end_s - self.first_token_s) / (self.n_tokens - 1)
 
+    @property
+    def token_gaps_s(self) -> list[float]:
+        """Time between consecutive text chunks after the first (one token each, unless the detokenizer held
+        text back): the token-level view of TPOT, where a stall shows as one long gap instead of being averaged
+        over the request (FastGen's "token-level tail latency", vLLM's inter-token latency)."""
+        if self.first_token_s is None:
+            return []
+        times = [self.first_token_s, *self.chunk_times_s]
+        return [b - a for a, b in zip(times, times[1:])]
+
     def to_dict(self) -> dict:
         return asdict(self) | {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
 
@@ -167,10 +177,12 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def compute_metrics(records: list[RequestRecord], duration_s: float, ttft_slo_s: float,
                     tpot_slo_s: float) -> dict:
-    """Summary over records. Throughputs divide by duration_s; a 1-token request meets the TPOT target."""
+    """Summary over records. Throughputs divide by duration_s; a 1-token request meets the TPOT target.
+    tpot_*: per-request mean time per output token; itl_*: token-level, over every gap of every request."""
     ok = [r for r in records if r.outcome == "ok"]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
+    gaps = [gap for r in ok for gap in r.token_gaps_s]
     latencies = [r.end_s - r.start_s for r in ok if r.end_s is not None]
     good = [r for r in ok if r.ttft_s is not None and r.ttft_s <= ttft_slo_s
             and (r.tpot_s is None or r.tpot_s <= tpot_slo_s)]
@@ -191,7 +203,7 @@ def compute_metrics(records: list[RequestRecord], duration_s: float, ttft_slo_s:
         "slo_attainment": len(good) / len(records) if records else 0.0,  # fraction of ALL requests sent
         "effective_throughput": len(good) / dur,      # completed requests/s meeting both SLOs
     }
-    for name, vals in (("ttft", ttfts), ("tpot", tpots), ("latency", latencies)):
+    for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", gaps), ("latency", latencies)):
         m[f"{name}_mean_s"] = sum(vals) / len(vals) if vals else None
         for q in (50, 95, 99):
             m[f"{name}_p{q}_s"] = percentile(vals, q)
@@ -257,6 +269,6 @@ def print_report(metrics: dict) -> None:
           f"TTFT <= {m['ttft_slo_s'] * 1e3:.0f} ms and TPOT <= {m['tpot_slo_s'] * 1e3:.0f} ms; "
           f"attainment {m['slo_attainment'] * 100:.1f}%)")
     print(f"{'ms':<10}{'mean':>10}{'p50':>10}{'p95':>10}{'p99':>10}")
-    for name in ("ttft", "tpot", "latency"):
+    for name in ("ttft", "tpot", "itl", "latency"):
         cells = [_fmt(m[f"{name}_{k}_s"], 1e3) for k in ("mean", "p50", "p95", "p99")]
         print(f"{name.upper():<10}" + "".join(f"{c:>10}" for c in cells))

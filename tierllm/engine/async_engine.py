@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 
@@ -13,6 +14,12 @@ from tierllm.engine.outputs import RequestOutput
 from tierllm.sampling import SamplingParams
 
 logger = logging.getLogger("tierllm")
+
+# The engine thread needs the GIL back the moment the GPU finishes a step (sampling, scheduling and the next
+# launch happen in Python while the GPU idles), but while the event loop streams chunks to clients it holds the
+# GIL and only yields it every sys.getswitchinterval() (5 ms by default: a sixth of a 30 ms step). A shorter
+# interval bounds that wait.
+_GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class QueueFullError(RuntimeError):
@@ -50,6 +57,7 @@ class AsyncLLMEngine:
         self._streams: dict[str, _Stream] = {}        # request id -> its newest output (event-loop side)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._saved_switch_interval: float | None = None
 
     @property
     def num_unfinished(self) -> int:
@@ -57,6 +65,8 @@ class AsyncLLMEngine:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._saved_switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._saved_switch_interval, _GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="tierllm-engine", daemon=True)
         self._thread.start()
 
@@ -67,6 +77,9 @@ class AsyncLLMEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._saved_switch_interval is not None:
+            sys.setswitchinterval(self._saved_switch_interval)
+            self._saved_switch_interval = None
         self.engine.close()
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
