@@ -21,7 +21,7 @@ PRESET, VOCAB, MAX_LEN = "llama-7b", 32000, 4096      # Llama-2-7B holds 4096 po
 MIXED = dict(num_requests=100, prompt_len_range=(128, 3840), output_len_range=(32, 256), token_vocab=VOCAB, seed=0,
              ttft_slo_s=2.0, tpot_slo_s=0.1)
 RATES = (3.0, 6.0, 10.0)           # offered loads (req/s), below and above saturation; the check uses the highest
-BUDGET = {"splitfuse": 1024, "prefill_first": 8192}   # prefill-first must fit a whole 4096-token prompt
+BUDGET = {"splitfuse": 512, "prefill_first": 8192}    # prefill-first must fit a whole 4096-token prompt
 
 
 def start_server(tokenizer_dir: str, policy: str, budget: int):

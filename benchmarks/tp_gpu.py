@@ -145,7 +145,7 @@ def main() -> int:
     parser.add_argument("--skip-70b", action="store_true", help="leave out the llama-70b TP=4 run")
     parser.add_argument("--presets", default="smollm2-1.7b,llama-13b",
                         help="comma list of the agreement presets (llama-13b also runs the speed measurements); one "
-                             "per call keeps a call inside the device's 10-minute limit")
+                             "per call keeps a call inside the device's 10-minute limit; 'none': only the llama-70b run")
     args = parser.parse_args()
     tp_sizes = [int(t) for t in args.tp_sizes.split(",")]
     if tp_sizes[0] != 1 or max(tp_sizes) > torch.cuda.device_count():
@@ -165,7 +165,7 @@ def main() -> int:
                 "throughput": f"batch {THROUGHPUT_BATCH} x {PROMPT_LEN} prompt + {THROUGHPUT_GEN_LEN} new",
                 "agreement": f"{AGREE_PROMPTS} prompts x {AGREE_PROMPT_LEN} tokens, {AGREE_GEN_LEN} new, greedy",
                 "cuda_graphs": True, "max_num_seqs": THROUGHPUT_BATCH}
-    for preset in args.presets.split(","):
+    for preset in [p for p in args.presets.split(",") if p != "none"]:
         reference = None
         for tp_size in tp_sizes:
             engine, init_s = open_engine(preset, tp_size)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from tierllm.distributed.parallel_state import ParallelState, destroy_parallel_s
 logger = logging.getLogger("tierllm")
 
 _DEATH_REPORT_WAIT_S = 3.0        # after a failed collective, how long to wait for the dead worker to be reaped
+_FAILED_DESTROY_WAIT_S = 10.0     # releasing a group whose peer died: how long before giving up on it
 
 
 class TensorParallelError(RuntimeError):
@@ -31,18 +33,39 @@ class _GroupStatus:
 
 
 def _shutdown(state: ParallelState, status: _GroupStatus) -> None:
-    """Tell the workers to exit (if they can still hear), reap spawned ones, release the process groups."""
+    """Tell the workers to exit (if they can still hear), release the process groups, reap spawned workers."""
     if status.is_closed:
         return
     status.is_closed = True
-    if status.failure is None:
+    healthy = status.failure is None
+    if healthy:
         try:
             broadcast_from_driver(None, state)
         except Exception as exc:                    # a worker died meanwhile: it cannot hear us anyway
             logger.warning("tierllm: tensor-parallel shutdown message not delivered: %s", exc)
-    if state.workers is not None:                 # healthy workers exit by themselves; after a failure, don't wait
-        state.workers.stop(timeout_s=30.0 if status.failure is None else 0.5)
-    destroy_parallel_state(state)
+            healthy = False
+    if healthy:
+        # NCCL tears a communicator down collectively: rank 0 destroys its groups while the workers destroy theirs
+        # on their way out. Waiting for the workers first deadlocks (each waits for the other) until the join
+        # times out, and destroying after they are gone hangs for good.
+        destroy_parallel_state(state)
+        if state.workers is not None:
+            state.workers.stop(timeout_s=30.0)
+        return
+    if state.workers is not None:                   # after a failure, don't wait for them
+        state.workers.stop(timeout_s=0.5)
+    _destroy_bounded(state, _FAILED_DESTROY_WAIT_S)
+
+
+def _destroy_bounded(state: ParallelState, timeout_s: float) -> None:
+    """destroy_parallel_state with dead peers, which NCCL may wait for forever: give up after timeout_s."""
+    worker = threading.Thread(target=destroy_parallel_state, args=(state,), name="tierllm-tp-destroy", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        logger.warning("tierllm: the process groups of the failed tensor-parallel engine were not released within "
+                       "%.0f s (a rank died mid-collective); start a new tensor-parallel engine in a new process",
+                       timeout_s)
 
 
 class TensorParallelDriver:

@@ -58,6 +58,7 @@ class AsyncLLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._saved_switch_interval: float | None = None
+        self._pending: list[tuple[str, object]] = []  # the last step's outputs, delivered once the next is launched
 
     @property
     def num_unfinished(self) -> int:
@@ -154,6 +155,7 @@ class AsyncLLMEngine:
                 self._loop_once()
             except Exception as exc:                               # never leave a client hanging
                 logger.exception("tierllm: engine loop failed; aborting the requests in flight")
+                self._deliver_pending()                            # requests that finished before the failure
                 failed = list(self.engine.groups)
                 for request_id in failed:
                     self.engine.abort(request_id)
@@ -167,7 +169,17 @@ class AsyncLLMEngine:
             self._wake.wait(timeout=0.5)
             self._wake.clear()
             return
-        outputs = self.engine.step()
-        self._deliver_threadsafe([(output.request_id, output) for output in outputs])
+        outputs = self.engine.step(on_launched=self._deliver_pending)
+        self._deliver_pending()                    # the step launched nothing: what waited goes now
+        self._pending = [(output.request_id, output) for output in outputs]
+        if not self.engine.has_unfinished_requests():
+            self._deliver_pending()                # no next step to wait for
         if self.on_step is not None:
             self.on_step(self.engine, outputs)
+
+    def _deliver_pending(self) -> None:
+        """Hand the previous step's outputs to the event loop. Called once the next step's forward pass is queued
+        on the device: the event loop then streams them while this thread waits for the device, instead of
+        competing for the GIL with the Python work (scheduling, kernel launches) that keeps the device busy."""
+        pending, self._pending = self._pending, []
+        self._deliver_threadsafe(pending)

@@ -2,6 +2,7 @@
 generate, the offline LLM API, the server) drives this one loop."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -113,8 +114,10 @@ class LLMEngine:
         self.runner.close()
 
     # ---- the loop ------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """One scheduled forward pass; returns an output for every request that got new tokens or finished."""
+    def step(self, on_launched: Callable[[], None] | None = None) -> list[RequestOutput]:
+        """One scheduled forward pass; returns an output for every request that got new tokens or finished.
+        on_launched: called once the forward pass is queued on the device, before the step waits for it (not at
+        all when the step runs no forward pass)."""
         ended = [self._make_output(self.groups.pop(rid)) for rid in self._ended_outside_step if rid in self.groups]
         self._ended_outside_step.clear()
         if ended:
@@ -125,7 +128,7 @@ class LLMEngine:
                 return []
             raise RuntimeError("the scheduler found nothing to run although requests are pending "
                                f"(running={len(self.scheduler.running)}, waiting={len(self.scheduler.waiting)})")
-        model_out = self.runner.execute(sched_out, self.block_manager)
+        model_out = self.runner.execute(sched_out, self.block_manager, on_launched)
         self.num_tokens_last_step = 0                 # tokens appended by this step (metrics)
         ready = self.scheduler.update_after_step(sched_out)
         touched: dict[str, _RequestGroup] = {}

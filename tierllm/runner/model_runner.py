@@ -4,6 +4,7 @@ each plan they receive."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
@@ -50,11 +51,16 @@ class ModelRunner:
         return torch.Generator(device=self.device).manual_seed(seed)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, block_manager: BlockManager) -> ModelOutput:
+    def execute(self, out: SchedulerOutput, block_manager: BlockManager,
+                on_launched: Callable[[], None] | None = None) -> ModelOutput:
+        """on_launched: called once the step's forward pass is queued on the device, before sampling waits for
+        it (host work placed there overlaps the device's)."""
         plan, sampled_requests = build_step_plan(out, block_manager)
         plan.use_cuda_graph = self.use_cuda_graph and self.graphs is not None
         with self.driver.step(plan) if self.driver is not None else contextlib.nullcontext():
             logits = self.forward_plan(plan)                                    # [num_sampled, vocab] or None
+            if on_launched is not None:
+                on_launched()
             if logits is None:
                 return ModelOutput(sampled_token_ids={})
             tokens, beam_logprobs, token_logprobs = sample(logits, sampled_requests)
