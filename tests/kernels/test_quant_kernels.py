@@ -26,6 +26,9 @@ def _quantized(n: int, k: int, quant: QuantConfig, seed: int) -> tuple[dict, tor
     return {name: t.to(DEVICE) for name, t in packed.items()}, bias.to(DEVICE)
 
 
+QUANTS = [QuantConfig(bits=8), QuantConfig(bits=4, group_size=32), QuantConfig(bits=4, group_size=64, symmetric=True)]
+
+
 def _x(m: int, k: int, dtype, seed: int) -> torch.Tensor:
     return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
 
@@ -53,10 +56,10 @@ def test_w4_gemv(dtype, symmetric, m, n, k, group):
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
-@pytest.mark.parametrize("quant", [QuantConfig(bits=8), QuantConfig(bits=4, group_size=32),
-                                   QuantConfig(bits=4, group_size=64, symmetric=True)], ids=lambda q: q.name)
-def test_quant_gemm(dtype, quant):
-    m, n, k = 37, 45, 128                                                  # ragged M and N tiles
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("m", [37, 130])                # the fused GEMM; from DEQUANT_MIN_ROWS on, dequant + matmul
+def test_quant_gemm(dtype, quant, m):
+    n, k = 45, 128                                                         # ragged M and N tiles
     w, bias = _quantized(n, k, quant, seed=7)
     x = _x(m, k, dtype, seed=8)
     mins = w.get("mins")
@@ -64,6 +67,14 @@ def test_quant_gemm(dtype, quant):
         ref = quant_gemv.w8_linear_ref(x.float(), w["qweight"], w["scales"], bias.float())
     else:
         ref = quant_gemv.w4_linear_ref(x.float(), w["qweight"], w["scales"], mins, quant.group_size, bias.float())
+    # the dispatcher (what the layers call) on every shape; the fused kernel where it applies (on the GPU its K
+    # tile needs int4 groups >= 64; the interpreter runs smaller tiles)
+    assert _rel_err(quant_gemm.quant_linear(x, w["qweight"], w["scales"], mins, quant.bits, quant.group_size,
+                                            bias.to(dtype)), ref) < 1e-2
+    if DEVICE == "cuda" and quant.bits == 4 and quant.group_size < 64:
+        with pytest.raises(ValueError, match="group_size >= 64"):
+            quant_gemm.quant_gemm_triton(x, w["qweight"], w["scales"], mins, quant.bits, quant.group_size)
+        return
     out = quant_gemm.quant_gemm_triton(x, w["qweight"], w["scales"], mins, quant.bits, quant.group_size,
                                        bias.to(dtype))
     assert _rel_err(out, ref) < 1e-2
@@ -90,3 +101,15 @@ def test_int8_gemm(dtype, m):
     exact = int8_gemm.int8_gemm_triton(xq, xs, w["qweight"], w["scales"], torch.float32)
     assert torch.allclose(exact, int8_gemm.int8_gemm_ref(xq, xs, w["qweight"], w["scales"], torch.float32),
                           rtol=1e-6, atol=0)                               # integer sums are exact
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)
+def test_dequantize_kernel_matches_reference(dtype, quant):
+    from tierllm.kernels import dequant
+    n, k = 45, 320                                                         # ragged N and K tiles
+    w, _ = _quantized(n, k, quant, seed=13)
+    out = dequant.dequantize_triton(w["qweight"], w["scales"], w.get("mins"), quant.bits, quant.group_size, dtype)
+    ref = dequant.dequantize_ref(w["qweight"], w["scales"], w.get("mins"), quant.bits, quant.group_size, dtype)
+    assert out.shape == (n, k) and out.dtype == dtype
+    assert _rel_err(out, ref.float()) < 1e-3

@@ -2,13 +2,16 @@
 [BLOCK_K, BLOCK_N] tile of packed weights, dequantizes it in registers to the activation dtype and feeds
 tl.dot; nothing dequantized goes back to memory. int4: BLOCK_K <= group size, so one scale (and min) per column
 covers a tile; the low and high nibbles are interleaved back into K order in registers.
-`quant_linear` dispatches: the GEMV kernels for M <= 8, this kernel above, the torch reference on CPU / fp32."""
+`quant_linear` dispatches: the GEMV kernels for M <= 8, this kernel up to DEQUANT_MIN_ROWS, then one dequantizing
+pass and cuBLAS; the torch reference on CPU / fp32."""
 from __future__ import annotations
 
 
 import torch
+import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
+from tierllm.kernels.dequant import dequantize_triton
 from tierllm.kernels.quant_gemv import (
     MAX_QUANT_GEMV_ROWS,
     w4_gemv_triton,
@@ -16,6 +19,12 @@ from tierllm.kernels.quant_gemv import (
     w8_gemv_triton,
     w8_linear_ref,
 )
+
+# From this many rows the matmul is compute-bound and this kernel's in-register dequantization of every tile
+# costs more than one dequantizing pass (2.5-3 bytes per weight of traffic) plus cuBLAS: on an H100 the kernel ran
+# at 69 (int4) / 85 (int8) TFLOP/s at M=64 against cuBLAS's 155 on bf16 (benchmarks/results/quant-llama-7b-h100.json);
+# at M=64 the two paths cost about the same, so the switch is above it.
+DEQUANT_MIN_ROWS = 128
 
 if HAS_TRITON:
     import triton
@@ -110,8 +119,9 @@ def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, m
             if bits == 8:
                 return w8_gemv_triton(x, qweight, scales, bias)
             return w4_gemv_triton(x, qweight, scales, mins, group_size, bias)
-        if bits == 8 or group_size >= 64:
+        if x.shape[0] < DEQUANT_MIN_ROWS and (bits == 8 or group_size >= 64):
             return quant_gemm_triton(x, qweight, scales, mins, bits, group_size, bias)
+        return F.linear(x, dequantize_triton(qweight, scales, mins, bits, group_size, x.dtype), bias)
     if bits == 8:
         return w8_linear_ref(x, qweight, scales, bias)
     return w4_linear_ref(x, qweight, scales, mins, group_size, bias)
