@@ -1,7 +1,7 @@
 """Serving on one GPU (llama-7b preset, bf16): Dynamic SplitFuse vs prefill-first scheduling under the same
 mixed load (prompts 128-4096 tokens, outputs 32-256), and saturated server throughput vs offline generation of
 the same requests. Servers run as `tierllm serve` subprocesses; the load generator runs here.
-Usage: python benchmarks/serve_gpu.py TOKENIZER_DIR OUT_JSON"""
+Usage: python benchmarks/serve_gpu.py TOKENIZER_DIR OUT_JSON [SPLITFUSE_TOKEN_BUDGET (default 512)]"""
 import os
 import signal
 import socket
@@ -84,6 +84,8 @@ def offline_throughput(spec: LoadSpec) -> dict:
 
 def main() -> None:
     tokenizer_dir, out_path = sys.argv[1], sys.argv[2]
+    if len(sys.argv) > 3:
+        BUDGET["splitfuse"] = int(sys.argv[3])
     results = {}
     for policy, budget in BUDGET.items():
         base, proc = start_server(tokenizer_dir, policy, budget)
