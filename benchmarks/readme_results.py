@@ -60,36 +60,51 @@ def gpu_section(gpu: dict) -> list[str]:
     return lines
 
 
-def serve_section(doc: dict) -> list[str]:
+def _checks(doc: dict, digits: int = 3) -> str:
+    return "Checks: " + "; ".join(f"{c['name']} = {c['value']:.{digits}f} (target {c['op']} {c['target']}: "
+                                  f"{'met' if c['passed'] else 'not met'})" for c in doc["checks"]) + "."
+
+
+def serve_section(doc: dict, small_budget: dict) -> list[str]:
     r, settings = doc["results"], doc["settings"]
     lines = ["", f"**Serving** — `benchmarks/serve_gpu.py`, `llama-7b` preset bf16 behind `tierllm serve`, {doc['device']}, "
              f"{doc['date'][:10]} ([JSON](benchmarks/results/serve-llama-7b-h100.json)): {settings['num_requests']} "
              f"requests, prompts {settings['prompt_len_range']} tokens, outputs {settings['output_len_range']}, Poisson "
-             f"arrivals; token budget per step {settings['token_budgets']}.", "",
-             "| scheduling | offered load | TTFT p50 / p95 (s) | TPOT p50 / p95 (ms) | output tok/s |", "|---|---|---|---|---|"]
+             f"arrivals; token budget per step {settings['token_budgets']}. TPOT per request is the mean gap of each "
+             "request; token gaps are every gap between two streamed tokens of every request (token-level TPOT, where "
+             "a prefill stall shows).", "",
+             "| scheduling | offered load | TTFT p50 / p95 (s) | TPOT per request p50 / p95 (ms) | token gaps p50 / p95 / p99 (ms) "
+             "| output tok/s |", "|---|---|---|---|---|---|"]
     for name, m in r.items():
-        if name == "offline":
+        if not isinstance(m, dict) or name == "offline":
             continue
         policy, _, load = name.partition("_mixed_") if "_mixed_" in name else name.partition("_")
         lines.append(f"| {policy} | {load or 'all at once'} | {m['ttft_p50_s']:.3f} / {m['ttft_p95_s']:.3f} | "
-                     f"{m['tpot_p50_s'] * 1e3:.1f} / {m['tpot_p95_s'] * 1e3:.1f} | {m['output_throughput']:.0f} |")
-    lines.append(f"| offline (engine, same requests) | all at once | | | {r['offline']['output_throughput']:.0f} |")
-    lines += ["", "Checks: " + "; ".join(f"{c['name']} = {c['value']:.2f} (target {c['op']} {c['target']}: "
-                                          f"{'met' if c['passed'] else 'not met'})" for c in doc["checks"]) + "."]
+                     f"{m['tpot_p50_s'] * 1e3:.1f} / {m['tpot_p95_s'] * 1e3:.1f} | {m['itl_p50_s'] * 1e3:.1f} / "
+                     f"{m['itl_p95_s'] * 1e3:.1f} / {m['itl_p99_s'] * 1e3:.1f} | {m['output_throughput']:.0f} |")
+    lines.append(f"| offline (engine, same requests) | all at once | | | | {r['offline']['output_throughput']:.0f} |")
+    small = small_budget["settings"]["token_budgets"]["splitfuse"]
+    lines += ["", _checks(doc, 2) + f" The per-request mean TPOT p95 ratio is {r['per_request_mean_tpot_p95_ratio']}: "
+              "SplitFuse and prefill-first do the same prefill work, and a request's mean spreads the stalls over all of "
+              "its tokens.", "",
+              f"The same run with a SplitFuse budget of {small} tokens ([JSON](benchmarks/results/serve-budget256-llama-7b-h100.json), "
+              f"same machine, minutes later): " + _checks(small_budget, 2)[len("Checks: "):] + " At that budget the "
+              "mixed steps, which run eagerly, are bound by their Python launch time: the server saturates below 10 "
+              "req/s. No single budget met both targets."]
     return lines
 
 
-def offload_section(doc: dict) -> list[str]:
+def offload_section(doc: dict, rerun: dict) -> list[str]:
     r, c = doc["results"], doc["ceilings"]
-    cpu, nvme, kv = r["cpu"], r["nvme"], r["kv"]
+    cpu = r["cpu"]
+    nvme, kv = rerun["results"]["nvme"], rerun["results"]["kv"]
     peers = {(p["peer"], p["batch"]): p for p in cpu["peers"] if "total_tok_s" in p}
     lines = ["", f"**Offload** — `tierllm bench offload`, `llama-7b` preset bf16 with every decoder layer offloaded "
              f"({cpu['offloaded_bytes'] / 1e9:.2f} GB streamed per forward pass), prompt 512, gen 32, {doc['device']}, "
              f"{doc['date'][:10]} ([JSON](benchmarks/results/offload-llama-7b-h100.json)). Ceilings in the same run: "
-             f"pinned H2D {c['h2d_pinned_GBps']} GB/s (PCIe floor {cpu['pcie_floor_s']:.3f} s per pass), O_DIRECT disk "
-             f"read {c['disk_read_direct_GBps']} GB/s. Peers in the same run, each in its own process: DeepSpeed "
-             "ZeRO-Inference (ZeRO-3, `offload_param` to pinned CPU, through HF `generate`) and accelerate "
-             "`cpu_offload`.", "",
+             f"pinned H2D {c['h2d_pinned_GBps']} GB/s (PCIe floor {cpu['pcie_floor_s']:.3f} s per pass). Peers in the "
+             "same run, each in its own process: DeepSpeed ZeRO-Inference (ZeRO-3, `offload_param` to pinned CPU, "
+             "through HF `generate`) and accelerate `cpu_offload`.", "",
              "| batch | tierllm total tok/s | decode s/step (vs PCIe floor) | DeepSpeed tok/s | accelerate tok/s |",
              "|---|---|---|---|---|"]
     for row in cpu["tierllm"]:
@@ -98,21 +113,46 @@ def offload_section(doc: dict) -> list[str]:
         lines.append(f"| {b} | {row['total_tok_s']} | {row['decode_ms_per_step'] / 1e3:.3f} "
                      f"({row['decode_step_over_pcie_floor']:.3f}x) | {ds['total_tok_s'] if ds else ''} | "
                      f"{acc['total_tok_s'] if acc else ''} |")
-    on, off = kv["kv_on_gpu"], kv["kv_offload"]
-    lines += ["", f"KV offload at a {kv['gpu_budget']} GPU budget (KV pool {kv['host_kv_memory']} of pinned host "
-              f"memory): the largest batch goes from {on['max_batch']} to {off['max_batch']} and total tok/s from "
-              f"{on['total_tok_s']} to {off['total_tok_s']}. The KV-on-GPU engine ran first and was warmed up on "
-              "short prompts only, so its timing likely includes kernel compiles for the chunked 512-token prefill "
-              "(its prefill ran at a fifth of the KV-offload engine's rate): the ratio is overstated; the bench now "
-              "warms up with the timed shapes. NVMe tier, batch {nvme['run']['batch']}: a decode step "
-              f"takes {nvme['run']['decode_ms_per_step'] / 1e3:.1f} s against a {nvme['disk_floor_s']:.1f} s disk floor "
-              f"(the first pass, the prefill, took {nvme['run']['prefill_s']:.1f} s). That run was hit by a bug found "
-              "afterwards: the placement plan reserved KV for 515 tokens per request rather than whole blocks (528), "
-              "so decode steps preempted and recomputed requests; it is fixed and tested, the NVMe run is to be "
-              "repeated.", "",
-              "![offload](benchmarks/results/offload-llama-7b-h100.png)", "",
-              "Checks: " + "; ".join(f"{x['name']} = {x['value']:.3f} (target {x['op']} {x['target']}: "
-                                     f"{'met' if x['passed'] else 'not met'})" for x in doc["checks"]) + "."]
+    cpu_checks = {**doc, "checks": [x for x in doc["checks"] if x["name"].startswith(("cpu tier", "bf16"))]}
+    on, off, run = kv["kv_on_gpu"], kv["kv_offload"], nvme["run"]
+    lines += ["", _checks(cpu_checks), "", "![offload](benchmarks/results/offload-llama-7b-h100.png)", "",
+              f"NVMe tier and KV offload, re-run after the KV-sizing fix ({rerun['date'][:10]}, "
+              "[JSON](benchmarks/results/offload-nvme-kv-llama-7b-h100.json), O_DIRECT disk read "
+              f"{rerun['ceilings']['disk_read_direct_GBps']} GB/s at the start of the run): at batch {run['batch']} a "
+              f"decode step takes {run['decode_ms_per_step'] / 1e3:.2f} s against a {nvme['disk_floor_s']:.2f} s disk "
+              f"floor; the layer loop spent {run['layer_loop_wait_s']:.1f} of its {run['total_s']:.1f} s waiting for "
+              f"reads ({run['bytes_read'] / 1e9:.1f} GB in {run['passes']} passes). The same layer files read back "
+              f"with O_DIRECT after the run at {nvme['layer_files_read_direct_GBps']} GB/s: this machine's disk rate "
+              "moves within a run. "
+              f"KV offload at a {kv['gpu_budget']} GPU budget (KV pool {kv['host_kv_memory']} of pinned host memory): "
+              f"the largest batch goes from {on['max_batch']} to {off['max_batch']} and total tok/s from "
+              f"{on['total_tok_s']} to {off['total_tok_s']} (every decode step copied its blocks; the cost model never "
+              "chose CPU attention).", "", _checks(rerun)]
+    return lines
+
+
+def _span(results: dict, variant: str) -> str:
+    """min-max share of the HBM copy rate over the batch-1 kernel shapes, e.g. '26-38%'."""
+    shares = [k[f"{variant}_fraction_of_hbm"] * 100 for k in results["batch1_kernels"] if k["shape"][0] == 1]
+    return f"{min(shares):.0f}-{max(shares):.0f}%"
+
+
+def quant_section(doc: dict) -> list[str]:
+    r, c = doc["results"], doc["ceilings"]
+    names = [v for v in ("bf16", "int8", "int4", "w8a8") if v in r]
+    lines = ["", f"**Quantized decode** — `benchmarks/quant_gpu.py`, `llama-7b` preset (random weights, quantized layer "
+             f"by layer), CUDA graphs, prompt 512, {doc['device']}, {doc['date'][:10]} "
+             f"([JSON](benchmarks/results/quant-llama-7b-h100.json)); HBM copy {c['hbm_copy_GBps(read+write)']} GB/s.", "",
+             "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
+             "| batch-1 decode ms/token (weight roofline) | " + " | ".join(
+                 f"{r[v]['batch1']['decode_ms_per_step']} ({r[v]['batch1_weight_roofline_ms']})" for v in names) + " |",
+             "| batch-1 decode vs bf16 | " + " | ".join(f"{r['speedup_vs_bf16'][v]['batch1_decode']}x" for v in names) + " |",
+             "| batch-64 decode tok/s | " + " | ".join(f"{r[v]['batch64']['decode_tok_s']:.0f}" for v in names) + " |",
+             "| batch-64 prefill tok/s | " + " | ".join(f"{r[v]['batch64']['prefill_tok_s']:.0f}" for v in names) + " |",
+             "", _checks(doc) + f" Per kernel at batch 1 (the four linear shapes): the int4 GEMV reads its weight at "
+             f"{_span(r, 'int4')} of the HBM copy rate, int8 at {_span(r, 'int8')}, bf16 at {_span(r, 'bf16')}: the "
+             "quantized GEMVs are far from streaming at the memory rate, which is where the batch-1 targets are lost. "
+             "This run predates the dequantize-then-cuBLAS path for 128 rows and more."]
     return lines
 
 
@@ -123,8 +163,12 @@ def main() -> None:
     head, rest = readme.split(BEGIN)
     _, tail = rest.split(END)
     serve = json.loads((ROOT / "benchmarks/results/serve-llama-7b-h100.json").read_text())
+    small_budget = json.loads((ROOT / "benchmarks/results/serve-budget256-llama-7b-h100.json").read_text())
     offload = json.loads((ROOT / "benchmarks/results/offload-llama-7b-h100.json").read_text())
-    body = "\n".join(cpu_section(cpu) + gpu_section(gpu) + serve_section(serve) + offload_section(offload))
+    rerun = json.loads((ROOT / "benchmarks/results/offload-nvme-kv-llama-7b-h100.json").read_text())
+    quant = json.loads((ROOT / "benchmarks/results/quant-llama-7b-h100.json").read_text())
+    body = "\n".join(cpu_section(cpu) + gpu_section(gpu) + serve_section(serve, small_budget)
+                     + offload_section(offload, rerun) + quant_section(quant))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 

@@ -21,9 +21,10 @@ from tierllm.kernels.quant_gemv import (
 )
 
 # From this many rows the matmul is compute-bound and this kernel's in-register dequantization of every tile
-# costs more than one dequantizing pass (2.5-3 bytes per weight of traffic) plus cuBLAS: on an H100 the kernel ran
-# at 69 (int4) / 85 (int8) TFLOP/s at M=64 against cuBLAS's 155 on bf16 (benchmarks/results/quant-llama-7b-h100.json);
-# at M=64 the two paths cost about the same, so the switch is above it.
+# costs more than one dequantizing pass (2.5-3 bytes per weight of traffic) plus cuBLAS: on an H100, at M=64, it
+# ran at 66-173 TFLOP/s (int4) and 79-222 (int8) over the llama-7b shapes, against cuBLAS's 155-244 on bf16
+# (benchmarks/results/quant-llama-7b-h100.json). At M=64 the dequantizing pass would cost about as much as it
+# saves, so the switch is above it; the threshold is an estimate from that table, not yet measured.
 DEQUANT_MIN_ROWS = 128
 
 if HAS_TRITON:
