@@ -134,3 +134,41 @@ def test_torchrun_launch_every_rank_runs_the_same_script():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "TP_MATCH True" in result.stdout
     assert "RANK1_RETURNED" not in result.stdout                 # rank 1 never got back into user code
+
+
+# ---- shutdown order (NCCL tears communicators down collectively; gloo does not, so this is checked on mocks) ------
+def test_healthy_shutdown_releases_groups_before_waiting_for_workers(monkeypatch):
+    """Rank 0 must enter the group teardown while the workers enter theirs: waiting for the workers to exit first
+    deadlocks on NCCL (each side waits for the other), then hangs for good once they are killed."""
+    from tierllm.distributed import driver
+    calls = []
+
+    class Workers:
+        def stop(self, timeout_s):
+            calls.append(("stop", timeout_s))
+
+    state = type("State", (), {"workers": Workers()})()
+    monkeypatch.setattr(driver, "broadcast_from_driver", lambda obj, st: calls.append(("broadcast", obj)))
+    monkeypatch.setattr(driver, "destroy_parallel_state", lambda st: calls.append(("destroy",)))
+    driver._shutdown(state, driver._GroupStatus())
+    assert calls == [("broadcast", None), ("destroy",), ("stop", 30.0)]
+
+
+def test_failed_group_is_released_with_a_time_limit(monkeypatch, caplog):
+    """After a worker died, NCCL's teardown may wait for it forever: rank 0 stops waiting and says so."""
+    from tierllm.distributed import driver
+    calls = []
+
+    class Workers:
+        def stop(self, timeout_s):
+            calls.append(("stop", timeout_s))
+
+    state = type("State", (), {"workers": Workers()})()
+    monkeypatch.setattr(driver, "destroy_parallel_state", lambda st: time.sleep(5))
+    monkeypatch.setattr(driver, "_FAILED_DESTROY_WAIT_S", 0.2)
+    start = time.monotonic()
+    driver._destroy_bounded(state, 0.2)
+    assert time.monotonic() - start < 2
+    assert "were not released" in caplog.text
+    driver._shutdown(state, driver._GroupStatus(failure="rank 1 died"))
+    assert calls == [("stop", 0.5)] and time.monotonic() - start < 2
