@@ -184,10 +184,12 @@ def main() -> int:
             if preset == "llama-13b":
                 row.update(speed(engine, preset, tp_size, hbm))
             results[f"{preset}_tp{tp_size}"] = row
-            close_engine(engine)
-            # written after every engine: a call cut short by the time limit still returns what it measured
+            # written after every engine, before closing it: a call cut short still returns what it measured
             write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks,
                          {**settings, "wall_s": round(time.perf_counter() - started)})
+            close_started = time.perf_counter()
+            close_engine(engine)
+            log(f"{preset} TP={tp_size}: closed in {time.perf_counter() - close_started:.1f} s")
     lat = {t: results[f"llama-13b_tp{t}"]["batch1"]["decode_ms_per_step"] for t in tp_sizes
            if f"llama-13b_tp{t}" in results}
     if 1 in lat and 2 in lat:
