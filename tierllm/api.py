@@ -15,6 +15,7 @@ from tierllm.default_model import DEFAULT_MODEL_NAME, default_model_path
 from tierllm.distributed.comm import min_over_ranks
 from tierllm.distributed.driver import serve_worker
 from tierllm.distributed.launch import released_on_error, start_tensor_parallel
+from tierllm.distributed.parallel_state import ParallelConfig, ParallelState
 from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.llm_engine import LLMEngine
 from tierllm.engine.outputs import RequestOutput
@@ -246,7 +247,7 @@ def _load_native_model(checkpoint, model_cls, max_len: int, dtype: torch.dtype, 
     else:
         load_weights(native, checkpoint, show_progress)
         if quant is not None:
-            quantize_model(native, QuantConfig.from_any(quant), show_progress)
+            quantize_model(native, QuantConfig.from_any(quant), show_progress, max_len=max_len)
     return native.eval()
 
 
@@ -272,6 +273,11 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     quant: a QuantConfig (or its fields as a dict, or "int8" | "int4" | "w8a8") to quantize the decoder layers'
     linears after loading; a folder written by `tierllm quantize` loads quantized without it."""
     engine_args = dict(locals())                  # this call's arguments: spawned tensor-parallel workers repeat it
+    if (quant is not None and QuantConfig.from_any(quant).method == "gptq" and tensor_parallel is not None
+            and not isinstance(tensor_parallel, ParallelState)
+            and ParallelConfig.from_any(tensor_parallel).tp_size > 1):
+        raise ValueError("quant method 'gptq' does not support tensor parallelism: use method 'rtn' (each rank "
+                         "quantizes its own shard), or run GPTQ without tensor_parallel")
     source = default_model_path() if model is None else model
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     parallel, source = start_tensor_parallel(tensor_parallel, device, source, engine_args)

@@ -36,20 +36,24 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
                    help="quantize the decoder layers' weights on load: int8 per channel, int4 group-wise, or W8A8 "
                         "(int8 weights and per-token int8 activations)")
     p.add_argument("--group-size", type=int, default=None, help="input channels per int4 scale (default 64)")
+    p.add_argument("--quant-method", choices=["rtn", "gptq"], default=None,
+                   help="how int4 weights are rounded: rtn (round to nearest, default) or gptq (calibrated on text "
+                        "the model samples itself; closer to the full-precision model, takes a minute or more)")
 
 
 def _quant_kwargs(args) -> dict:
     """The engine's quant option from the command line."""
     if args.quant is None:
-        if args.group_size is not None:
-            raise ValueError("--group-size needs --quant int4")
+        if args.group_size is not None or args.quant_method is not None:
+            raise ValueError("--group-size and --quant-method need --quant int4")
         return {}
     import tierllm
-    fields = dict(tierllm.QuantConfig.from_any(args.quant).as_dict(), group_size=args.group_size)
+    fields = dict(tierllm.QuantConfig.from_any(args.quant).as_dict(), group_size=args.group_size,
+                  method=args.quant_method or "rtn")
     if args.quant != "int4":
         fields.update(group_size=None, symmetric=None)
-        if args.group_size is not None:
-            raise ValueError(f"--group-size applies to --quant int4, not {args.quant}")
+        if args.group_size is not None or args.quant_method == "gptq":
+            raise ValueError(f"--group-size and --quant-method gptq apply to --quant int4, not {args.quant}")
     return {"quant": tierllm.QuantConfig(**fields)}
 
 
@@ -62,10 +66,14 @@ def _quantize(args) -> int:
     from tierllm.quant.saved import quantize_checkpoint
 
     quant = tierllm.QuantConfig(bits=args.bits, group_size=args.group_size, symmetric=args.symmetric or None,
-                                activations=args.activations)
+                                activations=args.activations, method=args.method)
+    if args.calibration_text is not None and quant.method != "gptq":
+        raise ValueError("--calibration-text is for --method gptq")
+    text = Path(args.calibration_text).read_text() if args.calibration_text is not None else None
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     source = default_model_path() if args.src == "default" else args.src
-    dst = quantize_checkpoint(source, Path(args.dst), quant, _resolve_dtype(args.dtype, device), device)
+    dst = quantize_checkpoint(source, Path(args.dst), quant, _resolve_dtype(args.dtype, device), device,
+                              calibration_text=text)
     size = sum(f.stat().st_size for f in dst.iterdir() if f.is_file())
     print(f"wrote {dst} ({quant.name}, {size / 2**20:.1f} MiB); load it with tierllm.init_inference({str(dst)!r}) "
           f"or `tierllm generate --model {dst}`")
@@ -304,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     qz.add_argument("--group-size", type=int, default=None, help="input channels per int4 scale (default 64)")
     qz.add_argument("--symmetric", action="store_true", help="symmetric int4 (default: asymmetric, scale + min)")
     qz.add_argument("--activations", choices=["int8"], default=None, help="int8: W8A8 (with --bits 8)")
+    qz.add_argument("--method", "--quant-method", dest="method", choices=["rtn", "gptq"], default="rtn",
+                    help="int4 rounding: rtn (round to nearest) or gptq (error-compensating, calibrated on "
+                         "sequences the model samples itself unless --calibration-text is given)")
+    qz.add_argument("--calibration-text", default=None, metavar="FILE",
+                    help="with --method gptq: calibrate on this text file instead of model-sampled sequences")
     qz.add_argument("--dtype", default="bfloat16", help="dtype of the tensors left unquantized (embedding, "
                                                         "norms, LM head)")
     qz.add_argument("--device", default=None, help="where to quantize (default: cuda if available)")

@@ -74,16 +74,23 @@ class OffloadConfig:
         parse_bytes(self.max_gpu_memory)      # fail early on an unreadable size
 
 
+QUANT_METHODS = ("rtn", "gptq")
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """Weight quantization of the decoder layers' linears (embedding and LM head stay in the model dtype).
     bits=8: int8 weights, one scale per output channel (symmetric). bits=4: int4 weights in groups of
     `group_size` input channels, asymmetric (scale + min per group) unless symmetric=True.
-    activations="int8" (bits=8 only): W8A8, activations quantized per token at run time (ZeroQuant-style)."""
+    activations="int8" (bits=8 only): W8A8, activations quantized per token at run time (ZeroQuant-style).
+    method: how int4 weights are rounded; both write the same layout. "rtn": round to nearest on a per-group
+    least-squares grid. "gptq" (bits=4 only): GPTQ, calibrated on sequences the model samples itself, compensates
+    each rounding error in the weights not yet rounded (tierllm/quant/gptq.py; costs calibration forward passes)."""
     bits: int = 8                             # 8 | 4
     group_size: int | None = None             # input channels per scale; None = per output channel (int8 only)
     symmetric: bool | None = None             # None = the default for `bits` (int8: True, int4: False)
     activations: str | None = None            # None = weight-only (activations stay fp16/bf16/fp32) | "int8"
+    method: str = "rtn"                       # "rtn" | "gptq" (int4)
 
     def __post_init__(self) -> None:
         if self.bits not in (8, 4):
@@ -101,19 +108,24 @@ class QuantConfig:
             raise ValueError(f"QuantConfig.activations must be None (weight-only) or 'int8', got {self.activations!r}")
         if self.activations == "int8" and self.bits != 8:
             raise ValueError("int8 activations (W8A8) need int8 weights: use bits=8")
+        if self.method not in QUANT_METHODS:
+            raise ValueError(f"QuantConfig.method must be one of {QUANT_METHODS}, got {self.method!r}")
+        if self.method == "gptq" and self.bits != 4:
+            raise ValueError("method='gptq' quantizes int4 weights: use bits=4 (int8 is within 1% of fp32 with 'rtn')")
 
     @property
     def name(self) -> str:
-        """Short name for logs and results: int8 | int4-g64 | int4-g64-sym | w8a8."""
+        """Short name for logs and results: int8 | int4-g64 | int4-g64-sym | int4-g64-gptq | w8a8."""
         if self.activations == "int8":
             return "w8a8"
         if self.bits == 8:
             return "int8"
-        return f"int4-g{self.group_size}" + ("-sym" if self.symmetric else "")
+        suffix = ("-sym" if self.symmetric else "") + ("-gptq" if self.method == "gptq" else "")
+        return f"int4-g{self.group_size}{suffix}"
 
     def as_dict(self) -> dict:
         return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric,
-                "activations": self.activations}
+                "activations": self.activations, "method": self.method}
 
     @classmethod
     def from_any(cls, value) -> QuantConfig:
@@ -121,10 +133,10 @@ class QuantConfig:
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            unknown = set(value) - {"bits", "group_size", "symmetric", "activations"}
+            unknown = set(value) - {"bits", "group_size", "symmetric", "activations", "method"}
             if unknown:
                 raise ValueError(f"unknown QuantConfig fields {sorted(unknown)}; "
-                                 "use bits, group_size, symmetric, activations")
+                                 "use bits, group_size, symmetric, activations, method")
             return cls(**value)
         names = {"int8": {"bits": 8}, "int4": {"bits": 4}, "w8a8": {"bits": 8, "activations": "int8"}}
         if isinstance(value, str) and value in names:

@@ -16,7 +16,8 @@ from tierllm.quant.formats import dequantize_int4, dequantize_int8
 from tierllm.quant.saved import QUANT_CONFIG_FILE, save_quantized
 from tierllm.weights.checkpoint import CheckpointError, open_checkpoint
 
-QUANTS = [QuantConfig(bits=8), QuantConfig(bits=4, group_size=32), QuantConfig(bits=8, activations="int8")]
+QUANTS = [QuantConfig(bits=8), QuantConfig(bits=4, group_size=32), QuantConfig(bits=8, activations="int8"),
+          QuantConfig(bits=4, group_size=32, method="gptq")]
 
 
 def _ids(seed: int = 0) -> torch.Tensor:

@@ -37,6 +37,9 @@ def preset_quant_checkpoint(name: str, quant: QuantConfig | dict | str, dtype: t
     """A quantized checkpoint of preset `name` with random weights, generated (and quantized) on `device`
     (default: CUDA if present) one linear at a time as the loader asks for it."""
     quant = QuantConfig.from_any(quant)
+    if quant.method != "rtn":
+        raise ValueError(f"benchmark presets have random weights and no calibration data: quantize them with "
+                         f"method='rtn', not {quant.method!r}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     config = preset_config(name)
     skeleton = resolve_model_class(config)(config, 16, dtype, torch.device("meta"))   # names and shapes only

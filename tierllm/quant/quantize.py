@@ -1,5 +1,5 @@
 """Quantize dense weights (round to nearest) and convert a loaded native model's decoder-layer linears into
-QuantLinear modules. Layouts: tierllm/quant/formats.py."""
+QuantLinear modules (method "gptq": tierllm/quant/gptq.py). Layouts: tierllm/quant/formats.py."""
 from __future__ import annotations
 
 import torch
@@ -79,27 +79,37 @@ def quantize_int4(weight: torch.Tensor, group_size: int, symmetric: bool) -> dic
 
 
 def quantize_weight(weight: torch.Tensor, quant: QuantConfig) -> dict[str, torch.Tensor]:
-    """A dense [out_features, in_features] weight -> the packed tensors of a QuantLinear (formats.py)."""
+    """A dense [out_features, in_features] weight -> the packed tensors of a QuantLinear (formats.py), rounded
+    to nearest. GPTQ needs the model's activations: quantize_model runs it (tierllm/quant/gptq.py)."""
+    if quant.method != "rtn":
+        raise ValueError(f"quantize_weight rounds one weight to nearest (method 'rtn'); method {quant.method!r} "
+                         "needs calibration activations: quantize the whole model with quantize_model")
     if quant.bits == 8:
         return quantize_int8(weight)
     return quantize_int4(weight, quant.group_size, quant.symmetric)
 
 
+def layer_linears(layer: nn.Module) -> list[tuple[nn.Module, str, Linear]]:
+    """(parent, attribute, linear) for every Linear / MergedLinear inside one decoder layer."""
+    return [(parent, attr, child) for parent in layer.modules() for attr, child in parent.named_children()
+            if isinstance(child, Linear)]
+
+
 def quantizable_linears(model: nn.Module) -> list[tuple[nn.Module, str, Linear]]:
     """(parent, attribute, linear) for every Linear / MergedLinear inside the decoder layers."""
-    found = []
-    for layer in model.decoder_layers():
-        for parent in layer.modules():
-            for attr, child in parent.named_children():
-                if isinstance(child, Linear):
-                    found.append((parent, attr, child))
-    return found
+    return [entry for layer in model.decoder_layers() for entry in layer_linears(layer)]
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, quant: QuantConfig, show_progress: bool = True) -> nn.Module:
+def quantize_model(model: nn.Module, quant: QuantConfig, show_progress: bool = True,
+                   calibration: list[list[int]] | None = None, max_len: int | None = None) -> nn.Module:
     """Replace every decoder-layer linear with a QuantLinear holding its quantized (local) weight, in place.
-    Each dense weight is freed as soon as its replacement exists, so peak memory grows by one linear."""
+    Each dense weight is freed as soon as its replacement exists, so peak memory grows by one linear.
+    quant.method "gptq" calibrates on `calibration` (token-id sequences; default: sampled from the model), cut to
+    `max_len` tokens (the positions the model was built for)."""
+    if quant.method == "gptq":
+        from tierllm.quant.gptq import quantize_model_gptq
+        return quantize_model_gptq(model, quant, calibration, show_progress=show_progress, max_len=max_len)
     linears = quantizable_linears(model)
     for parent, attr, linear in tqdm(linears, desc=f"Quantizing ({quant.name})", unit="linear",
                                      disable=not show_progress, leave=False):

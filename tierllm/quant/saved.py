@@ -103,9 +103,11 @@ def load_prequantized(model: torch.nn.Module, checkpoint: Checkpoint, quant=None
 
 
 def quantize_checkpoint(source, dst: Path, quant: QuantConfig, dtype: torch.dtype, device: torch.device,
-                        show_progress: bool = True) -> Path:
+                        show_progress: bool = True, calibration_text: str | None = None) -> Path:
     """`tierllm quantize`: load `source` (HF folder, .gguf, model object), quantize its decoder linears, and write
-    a folder that loads back quantized. Non-quantized tensors (embedding, norms, LM head) are kept in `dtype`."""
+    a folder that loads back quantized. Non-quantized tensors (embedding, norms, LM head) are kept in `dtype`.
+    calibration_text: GPTQ calibrates on this text (tokenized, cut into sequences) instead of sequences sampled
+    from the model."""
     from tierllm.api import _load_tokenizer
     from tierllm.models.registry import resolve_model_class
     from tierllm.quant.quantize import quantize_model
@@ -119,5 +121,12 @@ def quantize_checkpoint(source, dst: Path, quant: QuantConfig, dtype: torch.dtyp
     config = checkpoint.config
     model = resolve_model_class(config)(config, config.max_position_embeddings, dtype, device)
     load_weights(model, checkpoint, show_progress)
-    quantize_model(model, quant, show_progress)
-    return save_quantized(model, quant, checkpoint, _load_tokenizer(checkpoint.tokenizer_source), dst)
+    tokenizer = _load_tokenizer(checkpoint.tokenizer_source)
+    calibration = None
+    if calibration_text is not None:
+        from tierllm.quant.gptq import calibration_from_ids
+        if tokenizer is None:
+            raise ValueError(f"{checkpoint.description} has no tokenizer to read the calibration text with")
+        calibration = calibration_from_ids(tokenizer.encode(calibration_text))
+    quantize_model(model, quant, show_progress, calibration)
+    return save_quantized(model, quant, checkpoint, tokenizer, dst)
