@@ -1,0 +1,27 @@
+"""Tensor parallelism over NCCL (needs 2 GPUs): TP=2 greedy tokens equal TP=1 in fp32, the engine closes
+promptly (every rank tears its NCCL communicator down together) and a second TP engine starts in the same
+process afterwards."""
+import time
+
+import pytest
+import torch
+
+from conftest import build_hf_model, make_engine, random_prompts
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
+
+
+@pytest.mark.timeout(600)
+def test_tp2_on_nccl_equals_tp1_closes_promptly_and_restarts():
+    model = build_hf_model("llama_gqa")
+    prompts = [torch.tensor([p], device="cuda") for p in random_prompts([7, 30], seed=4)]
+    reference = make_engine(model, device="cuda", dtype=torch.float32)
+    expected = [reference.generate(p, max_new_tokens=16, do_sample=False).tolist() for p in prompts]
+    reference.close()
+    for attempt in range(2):                                    # the second start follows a full teardown
+        engine = make_engine(model, device="cuda", dtype=torch.float32, tensor_parallel={"tp_size": 2})
+        assert [engine.generate(p, max_new_tokens=16, do_sample=False).tolist() for p in prompts] == expected
+        start = time.monotonic()
+        engine.close()
+        assert time.monotonic() - start < 30, f"close took {time.monotonic() - start:.0f} s (attempt {attempt})"
