@@ -125,11 +125,10 @@ def _bench_generate(args) -> int:
     from tierllm.bench.cpu_ceilings import measure_cpu_ceilings
     from tierllm.bench.generate_bench import run_generate_bench
     from tierllm.bench.results import check, print_checks, write_result
-    from tierllm.default_model import default_model_path
+    from tierllm.default_model import from_pretrained_args
 
-    path = Path(args.model) if args.model else default_model_path()
-    kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-    folder = path.parent if path.suffix == ".gguf" else path
+    folder, kwargs = from_pretrained_args(args.model)
+    model_path = Path(folder, kwargs.get("gguf_file", ""))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     print("measuring ceilings ...", file=sys.stderr)
@@ -137,7 +136,7 @@ def _bench_generate(args) -> int:
     results, peers, checks = {}, {}, []
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
-        hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kwargs).to(device, dtype).eval()
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).to(device, dtype).eval()
         engine = tierllm.init_inference(hf, dtype=dtype, device=device, show_progress=False,
                                         max_num_batched_tokens=max(2048, args.prompt_len * max(batch_sizes)))
         rows = run_generate_bench(hf, engine, batch_sizes, args.prompt_len, args.gen_len)
@@ -153,7 +152,7 @@ def _bench_generate(args) -> int:
         checks += [check(f"{dtype_name} batch {r['batch']} total tok/s vs HF eager", r["speedup_total"], ">=",
                          targets[r["batch"]]) for r in rows if r["batch"] in targets]
         del engine, hf
-    settings = {"model": str(path), "prompt_len": args.prompt_len, "gen_len": args.gen_len,
+    settings = {"model": str(model_path), "prompt_len": args.prompt_len, "gen_len": args.gen_len,
                 "batch_sizes": batch_sizes, "dtypes": args.dtypes.split(","), "greedy": True}
     out = Path(args.out)
     write_result(out, "generate", device, ceilings, peers, results, checks, settings)

