@@ -127,24 +127,33 @@ def nvme_part(hf, ceilings: dict, nvme_path: str, batch: int, prompt_len: int, g
     plan = engine.model.placement_plan
     _time_ours(engine, _random_prompts(batch, min(64, prompt_len), hf.config.vocab_size, seed).cuda(), 2)  # warm-up
     streamer = engine.model.layer_streamer
-    streamer.wait_seconds, streamer.store.read_seconds, streamer.store.num_bytes_read = 0.0, 0.0, 0
-    row = _run(engine, batch, prompt_len, gen_len, hf.config.vocab_size, seed)
     store = streamer.store
+    paths = [store.path(i) for i in plan.offloaded_layers]
+    # The disk's rate on these very files with the tier's request pattern (16 MiB reads, as many in flight as the
+    # store's threads), right before the run: the 1 GiB probe file is freshly written and a virtual disk may serve
+    # it from the host's cache (its rate varied 1.9-2.6 GB/s between sessions)
+    files_GBps = files_read_direct_GBps(paths, threads=store.num_threads)
+    streamer.wait_seconds, store.read_seconds, store.num_bytes_read = 0.0, 0.0, 0
+    row = _run(engine, batch, prompt_len, gen_len, hf.config.vocab_size, seed)
     row.update(passes=gen_len, layer_loop_wait_s=round(streamer.wait_seconds, 2),
                read_calls_s=round(store.read_seconds, 2), bytes_read=store.num_bytes_read)   # where the time went
-    files_GBps = files_read_direct_GBps([store.path(i) for i in plan.offloaded_layers])   # after the run: same state
+    files_after_GBps = files_read_direct_GBps(paths, threads=store.num_threads)
+    files_qd1_GBps = files_read_direct_GBps(paths)                                          # one request at a time
     o_direct = store.o_direct
     _free(engine)
-    floor_s = plan.offloaded_bytes / (disk * 1e9) if disk else None
-    result = {"build_and_write_s": round(write_s, 1), "o_direct": o_direct, "disk_floor_s": floor_s, "run": row,
-              "layer_files_read_direct_GBps": round(files_GBps, 3),
-              "layer_files_floor_s": round(plan.offloaded_bytes / (files_GBps * 1e9), 3)}
+    floor_s = plan.offloaded_bytes / (files_GBps * 1e9)
+    result = {"build_and_write_s": round(write_s, 1), "o_direct": o_direct, "run": row,
+              "layer_files_parallel_read_GBps_before": round(files_GBps, 3),
+              "layer_files_parallel_read_GBps_after": round(files_after_GBps, 3),
+              "layer_files_qd1_read_GBps_after": round(files_qd1_GBps, 3),
+              "disk_floor_s": round(floor_s, 3),
+              "decode_step_over_disk_floor": round(row["decode_ms_per_step"] / 1e3 / floor_s, 3)}
+    if disk:
+        result["decode_step_over_1GiB_probe_floor"] = round(
+            row["decode_ms_per_step"] / 1e3 / (plan.offloaded_bytes / (disk * 1e9)), 3)
     print("tierllm nvme tier", result, flush=True)
-    checks = []
-    if floor_s:
-        result["decode_step_over_disk_floor"] = round(row["decode_ms_per_step"] / 1e3 / floor_s, 3)
-        checks.append(check("nvme tier: decode step / O_DIRECT disk floor", result["decode_step_over_disk_floor"],
-                            "<=", 1.15))
+    checks = [check("nvme tier: decode step / O_DIRECT disk floor (the layer files read in parallel before the run)",
+                    result["decode_step_over_disk_floor"], "<=", 1.15)]
     return result, checks
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -70,27 +72,43 @@ def disk_read_direct_GBps(folder: str | None = None, nbytes: int = 1 << 30, chun
         os.remove(path)
 
 
-def files_read_direct_GBps(paths: list[str], chunk: int = 16 << 20) -> float:
-    """Read existing files once, sequentially, with O_DIRECT (one 16 MiB request at a time, like the disk probe).
-    On a virtual disk a freshly written 1 GiB probe file may be served from the host's cache; reading the very
-    files a benchmark streams, after it streamed them, gives their sustained rate."""
-    buf = mmap.mmap(-1, chunk)
-    total, start = 0, time.perf_counter()
+def files_read_direct_GBps(paths: list[str], chunk: int = 16 << 20, threads: int = 1) -> float:
+    """Read existing files once with O_DIRECT in `chunk`-byte requests, `threads` of them in flight (1: one at a
+    time, like the disk probe; the NVMe tier keeps 8 in flight). On a virtual disk a freshly written 1 GiB probe
+    file may be served from the host's cache; reading the very files a benchmark streams gives their sustained
+    rate."""
+    requests = []
+    for path in paths:
+        size = os.path.getsize(path)
+        requests.extend((path, offset, min(chunk, size - offset)) for offset in range(0, size, chunk))
+    fds = {path: os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0)) for path in paths}
+    buffers = queue.SimpleQueue()
+    for _ in range(threads):
+        buffers.put(mmap.mmap(-1, chunk))               # page-aligned, as O_DIRECT requires
+
+    def read(request) -> int:
+        path, offset, nbytes = request
+        buf = buffers.get()
+        try:
+            done = 0
+            while done < nbytes:
+                n = os.preadv(fds[path], [memoryview(buf)[done:nbytes]], offset + done)
+                if n <= 0:
+                    break
+                done += n
+            return done
+        finally:
+            buffers.put(buf)
+
+    start = time.perf_counter()
     try:
-        for path in paths:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-            try:
-                offset = 0
-                while True:
-                    n = os.preadv(fd, [buf], offset)
-                    if n <= 0:
-                        break
-                    offset += n
-                total += offset
-            finally:
-                os.close(fd)
+        with ThreadPoolExecutor(threads) as pool:
+            total = sum(pool.map(read, requests))
     finally:
-        buf.close()
+        for fd in fds.values():
+            os.close(fd)
+        while not buffers.empty():
+            buffers.get().close()
     return total / (time.perf_counter() - start) / 1e9
 
 

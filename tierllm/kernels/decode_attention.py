@@ -20,15 +20,18 @@ if HAS_TRITON:
                              out_ptr, part_acc_ptr, part_ml_ptr, stride_qs, stride_qh, stride_bt, stride_os,
                              stride_oh, scale, num_kv_heads, window, GROUP: tl.constexpr,
                              HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                             NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr):
         seq = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         context_len = tl.load(context_lens_ptr + seq)
-        start = split * SPLIT_LEN
-        end = tl.minimum(start + SPLIT_LEN, context_len)
+        first = 0                                                 # first visible key
         if HAS_WINDOW:
-            start = tl.maximum(start, context_len - window)
+            first = tl.maximum(0, context_len - window)
+        # the splits share this sequence's visible keys, whole tiles each: short contexts use every split too
+        split_len = tl.cdiv(tl.cdiv(context_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = first + split * split_len
+        end = tl.minimum(start + split_len, context_len)
         rows = tl.arange(0, 16)                                   # query heads of this KV head, padded to 16
         dims = tl.arange(0, HEAD_DIM)
         row_mask = rows < GROUP
@@ -101,8 +104,6 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     block_n = 64 if block_size <= 64 else block_size
     max_len = block_tables.shape[1] * block_size
     num_splits = triton.next_power_of_2(_num_splits(num_seqs, num_kv_heads, max_len, block_n, q.device))
-    split_len = -(-max_len // num_splits)
-    split_len = -(-split_len // block_n) * block_n
     part_acc = part_ml = out
     if num_splits > 1:
         part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -110,8 +111,8 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, q.stride(0), q.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT_LEN=split_len,
-        NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None, num_warps=4)
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        HAS_WINDOW=sliding_window is not None, num_warps=4)
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
                                                     HEAD_DIM=head_dim, NUM_SPLITS=num_splits)

@@ -82,6 +82,7 @@ class NvmeLayerStore:
             logger.warning("tierllm: %s does not support O_DIRECT; layer reads go through the page cache", nvme_path)
         max_bytes = max(self.file_bytes.values())
         self.bounce = [_aligned_host_buffer(max_bytes, pin_memory) for _ in range(num_bounce_buffers)]
+        self.num_threads = num_threads                   # reads in flight at most
         self.pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tierllm-nvme")
         self.num_bytes_read = 0                # counters for the benchmark's report
         self.read_seconds = 0.0                # summed over reads (reads of different layers may overlap)
