@@ -1,7 +1,18 @@
 """Quantized-weight kernels (W8A16 / W4A16 GEMV and GEMM, per-token int8 quantization, W8A8 GEMM) against
 their torch references on random inputs: on CPU through the Triton interpreter (small shapes), on CUDA natively."""
+import functools
+
 import pytest
 import torch
+
+# the fused GEMVs' cases and checks are shared with the bf16 GEMV's (this directory is on sys.path under pytest)
+from test_triton_kernels import (
+    FUSIONS,
+    _float,
+    _fusion_inputs,
+    check_fused_gemv,
+    tune_and_launch,
+)
 
 from tierllm.config import QuantConfig
 from tierllm.kernels import act_quant, int8_gemm, quant_gemm, quant_gemv
@@ -113,3 +124,61 @@ def test_dequantize_kernel_matches_reference(dtype, quant):
     ref = dequant.dequantize_ref(w["qweight"], w["scales"], w.get("mins"), quant.bits, quant.group_size, dtype)
     assert out.shape == (n, k) and out.dtype == dtype
     assert _rel_err(out, ref.float()) < 1e-3
+
+
+def _fused_launchers(x: torch.Tensor, w: dict, quant: QuantConfig, bias: torch.Tensor | None):
+    """(kernel, fp32 reference) on x and one quantized weight, taking the fusion keywords."""
+    if quant.bits == 8:
+        return (functools.partial(quant_gemv.w8_gemv_triton, x, w["qweight"], w["scales"], bias),
+                functools.partial(quant_gemv.w8_fused_ref, x.float(), w["qweight"], w["scales"], _float(bias)))
+    args = (w["qweight"], w["scales"], w.get("mins"), quant.group_size)
+    return (functools.partial(quant_gemv.w4_gemv_triton, x, *args, bias),
+            functools.partial(quant_gemv.w4_fused_ref, x.float(), *args, _float(bias)))
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("fusion", list(FUSIONS))
+def test_quant_gemv_fused(dtype, quant, m, fusion):
+    n, k = 19, 192 if quant.bits == 4 else 160          # odd N; K: int8 tail block, int4 groups not filling a block
+    w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=m)
+    x = 2 * _x(m, k, dtype, seed=k)
+    for b in (bias.to(dtype), None):
+        check_fused_gemv(*_fused_launchers(x, w, quant, b), m, n, _fusion_inputs(fusion, m, n, k, dtype, seed=m))
+
+
+@pytest.mark.parametrize("quant", QUANTS[:2], ids=lambda q: q.name)
+@pytest.mark.parametrize("fusion", ["residual", "norm_gated"])
+def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion):
+    """Through the launchers' autotune branch: tuning a RESIDUAL launch leaves the residual as it was."""
+    m, n, k = 2, 12, 128
+    w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=9)
+    x = 2 * _x(m, k, torch.float16, seed=10)
+    launch, ref = _fused_launchers(x, w, quant, bias.half())
+    name = {8: "_w8_gemv", 4: "_w4_gemv"}[quant.bits] + ("_residual_kernel" if fusion == "residual" else "_kernel")
+    kernel = getattr(quant_gemv, name)
+    check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, quant_gemv, kernel, lambda: launch(**kw)), ref, m, n,
+                     _fusion_inputs(fusion, m, n, k, torch.float16, seed=11))
+
+
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("fusion", list(FUSIONS))
+def test_fused_quant_linear_dispatch(quant, fusion):
+    """fused_quant_linear on fp32 (rms_norm -> quant_linear -> silu_and_mul -> residual.add_) matches the
+    reference, updating the residual in place; in fp16 on CUDA it takes the fused kernel."""
+    m, n, k = 3, 16, 128
+    w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=4)
+    for dtype in [torch.float32] + ([torch.float16] if DEVICE == "cuda" else []):
+        x = 2 * _x(m, k, dtype, seed=5)
+        kwargs = _fusion_inputs(fusion, m, n, k, dtype, seed=6)
+        residual = kwargs.get("residual")
+        b, mins = bias.to(dtype), w.get("mins")
+        if quant.bits == 8:
+            expected = quant_gemv.w8_fused_ref(x, w["qweight"], w["scales"], b, **kwargs)
+        else:
+            expected = quant_gemv.w4_fused_ref(x, w["qweight"], w["scales"], mins, quant.group_size, b, **kwargs)
+        out = quant_gemm.fused_quant_linear(x, w["qweight"], w["scales"], mins, quant.bits, quant.group_size, b,
+                                            **kwargs)
+        assert residual is None or out is residual
+        assert _rel_err(out, expected) < (1e-5 if dtype == torch.float32 else 1e-2)

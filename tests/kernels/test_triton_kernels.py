@@ -1,9 +1,10 @@
 """Every Triton kernel against its torch reference on random inputs: on CPU through the Triton interpreter
 (TRITON_INTERPRET=1, set in tests/conftest.py when there is no GPU), on CUDA natively."""
+import functools
+import importlib
+
 import pytest
 import torch
-
-import importlib
 
 from tierllm.kernels import activation, cache_write, decode_attention, norm, rotary
 from tierllm.kernels._dispatch import HAS_TRITON
@@ -77,11 +78,11 @@ def test_cache_write_skips_padding():
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
 
 
-def _random_paged(num_seqs_lens, kv_heads, head_dim, block_size, dtype, num_blocks=64):
+def _random_paged(num_seqs_lens, kv_heads, head_dim, block_size, dtype, num_blocks=64, width=None):
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, device=DEVICE).to(dtype)
     v_cache = torch.randn_like(k_cache)
     perm = torch.randperm(num_blocks).tolist()
-    width = max(-(-n // block_size) for n in num_seqs_lens)
+    width = width or max(-(-n // block_size) for n in num_seqs_lens)
     tables = [[perm.pop() for _ in range(width)] for _ in num_seqs_lens]
     return k_cache, v_cache, torch.tensor(tables, device=DEVICE, dtype=torch.int32)
 
@@ -100,6 +101,20 @@ def test_paged_decode_attention(dtype, heads, kv_heads, window):
     live = ctx > 0
     assert _rel_err(out[live], ref[live]) < 1e-2
     assert torch.equal(out[~live], torch.zeros_like(out[~live]))
+
+
+@pytest.mark.parametrize("window", [None, 50])
+def test_paged_decode_attention_splits_share_short_contexts(window):
+    """Block tables as wide as a captured graph's (40 blocks) and contexts far shorter: the splits divide each
+    sequence's visible keys (several splits per sequence, some empty) and the merge still matches."""
+    torch.manual_seed(5)
+    lens = [45, 130, 3]
+    k_cache, v_cache, tables = _random_paged(lens, 1, 32, 16, torch.float16, width=40, num_blocks=128)
+    q = torch.randn(len(lens), 4, 32, device=DEVICE).to(torch.float16)
+    ctx = torch.tensor(lens, device=DEVICE)
+    out = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 0.2, window)
+    ref = decode_attention.paged_decode_attention_ref(q, k_cache, v_cache, tables.long(), ctx, 0.2, window)
+    assert _rel_err(out, ref) < 1e-2
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
@@ -151,3 +166,118 @@ def test_gemv_and_linear_fp32_partial_sums(dtype):
         assert out.dtype == torch.float32
         assert _rel_err(out, exact) < 1e-5
     assert _rel_err(gemv.gemv_triton(x, w, b), exact) > 1e-4          # rounding to dtype is what fp32 avoids
+
+
+# Decode fusions of the GEMV (gemv_triton's norm_weight / gated / residual), by test id
+FUSIONS = {"norm": {"norm": True}, "norm_gated": {"norm": True, "gated": True}, "residual": {"residual": True}}
+
+
+def _fusion_inputs(fusion: str, m: int, n: int, k: int, dtype, seed: int) -> dict:
+    """Random keyword arguments of a fused GEMV: x un-normalized (rstd far from 1), norm weight, residual."""
+    gen = torch.Generator().manual_seed(seed)
+    spec = FUSIONS[fusion]
+    kwargs = {"gated": spec.get("gated", False)}
+    if spec.get("norm"):
+        kwargs["norm_weight"] = (1 + 0.5 * torch.randn(k, generator=gen)).to(DEVICE, dtype)
+        kwargs["eps"] = 1e-5
+    if spec.get("residual"):
+        kwargs["residual"] = (4 * torch.randn(m, n, generator=gen)).to(DEVICE, dtype)
+    return kwargs
+
+
+def _float(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
+
+
+def check_fused_gemv(launch, ref, m: int, n: int, kwargs: dict):
+    """launch(**kwargs) (a fused GEMV kernel) against ref(**kwargs in fp32), and the in-place residual update."""
+    residual = kwargs.get("residual")
+    before = None if residual is None else residual.clone()
+    out = launch(**kwargs)
+    expected = ref(**{key: _float(v) if isinstance(v, torch.Tensor) else v for key, v in kwargs.items()}
+                   | {"residual": _float(before)})
+    assert out.shape == (m, n)
+    assert _rel_err(out, expected) < 1e-2
+    if residual is not None:                               # written into the residual tensor, which is returned
+        assert out is residual
+        assert _rel_err(out.float() - before.float(), expected - before.float()) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("fusion", list(FUSIONS))
+def test_gemv_fused(dtype, rows, fusion):
+    from tierllm.kernels import gemv
+    torch.manual_seed(8)
+    n, k = 37, 300                                                         # ragged N and K tiles
+    n_rows = 2 * n if FUSIONS[fusion].get("gated") else n
+    x = (2 * torch.randn(rows, k, device=DEVICE)).to(dtype)
+    w = torch.randn(n_rows, k, device=DEVICE).to(dtype)
+    b = torch.randn(n_rows, device=DEVICE).to(dtype)
+    for bias in (b, None):
+        kwargs = _fusion_inputs(fusion, rows, n, k, dtype, seed=rows)
+        check_fused_gemv(functools.partial(gemv.gemv_triton, x, w, bias),
+                         functools.partial(gemv.fused_linear_ref, x.float(), w.float(), _float(bias)), rows, n, kwargs)
+
+
+def test_gemv_fused_rejects_unsupported_combinations():
+    from tierllm.kernels import gemv
+    x, w = torch.randn(2, 32, device=DEVICE).half(), torch.randn(16, 32, device=DEVICE).half()
+    with pytest.raises(ValueError, match="residual"):
+        gemv.gemv_triton(x, w, gated=True, residual=torch.zeros(2, 8, device=DEVICE).half())
+    with pytest.raises(ValueError, match="out_dtype"):
+        gemv.gemv_triton(x, w, out_dtype=torch.float32, norm_weight=torch.ones(32, device=DEVICE).half())
+
+
+@pytest.mark.parametrize("fusion", list(FUSIONS))
+def test_fused_linear_dispatch(fusion):
+    """fused_linear on fp32 (no GEMV: rms_norm -> linear -> silu_and_mul -> residual.add_) matches the reference,
+    updating the residual in place; in fp16 on CUDA it takes the fused kernel."""
+    from tierllm.kernels import gemv
+    torch.manual_seed(9)
+    rows, n, k = 3, 24, 64
+    gated = FUSIONS[fusion].get("gated", False)
+    dtypes = [torch.float32] + ([torch.float16] if DEVICE == "cuda" else [])
+    for dtype in dtypes:
+        x = (2 * torch.randn(rows, k, device=DEVICE)).to(dtype)
+        w = torch.randn(2 * n if gated else n, k, device=DEVICE).to(dtype)
+        b = torch.randn(w.shape[0], device=DEVICE).to(dtype)
+        kwargs = _fusion_inputs(fusion, rows, n, k, dtype, seed=5)
+        residual = kwargs.get("residual")
+        expected = gemv.fused_linear_ref(x, w, b, **kwargs)
+        out = gemv.fused_linear(x, w, b, **kwargs)
+        assert residual is None or out is residual
+        assert _rel_err(out, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def tune_and_launch(monkeypatch, module, kernel, launch):
+    """launch() through the launcher's autotune branch, on CPU too: each config is "timed" by running it twice, as
+    the benchmark does (many times), then the first one is taken and run once more."""
+    timed = []
+
+    def bench(kernel_call, quantiles):
+        kernel_call()
+        kernel_call()
+        timed.append(len(timed))
+        return [float(len(timed))] * len(quantiles)
+
+    monkeypatch.setattr(module, "is_interpreted", lambda: False)
+    monkeypatch.setitem(kernel.__dict__, "do_bench", bench)          # Autotuner.do_bench is a cached_property
+    monkeypatch.setattr(kernel, "cache", {})
+    out = launch()
+    assert len(timed) == len(kernel.configs)
+    return out
+
+
+@pytest.mark.parametrize("fusion", ["residual", "norm_gated"])
+def test_gemv_fused_autotuned(monkeypatch, fusion):
+    """Tuning runs a RESIDUAL launch many times; the residual must still receive the product once."""
+    from tierllm.kernels import gemv
+    torch.manual_seed(10)
+    rows, n, k = 3, 20, 64
+    w = torch.randn(2 * n if FUSIONS[fusion].get("gated") else n, k, device=DEVICE).half()
+    x = (2 * torch.randn(rows, k, device=DEVICE)).half()
+    kwargs = _fusion_inputs(fusion, rows, n, k, torch.float16, seed=3)
+    kernel = gemv._gemv_residual_kernel if fusion == "residual" else gemv._gemv_kernel
+    check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, gemv, kernel, lambda: gemv.gemv_triton(x, w, **kw)),
+                     functools.partial(gemv.fused_linear_ref, x.float(), w.float()), rows, n, kwargs)

@@ -1,5 +1,11 @@
 """Skinny matmul for decode: y[M, N] = x[M, K] @ W[N, K]^T (+ b) with M <= 8, bandwidth-bound on the weight.
-Each program streams BLOCK_N weight rows once, in BLOCK_K chunks, for all M rows of x."""
+Each program streams BLOCK_N weight rows once, in BLOCK_K chunks, for all M rows of x.
+Constexpr-flagged fusions (shared by the int8 / int4 kernels in quant_gemv.py), each saving a kernel launch and a
+round trip of the activations per decode layer:
+  NORM      RMSNorm prologue: x is the raw residual stream, y = rms_norm(x) @ W^T, in the same single pass over x
+  GATED     SiLU-and-mul epilogue: W = [gate; up] with 2N rows, y = silu(x @ gate^T) * (x @ up^T)
+  RESIDUAL  residual-add epilogue: r += x @ W^T (+ b), written in place into r
+`fused_linear` dispatches them (or composes the unfused kernels where the GEMV does not apply)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
+from tierllm.kernels.activation import silu_and_mul
+from tierllm.kernels.norm import rms_norm
 
 MAX_GEMV_ROWS = 8
 
@@ -15,50 +23,122 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    @triton.jit
+    def rms_prologue(x, g, sumsq):
+        """RMSNorm folded into a GEMV's K loop. rms_norm(x) @ W^T = rstd * ((x * g) @ W^T) with rstd a per-row
+        scalar, so the loop multiplies the x chunk [ROWS, BLOCK_K] by the norm weight chunk g and adds the raw
+        chunk's squares to the rows' sums [ROWS]; `fused_epilogue` applies rstd to the accumulator."""
+        x = x.to(tl.float32)
+        return x * g.to(tl.float32), sumsq + tl.sum(x * x, axis=1)
+
+    @triton.jit
+    def fused_epilogue(acc, acc_up, sumsq, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS: tl.constexpr,
+                       NORM: tl.constexpr, GATED: tl.constexpr):
+        """The fp32 accumulators [..., BLOCK_N] of output channels offs_n (weight scales applied) -> the output in
+        fp32: RMSNorm's rstd (sumsq: raw sums of squares, broadcastable to acc), bias, then silu(gate) * up
+        (acc: the gate rows, acc_up: the up rows N + offs_n). Unused arguments are dead code."""
+        if NORM:
+            rstd = tl.rsqrt(sumsq / K + eps)
+            acc *= rstd
+            if GATED:
+                acc_up *= rstd
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            if GATED:
+                acc_up += tl.load(b_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        if GATED:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+        return acc
+
     # Memory-bound: many small programs (few rows, long K chunks) keep the most bytes in flight per SM.
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                 for bn, bk, w, s in [(4, 512, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 2), (16, 512, 8, 2),
                                      (1, 4096, 4, 1), (2, 4096, 4, 1), (2, 2048, 4, 2), (4, 2048, 8, 2),
                                      (4, 4096, 8, 1), (1, 2048, 4, 2)]]
+    _KEY = ["N", "K", "BLOCK_M", "NORM", "GATED", "RESIDUAL"]
 
-    @triton.autotune(configs=_CONFIGS, key=["N", "K", "BLOCK_M"])
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _gemv_body(x_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
+                   HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
         m_mask = offs_m < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)                       # GATED: rows N + offs_n
+        sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
             w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
                         mask=n_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_N, BLOCK_K]
+            if GATED:
+                w_up = tl.load(w_ptr + (offs_n + N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
+                               mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
+            if NORM:
+                x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
             acc += tl.sum(x[:, None, :].to(tl.float32) * w[None, :, :].to(tl.float32), axis=2)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+            if GATED:
+                acc_up += tl.sum(x[:, None, :].to(tl.float32) * w_up[None, :, :].to(tl.float32), axis=2)
+        acc = fused_epilogue(acc, acc_up, sumsq[:, None], b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        y_mask = m_mask[:, None] & n_mask[None, :]
+        if RESIDUAL:                                     # y_ptr is the residual: read, add, write back in place
+            acc += tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+    _gemv_kernel = triton.autotune(configs=_CONFIGS, key=_KEY)(_gemv_body)
+    # A RESIDUAL launch adds into its output, and timing a config runs it many times: its twin autotuner copies
+    # the output before each timed run and restores it after (restore_value), so tuning leaves the residual
+    # stream as it was. The other launches keep the plain tuner (no copies in their timings).
+    _gemv_residual_kernel = triton.autotune(configs=_CONFIGS, key=_KEY, restore_value=["y_ptr"])(_gemv_body)
+
+
+def fused_output(x: torch.Tensor, rows: int, out_dtype: torch.dtype | None, norm_weight: torch.Tensor | None,
+                 gated: bool, residual: torch.Tensor | None) -> torch.Tensor:
+    """Checks a fused GEMV launch on a weight of `rows` rows (2N when gated); returns what it writes: `residual`
+    itself (updated in place) or a new [M, N]."""
+    fused = norm_weight is not None or gated or residual is not None
+    if fused and out_dtype not in (None, x.dtype):
+        raise ValueError(f"the fused GEMV writes x's dtype ({x.dtype}), got out_dtype={out_dtype}")
+    if gated and (residual is not None or rows % 2):
+        raise ValueError(f"the gated (SiLU-and-mul) GEMV needs [gate; up] weight rows (got {rows}) and has no "
+                         "residual-add epilogue")
+    if norm_weight is not None and (norm_weight.shape != (x.shape[1],) or not norm_weight.is_contiguous()):
+        raise ValueError(f"norm_weight must be contiguous [{x.shape[1]}], got {tuple(norm_weight.shape)}")
+    n = rows // 2 if gated else rows
+    if residual is None:
+        return torch.empty(x.shape[0], n, dtype=out_dtype or x.dtype, device=x.device)
+    if residual.shape != (x.shape[0], n) or residual.dtype != x.dtype or residual.stride(-1) != 1:
+        raise ValueError(f"residual must be [{x.shape[0]}, {n}] in {x.dtype} with a contiguous last dim, got "
+                         f"{tuple(residual.shape)} {residual.dtype} strides {residual.stride()}")
+    return residual
 
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                out_dtype: torch.dtype | None = None, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x: [M, K] with M <= 8 (last dim contiguous); weight: [N, K] contiguous -> [M, N] in out_dtype (x's dtype
-    by default; the accumulator is fp32 either way)."""
+    by default; the accumulator is fp32 either way). Fusions (semantics: fused_linear_ref): norm_weight [K]
+    RMSNorms x first; gated: weight is [gate; up], [2N, K] (bias [2N]), y = silu(gate) * up; residual [M, N]
+    (not aliasing x): y is added into it in place and it is returned. gated + residual and out_dtype != x.dtype
+    with any fusion are not supported (ValueError)."""
     m, k = x.shape
-    n = weight.shape[0]
-    y = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
+    y = fused_output(x, weight.shape[0], out_dtype, norm_weight, gated, residual)
+    n = y.shape[1]
     block_m = max(1, triton.next_power_of_2(m))
-    args = (x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0))
+    args = (x, weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight, y,
+            m, n, k, x.stride(0), weight.stride(0), y.stride(0), eps)
+    flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
+             "RESIDUAL": residual is not None}
+    kernel = _gemv_residual_kernel if residual is not None else _gemv_kernel
     if is_interpreted():                                           # the interpreter cannot time configs
-        _gemv_kernel.fn[(triton.cdiv(n, 8),)](*args, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=8,
-                                              BLOCK_K=128)
+        kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=128)
     else:
-        _gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, HAS_BIAS=bias is not None,
-                                                                       BLOCK_M=block_m)
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m)
     return y
 
 
@@ -73,6 +153,31 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return y if bias is None else y + bias
 
 
+def fused_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                     norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
+                     residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The fused GEMV's semantics in fp32: [residual +] act(rms_norm(x) @ W^T + b), act = silu(gate) * up when
+    gated. Returns a new tensor in x's dtype (residual is left as it is)."""
+    h = x.float()
+    if norm_weight is not None:
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+    y = h @ weight.float().t()
+    if bias is not None:
+        y = y + bias.float()
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    if residual is not None:
+        y = y + residual.float()
+    return y.to(x.dtype)
+
+
+def _takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (os.environ.get("TIERLLM_GEMV", "1") != "0" and x.shape[0] <= MAX_GEMV_ROWS
+            and x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
+            and weight.is_contiguous())
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """[M, K] @ [N, K]^T: the GEMV kernel for decode-sized M in fp16/bf16 on CUDA, cuBLAS otherwise.
@@ -80,8 +185,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     are all-reduced before rounding). TIERLLM_GEMV=0 sends everything to cuBLAS (for A/B runs). A tensor-core
     variant (x padded to 16 rows, pipelined weight tiles) measured 2-6% slower than this one on an H100 and was
     dropped."""
-    if (os.environ.get("TIERLLM_GEMV", "1") != "0" and x.shape[0] <= MAX_GEMV_ROWS
-            and x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
-            and weight.is_contiguous()):
+    if _takes_gemv(x, weight):
         return gemv_triton(x, weight, bias, out_dtype)
     return linear_ref(x, weight, bias, out_dtype)
+
+
+def unfused_linear(x: torch.Tensor, project, norm_weight: torch.Tensor | None, eps: float, gated: bool,
+                   residual: torch.Tensor | None) -> torch.Tensor:
+    """The fused GEMV's semantics from separate kernels (rms_norm -> project -> silu_and_mul -> residual add, in
+    place), where the GEMV does not apply. project: [M, K] -> [M, N or 2N]."""
+    if gated and residual is not None:
+        raise ValueError("the gated (SiLU-and-mul) GEMV has no residual-add epilogue")
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, eps)[0]
+    y = project(x)
+    if gated:
+        y = silu_and_mul(y)                                        # [M, 2N] = [gate | up] -> [M, N]
+    return y if residual is None else residual.add_(y)
+
+
+def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear` with the decode fusions (see gemv_triton; semantics: fused_linear_ref, except that residual is
+    updated in place and returned): one GEMV launch where `linear` would take the GEMV, the separate kernels
+    otherwise."""
+    if _takes_gemv(x, weight) and (residual is None or residual.stride(-1) == 1):
+        return gemv_triton(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual)
+    return unfused_linear(x, lambda h: linear(h, weight, bias), norm_weight, eps, gated, residual)

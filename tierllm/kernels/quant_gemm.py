@@ -3,15 +3,16 @@
 tl.dot; nothing dequantized goes back to memory. int4: BLOCK_K <= group size, so one scale (and min) per column
 covers a tile; the low and high nibbles are interleaved back into K order in registers.
 `quant_linear` dispatches: the GEMV kernels for M <= 8, this kernel up to DEQUANT_MIN_ROWS, then one dequantizing
-pass and cuBLAS; the torch reference on CPU / fp32."""
+pass and cuBLAS; the torch reference on CPU / fp32. `fused_quant_linear` adds the decode fusions (RMSNorm prologue,
+SiLU-and-mul, residual add; see gemv.py) where the GEMV applies."""
 from __future__ import annotations
-
 
 import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.dequant import dequantize_triton
+from tierllm.kernels.gemv import unfused_linear
 from tierllm.kernels.quant_gemv import (
     MAX_QUANT_GEMV_ROWS,
     w4_gemv_triton,
@@ -126,3 +127,21 @@ def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, m
     if bits == 8:
         return w8_linear_ref(x, qweight, scales, bias)
     return w4_linear_ref(x, qweight, scales, mins, group_size, bias)
+
+
+def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                       bits: int, group_size: int | None, bias: torch.Tensor | None = None, *,
+                       norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
+                       residual: torch.Tensor | None = None) -> torch.Tensor:
+    """`quant_linear` with the decode fusions (norm_weight [K]: RMSNorm x first; gated: [gate; up] weights with
+    2N rows, silu(gate) * up; residual [M, N]: added into in place and returned). One fused GEMV launch where
+    quant_linear takes the GEMV, the separate kernels otherwise (same semantics: quant_gemv.w8/w4_fused_ref,
+    except that residual is updated in place)."""
+    if (x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
+            and x.shape[0] <= MAX_QUANT_GEMV_ROWS and (residual is None or residual.stride(-1) == 1)):
+        fusions = {"norm_weight": norm_weight, "eps": eps, "gated": gated, "residual": residual}
+        if bits == 8:
+            return w8_gemv_triton(x, qweight, scales, bias, **fusions)
+        return w4_gemv_triton(x, qweight, scales, mins, group_size, bias, **fusions)
+    return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias), norm_weight,
+                          eps, gated, residual)

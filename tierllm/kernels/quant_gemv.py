@@ -5,13 +5,15 @@ int8: each program streams BLOCK_N int8 rows in BLOCK_K chunks for all M rows; t
 applied once at the end. int4: one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the
 grid, so the M programs reading the same weight block run together and only the first reads HBM; each step
 covers GROUPS_PER_BLOCK whole groups, and the group's scale (and min) multiply the group's partial dot product
-instead of every weight."""
+instead of every weight.
+Both take gemv.py's fusions (NORM: RMSNorm prologue, GATED: SiLU-and-mul over [gate; up] rows, RESIDUAL: add into
+the residual in place); the weight scales multiply the accumulators before the fused epilogue."""
 from __future__ import annotations
-
 
 import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted
+from tierllm.kernels.gemv import fused_linear_ref, fused_output
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
 
 MAX_QUANT_GEMV_ROWS = 8
@@ -19,6 +21,8 @@ MAX_QUANT_GEMV_ROWS = 8
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from tierllm.kernels.gemv import fused_epilogue, rms_prologue
 
     @triton.jit
     def codes_to_f32(codes):
@@ -35,38 +39,83 @@ if HAS_TRITON:
                      for bn, bk, w, s in [(4, 1024, 4, 3), (8, 1024, 8, 2), (8, 512, 4, 3), (16, 512, 8, 2),
                                           (2, 4096, 4, 1), (4, 2048, 8, 2), (1, 4096, 4, 2), (16, 1024, 8, 2)]]
 
-    @triton.autotune(configs=_INT8_CONFIGS, key=["N", "K", "BLOCK_M"])
+    _INT8_KEY = ["N", "K", "BLOCK_M", "NORM", "GATED", "RESIDUAL"]
+
     @triton.jit
-    def _w8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _w8_gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
+                      HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
         m_mask = offs_m < M
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)                       # GATED: rows N + offs_n
+        sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
             w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
                         mask=n_mask[:, None] & k_mask[None, :], other=0)                 # [BLOCK_N, BLOCK_K] int8
+            if GATED:
+                w_up = tl.load(w_ptr + (offs_n + N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
+                               mask=n_mask[:, None] & k_mask[None, :], other=0)
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
+            if NORM:
+                x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
             acc += tl.sum(x[:, None, :].to(tl.float32) * int8_to_f32(w)[None, :, :], axis=2)
+            if GATED:
+                acc_up += tl.sum(x[:, None, :].to(tl.float32) * int8_to_f32(w_up)[None, :, :], axis=2)
         acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        if GATED:
+            acc_up *= tl.load(s_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        acc = fused_epilogue(acc, acc_up, sumsq[:, None], b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        y_mask = m_mask[:, None] & n_mask[None, :]
+        if RESIDUAL:                                     # y_ptr is the residual: read, add, write back in place
+            acc += tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+    # RESIDUAL launches tune through a twin that restores the residual after every timed run (see gemv.py)
+    _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_INT8_KEY)(_w8_gemv_body)
+    _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_INT8_KEY,
+                                               restore_value=["y_ptr"])(_w8_gemv_body)
 
     _INT4_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb}, num_warps=w, num_stages=s)
                      for bn, gpb, w, s in [(4, 16, 4, 3), (8, 8, 4, 3), (8, 16, 8, 2), (16, 8, 8, 2),
                                            (2, 32, 4, 2), (4, 32, 8, 2), (16, 4, 4, 3), (32, 4, 8, 2)]]
 
-    @triton.autotune(configs=_INT4_CONFIGS, key=["N", "K", "GROUP"])
     @triton.jit
-    def _w4_gemv_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_sn,
-                        stride_ym, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
+    def _w4_block_dot(packed, s_ptr, mn_ptr, row, n_mask, offs_g, g_mask, x_even, x_odd, stride_sn,
+                      HAS_MINS: tl.constexpr):
+        """One step's contribution to the BLOCK_N accumulators of weight rows `row` (their packed bytes
+        [BLOCK_N, GPB, half]): each group's partial dot product times its scale, plus its min (or -8 * scale)
+        times the group's sum of x. (The unfused kernel's order of operations, which keeps its SASS unchanged;
+        in the gated kernel the second call's x_sum is the first's, common subexpression.)"""
+        packed = packed.to(tl.int32)
+        low = codes_to_f32(packed & 0xF)
+        high = codes_to_f32(packed >> 4)
+        dot = tl.sum(low * x_even[None, :, :] + high * x_odd[None, :, :], axis=2)       # [BLOCK_N, GPB]
+        x_sum = tl.sum(x_even + x_odd, axis=1)                                         # [GPB]
+        sg_mask = n_mask[:, None] & g_mask[None, :]
+        scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                        other=0.0).to(tl.float32)                                      # [BLOCK_N, GPB]
+        if HAS_MINS:
+            low_value = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                                other=0.0).to(tl.float32)
+            part = tl.sum(scale * dot + low_value * x_sum[None, :], axis=1)
+        else:
+            part = tl.sum(scale * (dot - 8.0 * x_sum[None, :]), axis=1)
+        return part
+
+    _INT4_KEY = ["N", "K", "GROUP", "NORM", "GATED", "RESIDUAL"]
+
+    @triton.jit
+    def _w4_gemv_body(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, g_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_sn,
+                      stride_ym, eps, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+                      GROUPS_PER_BLOCK: tl.constexpr):
         m = tl.program_id(0)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
@@ -74,71 +123,82 @@ if HAS_TRITON:
         offs_j = tl.arange(0, half)
         num_groups = K // GROUP
         row = offs_n.to(tl.int64)
+        row_up = (offs_n + N).to(tl.int64)                          # GATED: the up rows
         acc = tl.zeros([BLOCK_N], tl.float32)
+        acc_up = tl.zeros([BLOCK_N], tl.float32)
+        sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
         for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
             offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
             g_mask = offs_g < num_groups
             byte = offs_g[:, None] * half + offs_j[None, :]                                # [GPB, half]
             packed = tl.load(w_ptr + row[:, None, None] * stride_wn + byte[None, :, :],
                              mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)  # [BLOCK_N, GPB, half]
+            if GATED:
+                packed_up = tl.load(w_ptr + row_up[:, None, None] * stride_wn + byte[None, :, :],
+                                    mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)
             # x's GROUPS_PER_BLOCK groups in one contiguous (vectorized) load, then split into the even and odd
             # k that the low and high nibbles multiply (two stride-2 gathers cost a load instruction per element)
             offs_k = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]                  # [GPB, GROUP]
             x = tl.load(x_ptr + m * stride_xm + offs_k, mask=g_mask[:, None], other=0.0).to(tl.float32)
+            if NORM:                     # the norm-weighted x feeds the dot products and x_sum alike
+                x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=g_mask[:, None], other=0.0), sumsq)
             x_even, x_odd = tl.split(tl.reshape(x, [GROUPS_PER_BLOCK, half, 2]))            # [GPB, half] each
-            packed = packed.to(tl.int32)
-            low = codes_to_f32(packed & 0xF)
-            high = codes_to_f32(packed >> 4)
-            dot = tl.sum(low * x_even[None, :, :] + high * x_odd[None, :, :], axis=2)       # [BLOCK_N, GPB]
-            x_sum = tl.sum(x_even + x_odd, axis=1)                                         # [GPB]
-            sg_mask = n_mask[:, None] & g_mask[None, :]
-            scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                            other=0.0).to(tl.float32)                                      # [BLOCK_N, GPB]
-            if HAS_MINS:
-                low_value = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                                    other=0.0).to(tl.float32)
-                acc += tl.sum(scale * dot + low_value * x_sum[None, :], axis=1)
-            else:
-                acc += tl.sum(scale * (dot - 8.0 * x_sum[None, :]), axis=1)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            acc += _w4_block_dot(packed, s_ptr, mn_ptr, row, n_mask, offs_g, g_mask, x_even, x_odd, stride_sn,
+                                 HAS_MINS)
+            if GATED:
+                acc_up += _w4_block_dot(packed_up, s_ptr, mn_ptr, row_up, n_mask, offs_g, g_mask, x_even, x_odd,
+                                        stride_sn, HAS_MINS)
+        acc = fused_epilogue(acc, acc_up, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS,
+                             NORM, GATED)
+        if RESIDUAL:                                     # y_ptr is the residual: read, add, write back in place
+            acc += tl.load(y_ptr + m * stride_ym + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
+    _w4_gemv_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY)(_w4_gemv_body)
+    _w4_gemv_residual_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY,
+                                               restore_value=["y_ptr"])(_w4_gemv_body)
 
 
-
-def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [M, K] (M <= 8, last dim contiguous); qweight: int8 [N, K] contiguous; scales [N] -> [M, N]."""
+def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                   *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] (M <= 8, last dim contiguous); qweight: int8 [N, K] contiguous; scales [N] -> [M, N].
+    Fusions as gemv.gemv_triton (gated: qweight [2N, K], scales and bias [2N])."""
     m, k = x.shape
-    n = qweight.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    y = fused_output(x, qweight.shape[0], None, norm_weight, gated, residual)
+    n = y.shape[1]
     block_m = max(1, triton.next_power_of_2(m))
-    args = (x, qweight, scales, bias if bias is not None else scales, y, m, n, k, x.stride(0), qweight.stride(0),
-            y.stride(0))
+    args = (x, qweight, scales, bias if bias is not None else scales,
+            norm_weight if norm_weight is not None else scales, y, m, n, k, x.stride(0), qweight.stride(0),
+            y.stride(0), eps)
+    flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
+             "RESIDUAL": residual is not None}
+    kernel = _w8_gemv_residual_kernel if residual is not None else _w8_gemv_kernel
     if is_interpreted():
-        _w8_gemv_kernel.fn[(triton.cdiv(n, 8),)](*args, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=8,
-                                                 BLOCK_K=64)
+        kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=64)
     else:
-        _w8_gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, HAS_BIAS=bias is not None,
-                                                                          BLOCK_M=block_m)
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m)
     return y
 
 
 def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-                   group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+                   group_size: int, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
+                   eps: float = 1e-6, gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x: [M, K] (last dim contiguous); qweight: uint8 [N, K // 2]; scales / mins: [N, K // G] (mins None =
-    symmetric) -> [M, N]."""
+    symmetric) -> [M, N]. Fusions as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N rows)."""
     m, k = x.shape
-    n = qweight.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, n, k,
-            x.stride(0), qweight.stride(0), scales.stride(0), y.stride(0))
-    flags = {"GROUP": group_size, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
+    y = fused_output(x, qweight.shape[0], None, norm_weight, gated, residual)
+    n = y.shape[1]
+    args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales,
+            norm_weight if norm_weight is not None else scales, y, n, k, x.stride(0), qweight.stride(0),
+            scales.stride(0), y.stride(0), eps)
+    flags = {"GROUP": group_size, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None,
+             "NORM": norm_weight is not None, "GATED": gated, "RESIDUAL": residual is not None}
+    kernel = _w4_gemv_residual_kernel if residual is not None else _w4_gemv_kernel
     if is_interpreted():
-        _w4_gemv_kernel.fn[(m, triton.cdiv(n, 8))](*args, **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2)
+        kernel.fn[(m, triton.cdiv(n, 8))](*args, **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2)
     else:
-        _w4_gemv_kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
+        kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
     return y
 
 
@@ -153,3 +213,15 @@ def w4_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
                   group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     y = x.float() @ dequantize_int4(qweight, scales, mins, group_size, torch.float32).t()   # [M, N]
     return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
+def w8_fused_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 **fusions) -> torch.Tensor:
+    """w8_gemv_triton's fusions (norm_weight, eps, gated, residual): dequantize, then gemv.fused_linear_ref
+    (fp32 math, a new tensor in x's dtype)."""
+    return fused_linear_ref(x, dequantize_int8(qweight, scales, torch.float32), bias, **fusions)
+
+
+def w4_fused_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                 group_size: int, bias: torch.Tensor | None = None, **fusions) -> torch.Tensor:
+    return fused_linear_ref(x, dequantize_int4(qweight, scales, mins, group_size, torch.float32), bias, **fusions)

@@ -73,6 +73,23 @@ class Linear(nn.Module):
             return reduce_partial_output(partial, self.bias, self.parallel, x.dtype)
         return kernels.linear(x, self.weight, self.bias)
 
+    def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+        """forward() with its neighbours folded in: `norm` (an RMSNorm) applied to x first, SiLU-and-mul of the
+        [gate | up] output (gated), or the output added into `residual` in place (returns `residual`). One GEMV
+        kernel for decode-sized batches on CUDA (kernels.fused_linear); the separate kernels otherwise, and always
+        when the output is all-reduced (the sum must come before the residual add)."""
+        fusions = fusion_args(norm, gated, residual)
+        if self.reduce_output:
+            return kernels.unfused_linear(x, self, **fusions)
+        return kernels.fused_linear(x, self.weight, self.bias, **fusions)
+
+
+def fusion_args(norm, gated: bool, residual: torch.Tensor | None) -> dict:
+    """The keyword arguments of kernels.fused_linear / unfused_linear for Linear.fused's options."""
+    return {"norm_weight": None if norm is None else norm.weight, "eps": 1e-6 if norm is None else norm.eps,
+            "gated": gated, "residual": residual}
+
 
 class ColumnParallelLinear(Linear):
     """Output features split over the ranks: rank r holds output rows [r * out/tp, (r + 1) * out/tp) and its

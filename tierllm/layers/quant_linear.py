@@ -8,7 +8,7 @@ from torch import nn
 
 from tierllm import kernels
 from tierllm.config import QuantConfig
-from tierllm.layers.linear import Linear, _new_param, load_whole, reduce_partial_output
+from tierllm.layers.linear import Linear, _new_param, fusion_args, load_whole, reduce_partial_output
 
 
 def packed_shapes(out_features: int, in_features: int, quant: QuantConfig) -> dict[str, tuple[int, ...]]:
@@ -86,6 +86,16 @@ class QuantLinear(nn.Module):
         if self.reduce_output:
             return reduce_partial_output(y, self.bias, self.parallel)
         return y
+
+    def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+        """As Linear.fused: the weight-only GEMV kernels fold the norm, SiLU-and-mul and residual add in; W8A8 and
+        all-reduced outputs run them as separate kernels."""
+        fusions = fusion_args(norm, gated, residual)
+        if self.reduce_output or self.quant.activations == "int8":
+            return kernels.unfused_linear(x, self, **fusions)
+        return kernels.fused_quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits,
+                                          self.quant.group_size, self.bias, **fusions)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """[num_tokens, sum(sizes)] -> one view per shard (fused projections only)."""

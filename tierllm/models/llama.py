@@ -42,13 +42,17 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
                               _sliding_window(config, layer_idx))
 
-    def forward(self, cos_sin, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, cos_sin, hidden: torch.Tensor, meta: AttentionMetadata, norm: RMSNorm | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: [num_tokens, hidden] -> [num_tokens, hidden]. The decode form (LlamaDecoderLayer.forward_decode)
+        passes the un-normalized stream with its `norm`, and `residual` to add the output into (returned)."""
         n = hidden.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        qkv = self.qkv_proj(hidden) if norm is None else self.qkv_proj.fused(hidden, norm=norm)
+        q, k, v = self.qkv_proj.split(qkv)
         q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
         out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta, cos_sin)
-        return self.o_proj(out)
+        return self.o_proj(out) if residual is None else self.o_proj.fused(out, residual=residual)
 
 
 class LlamaMLP(nn.Module):
@@ -80,6 +84,15 @@ class LlamaDecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
+    def forward_decode(self, cos_sin, stream: torch.Tensor, meta) -> None:
+        """The same layer for decode-sized steps, on the residual stream [num_tokens, hidden], updated in place:
+        each norm runs inside the GEMV after it, the SiLU-and-mul inside gate/up's, each residual add inside
+        o_proj's and down's (three kernels fewer per layer; kernels.fused_linear)."""
+        self.self_attn(cos_sin, stream, meta, norm=self.input_layernorm, residual=stream)
+        mlp = self.mlp
+        mlp.down_proj.fused(mlp.gate_up_proj.fused(stream, norm=self.post_attention_layernorm, gated=True),
+                            residual=stream)
+
 
 class LlamaModel(nn.Module):
     def __init__(self, config, max_positions: int, dtype, device, parallel: ParallelState):
@@ -93,9 +106,13 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, meta, streamer):
         hidden, residual = self.embed_tokens(input_ids), None          # [num_tokens, hidden]
         cos_sin = self.rotary.lookup(positions)
+        decode_form = hidden.shape[0] <= kernels.MAX_GEMV_ROWS
         for i, layer in enumerate(self.layers):
             streamer.before_layer(i)
-            hidden, residual = layer(cos_sin, hidden, residual, meta)
+            if decode_form:
+                layer.forward_decode(cos_sin, hidden, meta)            # hidden is the residual stream
+            else:
+                hidden, residual = layer(cos_sin, hidden, residual, meta)
             streamer.after_layer(i)
         return self.norm(hidden, residual)[0]
 
