@@ -139,7 +139,8 @@ def test_torchrun_launch_every_rank_runs_the_same_script():
 # ---- shutdown order (NCCL tears communicators down collectively; gloo does not, so this is checked on mocks) ------
 def test_healthy_shutdown_releases_groups_before_waiting_for_workers(monkeypatch):
     """Rank 0 must enter the group teardown while the workers enter theirs: waiting for the workers to exit first
-    deadlocks on NCCL (each side waits for the other), then hangs for good once they are killed."""
+    deadlocks on NCCL (each side waits for the other), then hangs for good once they are killed. CUDA graphs that
+    captured collectives go first: destroying a communicator they hold waits forever."""
     from tierllm.distributed import driver
     calls = []
 
@@ -150,8 +151,9 @@ def test_healthy_shutdown_releases_groups_before_waiting_for_workers(monkeypatch
     state = type("State", (), {"workers": Workers()})()
     monkeypatch.setattr(driver, "broadcast_from_driver", lambda obj, st: calls.append(("broadcast", obj)))
     monkeypatch.setattr(driver, "destroy_parallel_state", lambda st: calls.append(("destroy",)))
-    driver._shutdown(state, driver._GroupStatus())
-    assert calls == [("broadcast", None), ("destroy",), ("stop", 30.0)]
+    status = driver._GroupStatus(before_destroy=[lambda: calls.append(("release graphs",))])
+    driver._shutdown(state, status)
+    assert calls == [("release graphs",), ("broadcast", None), ("destroy",), ("stop", 30.0)]
 
 
 def test_failed_group_is_released_with_a_time_limit(monkeypatch, caplog):

@@ -8,7 +8,7 @@ import logging
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -30,6 +30,7 @@ class _GroupStatus:
     """Shared by the driver and its finalizer (which must not hold the driver itself)."""
     failure: str | None = None        # why the group is broken; None while healthy
     is_closed: bool = False
+    before_destroy: list = field(default_factory=list)   # callables run before the groups are released
 
 
 def _shutdown(state: ParallelState, status: _GroupStatus) -> None:
@@ -38,6 +39,11 @@ def _shutdown(state: ParallelState, status: _GroupStatus) -> None:
         return
     status.is_closed = True
     healthy = status.failure is None
+    for release in status.before_destroy:           # e.g. CUDA graphs holding the communicator (driver docstring)
+        try:
+            release()
+        except Exception as exc:                    # the device may be in error after a failure: go on
+            logger.warning("tierllm: releasing before the tensor-parallel shutdown failed: %s", exc)
     if healthy:
         try:
             broadcast_from_driver(None, state)
@@ -69,7 +75,8 @@ def _destroy_bounded(state: ParallelState, timeout_s: float) -> None:
 
 
 class TensorParallelDriver:
-    """Rank 0's side of the group. Shut down by close(), by garbage collection or at interpreter exit."""
+    """Rank 0's side of the group. Shut down by close(), by garbage collection or at interpreter exit; what holds
+    the communicators (CUDA graphs with captured collectives) is released first, through release_before_close."""
 
     def __init__(self, state: ParallelState):
         self.state = state
@@ -77,6 +84,10 @@ class TensorParallelDriver:
         self._finalizer = weakref.finalize(self, _shutdown, state, self.status)
         if state.workers is not None:
             state.workers.on_death = self._on_worker_death
+
+    def release_before_close(self, release) -> None:
+        """Call `release()` at shutdown before the process groups are destroyed."""
+        self.status.before_destroy.append(release)
 
     def _on_worker_death(self, message: str) -> None:
         """Watchdog thread: a spawned worker exited. On NCCL, abort the group so that a step blocked in a
@@ -120,8 +131,8 @@ class TensorParallelDriver:
 
 
 def serve_worker(runner) -> None:
-    """Ranks > 0: run every step plan rank 0 broadcasts, until it sends None; then release the group and exit
-    the process (code 0; 1 when rank 0 or a collective failed). Never returns to the caller."""
+    """Ranks > 0: run every step plan rank 0 broadcasts, until it sends None; then release the CUDA graphs and
+    the group and exit the process (code 0; 1 when rank 0 or a collective failed). Never returns to the caller."""
     state: ParallelState = runner.parallel
     code = 0
     try:
@@ -131,5 +142,8 @@ def serve_worker(runner) -> None:
         logger.error("tierllm: tensor-parallel rank %d stops: %s", state.tp_rank, exc)
         code = 1
     finally:
+        if runner.graphs is not None:
+            with contextlib.suppress(Exception):
+                runner.graphs.release()
         destroy_parallel_state(state)
     sys.exit(code)

@@ -65,6 +65,17 @@ class CudaGraphDecoder:
         logger.info("tierllm: captured %d decode CUDA graphs (batch %s) in %.2f s", len(self.graphs),
                     self.buckets, self.capture_seconds)
 
+    def release(self) -> None:
+        """Free the captured graphs. A graph that captured NCCL collectives holds a reference on the communicator,
+        and destroying the process group waits for it forever (pytorch/pytorch#115388): tensor-parallel ranks call
+        this before they release their groups."""
+        if self.graphs:
+            torch.cuda.synchronize(self.device)
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.logits.clear()
+
     def can_run(self, num_seqs: int) -> bool:
         return bool(self.graphs) and num_seqs <= self.buckets[-1]
 

@@ -45,6 +45,8 @@ class ModelRunner:
             if device.type != "cuda":
                 raise ValueError("enable_cuda_graph=True needs a CUDA device")
             self.graphs = CudaGraphDecoder(model, max_num_seqs, -(-max_model_len // block_size), device)
+            if self.driver is not None:
+                self.driver.release_before_close(self.graphs.release)
             self.graphs.capture()                               # every rank captures its collectives together
 
     def make_generator(self, seed: int) -> torch.Generator:
