@@ -193,6 +193,7 @@ def main() -> int:
                          {**settings, "wall_s": round(time.perf_counter() - started)})
             close_started = time.perf_counter()
             close_engine(engine)
+            del engine                                  # this frame's reference: free it before the next engine
             log(f"{preset} TP={tp_size}: closed in {time.perf_counter() - close_started:.1f} s")
     lat = {t: results[f"llama-13b_tp{t}"]["batch1"]["decode_ms_per_step"] for t in tp_sizes
            if f"llama-13b_tp{t}" in results}
