@@ -56,9 +56,8 @@ def open_engine(preset: str, tp_size: int, cuda_graphs: bool = True):
     return engine, time.perf_counter() - start
 
 
-def close_engine(engine) -> None:
-    engine.close()
-    del engine
+def free_memory() -> None:
+    """After the last reference to a closed engine is gone: collect its cycles, return the cached blocks."""
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -192,8 +191,9 @@ def main() -> int:
             write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks,
                          {**settings, "wall_s": round(time.perf_counter() - started)})
             close_started = time.perf_counter()
-            close_engine(engine)
-            del engine                                  # this frame's reference: free it before the next engine
+            engine.close()
+            del engine                                  # the only reference: the next engine needs its memory
+            free_memory()
             log(f"{preset} TP={tp_size}: closed in {time.perf_counter() - close_started:.1f} s")
     lat = {t: results[f"llama-13b_tp{t}"]["batch1"]["decode_ms_per_step"] for t in tp_sizes
            if f"llama-13b_tp{t}" in results}
@@ -206,7 +206,7 @@ def main() -> int:
                             results["llama-70b_tp4"]["batch1"]["fraction_of_aggregate_roofline"], ">=", 0.75))
         write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks,
                      {**settings, "wall_s": round(time.perf_counter() - started)})
-        close_engine(engine)
+        engine.close()
     settings["wall_s"] = round(time.perf_counter() - started)
     write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks, settings)
     print_checks(checks)

@@ -20,6 +20,7 @@ def plan_num_blocks(cache: CacheConfig, scheduler: SchedulerConfig, block_bytes:
         return cache.num_blocks
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)   # PyTorch's cached blocks
         budget = int(free - total * (1 - cache.gpu_memory_utilization))
     else:
         budget = cache.kv_cache_memory or _DEFAULT_CPU_KV_BYTES

@@ -89,7 +89,10 @@ class ModelRunner:
         return self.model.compute_logits(hidden[inputs.logits_indices])            # [num_sampled, vocab]
 
     def close(self) -> None:
-        """Shut the tensor-parallel workers down and release the offload stores (NVMe files, loader threads)."""
+        """Shut the tensor-parallel workers down, free the CUDA graphs (their memory pool) and release the offload
+        stores (NVMe files, loader threads)."""
         if self.driver is not None:
-            self.driver.close()
+            self.driver.close()                         # frees the graphs first (they hold the communicator)
+        if self.graphs is not None:
+            self.graphs.release()
         self.model.layer_streamer.close()
