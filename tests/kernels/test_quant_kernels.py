@@ -164,9 +164,10 @@ def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion):
 
 @pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)
 @pytest.mark.parametrize("fusion", list(FUSIONS))
-def test_fused_quant_linear_dispatch(quant, fusion):
+def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
     """fused_quant_linear on fp32 (rms_norm -> quant_linear -> silu_and_mul -> residual.add_) matches the
-    reference, updating the residual in place; in fp16 on CUDA it takes the fused kernel."""
+    reference, updating the residual in place; in fp16 on CUDA it takes the fused kernel (opted in)."""
+    monkeypatch.setenv("TIERLLM_FUSED_QUANT_GEMV", "1")
     m, n, k = 3, 16, 128
     w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=4)
     for dtype in [torch.float32] + ([torch.float16] if DEVICE == "cuda" else []):
