@@ -94,10 +94,10 @@ def serve_section(doc: dict, small_budget: dict) -> list[str]:
     return lines
 
 
-def offload_section(doc: dict, rerun: dict) -> list[str]:
+def offload_section(doc: dict, rerun: dict, nvme_doc: dict) -> list[str]:
     r, c = doc["results"], doc["ceilings"]
     cpu = r["cpu"]
-    nvme, kv = rerun["results"]["nvme"], rerun["results"]["kv"]
+    kv = rerun["results"]["kv"]
     peers = {(p["peer"], p["batch"]): p for p in cpu["peers"] if "total_tok_s" in p}
     lines = ["", f"**Offload** — `tierllm bench offload`, `llama-7b` preset bf16 with every decoder layer offloaded "
              f"({cpu['offloaded_bytes'] / 1e9:.2f} GB streamed per forward pass), prompt 512, gen 32, {doc['device']}, "
@@ -114,20 +114,30 @@ def offload_section(doc: dict, rerun: dict) -> list[str]:
                      f"({row['decode_step_over_pcie_floor']:.3f}x) | {ds['total_tok_s'] if ds else ''} | "
                      f"{acc['total_tok_s'] if acc else ''} |")
     cpu_checks = {**doc, "checks": [x for x in doc["checks"] if x["name"].startswith(("cpu tier", "bf16"))]}
-    on, off, run = kv["kv_on_gpu"], kv["kv_offload"], nvme["run"]
+    on, off = kv["kv_on_gpu"], kv["kv_offload"]
+    run = nvme_doc["results"]["nvme"]["run"]
+    nvme = nvme_doc["results"]["nvme"]
     lines += ["", _checks(cpu_checks), "", "![offload](benchmarks/results/offload-llama-7b-h100.png)", "",
-              f"NVMe tier and KV offload, re-run after the KV-sizing fix ({rerun['date'][:10]}, "
-              "[JSON](benchmarks/results/offload-nvme-kv-llama-7b-h100.json), O_DIRECT disk read "
-              f"{rerun['ceilings']['disk_read_direct_GBps']} GB/s at the start of the run): at batch {run['batch']} a "
-              f"decode step takes {run['decode_ms_per_step'] / 1e3:.2f} s against a {nvme['disk_floor_s']:.2f} s disk "
-              f"floor; the layer loop spent {run['layer_loop_wait_s']:.1f} of its {run['total_s']:.1f} s waiting for "
-              f"reads ({run['bytes_read'] / 1e9:.1f} GB in {run['passes']} passes). The same layer files read back "
-              f"with O_DIRECT after the run at {nvme['layer_files_read_direct_GBps']} GB/s: this machine's disk rate "
-              "moves within a run. "
-              f"KV offload at a {kv['gpu_budget']} GPU budget (KV pool {kv['host_kv_memory']} of pinned host memory): "
+              f"NVMe tier ({nvme_doc['date'][:10]}, [JSON](benchmarks/results/offload-nvme-llama-7b-h100.json)): at "
+              f"batch {run['batch']} a decode step takes {run['decode_ms_per_step'] / 1e3:.2f} s for "
+              f"{run['bytes_read'] / run['passes'] / 1e9:.2f} GB of layer files. The disk floor is those files read "
+              "with O_DIRECT in the tier's own pattern (16 MiB requests, 8 in flight) right before the run: "
+              f"{nvme['layer_files_parallel_read_GBps_before']} GB/s, a {nvme['disk_floor_s']:.2f} s floor, "
+              f"{nvme['decode_step_over_disk_floor']}x. The same read gave {nvme['layer_files_parallel_read_GBps_after']} "
+              f"GB/s after the run (one request at a time: {nvme['layer_files_qd1_read_GBps_after']} GB/s), and the "
+              f"1 GiB probe file {nvme_doc['ceilings']['disk_read_direct_GBps']} GB/s "
+              f"({nvme['decode_step_over_1GiB_probe_floor']}x): this machine's disk rate moves between runs (the "
+              "probe read 1.9-2.6 GB/s over five sessions; here the tier itself streamed faster than the read before "
+              "it), so both ratios are given; both are within the 1.15x target this time. The previous run's step was 1.215x the probe floor "
+              "([JSON](benchmarks/results/offload-nvme-kv-llama-7b-h100.json)).",
+              "", f"KV offload at a {kv['gpu_budget']} GPU budget ({rerun['date'][:10]}, "
+              "[JSON](benchmarks/results/offload-nvme-kv-llama-7b-h100.json), KV pool "
+              f"{kv['host_kv_memory']} of pinned host memory): "
               f"the largest batch goes from {on['max_batch']} to {off['max_batch']} and total tok/s from "
               f"{on['total_tok_s']} to {off['total_tok_s']} (every decode step copied its blocks; the cost model never "
-              "chose CPU attention).", "", _checks(rerun)]
+              "chose CPU attention).", "", _checks({**rerun, "checks": [x for x in rerun["checks"]
+                                                                      if not x["name"].startswith("nvme")]}),
+              "", _checks(nvme_doc)]
     return lines
 
 
@@ -166,9 +176,10 @@ def main() -> None:
     small_budget = json.loads((ROOT / "benchmarks/results/serve-budget256-llama-7b-h100.json").read_text())
     offload = json.loads((ROOT / "benchmarks/results/offload-llama-7b-h100.json").read_text())
     rerun = json.loads((ROOT / "benchmarks/results/offload-nvme-kv-llama-7b-h100.json").read_text())
+    nvme = json.loads((ROOT / "benchmarks/results/offload-nvme-llama-7b-h100.json").read_text())
     quant = json.loads((ROOT / "benchmarks/results/quant-llama-7b-h100.json").read_text())
     body = "\n".join(cpu_section(cpu) + gpu_section(gpu) + serve_section(serve, small_budget)
-                     + offload_section(offload, rerun) + quant_section(quant))
+                     + offload_section(offload, rerun, nvme) + quant_section(quant))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
