@@ -8,6 +8,8 @@ itself), one full measurement per call, JSON under $OUT:
     logits, so a free-running comparison diverges for good after the first near-tie; the check is teacher-forced:
     on every prefix of TP=1's own continuation, does TP=N pick the same next token (>= 95%)? Free-running
     agreement is reported too. (SmolLM2-135M's 9 heads split over neither 2 nor 4 GPUs: its error is recorded.)
+    A TP=1 fp32 engine on the same weights answers the same prefixes: every bf16 engine's agreement with those exact
+    answers is reported beside the check, TP=1's own being the noise floor of bf16 on near-flat logits.
 (b) llama-13b batch-1 time per token, TP=2 vs TP=1 (<= 0.58x); llama-70b (4 GPUs) batch-1 time per token vs the
     aggregate HBM roofline (>= 75%); batch-64 throughput of llama-13b at every TP size (and llama-70b at TP=4).
 Ceilings (HBM copy bandwidth, bf16 matmul rate) are measured on GPU 0 in the same run."""
@@ -45,9 +47,10 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def open_engine(preset: str, tp_size: int, cuda_graphs: bool = True):
+def open_engine(preset: str, tp_size: int, cuda_graphs: bool = True, dtype: torch.dtype = DTYPE):
+    """The preset's bf16 weights (dtype=torch.float32: the same values, computed in fp32)."""
     start = time.perf_counter()
-    engine = tierllm.init_inference(PresetSource(preset, DTYPE), dtype=DTYPE, device="cuda",
+    engine = tierllm.init_inference(PresetSource(preset, DTYPE), dtype=dtype, device="cuda",
                                     enable_cuda_graph=cuda_graphs,
                                     tensor_parallel={"tp_size": tp_size, "timeout_s": 300}, max_model_len=1024,
                                     max_num_seqs=THROUGHPUT_BATCH, max_num_batched_tokens=4096, show_progress=False,
@@ -71,6 +74,10 @@ def next_tokens(engine, prefixes: list[list[int]]) -> list[int]:
                            pad_token_id=0)[:, -1].tolist()
 
 
+def share_equal(a: list[int], b: list[int]) -> float:
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
 def agreement_probe(engine, vocab: int, reference: dict | None) -> dict:
     """TP=1 (reference None): its continuations and its next token on every prefix of them. TP=N: the same
     questions, compared with TP=1's answers."""
@@ -80,20 +87,30 @@ def agreement_probe(engine, vocab: int, reference: dict | None) -> dict:
     base = reference["continuations"] if reference else continuations
     prefixes = [prompts[i].tolist() + base[i][:t] for i in range(AGREE_PROMPTS) for t in range(AGREE_GEN_LEN)]
     answers = next_tokens(engine, prefixes)
-    out = {"continuations": continuations, "answers": answers}
+    out = {"continuations": continuations, "answers": answers, "prefixes": prefixes}
     if reference is None:
         # the noise floor of bf16 on flat random logits: the same TP=1 engine, the same questions in two half
         # batches (other GEMM shapes and padding, so other summation orders)
         half = len(prefixes) // 2
         again = next_tokens(engine, prefixes[:half]) + next_tokens(engine, prefixes[half:])
-        out["self_agreement_other_batching"] = sum(a == b for a, b in zip(answers, again, strict=True)) / len(answers)
+        out["self_agreement_other_batching"] = share_equal(answers, again)
     if reference:
         pairs = [(a, b) for ra, oa in zip(reference["continuations"], continuations, strict=True)
                  for a, b in zip(ra, oa, strict=True)]
         out["free_running_agreement"] = sum(a == b for a, b in pairs) / len(pairs)
-        out["teacher_forced_agreement"] = sum(a == b for a, b in zip(reference["answers"], answers, strict=True)) \
-            / len(answers)
+        out["teacher_forced_agreement"] = share_equal(reference["answers"], answers)
     return out
+
+
+def fp32_answers(preset: str, prefixes: list[list[int]]) -> list[int]:
+    """TP=1 in fp32 on the same (bf16-valued) weights: the exact answers both bf16 engines are measured against. On
+    near-flat random logits, how often bf16 TP=1 itself misses them is the noise any bf16 engine has."""
+    engine, _ = open_engine(preset, 1, cuda_graphs=False, dtype=torch.float32)
+    answers = next_tokens(engine, prefixes)
+    engine.close()
+    del engine
+    free_memory()
+    return answers
 
 
 def decode_bytes(preset: str, tp_size: int) -> dict:
@@ -147,6 +164,8 @@ def main() -> int:
     parser.add_argument("--presets", default="smollm2-1.7b,llama-13b",
                         help="comma list of the agreement presets (llama-13b also runs the speed measurements); one "
                              "per call keeps a call inside the device's 10-minute limit; 'none': only the llama-70b run")
+    parser.add_argument("--no-fp32-reference", dest="fp32_reference", action="store_false",
+                        help="skip the TP=1 fp32 engine that gives every bf16 engine's agreement with exact answers")
     args = parser.parse_args()
     tp_sizes = [int(t) for t in args.tp_sizes.split(",")]
     if tp_sizes[0] != 1 or max(tp_sizes) > torch.cuda.device_count():
@@ -168,12 +187,14 @@ def main() -> int:
                 "cuda_graphs": "on for the speed runs (llama-13b, llama-70b), off for agreement-only presets",
                 "max_num_seqs": THROUGHPUT_BATCH}
     for preset in [p for p in args.presets.split(",") if p != "none"]:
-        reference = None
+        reference, exact = None, None
         for tp_size in tp_sizes:
             # graph capture takes most of an engine's start; only the speed runs need it (the kernels are the same)
             engine, init_s = open_engine(preset, tp_size, cuda_graphs=preset in SPEED_PRESETS)
             row = {"init_s": round(init_s, 1), "cuda_graphs": preset in SPEED_PRESETS}
             probe_out = agreement_probe(engine, engine.engine.vocab_size, reference)
+            if exact is not None:
+                row["teacher_forced_agreement_vs_fp32"] = round(share_equal(probe_out["answers"], exact), 4)
             if reference is None:
                 reference = probe_out
                 row["self_agreement_other_batching"] = round(probe_out["self_agreement_other_batching"], 4)
@@ -195,6 +216,12 @@ def main() -> int:
             del engine                                  # the only reference: the next engine needs its memory
             free_memory()
             log(f"{preset} TP={tp_size}: closed in {time.perf_counter() - close_started:.1f} s")
+            if tp_size == 1 and args.fp32_reference:
+                exact = fp32_answers(preset, reference["prefixes"])
+                results[f"{preset}_tp1"]["teacher_forced_agreement_vs_fp32"] = round(
+                    share_equal(reference["answers"], exact), 4)
+                log(f"{preset} TP=1 fp32: bf16 TP=1 picks the fp32 token on "
+                    f"{results[f'{preset}_tp1']['teacher_forced_agreement_vs_fp32']:.1%} of prefixes")
     lat = {t: results[f"llama-13b_tp{t}"]["batch1"]["decode_ms_per_step"] for t in tp_sizes
            if f"llama-13b_tp{t}" in results}
     if 1 in lat and 2 in lat:
