@@ -58,9 +58,23 @@ if HAS_TRITON:
     _KEY = ["N", "K", "BLOCK_M", "NORM", "GATED", "RESIDUAL"]
 
     @triton.jit
-    def _gemv_body(x_ptr, w_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
+    def int8_to_f32(q):
+        """int8 -> fp32 without the int->float conversion unit (an eighth of the FMA rate): shift into [1, 255], OR
+        into the mantissa of 2^23, reinterpret, subtract (full-rate ALU, exact)."""
+        return (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+
+    @triton.jit
+    def _weights_to_f32(w, INT8: tl.constexpr):
+        if INT8:
+            return int8_to_f32(w)
+        return w.to(tl.float32)
+
+    @triton.jit
+    def _gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
                    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """fp16/bf16 weights, or int8 ones (INT8) whose per-channel scales s_ptr multiply the accumulators after
+        the K loop (quant_gemv.w8_gemv_triton)."""
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
@@ -72,17 +86,21 @@ if HAS_TRITON:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
             w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                        mask=n_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_N, BLOCK_K]
+                        mask=n_mask[:, None] & k_mask[None, :], other=0)                 # [BLOCK_N, BLOCK_K]
             if GATED:
                 w_up = tl.load(w_ptr + (offs_n + N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                               mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+                               mask=n_mask[:, None] & k_mask[None, :], other=0)
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
             if NORM:
                 x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
-            acc += tl.sum(x[:, None, :].to(tl.float32) * w[None, :, :].to(tl.float32), axis=2)
+            acc += tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w, INT8)[None, :, :], axis=2)
             if GATED:
-                acc_up += tl.sum(x[:, None, :].to(tl.float32) * w_up[None, :, :].to(tl.float32), axis=2)
+                acc_up += tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w_up, INT8)[None, :, :], axis=2)
+        if INT8:
+            acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            if GATED:
+                acc_up *= tl.load(s_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         acc = fused_epilogue(acc, acc_up, sumsq[:, None], b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
         y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
         y_mask = m_mask[:, None] & n_mask[None, :]
@@ -130,10 +148,11 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     y = fused_output(x, weight.shape[0], out_dtype, norm_weight, gated, residual)
     n = y.shape[1]
     block_m = max(1, triton.next_power_of_2(m))
-    args = (x, weight, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight, y,
-            m, n, k, x.stride(0), weight.stride(0), y.stride(0), eps)
+    args = (x, weight, weight, bias if bias is not None else weight,
+            norm_weight if norm_weight is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
+            eps)
     flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
-             "RESIDUAL": residual is not None}
+             "RESIDUAL": residual is not None, "INT8": False}
     kernel = _gemv_residual_kernel if residual is not None else _gemv_kernel
     if is_interpreted():                                           # the interpreter cannot time configs
         kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=128)

@@ -34,7 +34,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels.quant_gemv import codes_to_f32, int8_to_f32
+    from tierllm.kernels.gemv import int8_to_f32
+    from tierllm.kernels.quant_gemv import codes_to_f32
 
     _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
                 for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),

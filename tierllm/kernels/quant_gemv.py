@@ -1,8 +1,8 @@
 """Decode-sized matmul on quantized weights (W8A16, W4A16): y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ b),
 M <= 8, fp16/bf16 activations. Bandwidth-bound on the weight, which is dequantized in registers and never
 written back. Layouts: tierllm/quant/formats.py.
-int8: each program streams BLOCK_N int8 rows in BLOCK_K chunks for all M rows; the per-channel scale is
-applied once at the end. int4: one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the
+int8: gemv.py's kernel (INT8 set): each program streams BLOCK_N int8 rows in BLOCK_K chunks for all M rows;
+the per-channel scale is applied once at the end. int4: one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the
 grid, so the M programs reading the same weight block run together and only the first reads HBM; each step
 covers GROUPS_PER_BLOCK whole groups, and the group's scale (and min) multiply the group's partial dot product
 instead of every weight.
@@ -22,7 +22,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels.gemv import fused_epilogue, rms_prologue
+    from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, rms_prologue
 
     @triton.jit
     def codes_to_f32(codes):
@@ -30,57 +30,14 @@ if HAS_TRITON:
         OR the code into the mantissa of 2^23, reinterpret, subtract 2^23 (full-rate ALU, exact)."""
         return (codes.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
-    @triton.jit
-    def int8_to_f32(q):
-        """int8 -> fp32 the same way, shifted by 128 into [1, 255] first."""
-        return (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
-
     _INT8_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                      for bn, bk, w, s in [(4, 1024, 4, 3), (8, 1024, 8, 2), (8, 512, 4, 3), (16, 512, 8, 2),
                                           (2, 4096, 4, 1), (4, 2048, 8, 2), (1, 4096, 4, 2), (16, 1024, 8, 2)]]
 
-    _INT8_KEY = ["N", "K", "BLOCK_M", "NORM", "GATED", "RESIDUAL"]
-
-    @triton.jit
-    def _w8_gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
-                      HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_m = tl.arange(0, BLOCK_M)
-        n_mask = offs_n < N
-        m_mask = offs_m < M
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)                       # GATED: rows N + offs_n
-        sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                        mask=n_mask[:, None] & k_mask[None, :], other=0)                 # [BLOCK_N, BLOCK_K] int8
-            if GATED:
-                w_up = tl.load(w_ptr + (offs_n + N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                               mask=n_mask[:, None] & k_mask[None, :], other=0)
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
-            if NORM:
-                x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
-            acc += tl.sum(x[:, None, :].to(tl.float32) * int8_to_f32(w)[None, :, :], axis=2)
-            if GATED:
-                acc_up += tl.sum(x[:, None, :].to(tl.float32) * int8_to_f32(w_up)[None, :, :], axis=2)
-        acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if GATED:
-            acc_up *= tl.load(s_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        acc = fused_epilogue(acc, acc_up, sumsq[:, None], b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
-        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-        y_mask = m_mask[:, None] & n_mask[None, :]
-        if RESIDUAL:                                     # y_ptr is the residual: read, add, write back in place
-            acc += tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
-
-    # RESIDUAL launches tune through a twin that restores the residual after every timed run (see gemv.py)
-    _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_INT8_KEY)(_w8_gemv_body)
-    _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_INT8_KEY,
-                                               restore_value=["y_ptr"])(_w8_gemv_body)
+    # gemv.py's kernel with INT8 set, tuned over its own configs; RESIDUAL launches tune through a twin that
+    # restores the residual after every timed run (see gemv.py)
+    _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY)(_gemv_body)
+    _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY, restore_value=["y_ptr"])(_gemv_body)
 
     _INT4_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb}, num_warps=w, num_stages=s)
                      for bn, gpb, w, s in [(4, 16, 4, 3), (8, 8, 4, 3), (8, 16, 8, 2), (16, 8, 8, 2),
@@ -172,7 +129,7 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             norm_weight if norm_weight is not None else scales, y, m, n, k, x.stride(0), qweight.stride(0),
             y.stride(0), eps)
     flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
-             "RESIDUAL": residual is not None}
+             "RESIDUAL": residual is not None, "INT8": True}
     kernel = _w8_gemv_residual_kernel if residual is not None else _w8_gemv_kernel
     if is_interpreted():
         kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=64)
