@@ -162,7 +162,12 @@ def quant_section(doc: dict) -> list[str]:
              "", _checks(doc) + f" Per kernel at batch 1 (the four linear shapes): the int4 GEMV reads its weight at "
              f"{_span(r, 'int4')} of the HBM copy rate, int8 at {_span(r, 'int8')}, bf16 at {_span(r, 'bf16')}: the "
              "quantized GEMVs are far from streaming at the memory rate, which is where the batch-1 targets are lost. "
-             "This run predates the dequantize-then-cuBLAS path for 128 rows and more."]
+             "This run predates the dequantize-then-cuBLAS path for 128 rows and more.", "",
+             "A later run with the decode form's fused int8/int4 GEMVs (norm, SiLU-and-mul and residual add inside "
+             "them; [log](benchmarks/results/quant-fused-partial-llama-7b-h100.log), cut short by the call's time "
+             "limit before int4) decoded bf16 at 5.65 ms/token and int8 at 4.36 ms/token (was 3.96): a loss for "
+             "int8, so the quantized GEMVs take the separate kernels by default (`TIERLLM_FUSED_QUANT_GEMV=1` opts "
+             "in). The same run's int4 GEMV on the 4096 x 11008 shape read its weight at 40% of the HBM rate."]
     return lines
 
 
