@@ -144,7 +144,21 @@ def speed(engine, preset: str, tp_size: int, hbm_GBps: float) -> dict:
                             THROUGHPUT_GEN_LEN)
     log(f"{preset} TP={tp_size}: batch 1 {latency['decode_ms_per_step']:.2f} ms/token (roofline "
         f"{roofline_ms:.2f}), batch {THROUGHPUT_BATCH} {throughput['total_tok_s']:.0f} tok/s")
-    return {"batch1": latency, f"batch{THROUGHPUT_BATCH}": throughput}
+    table = batch1_kernel_table(engine, vocab)
+    log(f"{preset} TP={tp_size}: rank 0's kernels, 16-token prompt + 16 graph-replayed decode steps\n{table}")
+    return {"batch1": latency, f"batch{THROUGHPUT_BATCH}": throughput, "batch1_kernel_table_rank0": table}
+
+
+def batch1_kernel_table(engine, vocab: int) -> str:
+    """Where rank 0's batch-1 decode time goes (GEMVs vs all-reduces vs the rest), kernels inside the CUDA
+    graphs included: a short prompt, so the decode steps dominate."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = _random_prompts(1, 16, vocab, 5).cuda()
+    engine.generate(prompt, max_new_tokens=4, min_new_tokens=4)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.generate(prompt, max_new_tokens=17, min_new_tokens=17)
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
 
 
 def smollm2_135m_error() -> str:
