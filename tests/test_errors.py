@@ -292,3 +292,16 @@ def test_checkpoint_with_a_wrongly_shaped_tensor(llama_ckpt):
     with pytest.raises(CheckpointError, match=r"checkpoint tensor 'model.layers.0.mlp.down_proj.weight' does not "
                                               r"fit parameter .*\(64, 100\) has 100 along dim 1, expected 128"):
         make_engine(str(folder))
+
+
+def test_batch_size_lists_on_the_command_line_are_checked(capsys):
+    import argparse
+
+    from tierllm.cli import main, positive_ints
+    assert positive_ints("8,16,64") == (8, 16, 64)
+    for bad in ("0", "x", "8,,16", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive integers"):
+            positive_ints(bad)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "offload", "--q70-batches", "8,x"])
+    assert exit_info.value.code == 2 and "comma list of positive integers" in capsys.readouterr().err

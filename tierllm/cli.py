@@ -130,7 +130,7 @@ def _bench_generate(args) -> int:
     folder, kwargs = from_pretrained_args(args.model)
     model_path = Path(folder, kwargs.get("gguf_file", ""))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    batch_sizes = list(args.batch_sizes)
     print("measuring ceilings ...", file=sys.stderr)
     ceilings = measure_cpu_ceilings() if device.type == "cpu" else {}
     results, peers, checks = {}, {}, []
@@ -240,9 +240,20 @@ def _bench_gpu(args) -> int:
     return 0
 
 
+def positive_ints(text: str) -> tuple[int, ...]:
+    """argparse type: '8,16,64' -> (8, 16, 64)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive integers such as 8,16,64, got {text!r}")
+    return values
+
+
 def _bench_offload(args) -> int:
     from tierllm.bench.offload_bench import bench_offload_command
-    return bench_offload_command(args.parts.split(","), Path(args.out), args.nvme_path)
+    return bench_offload_command(args.parts.split(","), Path(args.out), args.nvme_path, args.q70_batches)
 
 
 def _plan(args) -> int:
@@ -327,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     bg.add_argument("--model", default=None, help="HF folder or .gguf (default: embedded SmolLM2)")
     bg.add_argument("--device", default=None)
     bg.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated torch dtypes")
-    bg.add_argument("--batch-sizes", default="1,16")
+    bg.add_argument("--batch-sizes", type=positive_ints, default="1,16")
     bg.add_argument("--prompt-len", type=int, default=128)
     bg.add_argument("--gen-len", type=int, default=64)
     bg.add_argument("--out", default="benchmarks/results/generate-cpu.json")
@@ -362,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     bo.add_argument("--parts", default="cpu,nvme,kv", help="comma list of cpu | nvme | kv | q70 (llama-70b int4 "
                                                            "streamed under a 24GiB GPU budget)")
     bo.add_argument("--nvme-path", default="/root/tierllm-nvme", help="folder on the disk to test")
+    bo.add_argument("--q70-batches", type=positive_ints, default="8,16,32,64",
+                    help="comma list of batch sizes for the q70 part")
     bo.add_argument("--out", default="benchmarks/results/offload-llama-7b.json")
     bo.set_defaults(func=_bench_offload)
 

@@ -215,7 +215,7 @@ def run_offload_bench(parts, preset: str = "llama-7b", batches=(1, 16, 64),
                       peers=("deepspeed:16", "deepspeed:64", "accelerate:16"), nvme_path: str = "/root/tierllm-nvme",
                       nvme_batch: int = 16, nvme_gen_len: int = 3, kv_gpu_budget: str = "5GiB",
                       kv_host_memory: str = "24GiB", prompt_len: int = 512, gen_len: int = 32,
-                      seed: int = 0) -> tuple[dict, list, dict]:
+                      seed: int = 0, q70_batches=(8, 16, 32, 64)) -> tuple[dict, list, dict]:
     Path(nvme_path).mkdir(parents=True, exist_ok=True)
     ceilings = probe(disk_folder=nvme_path)
     print("ceilings", ceilings, flush=True)
@@ -234,20 +234,20 @@ def run_offload_bench(parts, preset: str = "llama-7b", batches=(1, 16, 64),
         checks += part_checks
     del hf
     if "q70" in parts:
-        results["q70"], part_checks = quant_offload_part(ceilings, "llama-70b", "int4", "24GiB", (8, 16, 32, 64),
+        results["q70"], part_checks = quant_offload_part(ceilings, "llama-70b", "int4", "24GiB", q70_batches,
                                                          prompt_len, gen_len, seed)
         checks += part_checks
     return results, checks, ceilings
 
 
-def bench_offload_command(parts: list[str], out: Path, nvme_path: str) -> int:
+def bench_offload_command(parts: list[str], out: Path, nvme_path: str, q70_batches=(8, 16, 32, 64)) -> int:
     """`tierllm bench offload`: run the parts, print a table, write the JSON result."""
     from tierllm.bench.results import print_checks, write_result
 
     if not torch.cuda.is_available():
         print("error: bench offload needs a CUDA GPU", file=sys.stderr)
         return 2
-    results, checks, ceilings = run_offload_bench(parts, nvme_path=nvme_path)
+    results, checks, ceilings = run_offload_bench(parts, nvme_path=nvme_path, q70_batches=q70_batches)
     settings = {"preset": results["preset"], "dtype": "bfloat16", "prompt_len": 512, "gen_len": 32, "parts": parts,
                 "offload": "every decoder layer (num_resident_layers=0)"}
     peers = results.get("cpu", {}).get("peers", [])
