@@ -11,6 +11,7 @@ from tierllm.bench.perplexity import prefill_logits
 from tierllm.bench.quant_presets import preset_quant_checkpoint
 from tierllm.cli import _add_quant_args, _quant_kwargs
 from tierllm.config import QuantConfig
+from tierllm.layers.linear import Linear
 from tierllm.layers.quant_linear import QuantLinear
 from tierllm.quant.formats import dequantize_int4, unpack_int4
 from tierllm.quant.gptq import (
@@ -131,6 +132,9 @@ def test_user_calibration_sequences_of_any_length():
         assert torch.equal(a, b), name                                                    # deterministic
     with pytest.raises(ValueError, match="at least one non-empty"):
         quantize_model_gptq(make_engine(hf).model, GPTQ, [[]], show_progress=False)
+    tiny = make_engine(hf)              # a calibration prefill as short as a decode step still runs layer by layer
+    quantize_model_gptq(tiny.model, GPTQ, [calibration[0]], show_progress=False)
+    assert not any(isinstance(m, Linear) for m in tiny.model.model.layers.modules())
     short = make_engine(hf, quant=GPTQ, max_model_len=24)          # sampled calibration cut to the model's positions
     assert short.generate(torch.tensor([calibration[1][:8]]), max_new_tokens=4, do_sample=False).shape == (1, 12)
 

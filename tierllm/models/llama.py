@@ -106,7 +106,9 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, meta, streamer):
         hidden, residual = self.embed_tokens(input_ids), None          # [num_tokens, hidden]
         cos_sin = self.rotary.lookup(positions)
-        decode_form = hidden.shape[0] <= kernels.MAX_GEMV_ROWS
+        # pure decode steps of up to MAX_GEMV_ROWS tokens; prefills run layer by layer (module calls, which
+        # GPTQ's calibration hooks watch)
+        decode_form = meta.num_decode_tokens == hidden.shape[0] <= kernels.MAX_GEMV_ROWS
         for i, layer in enumerate(self.layers):
             streamer.before_layer(i)
             if decode_form:
