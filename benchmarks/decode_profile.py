@@ -1,7 +1,8 @@
 """Where batch-1 decode time goes on the GPU (llama-7b preset, bf16): GEMV kernel vs cuBLAS per shape,
-decode ms/token with each, and the eager step's kernel table. Writes $OUT/decode_profile.json."""
-import json
+decode ms/token with each, and the eager step's kernel table. Writes $OUT/decode_profile.json (device, versions,
+date and the HBM copy rate measured in the same run, as every result file)."""
 import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -9,8 +10,12 @@ from triton.testing import do_bench
 
 import tierllm
 from tierllm.bench.presets import build_preset_hf_model
+from tierllm.bench.probe import hbm_copy_GBps
+from tierllm.bench.results import write_result
 from tierllm.kernels.gemv import gemv_triton
 
+ceilings = {"hbm_copy_GBps(read+write)": round(hbm_copy_GBps(), 1)}     # before the engine takes the memory
+torch.cuda.empty_cache()
 out = {}
 for n, k in [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008), (32000, 4096)]:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -52,4 +57,7 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
 table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
 print(table)
 out["kernel_table"] = table
-json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "decode_profile.json"), "w"), indent=1)
+write_result(Path(os.environ.get("OUT", "."), "decode_profile.json"), "decode_profile", torch.device("cuda"),
+             ceilings, {}, out, [],
+             {"preset": "llama-7b", "dtype": "bfloat16", "batch": 1, "prompt_len": 512, "gen_len": 128,
+              "GBps": "weight bytes read / do_bench median (L2 flushed)"})
