@@ -1,0 +1,93 @@
+"""Where a SplitFuse step's time goes under the serving benchmark's mixed load (llama-7b preset, bf16, one GPU):
+the serve_gpu.py requests all submitted to the engine at once; per step the wall time, prefill tokens, decode
+sequences and the KV tokens their attention reads; then the kernel table of a window of steady-state steps.
+Usage: python benchmarks/serve_step_profile.py [TOKEN_BUDGET (default 512)]  -> $OUT/serve-step-profile.json"""
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import tierllm
+from tierllm.bench.presets import build_preset_hf_model
+from tierllm.bench.probe import hbm_copy_GBps
+from tierllm.bench.results import write_result
+from tierllm.bench.serve_bench import LoadSpec, plan_requests
+
+PRESET, MAX_LEN = "llama-7b", 4096
+MIXED = dict(request_rate=float("inf"), num_requests=100, prompt_len_range=(128, 3840), output_len_range=(32, 256),
+             token_vocab=32000, seed=0)
+KV_BYTES_PER_TOKEN = 32 * 2 * 4096 * 2                   # layers x (K, V) x hidden x bf16
+PROFILED_STEPS = range(200, 215)                         # steady state: prefills and long decodes mixed
+
+
+def main() -> None:
+    budget = int(sys.argv[1]) if len(sys.argv) > 1 else 512
+    ceilings = {"hbm_copy_GBps(read+write)": round(hbm_copy_GBps(), 1)}
+    torch.cuda.empty_cache()
+    hf = build_preset_hf_model(PRESET, torch.bfloat16, torch.device("cuda"))
+    llm = tierllm.LLM(hf, dtype=torch.bfloat16, max_model_len=MAX_LEN, max_num_seqs=128,
+                      max_num_batched_tokens=budget, show_progress=False)
+    del hf
+    torch.cuda.empty_cache()
+    engine, runner = llm.engine, llm.engine.runner
+    plans = []
+    forward_plan = runner.forward_plan
+
+    def recording_forward(plan):
+        plans.append(plan)
+        return forward_plan(plan)
+
+    runner.forward_plan = recording_forward
+    for req in plan_requests(LoadSpec(**MIXED)):
+        engine.add_request(str(req.index), req.prompt, tierllm.SamplingParams(max_tokens=req.output_len,
+                                                                              ignore_eos=True))
+    steps, step, table = [], 0, ""
+    prof = profile(activities=[ProfilerActivity.CUDA])
+    while engine.has_unfinished_requests():
+        if step == PROFILED_STEPS.start:
+            prof.__enter__()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        if step == PROFILED_STEPS.stop - 1:
+            prof.__exit__(None, None, None)
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        plan = plans[-1]
+        steps.append({"ms": seconds * 1e3, "decodes": plan.num_decode_tokens,
+                      "prefill_tokens": len(plan.input_ids) - plan.num_decode_tokens,
+                      "decode_kv_tokens": sum(plan.decode_context_lens),
+                      "prefill_kv_tokens": sum(plan.prefill_context_lens)})
+        step += 1
+    mixed = [s for s in steps if s["prefill_tokens"] and s["decodes"]]
+    pure = [s for s in steps if not s["prefill_tokens"]]
+
+    def describe(rows):
+        if not rows:
+            return {}
+        ms = sorted(r["ms"] for r in rows)
+        return {"steps": len(rows), "ms_p50": round(statistics.median(ms), 2),
+                "ms_p95": round(ms[int(0.95 * (len(ms) - 1))], 2),
+                "decodes_mean": round(statistics.mean(r["decodes"] for r in rows), 1),
+                "prefill_tokens_mean": round(statistics.mean(r["prefill_tokens"] for r in rows), 1),
+                "decode_kv_GB_mean": round(statistics.mean(r["decode_kv_tokens"] for r in rows)
+                                           * KV_BYTES_PER_TOKEN / 1e9, 2)}
+
+    result = {"mixed_steps": describe(mixed), "pure_decode_steps": describe(pure),
+              "profiled_steps": [steps[i] for i in PROFILED_STEPS], "kernel_table": table}
+    print(table)
+    for name in ("mixed_steps", "pure_decode_steps"):
+        print(name, result[name])
+    write_result(Path(os.environ.get("OUT", "."), f"serve-step-profile-budget{budget}.json"), "serve_step_profile",
+                 torch.device("cuda"), ceilings, {}, result, [],
+                 {"preset": PRESET, "dtype": "bfloat16", "token_budget": budget, "max_num_seqs": 128,
+                  **{k: str(v) for k, v in MIXED.items()}})
+
+
+if __name__ == "__main__":
+    main()
