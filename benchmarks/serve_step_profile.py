@@ -1,6 +1,8 @@
 """Where a SplitFuse step's time goes under the serving benchmark's mixed load (llama-7b preset, bf16, one GPU):
 the serve_gpu.py requests all submitted to the engine at once; per step the wall time, prefill tokens, decode
-sequences and the KV tokens their attention reads; then the kernel table of a window of steady-state steps.
+sequences and the KV tokens their attention reads; the host's share of each step (scheduling, plan, the forward
+pass's launches, the wait for the device, the bookkeeping after); then the kernel table of a window of steady-state
+steps.
 Usage: python benchmarks/serve_step_profile.py [TOKEN_BUDGET (default 512)]  -> $OUT/serve-step-profile.json"""
 import os
 import statistics
@@ -42,6 +44,27 @@ def main() -> None:
         return forward_plan(plan)
 
     runner.forward_plan = recording_forward
+    marks = {}                       # host time stamps inside the current step
+    schedule = engine.scheduler.schedule
+
+    def timed_schedule():
+        marks["schedule_start"] = time.perf_counter()
+        out = schedule()
+        marks["schedule_end"] = time.perf_counter()
+        return out
+
+    def launched():
+        marks["launched"] = time.perf_counter()
+
+    execute = runner.execute
+
+    def timed_execute(*args, **kwargs):
+        marks["execute_start"] = time.perf_counter()
+        out = execute(*args, **kwargs)
+        marks["execute_end"] = time.perf_counter()
+        return out
+
+    engine.scheduler.schedule, runner.execute = timed_schedule, timed_execute
     for req in plan_requests(LoadSpec(**MIXED)):
         engine.add_request(str(req.index), req.prompt, tierllm.SamplingParams(max_tokens=req.output_len,
                                                                               ignore_eos=True))
@@ -52,7 +75,9 @@ def main() -> None:
             prof.__enter__()
         torch.cuda.synchronize()
         start = time.perf_counter()
-        engine.step()
+        marks.clear()
+        engine.step(on_launched=launched)
+        end = time.perf_counter()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         if step == PROFILED_STEPS.stop - 1:
@@ -62,7 +87,12 @@ def main() -> None:
         steps.append({"ms": seconds * 1e3, "decodes": plan.num_decode_tokens,
                       "prefill_tokens": len(plan.input_ids) - plan.num_decode_tokens,
                       "decode_kv_tokens": sum(plan.decode_context_lens),
-                      "prefill_kv_tokens": sum(plan.prefill_context_lens)})
+                      "prefill_kv_tokens": sum(plan.prefill_context_lens),
+                      # host phases (ms): the device idles through schedule + plan and until the first launch
+                      "host_schedule_ms": (marks["schedule_end"] - marks["schedule_start"]) * 1e3,
+                      "host_plan_and_launch_ms": (marks["launched"] - marks["execute_start"]) * 1e3,
+                      "host_wait_and_sample_ms": (marks["execute_end"] - marks["launched"]) * 1e3,
+                      "host_after_ms": (end - marks["execute_end"]) * 1e3})
         step += 1
     mixed = [s for s in steps if s["prefill_tokens"] and s["decodes"]]
     pure = [s for s in steps if not s["prefill_tokens"]]
@@ -76,7 +106,8 @@ def main() -> None:
                 "decodes_mean": round(statistics.mean(r["decodes"] for r in rows), 1),
                 "prefill_tokens_mean": round(statistics.mean(r["prefill_tokens"] for r in rows), 1),
                 "decode_kv_GB_mean": round(statistics.mean(r["decode_kv_tokens"] for r in rows)
-                                           * KV_BYTES_PER_TOKEN / 1e9, 2)}
+                                           * KV_BYTES_PER_TOKEN / 1e9, 2),
+                **{f"{k}_mean": round(statistics.mean(r[k] for r in rows), 2) for k in rows[0] if k.startswith("host")}}
 
     result = {"mixed_steps": describe(mixed), "pure_decode_steps": describe(pure),
               "profiled_steps": [steps[i] for i in PROFILED_STEPS], "kernel_table": table}
