@@ -3,8 +3,13 @@ the serve_gpu.py requests all submitted to the engine at once; per step the wall
 sequences and the KV tokens their attention reads; the host's share of each step (scheduling, plan, the forward
 pass's launches, the wait for the device, the bookkeeping after); then the kernel table of a window of steady-state
 steps.
-Usage: python benchmarks/serve_step_profile.py [TOKEN_BUDGET (default 512)]  -> $OUT/serve-step-profile.json"""
+Usage: python benchmarks/serve_step_profile.py [TOKEN_BUDGET (default 512)] [--cprofile]
+  -> $OUT/serve-step-profile-budget{B}.json; --cprofile: the host's Python profile of the window instead of the
+  kernel table (where a step's launch time goes)."""
+import cProfile
+import io
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -27,7 +32,9 @@ PROFILED_STEPS = range(200, 215)                         # steady state: prefill
 
 
 def main() -> None:
-    budget = int(sys.argv[1]) if len(sys.argv) > 1 else 512
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    budget = int(args[0]) if args else 512
+    use_cprofile = "--cprofile" in sys.argv
     ceilings = {"hbm_copy_GBps(read+write)": round(hbm_copy_GBps(), 1)}
     torch.cuda.empty_cache()
     hf = build_preset_hf_model(PRESET, torch.bfloat16, torch.device("cuda"))
@@ -69,10 +76,10 @@ def main() -> None:
         engine.add_request(str(req.index), req.prompt, tierllm.SamplingParams(max_tokens=req.output_len,
                                                                               ignore_eos=True))
     steps, step, table = [], 0, ""
-    prof = profile(activities=[ProfilerActivity.CUDA])
+    prof = cProfile.Profile() if use_cprofile else profile(activities=[ProfilerActivity.CUDA])
     while engine.has_unfinished_requests():
         if step == PROFILED_STEPS.start:
-            prof.__enter__()
+            prof.enable() if use_cprofile else prof.__enter__()
         torch.cuda.synchronize()
         start = time.perf_counter()
         marks.clear()
@@ -80,7 +87,13 @@ def main() -> None:
         end = time.perf_counter()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        if step == PROFILED_STEPS.stop - 1:
+        if step == PROFILED_STEPS.stop - 1 and use_cprofile:
+            prof.disable()
+            text = io.StringIO()
+            for order in ("tottime", "cumulative"):
+                pstats.Stats(prof, stream=text).sort_stats(order).print_stats(40)
+            table = text.getvalue()
+        elif step == PROFILED_STEPS.stop - 1:
             prof.__exit__(None, None, None)
             table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         plan = plans[-1]
@@ -114,7 +127,8 @@ def main() -> None:
     print(table)
     for name in ("mixed_steps", "pure_decode_steps"):
         print(name, result[name])
-    write_result(Path(os.environ.get("OUT", "."), f"serve-step-profile-budget{budget}.json"), "serve_step_profile",
+    write_result(Path(os.environ.get("OUT", "."),
+                      f"serve-step-profile-budget{budget}{'-cprofile' if use_cprofile else ''}.json"), "serve_step_profile",
                  torch.device("cuda"), ceilings, {}, result, [],
                  {"preset": PRESET, "dtype": "bfloat16", "token_budget": budget, "max_num_seqs": 128,
                   **{k: str(v) for k, v in MIXED.items()}})
