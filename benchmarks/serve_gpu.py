@@ -22,6 +22,7 @@ MIXED = dict(num_requests=100, prompt_len_range=(128, 3840), output_len_range=(3
              ttft_slo_s=2.0, tpot_slo_s=0.1)
 RATES = (3.0, 6.0, 10.0)           # offered loads (req/s), below and above saturation; the check uses the highest
 BUDGET = {"splitfuse": 512, "prefill_first": 8192}    # prefill-first must fit a whole 4096-token prompt
+MIXED_GRAPH_TOKENS = 512           # `tierllm serve`'s default: steps with up to 512 prompt tokens replay CUDA graphs
 
 
 def start_server(tokenizer_dir: str, policy: str, budget: int):
@@ -59,7 +60,8 @@ def offline_throughput(spec: LoadSpec) -> dict:
     """The same requests through the engine directly (each with its own max_tokens), all submitted at once."""
     hf = build_preset_hf_model(PRESET, torch.bfloat16, torch.device("cuda"))
     llm = tierllm.LLM(hf, dtype=torch.bfloat16, max_model_len=MAX_LEN, max_num_seqs=128,
-                      max_num_batched_tokens=BUDGET["splitfuse"], show_progress=False)
+                      max_num_batched_tokens=BUDGET["splitfuse"], mixed_graph_tokens=MIXED_GRAPH_TOKENS,
+                      show_progress=False)
     del hf
     torch.cuda.empty_cache()
     engine = llm.engine
@@ -112,7 +114,8 @@ def main() -> None:
                     results["splitfuse_saturated"]["output_throughput"] / results["offline"]["output_throughput"],
                     ">=", 0.9)]
     settings = {"preset": PRESET, "dtype": "bfloat16", "offered_rates_req_s": list(RATES),
-                **{k: str(v) for k, v in MIXED.items()}, "token_budgets": BUDGET, "max_num_seqs": 128}
+                **{k: str(v) for k, v in MIXED.items()}, "token_budgets": BUDGET, "max_num_seqs": 128,
+                "mixed_graph_tokens": MIXED_GRAPH_TOKENS}
     from tierllm.bench.probe import probe
     write_result(__import__("pathlib").Path(out_path), "serve", torch.device("cuda"), probe(),
                  {"prefill_first_scheduling": pf}, results, checks, settings)

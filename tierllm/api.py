@@ -258,9 +258,13 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                  enable_cuda_graph: bool | None = None, scheduler_policy: str = "splitfuse",
                  show_progress: bool = True, offload: OffloadConfig | dict | None = None,
                  kv_offload: bool = False, pin_kv_cache: bool = True, async_kv_offload: bool = True,
-                 quant: QuantConfig | dict | str | None = None, tensor_parallel: dict | int | None = None):
+                 quant: QuantConfig | dict | str | None = None, tensor_parallel: dict | int | None = None,
+                 mixed_graph_tokens: int = 0):
     """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad).
     enable_cuda_graph: replay captured graphs for pure-decode steps (default: on for CUDA devices).
+    mixed_graph_tokens: with CUDA graphs, also capture steps that carry up to this many prompt tokens (SplitFuse's
+    mixed steps; capped at max_num_batched_tokens), whose eager launches otherwise take longer than the GPU's work
+    for small budgets; 0 (default): they run eagerly. `tierllm serve` uses 512.
     tensor_parallel: {"tp_size": N} splits every layer over N processes (N GPUs): under torchrun each rank joins
     the job (ranks > 0 then serve rank 0's steps inside this call and exit when it shuts down, never returning);
     otherwise this process is rank 0 and spawns N-1 workers. See tierllm/distributed/launch.py.
@@ -330,8 +334,10 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
             enable_cuda_graph = False
         if enable_cuda_graph is None:
             enable_cuda_graph = device.type == "cuda"
+        if mixed_graph_tokens < 0:
+            raise ValueError(f"mixed_graph_tokens must be >= 0 (0 = off), got {mixed_graph_tokens}")
         runner = ModelRunner(native, num_blocks, block_size, torch_dtype, device, enable_cuda_graph, max_num_seqs,
-                             max_len, kv, parallel)
+                             max_len, kv, parallel, min(mixed_graph_tokens, max_num_batched_tokens))
         if not parallel.is_driver:
             serve_worker(runner)                      # tensor-parallel ranks > 0: follow rank 0's steps, then exit
         scheduler = Scheduler(sched_config, BlockManager(num_blocks, block_size, enable_prefix_caching,

@@ -174,7 +174,8 @@ def _serve(args) -> int:
                            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            scheduler_policy=args.scheduler_policy, preset=args.preset, tokenizer=args.tokenizer,
-                           gpu_memory_utilization=args.gpu_memory_utilization, **_offload_kwargs(args),
+                           gpu_memory_utilization=args.gpu_memory_utilization,
+                           mixed_graph_tokens=args.mixed_graph_tokens, **_offload_kwargs(args),
                            **_quant_kwargs(args))
     run_server(server, args.host, args.port)
     return 0
@@ -310,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--preset", default=None, help="serve a benchmark shape (e.g. llama-7b) with random weights")
     srv.add_argument("--tokenizer", default=None, help="tokenizer folder (needed with --preset)")
     srv.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    srv.add_argument("--mixed-graph-tokens", type=int, default=512, metavar="N",
+                     help="CUDA-graph steps with up to N prompt tokens next to their decodes (capped at the token "
+                          "budget; 0: run them eagerly)")
     _add_offload_args(srv)
     srv.add_argument("--tp", type=int, default=1, metavar="N", help=_TP_HELP)
     _add_quant_args(srv)

@@ -87,3 +87,32 @@ def test_bf16_smollm2_agrees_with_hf_bf16():
     print(f"SmolLM2 bf16 agreement with HF bf16: teacher-forced {forced}/{total} = {forced / total:.3f}, "
           f"free-running {free}/{total} = {free / total:.3f}")
     assert forced / total >= 0.95
+
+
+@pytest.mark.parametrize("family", ["llama_gqa", "mistral_swa", "opt", "gpt2"])
+def test_mixed_step_graphs_equal_eager_and_hf(family, monkeypatch):
+    """Steps with prompt chunks next to decodes replay their padded CUDA graphs (runner/mixed_graph.py) and give
+    the tokens of the eager steps, and each prompt alone gives HF's greedy tokens (fp32)."""
+    hf = copy.deepcopy(build_hf_model(family)).cuda()
+    engine = tierllm.init_inference(hf, dtype=torch.float32, show_progress=False, max_num_seqs=8,
+                                    max_num_batched_tokens=48, mixed_graph_tokens=48)
+    mixed = engine.engine.runner.mixed_graphs
+    assert mixed is not None and mixed.graphs
+    replays = []
+    run = mixed.run
+    monkeypatch.setattr(mixed, "run", lambda plan, shape: replays.append(shape) or run(plan, shape))
+    prompts = random_prompts([5, 19, 40, 7, 33, 12], seed=3)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
+    with_graphs = engine.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16)
+    assert any(decode_rows > 0 for decode_rows, _ in replays), replays        # chunks next to decodes
+    engine.engine.runner.use_cuda_graph = False
+    without = engine.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16)
+    engine.engine.runner.use_cuda_graph = True
+    assert torch.equal(with_graphs, without)
+    for prompt in prompts[:3]:
+        one = torch.tensor([prompt], device="cuda")
+        with torch.inference_mode():
+            ref = hf.generate(one, max_new_tokens=16, do_sample=False)
+        assert engine.generate(one, max_new_tokens=16, do_sample=False).tolist() == ref.tolist(), family

@@ -18,13 +18,16 @@ from tierllm.offload.kv_offload import KVOffload
 from tierllm.runner.cuda_graph import CudaGraphDecoder
 from tierllm.runner.input_builder import StepPlan, build_step_plan, inputs_from_plan
 from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks
+from tierllm.runner.mixed_graph import MixedStepGraphs
 
 
 class ModelRunner:
     def __init__(self, model: NativeModel, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device, enable_cuda_graph: bool = False, max_num_seqs: int = 256,
                  max_model_len: int = 2048, kv_offload: KVOffload | None = None,
-                 parallel: ParallelState | None = None):
+                 parallel: ParallelState | None = None, mixed_graph_tokens: int = 0):
+        """mixed_graph_tokens: with enable_cuda_graph, also capture steps of up to this many prefill tokens
+        (decodes plus prompt chunks; see runner/mixed_graph.py). 0: those steps run eagerly."""
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -40,14 +43,19 @@ class ModelRunner:
             self.kv_caches = allocate_kv_cache(model.attention_layers(), num_blocks, block_size, dtype, device)
             model.bind_kv_cache(self.kv_caches)
         self.graphs: CudaGraphDecoder | None = None
+        self.mixed_graphs: MixedStepGraphs | None = None
         self.use_cuda_graph = enable_cuda_graph                 # may be toggled later (benchmarks: on vs off)
         if enable_cuda_graph:
             if device.type != "cuda":
                 raise ValueError("enable_cuda_graph=True needs a CUDA device")
-            self.graphs = CudaGraphDecoder(model, max_num_seqs, -(-max_model_len // block_size), device)
-            if self.driver is not None:
-                self.driver.release_before_close(self.graphs.release)
-            self.graphs.capture()                               # every rank captures its collectives together
+            max_blocks = -(-max_model_len // block_size)
+            self.graphs = CudaGraphDecoder(model, max_num_seqs, max_blocks, device)
+            if mixed_graph_tokens > 0:
+                self.mixed_graphs = MixedStepGraphs(model, max_num_seqs, max_blocks, mixed_graph_tokens, device)
+            for graphs in filter(None, (self.graphs, self.mixed_graphs)):
+                if self.driver is not None:
+                    self.driver.release_before_close(graphs.release)
+                graphs.capture()                                # every rank captures its collectives together
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -76,11 +84,16 @@ class ModelRunner:
             self.kv_offload.flush()                     # host rows of the last step are in before host-side copies
         if plan.block_copies:
             copy_blocks(self.kv_caches, plan.block_copies)
-        inputs = inputs_from_plan(plan, self.device)
         num_tokens, num_sampled = len(plan.input_ids), len(plan.logits_indices)
+        is_pure_decode = plan.num_decode_tokens == num_tokens == num_sampled
+        if plan.use_cuda_graph and self.mixed_graphs is not None and not is_pure_decode:
+            shape = self.mixed_graphs.shape_for(plan)
+            if shape is not None:
+                logits = self.mixed_graphs.run(plan, shape)                         # [num_sampled, vocab]
+                return logits if num_sampled else None
+        inputs = inputs_from_plan(plan, self.device)
         if self.kv_offload is not None:
             self.kv_offload.begin_step(plan, inputs.meta)
-        is_pure_decode = plan.num_decode_tokens == num_tokens == num_sampled
         if plan.use_cuda_graph and is_pure_decode and self.graphs.can_run(num_tokens):
             return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)   # [num_seqs, vocab]
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)        # [num_tokens, hidden]
@@ -93,6 +106,6 @@ class ModelRunner:
         stores (NVMe files, loader threads)."""
         if self.driver is not None:
             self.driver.close()                         # frees the graphs first (they hold the communicator)
-        if self.graphs is not None:
-            self.graphs.release()
+        for graphs in filter(None, (self.graphs, self.mixed_graphs)):
+            graphs.release()
         self.model.layer_streamer.close()
