@@ -89,30 +89,73 @@ def test_bf16_smollm2_agrees_with_hf_bf16():
     assert forced / total >= 0.95
 
 
+def _mixed_engine(family: str, dtype: torch.dtype):
+    hf = copy.deepcopy(build_hf_model(family)).cuda().to(dtype)
+    engine = tierllm.init_inference(hf, dtype=dtype, show_progress=False, max_num_seqs=8, max_num_batched_tokens=48,
+                                    mixed_graph_tokens=48)
+    return hf, engine
+
+
+def _queue(engine, lengths, max_tokens: int) -> None:
+    for i, prompt in enumerate(random_prompts(lengths, seed=3)):
+        engine.engine.add_request(f"r{i}", prompt, tierllm.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
 @pytest.mark.parametrize("family", ["llama_gqa", "mistral_swa", "opt", "gpt2"])
-def test_mixed_step_graphs_equal_eager_and_hf(family, monkeypatch):
-    """Steps with prompt chunks next to decodes replay their padded CUDA graphs (runner/mixed_graph.py) and give
-    the tokens of the eager steps, and each prompt alone gives HF's greedy tokens (fp32)."""
-    hf = copy.deepcopy(build_hf_model(family)).cuda()
-    engine = tierllm.init_inference(hf, dtype=torch.float32, show_progress=False, max_num_seqs=8,
-                                    max_num_batched_tokens=48, mixed_graph_tokens=48)
-    mixed = engine.engine.runner.mixed_graphs
+def test_mixed_step_graph_logits_equal_eager_per_step(family, monkeypatch):
+    """bf16: every step a mixed-step graph holds (prompt chunks next to decodes, or prompts alone), three ways:
+    the graph replay equals the same padded layout run eagerly (same kernels, same shapes), which agrees with the
+    unpadded eager step to bf16 tolerance."""
+    _, engine = _mixed_engine(family, torch.bfloat16)
+    runner = engine.engine.runner
+    mixed = runner.mixed_graphs
     assert mixed is not None and mixed.graphs
-    replays = []
-    run = mixed.run
-    monkeypatch.setattr(mixed, "run", lambda plan, shape: replays.append(shape) or run(plan, shape))
+    eager_forward = runner.forward_plan
+    seen = []
+
+    def three_ways(plan):
+        shape = mixed.shape_for(plan)
+        if shape is None or not plan.logits_indices:
+            return eager_forward(plan)
+        replayed = mixed.run(plan, shape).float()
+        padded = mixed.padded_forward(plan, shape).float()
+        plan.use_cuda_graph = False
+        logits = eager_forward(plan)
+        seen.append(shape)
+        torch.testing.assert_close(replayed, padded, rtol=1e-3, atol=1e-3, msg=f"graph replay, step {len(seen)}")
+        torch.testing.assert_close(padded, logits.float(), rtol=2e-2, atol=2e-2, msg=f"padded, step {len(seen)}")
+        return logits
+
+    monkeypatch.setattr(runner, "forward_plan", three_ways)
+    _queue(engine, [5, 19, 40, 7, 33, 12], max_tokens=8)
+    while engine.engine.has_unfinished_requests():
+        engine.engine.step()
+    assert any(d > 0 for d, _ in seen) and any(d == 0 for d, _ in seen), seen
+
+
+def test_mixed_step_graphs_tokens_match_graphs_off():
+    """bf16 greedy tokens of a batch whose prompts run in chunks next to decodes: with the mixed-step graphs
+    replayed and with every step eager (the padded GEMMs may round differently: >= 95% of tokens agree)."""
+    hf, engine = _mixed_engine("llama_gqa", torch.bfloat16)
     prompts = random_prompts([5, 19, 40, 7, 33, 12], seed=3)
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
-    with_graphs = engine.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16)
-    assert any(decode_rows > 0 for decode_rows, _ in replays), replays        # chunks next to decodes
+    with_graphs = engine.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16)[:, width:]
     engine.engine.runner.use_cuda_graph = False
-    without = engine.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16)
-    engine.engine.runner.use_cuda_graph = True
-    assert torch.equal(with_graphs, without)
-    for prompt in prompts[:3]:
-        one = torch.tensor([prompt], device="cuda")
+    without = engine.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16)[:, width:]
+    agreement = (with_graphs == without).float().mean().item()
+    print("mixed-step graphs on vs off, bf16 greedy token agreement", agreement)
+    assert agreement >= 0.95
+
+
+def test_fp32_steps_with_prompt_tokens_stay_eager():
+    """fp32 prefill attention is the torch reference (host loops): no mixed-step graphs, and HF's tokens."""
+    hf, engine = _mixed_engine("llama_gqa", torch.float32)
+    assert engine.engine.runner.mixed_graphs is None
+    assert engine.engine.runner.graphs is not None
+    for prompt in random_prompts([5, 40], seed=3):
+        ids = torch.tensor([prompt], device="cuda")
         with torch.inference_mode():
-            ref = hf.generate(one, max_new_tokens=16, do_sample=False)
-        assert engine.generate(one, max_new_tokens=16, do_sample=False).tolist() == ref.tolist(), family
+            ref = hf.generate(ids, max_new_tokens=16, do_sample=False)
+        assert engine.generate(ids, max_new_tokens=16, do_sample=False).tolist() == ref.tolist()

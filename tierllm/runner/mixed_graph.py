@@ -14,6 +14,7 @@ import time
 import torch
 
 from tierllm.kernels import PrefillPlan
+from tierllm.kernels._dispatch import HAS_TRITON
 from tierllm.kernels.prefill_attention import PREFILL_BLOCK_M
 from tierllm.layers.attention import AttentionMetadata
 from tierllm.models.base import NativeModel
@@ -67,6 +68,18 @@ class PaddedStep:
         # rows of the sampled tokens in the padded layout; padding samples row 0 (ignored)
         shifted = [i if i < d else i + pad_d for i in plan.logits_indices]
         self.logits_indices = shifted + [0] * (decode_rows + MAX_PREFILLS - len(shifted))
+
+
+def unsupported_reason(model: NativeModel, dtype: torch.dtype) -> str | None:
+    """Why this model's mixed steps cannot be captured, None if they can: the graph needs the Triton prefill
+    kernel, which reads its tiling from device tensors (the torch reference loops over host lists)."""
+    if not HAS_TRITON:
+        return "Triton is not installed"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"the Triton prefill kernel runs fp16/bf16, not {dtype}"
+    if any(layer.head_dim & (layer.head_dim - 1) for layer in model.attention_layers()):
+        return "the Triton prefill kernel needs a power-of-two head_dim"
+    return None
 
 
 def max_tiles(prefill_rows: int) -> int:

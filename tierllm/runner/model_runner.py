@@ -4,6 +4,7 @@ each plan they receive."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 
 import torch
@@ -18,7 +19,9 @@ from tierllm.offload.kv_offload import KVOffload
 from tierllm.runner.cuda_graph import CudaGraphDecoder
 from tierllm.runner.input_builder import StepPlan, build_step_plan, inputs_from_plan
 from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks
-from tierllm.runner.mixed_graph import MixedStepGraphs
+from tierllm.runner.mixed_graph import MixedStepGraphs, unsupported_reason
+
+logger = logging.getLogger("tierllm")
 
 
 class ModelRunner:
@@ -50,7 +53,10 @@ class ModelRunner:
                 raise ValueError("enable_cuda_graph=True needs a CUDA device")
             max_blocks = -(-max_model_len // block_size)
             self.graphs = CudaGraphDecoder(model, max_num_seqs, max_blocks, device)
-            if mixed_graph_tokens > 0:
+            reason = unsupported_reason(model, dtype) if mixed_graph_tokens > 0 else None
+            if reason is not None:
+                logger.info("tierllm: steps with prompt tokens run eagerly (no mixed-step CUDA graphs): %s", reason)
+            elif mixed_graph_tokens > 0:
                 self.mixed_graphs = MixedStepGraphs(model, max_num_seqs, max_blocks, mixed_graph_tokens, device)
             for graphs in filter(None, (self.graphs, self.mixed_graphs)):
                 if self.driver is not None:
