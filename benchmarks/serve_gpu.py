@@ -1,7 +1,7 @@
 """Serving on one GPU (llama-7b preset, bf16): Dynamic SplitFuse vs prefill-first scheduling under the same
 mixed load (prompts 128-4096 tokens, outputs 32-256), and saturated server throughput vs offline generation of
 the same requests. Servers run as `tierllm serve` subprocesses; the load generator runs here.
-Usage: python benchmarks/serve_gpu.py TOKENIZER_DIR OUT_JSON [SPLITFUSE_TOKEN_BUDGET (default 512)]"""
+Usage: python benchmarks/serve_gpu.py TOKENIZER_DIR OUT_JSON [SPLITFUSE_TOKEN_BUDGET (default 384)]"""
 import os
 import signal
 import socket
@@ -21,7 +21,9 @@ PRESET, VOCAB, MAX_LEN = "llama-7b", 32000, 4096      # Llama-2-7B holds 4096 po
 MIXED = dict(num_requests=100, prompt_len_range=(128, 3840), output_len_range=(32, 256), token_vocab=VOCAB, seed=0,
              ttft_slo_s=2.0, tpot_slo_s=0.1)
 RATES = (3.0, 6.0, 10.0)           # offered loads (req/s), below and above saturation; the check uses the highest
-BUDGET = {"splitfuse": 512, "prefill_first": 8192}    # prefill-first must fit a whole 4096-token prompt
+# SplitFuse's budget: with its mixed steps replayed as CUDA graphs, a 384-token step (~25 ms with ~30 long decodes)
+# keeps token gaps short; prefill-first must fit a whole 4096-token prompt
+BUDGET = {"splitfuse": 384, "prefill_first": 8192}
 MIXED_GRAPH_TOKENS = 512           # `tierllm serve`'s default: steps with up to 512 prompt tokens replay CUDA graphs
 
 
