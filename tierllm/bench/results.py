@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import platform
 from pathlib import Path
@@ -32,12 +33,24 @@ def _git_commit() -> str | None:
         return None
 
 
+def source_digest() -> str:
+    """sha256 (first 16 hex digits) of the tierllm package's Python sources as they ran: it names the code even
+    where the checkout's git metadata lags its files (the device machine's copy): compute it at candidate commits
+    to find the one a result came from."""
+    package = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def versions() -> dict:
     import transformers
 
     import tierllm
-    return {"tierllm": tierllm.__version__, "commit": _git_commit(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version()}
+    return {"tierllm": tierllm.__version__, "commit": _git_commit(), "source_sha256": source_digest(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
 
 
 def check(name: str, value: float, op: str, target: float) -> dict:

@@ -22,48 +22,34 @@ def batch_buckets(max_batch: int) -> list[int]:
     return buckets + [max_batch]
 
 
-class CudaGraphDecoder:
-    def __init__(self, model: NativeModel, max_batch: int, max_blocks_per_seq: int, device: torch.device):
-        self.model = model
-        self.buckets = batch_buckets(max_batch)
+class CapturedGraphs:
+    """CUDA graphs keyed by input shape, each with its output tensor, captured on a side stream into one memory
+    pool."""
+
+    def __init__(self, device: torch.device):
         self.device = device
-        b = self.buckets[-1]
-        self.input_ids = torch.zeros(b, dtype=torch.int64, device=device)          # [max_batch]
-        self.positions = torch.zeros(b, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((b,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros(b, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.context_lens = torch.zeros(b, dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}                                  # bucket -> [bucket, vocab]
+        self.graphs: dict = {}
+        self.logits: dict = {}                         # key -> the graph's output (logits of its rows)
         self.capture_seconds = 0.0
 
-    def _forward(self, batch: int) -> torch.Tensor:
-        meta = AttentionMetadata(slot_mapping=self.slot_mapping[:batch], num_decode_tokens=batch,
-                                 decode_block_tables=self.block_tables[:batch],
-                                 decode_context_lens=self.context_lens[:batch],
-                                 prefill_block_tables=self.block_tables[:0], prefill_query_lens=[],
-                                 prefill_context_lens=[])
-        hidden = self.model(self.input_ids[:batch], self.positions[:batch], meta)
-        return self.model.compute_logits(hidden)
-
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture_each(self, keys, forward) -> None:
+        """forward(key) -> logits, run once eagerly (Triton compiles, cuBLAS picks kernels), then captured. Give
+        the largest shapes first: later graphs reuse their memory."""
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for batch in reversed(self.buckets):               # largest first: later graphs reuse its memory
-                self._forward(batch)                           # warm-up: Triton compiles, cuBLAS picks kernels
+            for key in keys:
+                forward(key)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self.logits[batch] = self._forward(batch)
-                self.graphs[batch] = graph
+                    self.logits[key] = forward(key)
+                self.graphs[key] = graph
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
-        logger.info("tierllm: captured %d decode CUDA graphs (batch %s) in %.2f s", len(self.graphs),
-                    self.buckets, self.capture_seconds)
 
     def release(self) -> None:
         """Free the captured graphs. A graph that captured NCCL collectives holds a reference on the communicator,
@@ -75,6 +61,33 @@ class CudaGraphDecoder:
             graph.reset()
         self.graphs.clear()
         self.logits.clear()
+
+
+class CudaGraphDecoder(CapturedGraphs):
+    def __init__(self, model: NativeModel, max_batch: int, max_blocks_per_seq: int, device: torch.device):
+        super().__init__(device)
+        self.model = model
+        self.buckets = batch_buckets(max_batch)
+        b = self.buckets[-1]
+        self.input_ids = torch.zeros(b, dtype=torch.int64, device=device)          # [max_batch]
+        self.positions = torch.zeros(b, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((b,), -1, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros(b, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.context_lens = torch.zeros(b, dtype=torch.int32, device=device)
+
+    def _forward(self, batch: int) -> torch.Tensor:
+        meta = AttentionMetadata(slot_mapping=self.slot_mapping[:batch], num_decode_tokens=batch,
+                                 decode_block_tables=self.block_tables[:batch],
+                                 decode_context_lens=self.context_lens[:batch],
+                                 prefill_block_tables=self.block_tables[:0], prefill_query_lens=[],
+                                 prefill_context_lens=[])
+        hidden = self.model(self.input_ids[:batch], self.positions[:batch], meta)
+        return self.model.compute_logits(hidden)                                   # [batch, vocab]
+
+    def capture(self) -> None:
+        self.capture_each(list(reversed(self.buckets)), self._forward)
+        logger.info("tierllm: captured %d decode CUDA graphs (batch %s) in %.2f s", len(self.graphs),
+                    self.buckets, self.capture_seconds)
 
     def can_run(self, num_seqs: int) -> bool:
         return bool(self.graphs) and num_seqs <= self.buckets[-1]

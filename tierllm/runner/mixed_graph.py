@@ -9,7 +9,6 @@ smallest graph that holds it: padding rows write no KV (slot -1), padded decode 
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
@@ -18,7 +17,7 @@ from tierllm.kernels._dispatch import HAS_TRITON
 from tierllm.kernels.prefill_attention import PREFILL_BLOCK_M
 from tierllm.layers.attention import AttentionMetadata
 from tierllm.models.base import NativeModel
-from tierllm.runner.cuda_graph import batch_buckets
+from tierllm.runner.cuda_graph import CapturedGraphs, batch_buckets
 from tierllm.runner.input_builder import StepPlan
 
 logger = logging.getLogger("tierllm")
@@ -87,11 +86,11 @@ def max_tiles(prefill_rows: int) -> int:
     return prefill_rows // PREFILL_BLOCK_M + MAX_PREFILLS
 
 
-class MixedStepGraphs:
+class MixedStepGraphs(CapturedGraphs):
     def __init__(self, model: NativeModel, max_num_seqs: int, max_blocks_per_seq: int, max_prefill_tokens: int,
                  device: torch.device):
+        super().__init__(device)
         self.model = model
-        self.device = device
         self.decode_buckets = [0] + batch_buckets(max_num_seqs)
         self.prefill_buckets = prefill_buckets(max_prefill_tokens)
         self.width = max_blocks_per_seq
@@ -112,9 +111,6 @@ class MixedStepGraphs:
         self.query_lens = buffer(MAX_PREFILLS + 1)
         self.context_lens = buffer(MAX_PREFILLS + 1)
         self.logits_indices = buffer(d_max + MAX_PREFILLS, dtype=torch.int64)  # [sampled rows]
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.logits: dict[tuple[int, int], torch.Tensor] = {}   # (D, P) -> [D + MAX_PREFILLS, vocab]
-        self.capture_seconds = 0.0
 
     def shape_for(self, plan: StepPlan) -> tuple[int, int] | None:
         """The (decode rows, prefill rows) layout that holds this step, None if none does (it runs eagerly)."""
@@ -175,25 +171,10 @@ class MixedStepGraphs:
         self.query_lens.zero_()
         self.context_lens.zero_()
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        start = time.perf_counter()
         self._reset()
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for d in reversed(self.decode_buckets):            # largest first: later graphs reuse its memory
-                for p in reversed(self.prefill_buckets):
-                    meta = self.metadata(d, p)
-                    self.forward(d, p, meta)                   # warm-up: Triton compiles, cuBLAS picks kernels
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self.logits[(d, p)] = self.forward(d, p, meta)
-                    self.graphs[(d, p)] = graph
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        self.capture_seconds = time.perf_counter() - start
+        self.capture_each([(d, p) for d in reversed(self.decode_buckets) for p in reversed(self.prefill_buckets)],
+                          lambda shape: self.forward(*shape, self.metadata(*shape)))
         logger.info("tierllm: captured %d mixed-step CUDA graphs (decode rows %s x prefill rows %s) in %.2f s",
                     len(self.graphs), self.decode_buckets, self.prefill_buckets, self.capture_seconds)
 
@@ -203,12 +184,3 @@ class MixedStepGraphs:
         self.load(PaddedStep(plan, *shape, self.width))
         self.graphs[shape].replay()
         return self.logits[shape][:len(plan.logits_indices)]
-
-    def release(self) -> None:
-        """Free the graphs (tensor-parallel ranks call this before releasing their process groups)."""
-        if self.graphs:
-            torch.cuda.synchronize(self.device)
-        for graph in self.graphs.values():
-            graph.reset()
-        self.graphs.clear()
-        self.logits.clear()

@@ -1,0 +1,22 @@
+"""Result files name the code that produced them: a digest of the package sources next to the git commit."""
+import json
+
+import torch
+
+from tierllm.bench import results
+
+
+def test_result_file_carries_versions_and_a_source_digest(tmp_path, monkeypatch):
+    out = tmp_path / "r.json"
+    results.write_result(out, "unit", torch.device("cpu"), {"x": 1.0}, {}, {"y": 2}, [], {"s": 3})
+    doc = json.loads(out.read_text())
+    digest = doc["versions"]["source_sha256"]
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert digest == results.source_digest()                     # stable for the same sources
+    package = tmp_path / "pkg"
+    (package / "bench").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(results, "__file__", str(package / "bench" / "results.py"))
+    before = results.source_digest()
+    (package / "a.py").write_text("x = 2\n")
+    assert results.source_digest() != before                     # any source change shows
