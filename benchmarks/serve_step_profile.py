@@ -3,9 +3,10 @@ the serve_gpu.py requests all submitted to the engine at once; per step the wall
 sequences and the KV tokens their attention reads; the host's share of each step (scheduling, plan, the forward
 pass's launches, the wait for the device, the bookkeeping after); then the kernel table of a window of steady-state
 steps.
-Usage: python benchmarks/serve_step_profile.py [TOKEN_BUDGET (default 512)] [--cprofile]
+Usage: python benchmarks/serve_step_profile.py [TOKEN_BUDGET (default 512)] [--cprofile] [--graphs]
   -> $OUT/serve-step-profile-budget{B}.json; --cprofile: the host's Python profile of the window instead of the
-  kernel table (where a step's launch time goes)."""
+  kernel table (where a step's launch time goes); --graphs: steps with prompt tokens replay CUDA graphs, as under
+  `tierllm serve` (mixed_graph_tokens=512)."""
 import cProfile
 import io
 import os
@@ -35,10 +36,12 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     budget = int(args[0]) if args else 512
     use_cprofile = "--cprofile" in sys.argv
+    mixed_graph_tokens = 512 if "--graphs" in sys.argv else 0
     ceilings = {"hbm_copy_GBps(read+write)": round(hbm_copy_GBps(), 1)}
     torch.cuda.empty_cache()
     hf = build_preset_hf_model(PRESET, torch.bfloat16, torch.device("cuda"))
     llm = tierllm.LLM(hf, dtype=torch.bfloat16, max_model_len=MAX_LEN, max_num_seqs=128,
+                      mixed_graph_tokens=mixed_graph_tokens,
                       max_num_batched_tokens=budget, show_progress=False)
     del hf
     torch.cuda.empty_cache()
@@ -128,9 +131,11 @@ def main() -> None:
     for name in ("mixed_steps", "pure_decode_steps"):
         print(name, result[name])
     write_result(Path(os.environ.get("OUT", "."),
-                      f"serve-step-profile-budget{budget}{'-cprofile' if use_cprofile else ''}.json"), "serve_step_profile",
+                      f"serve-step-profile-budget{budget}{'-graphs' if mixed_graph_tokens else ''}"
+                      f"{'-cprofile' if use_cprofile else ''}.json"), "serve_step_profile",
                  torch.device("cuda"), ceilings, {}, result, [],
                  {"preset": PRESET, "dtype": "bfloat16", "token_budget": budget, "max_num_seqs": 128,
+                  "mixed_graph_tokens": mixed_graph_tokens,
                   **{k: str(v) for k, v in MIXED.items()}})
 
 
