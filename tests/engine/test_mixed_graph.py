@@ -8,7 +8,7 @@ import torch
 
 import tierllm
 from conftest import MAX_POS, build_hf_model, make_engine, random_prompts
-from tierllm.runner.mixed_graph import MAX_PREFILLS, MixedStepGraphs, prefill_buckets
+from tierllm.runner.mixed_graph import MAX_PREFILLS, MixedStepGraphs, prefill_buckets, unsupported_reason
 
 
 def test_prefill_buckets_cover_the_budget_in_multiples_of_64():
@@ -45,3 +45,13 @@ def test_padded_step_matches_the_eager_step(family, monkeypatch):
     assert any(p > 1 for _, p, _ in seen), seen                      # several chunks in one step
     assert any(shape[0] > d for d, _, shape in seen), seen           # padded decode rows
     assert all(p <= MAX_PREFILLS for _, p, _ in seen)
+
+
+def test_graphs_only_where_the_prefill_attention_is_the_triton_kernel(monkeypatch):
+    """A graph would freeze the torch reference's host loop: fp32, or TIERLLM_KERNELS=ref, keeps mixed steps eager."""
+    model = make_engine(build_hf_model("llama_gqa")).engine.runner.model
+    monkeypatch.delenv("TIERLLM_KERNELS", raising=False)
+    assert unsupported_reason(model, torch.bfloat16) is None
+    assert "float32" in unsupported_reason(model, torch.float32)
+    monkeypatch.setenv("TIERLLM_KERNELS", "ref")
+    assert unsupported_reason(model, torch.bfloat16) is not None

@@ -117,27 +117,55 @@ def test_paged_decode_attention_splits_share_short_contexts(window):
     assert _rel_err(out, ref) < 1e-2
 
 
+QUERY_LENS, CONTEXT_LENS = [70, 5, 33], [70, 90, 100]        # fresh, short chunk, chunk after a cached prefix
+
+
+def _prefill_case(dtype, heads, kv_heads, window=None, head_dim=32, block_size=16):
+    """q [108, heads, head_dim], paged caches holding every context, block tables, and the torch reference's
+    output (the chunks' own keys/values taken back from the cache, as the model has just written them)."""
+    torch.manual_seed(5)
+    k_cache, v_cache, tables = _random_paged(CONTEXT_LENS, kv_heads, head_dim, block_size, dtype)
+    q = torch.randn(sum(QUERY_LENS), heads, head_dim, device=DEVICE).to(dtype)
+    k_new, v_new = [], []
+    for i, (q_len, kv_len) in enumerate(zip(QUERY_LENS, CONTEXT_LENS)):
+        k_new.append(k_cache[tables[i].long()].flatten(0, 1)[kv_len - q_len:kv_len])
+        v_new.append(v_cache[tables[i].long()].flatten(0, 1)[kv_len - q_len:kv_len])
+    ref = prefill_attention.prefill_attention_ref(q, torch.cat(k_new), torch.cat(v_new), k_cache, v_cache,
+                                                  tables.long(), QUERY_LENS, CONTEXT_LENS, 0.2, window)
+    return q, k_cache, v_cache, tables, ref
+
+
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("heads,kv_heads,window", [(4, 2, None), (2, 2, 24)])
 def test_prefill_attention_with_prefix(dtype, heads, kv_heads, window):
-    torch.manual_seed(5)
-    head_dim, block_size = 32, 16
-    query_lens, context_lens = [70, 5, 33], [70, 90, 100]                 # fresh, short chunk, chunk after prefix
-    k_cache, v_cache, tables = _random_paged(context_lens, kv_heads, head_dim, block_size, dtype)
-    q = torch.randn(sum(query_lens), heads, head_dim, device=DEVICE).to(dtype)
-    # the chunk's own keys/values, as the model has just written them to the cache
-    k_new, v_new = [], []
-    for i, (q_len, kv_len) in enumerate(zip(query_lens, context_lens)):
-        flat_k = k_cache[tables[i].long()].flatten(0, 1)[:kv_len]
-        flat_v = v_cache[tables[i].long()].flatten(0, 1)[:kv_len]
-        k_new.append(flat_k[kv_len - q_len:])
-        v_new.append(flat_v[kv_len - q_len:])
-    k_new, v_new = torch.cat(k_new), torch.cat(v_new)
-    plan = prefill_attention.plan_prefill(query_lens, context_lens, DEVICE)
+    q, k_cache, v_cache, tables, ref = _prefill_case(dtype, heads, kv_heads, window)
+    plan = prefill_attention.plan_prefill(QUERY_LENS, CONTEXT_LENS, DEVICE)
     out = prefill_attention.prefill_attention_triton(q, k_cache, v_cache, tables, plan, 0.2, window)
-    ref = prefill_attention.prefill_attention_ref(q, k_new, v_new, k_cache, v_cache, tables.long(), query_lens,
-                                                  context_lens, 0.2, window)
     assert _rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_prefill_attention_in_a_mixed_graph_layout(dtype):
+    """The padded layout a mixed-step CUDA graph replays (runner/mixed_graph.py): 20 padding rows after the
+    chunks, block tables padded to fixed rows and width, tiles padded with tiles of an empty sequence; the real
+    rows equal the reference and the padded tiles do no work."""
+    from tierllm.runner.input_builder import StepPlan
+    from tierllm.runner.mixed_graph import PaddedStep
+    q, k_cache, v_cache, tables, ref = _prefill_case(dtype, 4, 2)
+    n = sum(QUERY_LENS)
+    plan = StepPlan([0] * n, [0] * n, [-1] * n, 0, [], [], tables.tolist(), QUERY_LENS, CONTEXT_LENS, [], [], 0)
+    step = PaddedStep(plan, 0, n + 20, width=tables.shape[1] + 3)
+
+    def t(values):
+        return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+    padded_plan = prefill_attention.PrefillPlan(t(step.tile_seq), t(step.tile_row), t(step.q_start),
+                                                t(step.query_lens), t(step.context_lens))
+    q_padded = torch.cat((q, torch.randn(20, *q.shape[1:], device=DEVICE).to(dtype)))
+    out = prefill_attention.prefill_attention_triton(q_padded, k_cache, v_cache, t(step.prefill_tables),
+                                                     padded_plan, 0.2)
+    assert len(step.tile_seq) > len(prefill_attention.prefill_tiles(QUERY_LENS)[0])     # padded tiles exist
+    assert _rel_err(out[:n], ref) < 1e-2
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)

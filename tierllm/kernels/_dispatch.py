@@ -14,8 +14,13 @@ except ImportError:            # CPU-only installs may lack Triton; the referenc
     HAS_TRITON = False
 
 
+def triton_enabled() -> bool:
+    """Triton is installed and TIERLLM_KERNELS=ref does not force the references."""
+    return HAS_TRITON and os.environ.get("TIERLLM_KERNELS") != "ref"
+
+
 def use_triton(t: torch.Tensor) -> bool:
-    return HAS_TRITON and t.is_cuda and os.environ.get("TIERLLM_KERNELS") != "ref"
+    return t.is_cuda and triton_enabled()
 
 
 def is_interpreted() -> bool:

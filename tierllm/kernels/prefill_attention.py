@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, triton_enabled
 
 PREFILL_BLOCK_M = 64
 
@@ -23,7 +23,9 @@ class PrefillPlan:
     context_lens: torch.Tensor   # [num_seqs]
 
 
-def plan_prefill(query_lens: list[int], context_lens: list[int], device) -> PrefillPlan:
+def prefill_tiles(query_lens: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """-> (tile_seq, tile_row, q_start): the sequence and first row of each BLOCK_M-row query tile, and each
+    chunk's first row in the flat batch."""
     tile_seq, tile_row, starts, start = [], [], [], 0
     for i, q_len in enumerate(query_lens):
         starts.append(start)
@@ -31,6 +33,17 @@ def plan_prefill(query_lens: list[int], context_lens: list[int], device) -> Pref
         for row in range(0, q_len, PREFILL_BLOCK_M):
             tile_seq.append(i)
             tile_row.append(row)
+    return tile_seq, tile_row, starts
+
+
+def triton_prefill_supported(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether paged_prefill_attention runs the Triton kernel (which reads its tiling from device tensors) for CUDA
+    tensors of this dtype and head size, rather than the torch reference (which loops over host lists)."""
+    return triton_enabled() and dtype in (torch.float16, torch.bfloat16) and not head_dim & (head_dim - 1)
+
+
+def plan_prefill(query_lens: list[int], context_lens: list[int], device) -> PrefillPlan:
+    tile_seq, tile_row, starts = prefill_tiles(query_lens)
 
     def as_tensor(values):
         return torch.tensor(values, dtype=torch.int32, device=device)
@@ -149,9 +162,7 @@ def prefill_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_c
 
 def paged_prefill_attention(q, k, v, k_cache, v_cache, block_tables, query_lens, context_lens, scale,
                       sliding_window=None, plan: PrefillPlan | None = None):
-    head_dim = q.shape[-1]
-    if (plan is not None and use_triton(q) and q.dtype in (torch.float16, torch.bfloat16)
-            and not head_dim & (head_dim - 1)):
+    if plan is not None and q.is_cuda and triton_prefill_supported(q.dtype, q.shape[-1]):
         return prefill_attention_triton(q, k_cache, v_cache, block_tables, plan, scale, sliding_window)
     return prefill_attention_ref(q, k, v, k_cache, v_cache, block_tables, query_lens, context_lens, scale,
                                  sliding_window)

@@ -47,9 +47,14 @@ def _token_slice(request: Request, start: int, end: int) -> list[int]:
     return request.all_token_ids[start:end]
 
 
+def pad_tables(tables: list[list[int]], width: int) -> list[list[int]]:
+    """Block tables as rows of `width` entries (padding entries 0, never read: loops stop at the context length)."""
+    return [t + [0] * (width - len(t)) for t in tables]
+
+
 def _padded_tables(tables: list[list[int]], device) -> torch.Tensor:
     width = max((len(t) for t in tables), default=0)
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64, device=device)
+    return torch.tensor(pad_tables(tables, width), dtype=torch.int64, device=device)
 
 
 def build_step_plan(out: SchedulerOutput, block_manager: BlockManager) -> tuple[StepPlan, list[Request]]:

@@ -13,12 +13,11 @@ import logging
 import torch
 
 from tierllm.kernels import PrefillPlan
-from tierllm.kernels._dispatch import HAS_TRITON
-from tierllm.kernels.prefill_attention import PREFILL_BLOCK_M
+from tierllm.kernels.prefill_attention import PREFILL_BLOCK_M, prefill_tiles, triton_prefill_supported
 from tierllm.layers.attention import AttentionMetadata
 from tierllm.models.base import NativeModel
 from tierllm.runner.cuda_graph import CapturedGraphs, batch_buckets
-from tierllm.runner.input_builder import StepPlan
+from tierllm.runner.input_builder import StepPlan, pad_tables
 
 logger = logging.getLogger("tierllm")
 
@@ -44,19 +43,12 @@ class PaddedStep:
         self.input_ids = plan.input_ids[:d] + [0] * pad_d + plan.input_ids[d:] + [0] * pad_p
         self.positions = plan.positions[:d] + [0] * pad_d + plan.positions[d:] + [0] * pad_p
         self.slot_mapping = plan.slot_mapping[:d] + [-1] * pad_d + plan.slot_mapping[d:] + [-1] * pad_p
-        self.decode_tables = [t + [0] * (width - len(t)) for t in plan.decode_block_tables] + [[0] * width] * pad_d
+        self.decode_tables = pad_tables(plan.decode_block_tables + [[]] * pad_d, width)
         self.decode_context_lens = plan.decode_context_lens + [0] * pad_d
         empty = MAX_PREFILLS                                   # index of the empty sequence padded tiles point at
         num_prefills = len(plan.prefill_query_lens)
-        self.prefill_tables = ([t + [0] * (width - len(t)) for t in plan.prefill_block_tables]
-                               + [[0] * width] * (MAX_PREFILLS + 1 - num_prefills))
-        self.q_start, self.tile_seq, self.tile_row, start = [], [], [], 0
-        for i, q_len in enumerate(plan.prefill_query_lens):
-            self.q_start.append(start)
-            start += q_len
-            for row in range(0, q_len, PREFILL_BLOCK_M):
-                self.tile_seq.append(i)
-                self.tile_row.append(row)
+        self.prefill_tables = pad_tables(plan.prefill_block_tables + [[]] * (MAX_PREFILLS + 1 - num_prefills), width)
+        self.tile_seq, self.tile_row, self.q_start = prefill_tiles(plan.prefill_query_lens)
         num_tiles = max_tiles(prefill_rows)
         self.tile_seq += [empty] * (num_tiles - len(self.tile_seq))
         self.tile_row += [0] * (num_tiles - len(self.tile_row))
@@ -71,14 +63,12 @@ class PaddedStep:
 
 def unsupported_reason(model: NativeModel, dtype: torch.dtype) -> str | None:
     """Why this model's mixed steps cannot be captured, None if they can: the graph needs the Triton prefill
-    kernel, which reads its tiling from device tensors (the torch reference loops over host lists)."""
-    if not HAS_TRITON:
-        return "Triton is not installed"
-    if dtype not in (torch.float16, torch.bfloat16):
-        return f"the Triton prefill kernel runs fp16/bf16, not {dtype}"
-    if any(layer.head_dim & (layer.head_dim - 1) for layer in model.attention_layers()):
-        return "the Triton prefill kernel needs a power-of-two head_dim"
-    return None
+    kernel, which reads its tiling from device tensors (the torch reference loops over host lists, which a graph
+    would freeze)."""
+    if all(triton_prefill_supported(dtype, layer.head_dim) for layer in model.attention_layers()):
+        return None
+    return (f"the prefill attention is the torch reference for {dtype} here (the Triton kernel needs Triton, "
+            "fp16/bf16, a power-of-two head_dim, and TIERLLM_KERNELS not set to 'ref')")
 
 
 def max_tiles(prefill_rows: int) -> int:
