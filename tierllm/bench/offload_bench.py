@@ -215,7 +215,9 @@ def run_offload_bench(parts, preset: str = "llama-7b", batches=(1, 16, 64),
                       peers=("deepspeed:16", "deepspeed:64", "accelerate:16"), nvme_path: str = "/root/tierllm-nvme",
                       nvme_batch: int = 16, nvme_gen_len: int = 3, kv_gpu_budget: str = "5GiB",
                       kv_host_memory: str = "24GiB", prompt_len: int = 512, gen_len: int = 32,
-                      seed: int = 0, q70_batches=(8, 16, 32, 64)) -> tuple[dict, list, dict]:
+                      seed: int = 0, q70_batches=(8, 16, 32, 64), on_part=lambda *_: None) -> tuple[dict, list, dict]:
+    """Run `parts` in order; `on_part(results, checks, ceilings)` after each one (the caller saves what it has,
+    so a run cut short keeps the parts it finished)."""
     Path(nvme_path).mkdir(parents=True, exist_ok=True)
     ceilings = probe(disk_folder=nvme_path)
     print("ceilings", ceilings, flush=True)
@@ -226,17 +228,21 @@ def run_offload_bench(parts, preset: str = "llama-7b", batches=(1, 16, 64),
     if "cpu" in parts:
         results["cpu"], part_checks = cpu_part(hf, ceilings, batches, peers, prompt_len, gen_len, seed)
         checks += part_checks
+        on_part(results, checks, ceilings)
     if "nvme" in parts:
         results["nvme"], part_checks = nvme_part(hf, ceilings, nvme_path, nvme_batch, prompt_len, nvme_gen_len, seed)
         checks += part_checks
+        on_part(results, checks, ceilings)
     if "kv" in parts:
         results["kv"], part_checks = kv_part(hf, kv_gpu_budget, kv_host_memory, prompt_len, gen_len, seed)
         checks += part_checks
+        on_part(results, checks, ceilings)
     del hf
     if "q70" in parts:
         results["q70"], part_checks = quant_offload_part(ceilings, "llama-70b", "int4", "24GiB", q70_batches,
                                                          prompt_len, gen_len, seed)
         checks += part_checks
+        on_part(results, checks, ceilings)
     return results, checks, ceilings
 
 
@@ -247,11 +253,15 @@ def bench_offload_command(parts: list[str], out: Path, nvme_path: str, q70_batch
     if not torch.cuda.is_available():
         print("error: bench offload needs a CUDA GPU", file=sys.stderr)
         return 2
-    results, checks, ceilings = run_offload_bench(parts, nvme_path=nvme_path, q70_batches=q70_batches)
-    settings = {"preset": results["preset"], "dtype": "bfloat16", "prompt_len": 512, "gen_len": 32, "parts": parts,
-                "offload": "every decoder layer (num_resident_layers=0)"}
+    def save(results: dict, checks: list, ceilings: dict) -> None:
+        settings = {"preset": results["preset"], "dtype": "bfloat16", "prompt_len": 512, "gen_len": 32,
+                    "parts": parts, "offload": "every decoder layer (num_resident_layers=0)"}
+        peers = results.get("cpu", {}).get("peers", [])
+        write_result(out, "offload", torch.device("cuda"), ceilings, {"offload_peers": peers}, results, checks,
+                     settings)
+
+    results, checks, ceilings = run_offload_bench(parts, nvme_path=nvme_path, q70_batches=q70_batches, on_part=save)
     peers = results.get("cpu", {}).get("peers", [])
-    write_result(out, "offload", torch.device("cuda"), ceilings, {"offload_peers": peers}, results, checks, settings)
     if "cpu" in results:
         print("\nbatch | tierllm tok/s | decode s/step | PCIe floor s")
         for row in results["cpu"]["tierllm"]:
