@@ -17,7 +17,7 @@ from tierllm.bench.presets import build_preset_hf_model
 from tierllm.bench.probe import hbm_copy_GBps, pinned_copy_GBps
 from tierllm.bench.results import write_result
 
-PROMPT_LEN, GEN_LEN, PROFILED_DECODES = 512, 12, 4
+PROMPT_LEN, GEN_LEN, PROFILED_LEN = 512, 32, 12
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     engine = tierllm.init_inference(hf, dtype=torch.bfloat16, device="cuda", show_progress=False,
                                     offload=tierllm.OffloadConfig(device="cpu", num_resident_layers=0,
                                                                   max_gpu_memory=args.budget),
-                                    max_model_len=PROMPT_LEN + GEN_LEN + 20, max_num_seqs=args.max_num_seqs)
+                                    max_model_len=PROMPT_LEN + GEN_LEN, max_num_seqs=args.max_num_seqs)
     del hf
     model, llm_engine = engine.model, engine.engine
     plan = model.placement_plan
@@ -51,18 +51,19 @@ def main() -> None:
         return out
 
     runner.forward_plan = timed_forward
-    ids = torch.randint(0, llm_engine.vocab_size, (args.batch, PROMPT_LEN), device="cuda")
-    engine.generate(ids, max_new_tokens=4, min_new_tokens=4)                       # warm-up (kernels compile)
+    def prompts():                 # fresh ones each time: no prefix-cache hits, as in `bench offload`
+        return torch.randint(0, llm_engine.vocab_size, (args.batch, PROMPT_LEN), device="cuda")
+
+    engine.generate(prompts(), max_new_tokens=4, min_new_tokens=4)                # warm-up (kernels compile)
     step_s.clear(), step_kinds.clear()
-    engine.generate(ids, max_new_tokens=GEN_LEN, min_new_tokens=GEN_LEN)
+    engine.generate(prompts(), max_new_tokens=GEN_LEN, min_new_tokens=GEN_LEN)
     timed = list(step_s)
     runner.forward_plan = forward_plan
-    # the profiled window: a fresh generate's last PROFILED_DECODES steps are pure decodes
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        engine.generate(ids, max_new_tokens=GEN_LEN, min_new_tokens=GEN_LEN)
+        engine.generate(prompts(), max_new_tokens=PROFILED_LEN, min_new_tokens=PROFILED_LEN)
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
-    print(table)
+    for key in ("cuda_time_total", "cpu_time_total"):
+        print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60))
     ops = [{"name": e.key, "count": e.count, "device_ms": round(e.device_time_total / 1e3, 2),
             "cpu_ms": round(e.cpu_time_total / 1e3, 2)}
            for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:25]]
