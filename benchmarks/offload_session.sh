@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Offload benchmarks on one GPU of the device machine, from the repo root, with .whl carried:
-#   bash benchmarks/offload_session.sh all       # the three parts below in one process (about 8 minutes on an H100)
+#   bash benchmarks/offload_session.sh all       # the parts below in one process (over 10 minutes on an H100: more
+#                                                # than one device call allows; run cpu and nvme-kv as two calls)
 #   bash benchmarks/offload_session.sh cpu       # every layer in pinned CPU memory + DeepSpeed / accelerate peers
 #   bash benchmarks/offload_session.sh nvme-kv   # NVMe tier + KV-cache offload at a fixed GPU budget
 #   bash benchmarks/offload_session.sh q70       # llama-70b int4 streamed under 24GiB vs its PCIe-floor throughput

@@ -42,8 +42,42 @@ def _engine(hf, offload, prompt_len: int, gen_len: int, max_num_seqs: int, devic
                                   show_progress=False, **kwargs)
 
 
+class StepTimer:
+    """Times each forward pass of the runner with CUDA events (no host sync added): after the run, the device time
+    of the steps and the host time that was not spent in forward passes, to tell where a slow run's time went."""
+
+    def __init__(self, runner):
+        self.runner, self.forward = runner, runner.forward_plan
+        self.events, self.host_in_forward = [], 0.0
+
+    def __enter__(self):
+        def timed_forward(plan):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            host_start = time.perf_counter()
+            start.record()
+            out = self.forward(plan)
+            end.record()
+            self.host_in_forward += time.perf_counter() - host_start
+            self.events.append((start, end))
+            return out
+        self.runner.forward_plan = timed_forward
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runner.forward_plan = self.forward
+
+    def summary(self, total_s: float) -> dict:
+        torch.cuda.synchronize()
+        step_ms = sorted(start.elapsed_time(end) for start, end in self.events)
+        return {"steps": len(step_ms), "step_device_ms_median": round(step_ms[len(step_ms) // 2], 2),
+                "step_device_ms_max": round(step_ms[-1], 2), "steps_device_s": round(sum(step_ms) / 1e3, 3),
+                "host_outside_forward_s": round(total_s - self.host_in_forward, 3)}
+
+
 def _run(engine, batch: int, prompt_len: int, gen_len: int, vocab: int, seed: int) -> dict:
-    row = _time_ours(engine, _random_prompts(batch, prompt_len, vocab, seed).cuda(), gen_len)
+    with StepTimer(engine.engine.runner) as timer:
+        row = _time_ours(engine, _random_prompts(batch, prompt_len, vocab, seed).cuda(), gen_len)
+    row["step_timing"] = timer.summary(row["total_s"])
     kv = engine.engine.runner.kv_offload
     if kv is not None:
         row["kv_steps_cpu_attention"], row["kv_steps_copied"] = kv.num_cpu_steps, kv.num_copy_steps
