@@ -3,6 +3,7 @@ itself), one full measurement per call, JSON under $OUT:
 
   python benchmarks/tp_gpu.py --tp-sizes 1,2        # nvidia-h100-x2
   python benchmarks/tp_gpu.py --tp-sizes 1,2,4      # nvidia-h100-x4 (adds TP=4 and the llama-70b run)
+  ... --all-reduce symm_mem                         # the one-shot symmetric-memory all-reduce (distributed/)
 
 (a) agreement: TP=N greedy tokens vs TP=1 on the smollm2-1.7b and llama-13b presets. Random weights give flat
     logits, so a free-running comparison diverges for good after the first near-tie; the check is teacher-forced:
@@ -47,12 +48,14 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def open_engine(preset: str, tp_size: int, cuda_graphs: bool = True, dtype: torch.dtype = DTYPE):
+def open_engine(preset: str, tp_size: int, cuda_graphs: bool = True, dtype: torch.dtype = DTYPE,
+                all_reduce: str = "nccl"):
     """The preset's bf16 weights (dtype=torch.float32: the same values, computed in fp32)."""
     start = time.perf_counter()
     engine = tierllm.init_inference(PresetSource(preset, DTYPE), dtype=dtype, device="cuda",
                                     enable_cuda_graph=cuda_graphs,
-                                    tensor_parallel={"tp_size": tp_size, "timeout_s": 300}, max_model_len=1024,
+                                    tensor_parallel={"tp_size": tp_size, "timeout_s": 300, "all_reduce": all_reduce},
+                                    max_model_len=1024,
                                     max_num_seqs=THROUGHPUT_BATCH, max_num_batched_tokens=4096, show_progress=False,
                                     gpu_memory_utilization=0.9)
     log(f"{preset} TP={tp_size}: engine up in {time.perf_counter() - start:.1f} s")
@@ -180,6 +183,8 @@ def main() -> int:
                              "per call keeps a call inside the device's 10-minute limit; 'none': only the llama-70b run")
     parser.add_argument("--no-fp32-reference", dest="fp32_reference", action="store_false",
                         help="skip the TP=1 fp32 engine that gives every bf16 engine's agreement with exact answers")
+    parser.add_argument("--all-reduce", default="nccl", choices=("nccl", "symm_mem"),
+                        help="the TP engines' all-reduce (tensor_parallel's all_reduce)")
     args = parser.parse_args()
     tp_sizes = [int(t) for t in args.tp_sizes.split(",")]
     if tp_sizes[0] != 1 or max(tp_sizes) > torch.cuda.device_count():
@@ -194,17 +199,19 @@ def main() -> int:
     log(f"ceilings on GPU 0: {ceilings}")
     results: dict = {"smollm2-135m_tp2_error": smollm2_135m_error()}
     checks = []
-    name = "tp-" + "-".join(map(str, tp_sizes)) + "-" + args.presets.replace(",", "-") + ".json"
+    name = ("tp-" + "-".join(map(str, tp_sizes)) + "-" + args.presets.replace(",", "-")
+            + ("-symm-mem" if args.all_reduce == "symm_mem" else "") + ".json")
     settings = {"dtype": "bfloat16", "tp_sizes": tp_sizes, "prompt_len": PROMPT_LEN, "latency_gen_len": LATENCY_GEN_LEN,
                 "throughput": f"batch {THROUGHPUT_BATCH} x {PROMPT_LEN} prompt + {THROUGHPUT_GEN_LEN} new",
                 "agreement": f"{AGREE_PROMPTS} prompts x {AGREE_PROMPT_LEN} tokens, {AGREE_GEN_LEN} new, greedy",
                 "cuda_graphs": "on for the speed runs (llama-13b, llama-70b), off for agreement-only presets",
-                "max_num_seqs": THROUGHPUT_BATCH}
+                "max_num_seqs": THROUGHPUT_BATCH, "all_reduce": args.all_reduce}
     for preset in [p for p in args.presets.split(",") if p != "none"]:
         reference, exact = None, None
         for tp_size in tp_sizes:
             # graph capture takes most of an engine's start; only the speed runs need it (the kernels are the same)
-            engine, init_s = open_engine(preset, tp_size, cuda_graphs=preset in SPEED_PRESETS)
+            engine, init_s = open_engine(preset, tp_size, cuda_graphs=preset in SPEED_PRESETS,
+                                         all_reduce=args.all_reduce)
             row = {"init_s": round(init_s, 1), "cuda_graphs": preset in SPEED_PRESETS}
             probe_out = agreement_probe(engine, engine.engine.vocab_size, reference)
             if exact is not None:
@@ -241,7 +248,7 @@ def main() -> int:
     if 1 in lat and 2 in lat:
         checks.append(check("llama-13b batch 1: time per token TP=2 / TP=1", lat[2] / lat[1], "<=", 0.58))
     if 4 in tp_sizes and not args.skip_70b:
-        engine, init_s = open_engine("llama-70b", 4)
+        engine, init_s = open_engine("llama-70b", 4, all_reduce=args.all_reduce)
         results["llama-70b_tp4"] = {"init_s": round(init_s, 1), **speed(engine, "llama-70b", 4, hbm)}
         checks.append(check("llama-70b TP=4 batch 1: fraction of the aggregate HBM roofline (4 GPUs)",
                             results["llama-70b_tp4"]["batch1"]["fraction_of_aggregate_roofline"], ">=", 0.75))

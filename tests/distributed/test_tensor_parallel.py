@@ -16,6 +16,7 @@ from conftest import build_hf_model, left_pad, make_engine, random_prompts
 
 import tierllm
 from tierllm.distributed.driver import TensorParallelError
+from tierllm.distributed.parallel_state import ParallelConfig
 from tierllm.distributed.sharding import check_tp_size, head_slice
 
 HERE = Path(__file__).parent
@@ -49,6 +50,27 @@ def test_kv_heads_replicated_when_fewer_than_ranks():
 def test_indivisible_head_count_names_the_tp_sizes_that_work():
     with pytest.raises(ValueError, match=r"tp sizes that work for this model: 1, 2, 4$"):
         check_tp_size("llama", 3, {"num_attention_heads": 4, "intermediate_size": 128}, {"num_key_value_heads": 1})
+
+
+def test_unknown_all_reduce_kind_lists_the_kinds():
+    with pytest.raises(ValueError, match="all_reduce must be one of nccl, symm_mem, got 'nvls'"):
+        ParallelConfig.from_any({"tp_size": 2, "all_reduce": "nvls"})
+    assert ParallelConfig.from_any({"tp_size": 2, "all_reduce": "symm_mem"}).all_reduce == "symm_mem"
+
+
+@pytest.mark.timeout(120)
+def test_symm_mem_all_reduce_on_cpu_warns_and_runs_gloo(family_engine, caplog):
+    """The one-shot all-reduce is GPU-only: asked for on CPU, every rank keeps gloo's and the tokens are TP=1's
+    (tests/gpu/test_tp_gpu.py runs it on GPUs)."""
+    prompt = torch.tensor(random_prompts([9], seed=2))
+    expected = family_engine("llama").generate(prompt, max_new_tokens=8).tolist()
+    engine = make_engine(build_hf_model("llama"), tensor_parallel={**TP2, "all_reduce": "symm_mem"})
+    try:
+        assert engine.engine.runner.parallel.symm_all_reduce is None
+        assert engine.generate(prompt, max_new_tokens=8).tolist() == expected
+    finally:
+        engine.close()
+    assert "needs CUDA GPUs" in caplog.text and _tp_children() == []
 
 
 @pytest.mark.timeout(60)

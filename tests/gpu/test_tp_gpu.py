@@ -1,6 +1,6 @@
 """Tensor parallelism over NCCL (needs 2 GPUs): TP=2 greedy tokens equal TP=1 in fp32, the engine closes
 promptly (every rank tears its NCCL communicator down together) and a second TP engine starts in the same
-process afterwards."""
+process afterwards; the same with the one-shot symmetric-memory all-reduce."""
 import time
 
 import pytest
@@ -25,3 +25,22 @@ def test_tp2_on_nccl_equals_tp1_closes_promptly_and_restarts():
         start = time.monotonic()
         engine.close()
         assert time.monotonic() - start < 30, f"close took {time.monotonic() - start:.0f} s (attempt {attempt})"
+
+
+@pytest.mark.timeout(600)
+def test_tp2_symm_mem_all_reduce_in_cuda_graphs_equals_tp1():
+    """The one-shot symmetric-memory all-reduce, eager (prefill) and captured in the decode graphs: fp32 tokens
+    equal TP=1's; the engine really used it and closes promptly."""
+    model = build_hf_model("llama_gqa")
+    prompts = [torch.tensor([p], device="cuda") for p in random_prompts([7, 30], seed=5)]
+    reference = make_engine(model, device="cuda", dtype=torch.float32)
+    expected = [reference.generate(p, max_new_tokens=16, do_sample=False).tolist() for p in prompts]
+    reference.close()
+    engine = make_engine(model, device="cuda", dtype=torch.float32,
+                         tensor_parallel={"tp_size": 2, "all_reduce": "symm_mem"})
+    assert engine.engine.runner.parallel.symm_all_reduce is not None, "fell back to NCCL (see the warning)"
+    assert engine.engine.runner.graphs is not None
+    assert [engine.generate(p, max_new_tokens=16, do_sample=False).tolist() for p in prompts] == expected
+    start = time.monotonic()
+    engine.close()
+    assert time.monotonic() - start < 30

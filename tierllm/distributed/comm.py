@@ -11,9 +11,15 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 def all_reduce(x: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Sum x over the ranks, in place (captured into CUDA graphs on NCCL like any kernel)."""
-    if state.tp_size > 1:
-        dist.all_reduce(x, group=state.group)
+    """The sum of x over the ranks: x itself, summed in place by NCCL/gloo, or a new tensor from the one-shot
+    symmetric-memory all-reduce when it is on and x is decode-sized (both are captured into CUDA graphs)."""
+    if state.tp_size == 1:
+        return x
+    if state.symm_all_reduce is not None:
+        summed = state.symm_all_reduce(x)
+        if summed is not None:
+            return summed
+    dist.all_reduce(x, group=state.group)
     return x
 
 

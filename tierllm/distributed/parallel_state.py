@@ -3,11 +3,14 @@ Passed explicitly to the model constructors; tp_size=1 (the default) means no co
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger("tierllm")
 
 # NVLink multicast (NVLS) stays off: the device machines require it (a program using it can take the host's
 # shared GPUs out of service). Set as defaults; a value already in the environment wins.
@@ -17,18 +20,25 @@ NCCL_ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST"
 # days); a dead peer still ends that wait at once (its sockets close).
 _PLAN_WAIT_TIMEOUT = datetime.timedelta(days=7)
 
+ALL_REDUCE_KINDS = ("nccl", "symm_mem")
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
     """What the user asks for: tensor_parallel={"tp_size": 2} or ParallelConfig(tp_size=2)."""
     tp_size: int = 1                          # ranks that split every layer; 1 = no tensor parallelism
     timeout_s: float = 300.0                  # a collective (all-reduce, all-gather) slower than this is an error
+    all_reduce: str = "nccl"                  # "symm_mem": one-shot all-reduce of decode-sized tensors on GPUs
+                                              # (distributed/symm_all_reduce.py: faster, but a dead rank hangs the rest)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise ValueError(f"tensor_parallel tp_size must be an integer >= 1, got {self.tp_size!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"tensor_parallel timeout_s must be > 0, got {self.timeout_s!r}")
+        if self.all_reduce not in ALL_REDUCE_KINDS:
+            raise ValueError(f"tensor_parallel all_reduce must be one of {', '.join(ALL_REDUCE_KINDS)}, got "
+                             f"{self.all_reduce!r}")
 
     @classmethod
     def from_any(cls, value) -> ParallelConfig:
@@ -40,9 +50,9 @@ class ParallelConfig:
         if isinstance(value, int):
             return cls(tp_size=value)
         if isinstance(value, dict):
-            unknown = set(value) - {"tp_size", "timeout_s"}
+            unknown = set(value) - {"tp_size", "timeout_s", "all_reduce"}
             if unknown:
-                raise ValueError(f"unknown tensor_parallel keys {sorted(unknown)}; use tp_size, timeout_s")
+                raise ValueError(f"unknown tensor_parallel keys {sorted(unknown)}; use tp_size, timeout_s, all_reduce")
             return cls(**value)
         raise ValueError(f"cannot read {value!r} as tensor_parallel: pass {{'tp_size': N}}, an int or a "
                          "ParallelConfig")
@@ -58,6 +68,7 @@ class ParallelState:
     cpu_group: dist.ProcessGroup | None = None   # gloo: step plans and small host values
     owns_default_group: bool = False          # we called init_process_group, so we destroy it on shutdown
     workers: object | None = None             # WorkerProcesses that rank 0 spawned (spawn launch only)
+    symm_all_reduce: object | None = None     # SymmetricAllReduce for small tensors (all_reduce="symm_mem")
 
     @property
     def is_driver(self) -> bool:
@@ -84,9 +95,10 @@ def rank_device(base: torch.device, local_rank: int) -> torch.device:
 
 
 def init_parallel_state(rank: int, tp_size: int, device: torch.device, timeout_s: float,
-                        init_method: str | None = None) -> ParallelState:
+                        init_method: str | None = None, all_reduce: str = "nccl") -> ParallelState:
     """Join (or create) the process group of tp_size ranks. init_method None = torchrun's env:// rendezvous;
-    an existing default group (the user's own init_process_group) is reused and left to its owner."""
+    an existing default group (the user's own init_process_group) is reused and left to its owner.
+    all_reduce="symm_mem" sets up the one-shot all-reduce on GPUs (a warning and NCCL's where it cannot run)."""
     if device.type == "cuda":
         for key, value in NCCL_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
@@ -102,11 +114,19 @@ def init_parallel_state(rank: int, tp_size: int, device: torch.device, timeout_s
         raise ValueError(f"tensor_parallel tp_size={tp_size} but the process group has {dist.get_world_size()} "
                          "ranks: start as many processes as tp_size (torchrun --nproc-per-node, times --nnodes)")
     cpu_group = dist.new_group(backend="gloo", timeout=_PLAN_WAIT_TIMEOUT)
-    return ParallelState(dist.get_rank(), tp_size, device, dist.group.WORLD, cpu_group, owns)
+    state = ParallelState(dist.get_rank(), tp_size, device, dist.group.WORLD, cpu_group, owns)
+    if all_reduce == "symm_mem":
+        if device.type == "cuda":
+            from tierllm.distributed.symm_all_reduce import create_symm_all_reduce
+            state.symm_all_reduce = create_symm_all_reduce(state.group, cpu_group, device)
+        else:
+            logger.warning("tierllm: all_reduce='symm_mem' needs CUDA GPUs; on %s the gloo all-reduce runs", device)
+    return state
 
 
 def destroy_parallel_state(state: ParallelState) -> None:
     """Release the process groups this state created (safe to call twice, and after a peer died)."""
+    state.symm_all_reduce = None              # its buffer maps the peers' memory: unmapped with the groups
     if state.tp_size == 1 or not dist.is_initialized():
         return
     try:
