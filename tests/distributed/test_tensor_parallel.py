@@ -102,6 +102,32 @@ def test_tp2_greedy_tokens_equal_tp1(family, family_engine):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("combined", ["offload", "int8", "int4"])
+def test_tp2_combined_with_offload_or_quantized_weights_equals_tp1(combined):
+    """Each rank streams its own shard from CPU memory, or quantizes it: int8 scales of a row-parallel slice come
+    from whole rows (a MAX all-reduce), int4 groups are whole in each slice; the tokens are TP=1's (fp32)."""
+    options = {"offload": {"offload": tierllm.OffloadConfig(device="cpu", num_resident_layers=0)},
+               "int8": {"quant": "int8"}, "int4": {"quant": {"bits": 4, "group_size": 16}}}[combined]
+    model = build_hf_model("llama_gqa")
+    prompt = torch.tensor(random_prompts([9], seed=2))
+    expected = make_engine(model, **options).generate(prompt, max_new_tokens=16).tolist()
+    engine = make_engine(model, tensor_parallel=TP2, **options)
+    try:
+        assert engine.generate(prompt, max_new_tokens=16).tolist() == expected
+    finally:
+        engine.close()
+    assert _tp_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_int4_group_size_that_splits_a_row_parallel_slice_is_refused():
+    with pytest.raises(ValueError, match="does not divide 32, the input size of this rank's slice of a row-parallel "
+                                         "linear .tp_size=2."):
+        make_engine(build_hf_model("llama_gqa"), quant={"bits": 4, "group_size": 64}, tensor_parallel=TP2)
+    assert _tp_children() == []
+
+
+@pytest.mark.timeout(120)
 def test_llm_api_tp2_matches_tp1_and_close_reaps_workers():
     model = build_hf_model("llama_gqa")
     params = tierllm.SamplingParams(max_tokens=12, temperature=0.0)

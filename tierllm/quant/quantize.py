@@ -3,6 +3,7 @@ QuantLinear modules (method "gptq": tierllm/quant/gptq.py). Layouts: tierllm/qua
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -12,10 +13,12 @@ from tierllm.layers.quant_linear import QuantLinear
 from tierllm.quant.formats import INT8_MAX, SCALE_DTYPE, pack_int4
 
 
-def quantize_int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """[N, K] -> {"qweight": int8 [N, K], "scales": fp16 [N]} (per output channel, symmetric)."""
+def quantize_int8(weight: torch.Tensor, row_absmax: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """[N, K] -> {"qweight": int8 [N, K], "scales": fp16 [N]} (per output channel, symmetric). row_absmax [N]:
+    the channels' max |w| over whole rows when `weight` holds only part of each (a row-parallel shard)."""
     w = weight.float()
-    scales = (w.abs().amax(dim=1) / INT8_MAX).clamp(min=1e-8).to(SCALE_DTYPE)          # [N]
+    absmax = w.abs().amax(dim=1) if row_absmax is None else row_absmax.float()
+    scales = (absmax / INT8_MAX).clamp(min=1e-8).to(SCALE_DTYPE)                        # [N]
     q = torch.round(w / scales.float()[:, None]).clamp_(-INT8_MAX, INT8_MAX)
     return {"qweight": q.to(torch.int8), "scales": scales}
 
@@ -113,10 +116,31 @@ def quantize_model(model: nn.Module, quant: QuantConfig, show_progress: bool = T
     linears = quantizable_linears(model)
     for parent, attr, linear in tqdm(linears, desc=f"Quantizing ({quant.name})", unit="linear",
                                      disable=not show_progress, leave=False):
+        tensors = _quantize_shard(linear, quant)
         qlinear = QuantLinear.like(linear, quant)
-        qlinear.load_quantized(quantize_weight(linear.weight, quant), linear.bias)
+        qlinear.load_quantized(tensors, linear.bias)
         setattr(parent, attr, qlinear)
     return model
+
+
+def _quantize_shard(linear: Linear, quant: QuantConfig) -> dict[str, torch.Tensor]:
+    """quantize_weight of this rank's shard, giving the codes and scales of TP=1's weight. A column-parallel
+    shard holds whole rows: nothing changes. A row-parallel one holds a K slice of every row: int8's per-channel
+    scale takes the max |w| over the whole row (a MAX all-reduce over the ranks, in the same linear order on
+    every rank), and int4's groups stay TP=1's only if the slice is a whole number of groups."""
+    parallel = linear.parallel
+    if not linear.reduce_output or parallel is None or parallel.tp_size == 1:
+        return quantize_weight(linear.weight, quant)
+    k = linear.weight.shape[1]
+    if quant.bits == 4 and k % quant.group_size:
+        raise ValueError(f"int4 group_size {quant.group_size} does not divide {k}, the input size of this rank's "
+                         f"slice of a row-parallel linear (tp_size={parallel.tp_size}): choose a group size that "
+                         f"divides it, or another tp_size")
+    if quant.bits != 8:
+        return quantize_weight(linear.weight, quant)
+    absmax = linear.weight.float().abs().amax(dim=1).to(parallel.device)               # [N], this slice
+    dist.all_reduce(absmax, op=dist.ReduceOp.MAX, group=parallel.group)
+    return quantize_int8(linear.weight, absmax.to(linear.weight.device))
 
 
 def convert_to_quant_shells(model: nn.Module, quant: QuantConfig) -> nn.Module:
