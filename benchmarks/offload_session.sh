@@ -4,11 +4,12 @@
 #                                                # than one device call allows; run cpu and nvme-kv as two calls)
 #   bash benchmarks/offload_session.sh cpu       # every layer in pinned CPU memory + DeepSpeed / accelerate peers
 #   bash benchmarks/offload_session.sh nvme-kv   # NVMe tier + KV-cache offload at a fixed GPU budget
+#   bash benchmarks/offload_session.sh kv        # KV-cache offload alone (about 4 minutes)
 #   bash benchmarks/offload_session.sh q70       # llama-70b int4 streamed under 24GiB vs its PCIe-floor throughput
 # .whl holds the server/test wheels, deepspeed-0.19.8.tar.gz and the wheels DeepSpeed lacks in the image
 # (hjson, msgpack, psutil, ninja, einops, py-cpuinfo, pydantic ...). Results and logs go to $OUT.
 set -uo pipefail
-part=${1:?part: all, cpu, nvme-kv or q70}
+part=${1:?part: all, cpu, nvme-kv, kv or q70}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
@@ -26,6 +27,9 @@ if [ "$part" = all ]; then
 elif [ "$part" = q70 ]; then     # llama-70b int4, streamed under a 24GiB GPU budget (issue 5)
   python3 -m tierllm.cli bench offload --parts q70 --out "$OUT/offload-int4-llama-70b.json" 2>&1 \
       | tee "$OUT/offload-q70.log" | grep -v "^\s*$" | tail -30
+elif [ "$part" = kv ]; then
+  python3 -m tierllm.cli bench offload --parts kv --out "$OUT/offload-kv-llama-7b.json" 2>&1 \
+      | tee "$OUT/offload-kv.log" | grep -v "^\s*$" | tail -12
 elif [ "$part" = cpu ]; then
   python3 -m tierllm.cli bench offload --parts cpu --out "$OUT/offload-cpu-llama-7b.json" 2>&1 | tee "$OUT/offload-cpu.log" \
       | grep -v "^\s*$" | tail -40
