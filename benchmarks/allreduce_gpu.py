@@ -97,6 +97,9 @@ def main() -> None:
     parser.add_argument("--world-sizes", default="2,4")
     args = parser.parse_args()
     sizes = [int(n) for n in args.world_sizes.split(",") if int(n) <= torch.cuda.device_count()]
+    if not sizes:
+        raise SystemExit(f"error: --world-sizes {args.world_sizes} needs that many GPUs; this host has "
+                         f"{torch.cuda.device_count()}")
     results = {}
     context = mp.get_context("spawn")
     for world in sizes:
