@@ -1,0 +1,40 @@
+"""The offload bench's step timer (CUDA events stand in for a fake clock here: the bench itself needs a GPU)."""
+import torch
+
+from tierllm.bench import offload_bench
+
+
+class FakeEvent:
+    clock = [0.0]
+
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self):
+        self.at = FakeEvent.clock[0]
+
+    def elapsed_time(self, end):                 # milliseconds, as torch.cuda.Event
+        return end.at - self.at
+
+
+class FakeRunner:
+    def __init__(self, step_ms):
+        self.step_ms = list(step_ms)
+
+    def forward_plan(self, plan):
+        FakeEvent.clock[0] += self.step_ms.pop(0)
+        return plan
+
+
+def test_step_timer_reports_device_time_per_step_and_restores_the_runner(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    runner = FakeRunner([30.0, 10.0, 20.0])
+    original = runner.forward_plan
+    with offload_bench.StepTimer(runner) as timer:
+        assert [runner.forward_plan(i) for i in range(3)] == [0, 1, 2]
+    assert runner.forward_plan == original
+    summary = timer.summary(total_s=5.0)
+    assert summary["steps"] == 3 and summary["step_device_ms_median"] == 20.0
+    assert summary["step_device_ms_max"] == 30.0 and summary["steps_device_s"] == 0.06
+    assert 4.9 < summary["host_outside_forward_s"] <= 5.0       # the fake forward passes took no host time
