@@ -6,14 +6,14 @@ other path before it is timed. NVLink multicast stays off.
 Usage: python benchmarks/allreduce_gpu.py [--world-sizes 2,4] -> $OUT/allreduce-h100x{N}.json"""
 import argparse
 import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tierllm.distributed.parallel_state import NCCL_ENV_DEFAULTS
+from tierllm.distributed.launch import _free_port
+from tierllm.distributed.parallel_state import NCCL_ENV_DEFAULTS, destroy_parallel_state, init_parallel_state
 
 SHAPES = [(1, 5120), (1, 8192), (8, 8192), (32, 8192), (64, 5120), (64, 8192)]     # [tokens, hidden]
 DTYPES = (torch.float32, torch.bfloat16)
@@ -47,16 +47,10 @@ def _graph_us(fn, x: torch.Tensor) -> float:
 
 
 def _rank_main(rank: int, world: int, port: int, queue) -> None:
-    from tierllm.distributed.symm_all_reduce import create_symm_all_reduce
-
-    for key, value in NCCL_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=device)
-    group, cpu_group = dist.group.WORLD, dist.new_group(backend="gloo")
-    symm = create_symm_all_reduce(group, cpu_group, device)
+    # the engine's own group set-up: NCCL env defaults (no multicast), the device, the one-shot all-reduce
+    state = init_parallel_state(rank, world, torch.device("cuda", rank), 300.0, f"tcp://127.0.0.1:{port}",
+                                all_reduce="symm_mem")
+    device, group, symm = state.device, state.group, state.symm_all_reduce
     rows = []
     for tokens, hidden in SHAPES:
         for dtype in DTYPES:
@@ -80,14 +74,7 @@ def _rank_main(rank: int, world: int, port: int, queue) -> None:
     if rank == 0:
         queue.put({"symm_mem_available": symm is not None, "rows": rows})
     symm = None
-    dist.destroy_process_group(cpu_group)
-    dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    destroy_parallel_state(state)
 
 
 def main() -> None:

@@ -51,6 +51,7 @@ def main() -> None:
         return out
 
     runner.forward_plan = timed_forward
+
     def prompts():                 # fresh ones each time: no prefix-cache hits, as in `bench offload`
         return torch.randint(0, llm_engine.vocab_size, (args.batch, PROMPT_LEN), device="cuda")
 
