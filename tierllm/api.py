@@ -259,7 +259,7 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                  show_progress: bool = True, offload: OffloadConfig | dict | None = None,
                  kv_offload: bool = False, pin_kv_cache: bool = True, async_kv_offload: bool = True,
                  quant: QuantConfig | dict | str | None = None, tensor_parallel: dict | int | None = None,
-                 mixed_graph_tokens: int = 0):
+                 mixed_graph_tokens: int = 0, overlap_steps: bool = True):
     """Load weights into the native model and size the KV cache. Returns (LLMEngine, tokenizer, eos, pad).
     enable_cuda_graph: replay captured graphs for pure-decode steps (default: on for CUDA devices).
     mixed_graph_tokens: with CUDA graphs, also capture steps that carry up to this many prompt tokens (SplitFuse's
@@ -275,7 +275,9 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     RAM) and bring each layer's blocks over per step (asynchronously, a layer ahead, if async_kv_offload) or attend
     on the CPU, whichever is cheaper: the batch is then bounded by host memory.
     quant: a QuantConfig (or its fields as a dict, or "int8" | "int4" | "w8a8") to quantize the decoder layers'
-    linears after loading; a folder written by `tierllm quantize` loads quantized without it."""
+    linears after loading; a folder written by `tierllm quantize` loads quantized without it.
+    overlap_steps: schedule and launch the next decode step while the device still runs this one (see
+    engine/llm_engine.py); False waits for every step's tokens first."""
     engine_args = dict(locals())                  # this call's arguments: spawned tensor-parallel workers repeat it
     if (quant is not None and QuantConfig.from_any(quant).method == "gptq" and tensor_parallel is not None
             and not isinstance(tensor_parallel, ParallelState)
@@ -342,7 +344,7 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
             serve_worker(runner)                      # tensor-parallel ranks > 0: follow rank 0's steps, then exit
         scheduler = Scheduler(sched_config, BlockManager(num_blocks, block_size, enable_prefix_caching,
                                                          prefer_low_ids=kv_offload))
-        engine = LLMEngine(engine_config, scheduler, runner, config.vocab_size)
+        engine = LLMEngine(engine_config, scheduler, runner, config.vocab_size, overlap_steps)
         logger.info("tierllm: %s on %s (%s), %d KV blocks of %d tokens", type(native).__name__, device, torch_dtype,
                     num_blocks, block_size)
         tokenizer = _load_tokenizer(checkpoint.tokenizer_source)

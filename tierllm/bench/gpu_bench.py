@@ -83,6 +83,9 @@ def run_gpu_bench(preset: str = "llama-7b", batch_sizes=(1, 16, 64, 256), hf_bat
     ids = _random_prompts(1, prompt_len, vocab, seed + 1).cuda()
     _time_ours(engine, _random_prompts(1, prompt_len, vocab, seed + 2).cuda(), 8)                 # warm-up
     latency = {"graphs_on": _time_ours(engine, ids, latency_gen_len)}
+    engine.engine.overlap_steps = False                  # each step waits for its tokens before the next is launched
+    latency["graphs_on_overlap_off"] = _time_ours(engine, ids, latency_gen_len)
+    engine.engine.overlap_steps = True
     runner.use_cuda_graph = False
     latency["graphs_off"] = _time_ours(engine, ids, latency_gen_len)
     runner.use_cuda_graph = True

@@ -106,15 +106,21 @@ class TensorParallelDriver:
 
     @contextlib.contextmanager
     def step(self, plan):
-        """Broadcast `plan`, then run the body (this rank's forward pass and sampling). Any failure inside
-        breaks the group (the ranks may be mid-collective): it is reported with the dead rank if one died."""
+        """Broadcast `plan`, then run the body (this rank's forward pass and sampling) under `guard`."""
         if self.status.failure is not None:
             raise TensorParallelError(f"{self.status.failure}. The tensor-parallel engine cannot continue: start "
                                       "a new one.")
         if self.status.is_closed:
             raise TensorParallelError("this tensor-parallel engine was closed")
-        try:
+        with self.guard():
             broadcast_from_driver(plan, self.state)
+            yield
+
+    @contextlib.contextmanager
+    def guard(self):
+        """Around work that waits on the group (a step, or the wait for a launched step's tokens): any failure
+        inside breaks the group (the ranks may be mid-collective); it is reported with the dead rank if one died."""
+        try:
             yield
         except Exception as exc:
             dead = self.state.workers.death_message(_DEATH_REPORT_WAIT_S) if self.state.workers else None

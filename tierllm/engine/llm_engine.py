@@ -1,5 +1,14 @@
 """LLMEngine: add_request / step / abort over the scheduler and the model runner. Every entry point (HF-style
-generate, the offline LLM API, the server) drives this one loop."""
+generate, the offline LLM API, the server) drives this one loop.
+
+Overlapped steps: while the device runs step k, the host schedules and launches step k+1 before it waits for step
+k's tokens, so the host's per-step work (scheduling, inputs, launches, the tensor-parallel plan broadcast) hides
+behind the device's. This needs step k+1 to be decided before step k's tokens are known: it is done when every
+running request is a decode of step k, nothing waits for admission, each request can get its next KV slot without
+preemption, and no request needs host-side sampling (beams, log-probs, repetition penalty). Step k's requests then
+get a placeholder token, step k+1 reads the real ones from the device, and the placeholders are filled when step
+k's tokens arrive. A request that stops on a token of step k has also been computed in step k+1: that row is
+dropped. `step()` returns the outputs of the step it waited for."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,10 +18,20 @@ import torch
 
 from tierllm.config import EngineConfig
 from tierllm.engine.beam_search import BeamSearchGroup
-from tierllm.engine.outputs import CompletionOutput, RequestOutput
+from tierllm.engine.outputs import CompletionOutput, ModelOutput, RequestOutput, SchedulerOutput
 from tierllm.engine.request import Request, RequestStatus
 from tierllm.engine.scheduler import Scheduler
+from tierllm.layers.sampler import needs_host_sampling
 from tierllm.sampling import SamplingParams
+
+_PLACEHOLDER_TOKEN = 0        # a token whose value is still on the device (see the module docstring)
+
+
+@dataclass(eq=False)
+class _LaunchedStep:
+    sched_out: SchedulerOutput
+    launched: object                                # the runner's LaunchedStep
+    advanced: bool = False                          # placeholders appended, computed counts moved on
 
 
 @dataclass(eq=False)
@@ -26,8 +45,15 @@ class _RequestGroup:
     pending_logprobs: dict[int, torch.Tensor] = field(default_factory=dict)   # beam slot -> log-probs this round
 
 
+# statuses whose requests take no more tokens (FINISHED_LENGTH set ahead by _launch_next still takes its last one)
+_DROPPED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED)
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig, scheduler: Scheduler, runner, vocab_size: int):
+    def __init__(self, config: EngineConfig, scheduler: Scheduler, runner, vocab_size: int,
+                 overlap_steps: bool = True):
+        """overlap_steps: launch the next step before waiting for this one's tokens where that is possible (module
+        docstring); off, every step waits for its tokens before the next is scheduled."""
         self.config = config
         self.scheduler = scheduler
         self.block_manager = scheduler.block_manager
@@ -36,6 +62,11 @@ class LLMEngine:
         self.groups: dict[str, _RequestGroup] = {}
         self.num_tokens_last_step = 0                 # tokens appended by the last step (metrics)
         self._ended_outside_step: list[str] = []      # groups finished by stop_choice, reported by the next step
+        # a runner without launch() (test stubs) and KV offload (host-side KV copies between steps) never overlap
+        self.overlap_steps = (overlap_steps and hasattr(runner, "launch")
+                              and getattr(runner, "kv_offload", None) is None)
+        self._in_flight: _LaunchedStep | None = None  # launched, its tokens not read yet
+        self.num_overlapped_steps = 0                 # steps launched before the previous step's tokens were read
 
     # ---- requests ------------------------------------------------------------------------------
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -122,26 +153,78 @@ class LLMEngine:
         self._ended_outside_step.clear()
         if ended:
             return ended
+        current, self._in_flight = self._in_flight, None
+        launched = current is None
+        if current is None:
+            sched_out = self.scheduler.schedule()
+            if sched_out.is_empty:
+                if not self.groups or sched_out.preempted:    # nothing to do, or blocks were freed for the next step
+                    return []
+                raise RuntimeError("the scheduler found nothing to run although requests are pending "
+                                   f"(running={len(self.scheduler.running)}, waiting={len(self.scheduler.waiting)})")
+            if not self._can_overlap(sched_out):
+                return self._process(sched_out, self.runner.execute(sched_out, self.block_manager, on_launched))
+            current = _LaunchedStep(sched_out, self.runner.launch(sched_out, self.block_manager))
+        if self._launch_next(current):
+            launched = True
+        if launched and on_launched is not None:
+            on_launched()
+        return self._process(current.sched_out, self.runner.finish(current.launched), current.advanced)
+
+    def _can_overlap(self, sched_out: SchedulerOutput) -> bool:
+        """Whether a step's tokens may stay on the device while the next step is launched."""
+        return self.overlap_steps and not any(needs_host_sampling(r) for r, _ in sched_out.scheduled)
+
+    def _launch_next(self, current: _LaunchedStep) -> bool:
+        """Launch the step after `current` before current's tokens are known, if it can be decided without them
+        (module docstring): current's requests get placeholder tokens first. Returns whether a step was launched."""
+        sampled = [r for r in current.launched.sampled_requests if not r.status.is_finished]
+        running = self.scheduler.running
+        if (not self._can_overlap(current.sched_out) or self._ended_outside_step or self.scheduler.waiting
+                or not sampled or len(sampled) != len(running) or any(r not in running for r in sampled)
+                or self.block_manager.num_free_blocks < len(running)):
+            return False
+        self.scheduler.update_after_step(current.sched_out)
+        pending = {}
+        for index, request in enumerate(current.launched.sampled_requests):
+            if request.status.is_finished:                    # aborted, or stopped on the token before
+                continue
+            request.append_token(_PLACEHOLDER_TOKEN)
+            pending[request.request_id] = index
+            if request.num_output_tokens >= request.sampling_params.max_tokens:   # ends here whatever the token
+                self.scheduler.finish(request, RequestStatus.FINISHED_LENGTH)
+        current.advanced = True
         sched_out = self.scheduler.schedule()
         if sched_out.is_empty:
-            if not self.groups or sched_out.preempted:    # nothing to do, or blocks were freed for the next step
-                return []
-            raise RuntimeError("the scheduler found nothing to run although requests are pending "
-                               f"(running={len(self.scheduler.running)}, waiting={len(self.scheduler.waiting)})")
-        model_out = self.runner.execute(sched_out, self.block_manager, on_launched)
+            return False
+        self._in_flight = _LaunchedStep(sched_out, self.runner.launch(sched_out, self.block_manager, current.launched,
+                                                                      pending))
+        self.num_overlapped_steps += 1
+        return True
+
+    def _process(self, sched_out: SchedulerOutput, model_out: ModelOutput, advanced: bool = False
+                 ) -> list[RequestOutput]:
+        """A finished step's tokens -> the requests' outputs. advanced: _launch_next already moved the step's
+        requests on (their last token is a placeholder to fill)."""
         self.num_tokens_last_step = 0                 # tokens appended by this step (metrics)
-        ready = self.scheduler.update_after_step(sched_out)
+        ready = [r for r, _ in sched_out.scheduled if r.request_id in model_out.sampled_token_ids] \
+            if advanced else self.scheduler.update_after_step(sched_out)
         touched: dict[str, _RequestGroup] = {}
         for request in ready:
-            if request.is_beam:
+            group = self.groups.get(request.group_id)
+            if request.is_beam or group is None or request.status in _DROPPED:
                 continue
-            request.append_token(model_out.sampled_token_ids[request.request_id])
+            token = model_out.sampled_token_ids[request.request_id]
+            if advanced:
+                request.output_token_ids[-1] = token
+            else:
+                request.append_token(token)
             if request.request_id in model_out.token_logprobs:
                 request.output_logprobs.append(model_out.token_logprobs[request.request_id])
             self.num_tokens_last_step += 1
-            if request.check_stop():
+            was_finished = request.status.is_finished             # FINISHED_LENGTH, set when the step advanced
+            if request.check_stop() and not was_finished:
                 self.scheduler.finish(request, request.status)
-            group = self.groups[request.group_id]
             touched[group.request_id] = group
         beam_groups: dict[str, _RequestGroup] = {}
         for request in ready:            # store every beam's log-probs first: they all belong to this round

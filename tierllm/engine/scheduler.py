@@ -151,6 +151,8 @@ class Scheduler:
         """Advance computed counts; returns the requests whose whole input is now computed (they get a token)."""
         ready = []
         for request, num_new in out.scheduled:
+            if request.status.is_finished:            # aborted or stopped while the step ran (overlapped steps)
+                continue
             request.num_computed_tokens += num_new
             self.block_manager.cache_full_blocks(request.request_id, request.num_computed_tokens,
                                                  lambda r=request: r.all_token_ids)

@@ -1,6 +1,8 @@
 """Token selection from logits, with HF's logits-processor semantics: repetition penalty and min-new-tokens
 first, then temperature, top-k and top-p for sampling. All rows are decided on the logits' device and come
-back to the host in one transfer. Beam requests get their processed log-probs instead."""
+back to the host in one transfer. Beam requests get their processed log-probs instead.
+`sample_on_device` queues that work without waiting for the device (host values reach it through pinned,
+non-blocking copies), so the engine can launch the next step before this one's tokens are read."""
 from __future__ import annotations
 
 import torch
@@ -8,16 +10,24 @@ import torch
 from tierllm.engine.request import Request
 
 
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on `device` without a device sync: a pinned, non-blocking copy on CUDA (the caching
+    host allocator keeps the pinned buffer until the copy is done)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 def _apply_penalties(scores: torch.Tensor, request: Request) -> None:
     """scores: [vocab] logits or log-probs of one request, modified in place."""
     params = request.sampling_params
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(request.all_token_ids)), device=scores.device)
+        seen = to_device(sorted(set(request.all_token_ids)), torch.int64, scores.device)
         picked = scores[seen]
         scores[seen] = torch.where(picked < 0, picked * params.repetition_penalty,
                                    picked / params.repetition_penalty)
     if request.num_output_tokens < params.min_tokens and params.stop_token_ids:
-        scores[params.stop_token_ids] = float("-inf")
+        scores.index_fill_(0, to_device(params.stop_token_ids, torch.int64, scores.device), float("-inf"))
 
 
 def _needs_penalties(request: Request) -> bool:
@@ -31,14 +41,14 @@ def _warp(logits: torch.Tensor, rows: list[Request]) -> torch.Tensor:
     TopPLogitsWarper in that order, with each row's own settings (decided on the host: no device sync)."""
     device, vocab = logits.device, logits.shape[-1]
     params = [r.sampling_params for r in rows]
-    logits = logits / torch.tensor([p.temperature for p in params], device=device)[:, None]
+    logits = logits / to_device([p.temperature for p in params], logits.dtype, device)[:, None]
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     if min(top_k) < vocab:
-        k = torch.tensor(top_k, device=device)
+        k = to_device(top_k, torch.int64, device)
         kth = torch.topk(logits, max(top_k), dim=-1).values.gather(1, (k - 1)[:, None])   # [rows, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if min(p.top_p for p in params) < 1.0:
-        top_p = torch.tensor([p.top_p for p in params], device=device)
+        top_p = to_device([p.top_p for p in params], logits.dtype, device)
         sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=False)
         remove = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)[:, None]
         remove[:, -1] = False                                               # keep at least one token
@@ -72,6 +82,36 @@ def _token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, requests: list[R
     return out
 
 
+def sample_on_device(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """logits: [num_requests, vocab] -> the next token of every non-beam request [num_requests] (int64, on the
+    logits' device; beam rows hold their greedy token), queued without a device sync. For requests without beams
+    or log-probs (see `needs_host_sampling`)."""
+    logits = logits.float()
+    for i, request in enumerate(requests):
+        if _needs_penalties(request):
+            _apply_penalties(logits[i], request)
+    return _choose(logits, requests)
+
+
+def needs_host_sampling(request: Request) -> bool:
+    """Beams and log-probs are decided with host reads (and the repetition penalty needs the request's tokens so
+    far): such steps go through `sample`, which waits for the device."""
+    params = request.sampling_params
+    return request.is_beam or params.logprobs is not None or params.repetition_penalty != 1.0
+
+
+def _choose(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """Penalized fp32 logits [num_requests, vocab] -> greedy or sampled token per row [num_requests]."""
+    tokens = logits.argmax(dim=-1)                                          # [num_requests] greedy by default
+    sampled = [i for i, r in enumerate(requests) if not r.is_beam and not r.sampling_params.is_greedy]
+    if sampled:
+        rows = [requests[i] for i in sampled]
+        index = to_device(sampled, torch.int64, logits.device)
+        probs = _warp(logits.index_select(0, index), rows).softmax(dim=-1)
+        tokens[index] = (probs / _exponential_noise(rows, probs.shape[-1], logits.device)).argmax(dim=-1)
+    return tokens
+
+
 def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], dict[str, torch.Tensor], dict]:
     """logits: [num_requests, vocab] -> (next token per request, -1 for beam requests; beam log-probs by id;
     token log-probs by id for requests that asked for them)."""
@@ -84,13 +124,7 @@ def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[list[int], di
             beam_logprobs[request.request_id] = row
         elif _needs_penalties(request):
             _apply_penalties(logits[i], request)
-    tokens = logits.argmax(dim=-1)                                          # [num_requests] greedy by default
-    sampled = [i for i, r in enumerate(requests) if not r.is_beam and not r.sampling_params.is_greedy]
-    if sampled:
-        rows = [requests[i] for i in sampled]
-        probs = _warp(logits[sampled], rows).softmax(dim=-1)
-        index = torch.tensor(sampled, device=logits.device)
-        tokens[index] = (probs / _exponential_noise(rows, probs.shape[-1], logits.device)).argmax(dim=-1)
+    tokens = _choose(logits, requests)
     token_logprobs = _token_logprobs(logits, tokens, requests)
     token_list = tokens.tolist()                                            # the step's one device->host sync
     return [-1 if r.is_beam else t for r, t in zip(requests, token_list)], beam_logprobs, token_logprobs

@@ -1,19 +1,25 @@
 """Runs one scheduled step: block copies, flat inputs, forward, logits of finished inputs, sampling. Under tensor
-parallelism rank 0 runs execute() (plan, broadcast, forward, sample) and the other ranks run forward_plan() on
-each plan they receive."""
+parallelism rank 0 runs execute() or launch() (plan, broadcast, forward, sample) and the other ranks run
+forward_plan() on each plan they receive.
+execute() waits for the step's tokens. launch() queues the step on the device and returns at once (finish() waits):
+the engine overlaps the next step's host work with this one, and that step may take its input tokens from this
+one's sampled tokens while they are still on the device (StepPlan.prev_token_rows)."""
 from __future__ import annotations
 
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from tierllm.distributed.driver import TensorParallelDriver
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.outputs import ModelOutput, SchedulerOutput
-from tierllm.layers.sampler import sample
+from tierllm.engine.request import Request
+from tierllm.layers.sampler import sample, sample_on_device, to_device
 from tierllm.models.base import NativeModel
 from tierllm.offload.kv_offload import KVOffload
 from tierllm.runner.cuda_graph import CudaGraphDecoder
@@ -22,6 +28,15 @@ from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks
 from tierllm.runner.mixed_graph import MixedStepGraphs, unsupported_reason
 
 logger = logging.getLogger("tierllm")
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device whose tokens are not read yet."""
+    sampled_requests: list[Request]     # in sampled-token order
+    tokens: torch.Tensor | None         # [num_sampled] on the device (None: nothing sampled)
+    host_tokens: torch.Tensor | None    # its pinned host copy, complete once `ready` has passed
+    ready: torch.cuda.Event | None      # None on CPU, where the copy is already done
 
 
 class ModelRunner:
@@ -45,6 +60,7 @@ class ModelRunner:
         else:
             self.kv_caches = allocate_kv_cache(model.attention_layers(), num_blocks, block_size, dtype, device)
             model.bind_kv_cache(self.kv_caches)
+        self._previous_tokens: torch.Tensor | None = None      # rank 0: the sampled tokens a launch() refers to
         self.graphs: CudaGraphDecoder | None = None
         self.mixed_graphs: MixedStepGraphs | None = None
         self.use_cuda_graph = enable_cuda_graph                 # may be toggled later (benchmarks: on vs off)
@@ -84,6 +100,52 @@ class ModelRunner:
         return ModelOutput(sampled, beam_logprobs, token_logprobs)
 
     @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, block_manager: BlockManager, previous: LaunchedStep | None = None,
+               pending_tokens: dict[str, int] | None = None) -> LaunchedStep:
+        """Queue the step (forward pass and sampling) and start copying its tokens to the host; no device sync.
+        pending_tokens: request id -> index in `previous`'s tokens of the request's last token, which the host
+        does not have yet (see build_step_plan). For requests without host-side sampling (needs_host_sampling)."""
+        plan, sampled_requests = build_step_plan(out, block_manager, pending_tokens)
+        plan.use_cuda_graph = self.use_cuda_graph and self.graphs is not None
+        if plan.prev_token_rows:
+            self._previous_tokens = previous.tokens
+        with self.driver.step(plan) if self.driver is not None else contextlib.nullcontext():
+            logits = self.forward_plan(plan)                                    # [num_sampled, vocab] or None
+            tokens = sample_on_device(logits, sampled_requests) if logits is not None else None
+        if tokens is None or self.device.type != "cuda":
+            return LaunchedStep(sampled_requests, tokens, tokens, None)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return LaunchedStep(sampled_requests, tokens, host, ready)
+
+    def finish(self, step: LaunchedStep) -> ModelOutput:
+        """Wait for a launched step's tokens (a tensor-parallel peer's failure surfaces here)."""
+        if step.tokens is None:
+            return ModelOutput(sampled_token_ids={})
+        if step.ready is not None:
+            with self.driver.guard() if self.driver is not None else contextlib.nullcontext():
+                step.ready.synchronize()
+        tokens = step.host_tokens.tolist()
+        return ModelOutput({r.request_id: t for r, t in zip(step.sampled_requests, tokens, strict=True)})
+
+    def _write_previous_tokens(self, plan: StepPlan, input_ids: torch.Tensor) -> None:
+        """input_ids[prev_token_rows] = the previous step's sampled tokens [prev_token_index], on the device. Rank 0
+        sampled them; the other ranks receive them by a broadcast queued on their stream (no host sync)."""
+        if self.parallel.tp_size > 1:
+            count = max(plan.prev_token_index) + 1
+            tokens = (self._previous_tokens[:count].contiguous() if self.parallel.is_driver
+                      else torch.empty(count, dtype=torch.int64, device=self.device))
+            dist.broadcast(tokens, src=0, group=self.parallel.group)
+        else:
+            tokens = self._previous_tokens
+        rows = to_device(plan.prev_token_rows, torch.int64, self.device)
+        index = to_device(plan.prev_token_index, torch.int64, self.device)
+        input_ids.index_copy_(0, rows, tokens.index_select(0, index))
+        self._previous_tokens = None
+
+    @torch.inference_mode()
     def forward_plan(self, plan: StepPlan) -> torch.Tensor | None:
         """This rank's part of one step -> logits of the sampled rows [num_sampled, vocab], None if none."""
         if self.kv_offload is not None:
@@ -92,12 +154,14 @@ class ModelRunner:
             copy_blocks(self.kv_caches, plan.block_copies)
         num_tokens, num_sampled = len(plan.input_ids), len(plan.logits_indices)
         is_pure_decode = plan.num_decode_tokens == num_tokens == num_sampled
-        if plan.use_cuda_graph and self.mixed_graphs is not None and not is_pure_decode:
+        if plan.use_cuda_graph and self.mixed_graphs is not None and not is_pure_decode and not plan.prev_token_rows:
             shape = self.mixed_graphs.shape_for(plan)
             if shape is not None:
                 logits = self.mixed_graphs.run(plan, shape)                         # [num_sampled, vocab]
                 return logits if num_sampled else None
         inputs = inputs_from_plan(plan, self.device)
+        if plan.prev_token_rows:
+            self._write_previous_tokens(plan, inputs.input_ids)
         if self.kv_offload is not None:
             self.kv_offload.begin_step(plan, inputs.meta)
         if plan.use_cuda_graph and is_pure_decode and self.graphs.can_run(num_tokens):

@@ -1,0 +1,112 @@
+"""Overlapped steps (the next decode step launched before this one's tokens are read) must give exactly the tokens,
+finish reasons and KV accounting of steps that each wait for their tokens: greedy and seeded sampling, EOS in the
+middle of a batch, different max_tokens, aborts while a step is in flight, and tensor parallelism."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import assert_no_leaks, build_hf_model, make_engine, random_prompts
+from tierllm.sampling import SamplingParams
+
+LENGTHS = [5, 11, 3, 8]
+
+
+def _engine(overlap: bool, **kwargs):
+    return make_engine(build_hf_model("llama"), overlap_steps=overlap, **kwargs)
+
+
+def _run(engine, prompts, params_list, abort_after: dict | None = None) -> dict:
+    """Step the core engine over requests "r0", "r1", ... until all are done -> {id: (tokens, finish reason)}.
+    abort_after: request id -> the step after which it is aborted."""
+    core = engine.engine
+    for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
+        core.add_request(f"r{i}", prompt, params)
+    results, steps = {}, 0
+    while core.has_unfinished_requests():
+        for output in core.step():
+            if output.finished:
+                results[output.request_id] = (output.outputs[0].token_ids, output.outputs[0].finish_reason)
+        steps += 1
+        for rid, after in (abort_after or {}).items():
+            if steps == after:
+                core.abort(rid)
+    return results
+
+
+def _both(prompts, params_list, **kwargs) -> tuple[dict, dict, int]:
+    """The same requests with waiting steps and with overlapped ones -> (waiting, overlapped, overlapped launches)."""
+    waiting = _run(_engine(False), prompts, params_list, **kwargs)
+    engine = _engine(True)
+    overlapped = _run(engine, prompts, params_list, **kwargs)
+    assert_no_leaks(engine)
+    return waiting, overlapped, engine.engine.num_overlapped_steps
+
+
+def test_greedy_batch_with_different_lengths():
+    prompts = random_prompts(LENGTHS, seed=3)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 4, 9, 1)]
+    waiting, overlapped, launches = _both(prompts, params)
+    assert overlapped == waiting
+    assert [len(waiting[f"r{i}"][0]) for i in range(4)] == [12, 4, 9, 1]
+    assert launches > 5                                    # the overlapped path ran
+
+
+def test_eos_mid_batch_drops_the_extra_row():
+    prompts = random_prompts(LENGTHS, seed=4)
+    free_run = _run(_engine(False), prompts, [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)] * 4)
+    eos = free_run["r1"][0][4]                             # request 1 stops on its 5th token (or earlier)
+    params = [SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[eos]) for _ in prompts]
+    waiting, overlapped, launches = _both(prompts, params)
+    assert overlapped == waiting
+    assert waiting["r1"][1] == "stop" and len(waiting["r1"][0]) <= 5
+    assert launches > 0
+
+
+def test_min_tokens_and_eos_on_the_last_token():
+    prompts = random_prompts(LENGTHS[:2], seed=5)
+    free_run = _run(_engine(False), prompts, [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)] * 2)
+    last = free_run["r0"][0][5]                            # EOS exactly when max_tokens is reached: "stop"
+    params = [SamplingParams(max_tokens=6, min_tokens=3, temperature=0.0, stop_token_ids=[last])] * 2
+    waiting, overlapped, _ = _both(prompts, params)
+    assert overlapped == waiting
+    assert waiting["r0"][1] == "stop"
+
+
+def test_seeded_sampling():
+    prompts = random_prompts(LENGTHS, seed=6)
+    params = [SamplingParams(max_tokens=8, do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=11 + i,
+                             ignore_eos=True)
+              for i in range(4)]
+    waiting, overlapped, launches = _both(prompts, params)
+    assert overlapped == waiting
+    assert launches > 0
+
+
+def test_abort_while_a_step_is_in_flight():
+    prompts = random_prompts(LENGTHS[:3], seed=7)
+    params = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)] * 3
+    waiting, overlapped, _ = _both(prompts, params, abort_after={"r1": 4})
+    assert "r1" not in overlapped and overlapped == waiting
+
+
+def test_host_sampled_requests_wait_for_their_tokens():
+    """Repetition penalty and log-probs read the host's tokens: those steps never overlap."""
+    prompts = random_prompts(LENGTHS[:2], seed=8)
+    params = [SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
+              SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, ignore_eos=True)]
+    waiting, overlapped, launches = _both(prompts, params)
+    assert overlapped == waiting and launches == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_tensor_parallel_overlapped_steps_equal_tp1(overlap):
+    """Workers take the previous step's tokens from rank 0 by a broadcast queued with the step."""
+    prompts = random_prompts(LENGTHS[:3], seed=9)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (7, 3, 5)]
+    reference = _run(_engine(False), prompts, params)
+    engine = _engine(overlap, tensor_parallel={"tp_size": 2, "timeout_s": 60})
+    try:
+        assert _run(engine, prompts, params) == reference
+        assert (engine.engine.num_overlapped_steps > 0) == overlap
+    finally:
+        engine.close()
