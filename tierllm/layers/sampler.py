@@ -87,9 +87,15 @@ def sample_on_device(logits: torch.Tensor, requests: list[Request]) -> torch.Ten
     logits' device; beam rows hold their greedy token), queued without a device sync. For requests without beams
     or log-probs (see `needs_host_sampling`)."""
     logits = logits.float()
+    rows, stop_ids = [], []                     # min_tokens: every row's suppressed stop tokens, in one copy
     for i, request in enumerate(requests):
-        if _needs_penalties(request):
-            _apply_penalties(logits[i], request)
+        params = request.sampling_params
+        if request.num_output_tokens < params.min_tokens:
+            rows += [i] * len(params.stop_token_ids)
+            stop_ids += params.stop_token_ids
+    if rows:
+        index = to_device(rows + stop_ids, torch.int64, logits.device)                  # [2 * suppressed]
+        logits.index_put_((index[:len(rows)], index[len(rows):]), logits.new_full((), float("-inf")))
     return _choose(logits, requests)
 
 
