@@ -5,6 +5,10 @@ monotonic clock is shared by the processes of one host). TP=1 runs too, with the
 back to back (no host work between steps).
 
   python benchmarks/tp_step_profile.py            # JSON and a table under $OUT
+  TP_PROFILE_CONFIGS=tp1,tp2-nccl,tp2-nccl-overlap-off python benchmarks/tp_step_profile.py     # a subset
+
+With overlapped steps (the default) a step() call launches the next step and waits for this one, so its records
+mix two steps; wall_ms_per_token and each rank's GPU time stay exact.
 
 The timers are installed at import, so spawned workers (which re-import this file as their main module) carry
 them too; each rank writes its own records when it exits."""
@@ -142,7 +146,7 @@ def summarize(config: str, ranks: int) -> dict:
     return out
 
 
-def run(config: str, tp_size: int, all_reduce: str) -> dict:
+def run(config: str, tp_size: int, all_reduce: str, overlap: bool = True) -> dict:
     import tierllm
     from tierllm.bench.presets import PresetSource
 
@@ -151,7 +155,7 @@ def run(config: str, tp_size: int, all_reduce: str) -> dict:
     engine = tierllm.init_inference(PresetSource(PRESET, dtype), dtype=dtype, device=DEVICE,
                                     enable_cuda_graph=DEVICE == "cuda", max_model_len=1024, max_num_seqs=1,
                                     tensor_parallel={"tp_size": tp_size, "all_reduce": all_reduce},
-                                    show_progress=False, gpu_memory_utilization=0.85)
+                                    show_progress=False, gpu_memory_utilization=0.85, overlap_steps=overlap)
     vocab = engine.engine.vocab_size
     ids = torch.randint(100, vocab, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(1))
     engine.generate(ids, max_new_tokens=8, min_new_tokens=8)
@@ -184,9 +188,14 @@ if __name__ == "__main__":
 
     results = {}
     tp = int(os.environ.get("TP_PROFILE_TP", "2"))            # 3 for the CPU check on smollm2-135m (9 heads)
-    configs = [("tp1", 1, "nccl"), (f"tp{tp}-nccl", tp, "nccl"), (f"tp{tp}-symm", tp, "symm_mem")]
-    for config, tp_size, all_reduce in configs[:2] if DEVICE == "cpu" else configs:
-        results[config] = run(config, tp_size, all_reduce)
+    configs = [("tp1", 1, "nccl", True), (f"tp{tp}-nccl", tp, "nccl", True),
+               (f"tp{tp}-nccl-overlap-off", tp, "nccl", False), ("tp1-overlap-off", 1, "nccl", False),
+               (f"tp{tp}-symm", tp, "symm_mem", True)]
+    only = os.environ.get("TP_PROFILE_CONFIGS")                # e.g. "tp1,tp2-nccl": a subset, in this order
+    if only:
+        configs = [c for name in only.split(",") for c in configs if c[0] == name]
+    for config, tp_size, all_reduce, overlap in configs:
+        results[config] = run(config, tp_size, all_reduce, overlap)
         print(config, json.dumps(results[config]), flush=True)
     write_result(OUT / f"tp-step-profile-{PRESET}.json", "tp_step_profile", torch.device(DEVICE), {}, {}, results,
                  [], {"preset": PRESET, "dtype": "bfloat16" if DEVICE == "cuda" else "float32", "batch": 1, "prompt_len": PROMPT_LEN, "gen_len": GEN_LEN,
