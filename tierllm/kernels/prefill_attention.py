@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tierllm.host_copy import to_device
 from tierllm.kernels._dispatch import HAS_TRITON, triton_enabled
 
 PREFILL_BLOCK_M = 64
@@ -46,7 +47,7 @@ def plan_prefill(query_lens: list[int], context_lens: list[int], device) -> Pref
     tile_seq, tile_row, starts = prefill_tiles(query_lens)
 
     def as_tensor(values):
-        return torch.tensor(values, dtype=torch.int32, device=device)
+        return to_device(values, torch.int32, device)
 
     return PrefillPlan(as_tensor(tile_seq), as_tensor(tile_row), as_tensor(starts), as_tensor(query_lens),
                        as_tensor(context_lens))

@@ -8,14 +8,7 @@ from __future__ import annotations
 import torch
 
 from tierllm.engine.request import Request
-
-
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list as a tensor on `device` without a device sync: a pinned, non-blocking copy on CUDA (the caching
-    host allocator keeps the pinned buffer until the copy is done)."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+from tierllm.host_copy import to_device
 
 
 def _apply_penalties(scores: torch.Tensor, request: Request) -> None:

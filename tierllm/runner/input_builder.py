@@ -8,9 +8,9 @@ import torch
 from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.outputs import SchedulerOutput
 from tierllm.engine.request import Request
+from tierllm.host_copy import to_device
 from tierllm.kernels import plan_prefill
 from tierllm.layers.attention import AttentionMetadata
-from tierllm.layers.sampler import to_device
 
 
 @dataclass

@@ -19,7 +19,8 @@ from tierllm.distributed.parallel_state import ParallelState
 from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.outputs import ModelOutput, SchedulerOutput
 from tierllm.engine.request import Request
-from tierllm.layers.sampler import sample, sample_on_device, to_device
+from tierllm.host_copy import to_device
+from tierllm.layers.sampler import sample, sample_on_device
 from tierllm.models.base import NativeModel
 from tierllm.offload.kv_offload import KVOffload
 from tierllm.runner.cuda_graph import CudaGraphDecoder
@@ -140,8 +141,7 @@ class ModelRunner:
             dist.broadcast(tokens, src=0, group=self.parallel.group)
         else:
             tokens = self._previous_tokens
-        rows = to_device(plan.prev_token_rows, torch.int64, self.device)
-        index = to_device(plan.prev_token_index, torch.int64, self.device)
+        rows, index = to_device(plan.prev_token_rows + plan.prev_token_index, torch.int64, self.device).chunk(2)
         input_ids.index_copy_(0, rows, tokens.index_select(0, index))
         self._previous_tokens = None
 
