@@ -110,3 +110,13 @@ def test_tensor_parallel_overlapped_steps_equal_tp1(overlap):
         assert (engine.engine.num_overlapped_steps > 0) == overlap
     finally:
         engine.close()
+
+
+def test_streamed_layers_and_kv_offload_wait_for_their_tokens():
+    """Offloaded engines keep waiting steps (their copies bound the step; only that path is checked on GPUs)."""
+    import tierllm
+
+    streamed = _engine(True, offload=tierllm.OffloadConfig(device="cpu", num_resident_layers=0))
+    kv_offloaded = _engine(True, kv_offload=True, kv_cache_memory="4MiB")
+    assert not streamed.engine.overlap_steps and not kv_offloaded.engine.overlap_steps
+    assert _engine(True).engine.overlap_steps

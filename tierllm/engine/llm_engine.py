@@ -62,9 +62,7 @@ class LLMEngine:
         self.groups: dict[str, _RequestGroup] = {}
         self.num_tokens_last_step = 0                 # tokens appended by the last step (metrics)
         self._ended_outside_step: list[str] = []      # groups finished by stop_choice, reported by the next step
-        # a runner without launch() (test stubs) and KV offload (host-side KV copies between steps) never overlap
-        self.overlap_steps = (overlap_steps and hasattr(runner, "launch")
-                              and getattr(runner, "kv_offload", None) is None)
+        self.overlap_steps = overlap_steps and getattr(runner, "supports_overlap", False)   # test stubs: no
         self._in_flight: _LaunchedStep | None = None  # launched, its tokens not read yet
         self.num_overlapped_steps = 0                 # steps launched before the previous step's tokens were read
 

@@ -23,6 +23,7 @@ from tierllm.host_copy import to_device
 from tierllm.layers.sampler import sample, sample_on_device
 from tierllm.models.base import NativeModel
 from tierllm.offload.kv_offload import KVOffload
+from tierllm.offload.streamer import ResidentLayers
 from tierllm.runner.cuda_graph import CudaGraphDecoder
 from tierllm.runner.input_builder import StepPlan, build_step_plan, inputs_from_plan
 from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks
@@ -79,6 +80,12 @@ class ModelRunner:
                 if self.driver is not None:
                     self.driver.release_before_close(graphs.release)
                 graphs.capture()                                # every rank captures its collectives together
+
+    @property
+    def supports_overlap(self) -> bool:
+        """Whether launch() may run ahead of the device. Not with streamed layers or KV offload: their steps are
+        bound by the copies, and their host-side buffer handling is checked only with waiting steps."""
+        return self.kv_offload is None and isinstance(self.model.layer_streamer, ResidentLayers)
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
