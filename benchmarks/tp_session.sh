@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
 # Tensor-parallel work on a multi-GPU device machine (nvidia-h100-x4, or -x2 without the TP=4 parts), from the
-# repo root, nothing carried; one call (about 8 minutes on 4 H100s). Results and logs go to $OUT.
-#   bash benchmarks/tp_session.sh symm_mem   # the all-reduce micro-benchmark, the 2-GPU tests, then tp_gpu.py
-#                                            # (llama-13b TP=1/2 and llama-70b TP=4) with the one-shot all-reduce
-#   bash benchmarks/tp_session.sh nccl       # the same with NCCL's all-reduce (tp_gpu.py's default)
+# repo root, nothing carried; each part fits one 10-minute call. Results and logs go to $OUT.
+#   bash benchmarks/tp_session.sh micro            # the all-reduce micro-benchmark and the 2-GPU tests (~3 min)
+#   bash benchmarks/tp_session.sh 13b [ALL_REDUCE] # tp_gpu.py on llama-13b, TP=1/2(/4), no fp32 reference (~6 min)
+#   bash benchmarks/tp_session.sh 70b [ALL_REDUCE] # tp_gpu.py's llama-70b TP=4 run alone (4 GPUs)
+# ALL_REDUCE: nccl (default) or symm_mem. The fp32-reference agreement of llama-13b (bf16's own noise floor,
+# 82.8% on 2026-11-27) is in tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
-all_reduce=${1:?all_reduce: symm_mem or nccl}
+part=${1:?part: micro, 13b or 70b}
+all_reduce=${2:-nccl}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 gpus=$(nvidia-smi -L | wc -l)
-sizes=$([ "$gpus" -ge 4 ] && echo 2,4 || echo 2)
-timeout 150 python3 benchmarks/allreduce_gpu.py --world-sizes "$sizes" 2>&1 | tee "$OUT/allreduce.log" | tail -30
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py 2>&1 | tee "$OUT/tp_tests.log" | tail -8
-tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
-python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets llama-13b --all-reduce "$all_reduce" 2>&1 \
-    | tee "$OUT/tp_gpu.log" | grep -v "^\s*$" | tail -25
+case "$part" in
+  micro)
+    sizes=$([ "$gpus" -ge 4 ] && echo 2,4 || echo 2)
+    timeout 150 python3 benchmarks/allreduce_gpu.py --world-sizes "$sizes" 2>&1 | tee "$OUT/allreduce.log" | tail -30
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py 2>&1 | tee "$OUT/tp_tests.log" | tail -8
+    ;;
+  13b)
+    tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
+    python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets llama-13b --skip-70b --no-fp32-reference \
+        --all-reduce "$all_reduce" 2>&1 | tee "$OUT/tp_gpu_13b.log" | grep -v "^\s*$" | tail -25
+    ;;
+  70b)
+    python3 benchmarks/tp_gpu.py --tp-sizes 1,4 --presets none --all-reduce "$all_reduce" 2>&1 \
+        | tee "$OUT/tp_gpu_70b.log" | grep -v "^\s*$" | tail -25
+    ;;
+  *) echo "unknown part $part: micro, 13b or 70b" >&2; exit 2 ;;
+esac
