@@ -16,7 +16,8 @@ def _engine(overlap: bool, **kwargs):
 
 
 def _run(engine, prompts, params_list, abort_after: dict | None = None) -> dict:
-    """Step the core engine over requests "r0", "r1", ... until all are done -> {id: (tokens, finish reason)}.
+    """Step the core engine over requests "r0", "r1", ... until all are done -> {id: [(tokens, finish reason) of
+    each of its n outputs]}.
     abort_after: request id -> the step after which it is aborted."""
     core = engine.engine
     for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
@@ -25,7 +26,7 @@ def _run(engine, prompts, params_list, abort_after: dict | None = None) -> dict:
     while core.has_unfinished_requests():
         for output in core.step():
             if output.finished:
-                results[output.request_id] = (output.outputs[0].token_ids, output.outputs[0].finish_reason)
+                results[output.request_id] = [(c.token_ids, c.finish_reason) for c in output.outputs]
         steps += 1
         for rid, after in (abort_after or {}).items():
             if steps == after:
@@ -47,29 +48,29 @@ def test_greedy_batch_with_different_lengths():
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 4, 9, 1)]
     waiting, overlapped, launches = _both(prompts, params)
     assert overlapped == waiting
-    assert [len(waiting[f"r{i}"][0]) for i in range(4)] == [12, 4, 9, 1]
+    assert [len(waiting[f"r{i}"][0][0]) for i in range(4)] == [12, 4, 9, 1]
     assert launches > 5                                    # the overlapped path ran
 
 
 def test_eos_mid_batch_drops_the_extra_row():
     prompts = random_prompts(LENGTHS, seed=4)
     free_run = _run(_engine(False), prompts, [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)] * 4)
-    eos = free_run["r1"][0][4]                             # request 1 stops on its 5th token (or earlier)
+    eos = free_run["r1"][0][0][4]                             # request 1 stops on its 5th token (or earlier)
     params = [SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[eos]) for _ in prompts]
     waiting, overlapped, launches = _both(prompts, params)
     assert overlapped == waiting
-    assert waiting["r1"][1] == "stop" and len(waiting["r1"][0]) <= 5
+    assert waiting["r1"][0][1] == "stop" and len(waiting["r1"][0][0]) <= 5
     assert launches > 0
 
 
 def test_min_tokens_and_eos_on_the_last_token():
     prompts = random_prompts(LENGTHS[:2], seed=5)
     free_run = _run(_engine(False), prompts, [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)] * 2)
-    last = free_run["r0"][0][5]                            # EOS exactly when max_tokens is reached: "stop"
+    last = free_run["r0"][0][0][5]                            # EOS exactly when max_tokens is reached: "stop"
     params = [SamplingParams(max_tokens=6, min_tokens=3, temperature=0.0, stop_token_ids=[last])] * 2
     waiting, overlapped, _ = _both(prompts, params)
     assert overlapped == waiting
-    assert waiting["r0"][1] == "stop"
+    assert waiting["r0"][0][1] == "stop"
 
 
 def test_seeded_sampling():
@@ -120,3 +121,16 @@ def test_streamed_layers_and_kv_offload_wait_for_their_tokens():
     kv_offloaded = _engine(True, kv_offload=True, kv_cache_memory="4MiB")
     assert not streamed.engine.overlap_steps and not kv_offloaded.engine.overlap_steps
     assert _engine(True).engine.overlap_steps
+
+
+def test_n_samples_and_a_tight_kv_pool():
+    """n > 1 children, and a pool so small that requests are preempted: steps overlap only while every running
+    request has a free block, and the outputs stay those of waiting steps."""
+    prompts = random_prompts(LENGTHS, seed=10)
+    params = [SamplingParams(max_tokens=24, n=2, do_sample=True, temperature=1.0, seed=5, ignore_eos=True)] * 4
+    waiting = _run(make_engine(build_hf_model("llama"), overlap_steps=False, num_kv_blocks=12), prompts, params)
+    engine = make_engine(build_hf_model("llama"), overlap_steps=True, num_kv_blocks=12)
+    assert _run(engine, prompts, params) == waiting
+    assert all(len(outputs) == 2 for outputs in waiting.values())
+    assert engine.engine.num_overlapped_steps > 0
+    assert_no_leaks(engine)

@@ -193,6 +193,10 @@ class LLMEngine:
                 self.scheduler.finish(request, RequestStatus.FINISHED_LENGTH)
         current.advanced = True
         sched_out = self.scheduler.schedule()
+        if sched_out.preempted:          # the free-block check above rules this out: a placeholder would be recomputed
+            raise RuntimeError("overlapped step: the scheduler preempted "
+                               f"{[r.request_id for r in sched_out.preempted]} although every running request had "
+                               "a free KV block; restart the engine with overlap_steps=False and report this")
         if sched_out.is_empty:
             return False
         self._in_flight = _LaunchedStep(sched_out, self.runner.launch(sched_out, self.block_manager, current.launched,
