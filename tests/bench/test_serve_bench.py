@@ -183,13 +183,15 @@ def test_load_against_fake_server(fake_server, capsys):
     assert set(state["auth"]) == {"Bearer sk-test"}
     for r, p in zip(m["requests"], plan):
         assert r["outcome"] == "ok" and r["status"] == 200
-        assert 0 <= r["start_s"] - p.arrival_s < 0.15                           # sent on schedule
+        # sent on schedule: never early; the upper bound is loose (a loaded 2-core CI machine delayed a send by
+        # 0.24 s once), sending each request after the previous one's reply would be seconds late
+        assert 0 <= r["start_s"] - p.arrival_s < 1.0
         assert r["n_chunks"] == r["n_tokens"] == p.output_len                   # empty chunk not counted
         assert len(r["chunk_times_s"]) == p.output_len - 1
-        assert TTFT_S * 0.9 <= r["ttft_s"] < TTFT_S + 0.3
-        assert TPOT_S * 0.9 <= r["tpot_s"] < TPOT_S + 0.03                      # ~ the fake sleep
-    assert TPOT_S * 0.9 <= m["tpot_p50_s"] <= m["tpot_p95_s"] <= m["tpot_p99_s"] < TPOT_S + 0.03
-    assert TPOT_S * 0.9 <= m["itl_p50_s"] < TPOT_S + 0.03
+        assert TTFT_S * 0.9 <= r["ttft_s"] < TTFT_S + 1.0
+        assert TPOT_S * 0.9 <= r["tpot_s"] < TPOT_S + 0.1                       # ~ the fake sleep (loose: CI load)
+    assert TPOT_S * 0.9 <= m["tpot_p50_s"] <= m["tpot_p95_s"] <= m["tpot_p99_s"] < TPOT_S + 0.1
+    assert TPOT_S * 0.9 <= m["itl_p50_s"] < TPOT_S + 0.1
     assert m["ttft_p50_s"] > 0 and m["duration_s"] >= plan[-1].arrival_s
     assert m["effective_throughput"] == pytest.approx(m["request_throughput"])  # loose SLOs: all met
     strict = compute_metrics([RequestRecord(**{k: v for k, v in r.items() if k not in ("ttft_s", "tpot_s")})
