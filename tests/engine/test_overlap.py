@@ -134,3 +134,23 @@ def test_n_samples_and_a_tight_kv_pool():
     assert all(len(outputs) == 2 for outputs in waiting.values())
     assert engine.engine.num_overlapped_steps > 0
     assert_no_leaks(engine)
+
+
+def test_a_step_left_in_flight_by_stopped_requests_is_dropped():
+    """All requests stopped on EOS while the next step ran: that step's rows are dropped, and the next request's
+    first step() already computes its prompt."""
+    prompt = random_prompts([6], seed=12)[0]
+    free_run = _run(_engine(False), [prompt], [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)])
+    eos = free_run["r0"][0][0][3]
+    engine = _engine(True)
+    core = engine.engine
+    assert _run(engine, [prompt], [SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[eos])])["r0"][0][1] \
+        == "stop"
+    assert core._in_flight is not None                     # launched before the EOS was read
+    core.add_request("next", prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    core.step()
+    assert core._in_flight is None or core._in_flight.sched_out.scheduled[0][0].request_id == "next"
+    assert core.groups["next"].children[0].num_output_tokens >= 1   # its prompt ran in that same call
+    while core.has_unfinished_requests():
+        core.step()
+    assert_no_leaks(engine)

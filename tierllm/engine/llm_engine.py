@@ -152,6 +152,9 @@ class LLMEngine:
         if ended:
             return ended
         current, self._in_flight = self._in_flight, None
+        if current is not None and all(r.status.is_finished for r in current.launched.sampled_requests):
+            self.runner.finish(current.launched)      # only rows of requests that stopped or were aborted: drop it
+            current = None
         launched = current is None
         if current is None:
             sched_out = self.scheduler.schedule()
