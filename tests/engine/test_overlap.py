@@ -154,3 +154,57 @@ def test_a_step_left_in_flight_by_stopped_requests_is_dropped():
     while core.has_unfinished_requests():
         core.step()
     assert_no_leaks(engine)
+
+
+def _random_workload(seed: int):
+    """Requests arriving over the run (step index), with mixed sampling settings, EOS ids, lengths and aborts (after
+    a number of tokens); odd
+    seeds add one host-sampled request (repetition penalty or log-probs), which holds every step it joins."""
+    import random
+
+    rng = random.Random(seed)
+    prompts = random_prompts([rng.randint(1, 20) for _ in range(8)], seed=seed)
+    kinds = [rng.choice(["greedy", "greedy", "sampled", "n2"]) for _ in range(8)]
+    if seed % 2:
+        kinds[rng.randint(4, 7)] = rng.choice(["penalty", "logprobs"])
+    arrivals, params, aborts = [], [], {}
+    for i, kind in enumerate(kinds):
+        arrivals.append(rng.choice([0, 0, 1, 4, 9]))
+        common = {"max_tokens": rng.randint(1, 24), "stop_token_ids": rng.sample(range(3, 60), 12)}
+        common["min_tokens"] = min(rng.choice([0, 0, 3]), common["max_tokens"])
+        extra = {"greedy": {"temperature": 0.0}, "penalty": {"temperature": 0.0, "repetition_penalty": 1.2},
+                 "sampled": {"do_sample": True, "temperature": 0.9, "top_p": 0.9, "seed": rng.randint(0, 99)},
+                 "logprobs": {"temperature": 0.0, "logprobs": 1},
+                 "n2": {"do_sample": True, "temperature": 1.0, "n": 2, "seed": rng.randint(0, 99)}}[kind]
+        params.append(SamplingParams(**common, **extra))
+        if rng.random() < 0.25:
+            aborts[f"r{i}"] = rng.randint(1, 6)           # aborted once it has this many tokens
+    return prompts, arrivals, params, aborts
+
+
+def _run_workload(engine, prompts, arrivals, params, aborts) -> dict:
+    core = engine.engine
+    results, step, pending = {}, 0, list(range(len(prompts)))
+    while pending or core.has_unfinished_requests():
+        for i in [i for i in pending if arrivals[i] <= step]:
+            core.add_request(f"r{i}", prompts[i], params[i])
+            pending.remove(i)
+        for output in core.step():
+            if output.finished:
+                results[output.request_id] = [(c.token_ids, c.finish_reason) for c in output.outputs]
+        step += 1
+        # by progress, not by step count: a request that arrives while a step is in flight starts a step later
+        for rid, tokens in aborts.items():
+            if rid in core.groups and core.groups[rid].children[0].num_output_tokens >= tokens:
+                core.abort(rid)
+    return results
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_workloads_give_the_waiting_steps_outputs(seed):
+    """Arrivals mid-run, host-sampled requests next to overlappable ones, EOS, min_tokens, n=2 and aborts."""
+    workload = _random_workload(seed)
+    waiting = _run_workload(_engine(False, num_kv_blocks=28), *workload)
+    engine = _engine(True, num_kv_blocks=28)
+    assert _run_workload(engine, *workload) == waiting
+    assert_no_leaks(engine)
