@@ -44,3 +44,20 @@ def test_tp2_symm_mem_all_reduce_in_cuda_graphs_equals_tp1():
     start = time.monotonic()
     engine.close()
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.timeout(600)
+def test_a_second_symm_mem_engine_in_the_same_process_starts_on_nccl():
+    """torch keeps symmetric-memory state per process-group name and names restart with each new default group:
+    a second symm_mem engine in one process takes NCCL's all-reduce (with a warning) instead of a rendezvous
+    through the first group's dead store. It comes up, and its tokens equal TP=1's."""
+    model = build_hf_model("llama_gqa")
+    prompt = torch.tensor([random_prompts([9], seed=6)[0]], device="cuda")
+    reference = make_engine(model, device="cuda", dtype=torch.float32)
+    expected = reference.generate(prompt, max_new_tokens=12, do_sample=False).tolist()
+    reference.close()
+    for attempt in range(2):
+        engine = make_engine(model, device="cuda", dtype=torch.float32,
+                             tensor_parallel={"tp_size": 2, "all_reduce": "symm_mem", "timeout_s": 120})
+        assert engine.generate(prompt, max_new_tokens=12, do_sample=False).tolist() == expected, attempt
+        engine.close()

@@ -49,10 +49,27 @@ class SymmetricAllReduce:
         return torch.ops.symm_mem.one_shot_all_reduce_copy(staging, x, "sum", self.group_name)
 
 
+# Group names this process has set symmetric memory up for. torch keeps that state per group name, and process
+# group names restart from "0" once the default group is destroyed: a second engine's group would find the first
+# one's registration (its rendezvous store is gone with its group). The 4-GPU run of 2026-11-27 started a TP=4
+# engine with symm_mem after a TP=2 one in the same process, and it did not come up within 4 minutes.
+_SET_UP_GROUP_NAMES: set[str] = set()
+
+
 def create_symm_all_reduce(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup,
                            device: torch.device) -> SymmetricAllReduce | None:
     """Set up the one-shot all-reduce on every rank and check it against NCCL once; None on every rank (with a
-    warning) if it fails on any: all ranks must take the same path, or the collectives would not pair up."""
+    warning) if it fails on any: all ranks must take the same path, or the collectives would not pair up. Only
+    the first group of a process with a given name gets it (see _SET_UP_GROUP_NAMES): every rank agrees on that
+    before any rendezvous, since the fresh workers of a second engine cannot know rank 0's history."""
+    fresh = torch.tensor([0 if group.group_name in _SET_UP_GROUP_NAMES else 1], dtype=torch.int32)
+    dist.all_reduce(fresh, op=dist.ReduceOp.MIN, group=cpu_group)
+    if fresh.item() == 0:
+        logger.warning("tierllm: the symmetric-memory all-reduce is set up once per process and process-group "
+                       "name (%s); this tensor-parallel engine uses NCCL's. Start it in a new process to use "
+                       "symm_mem", group.group_name)
+        return None
+    _SET_UP_GROUP_NAMES.add(group.group_name)
     reducer, error = None, None
     try:
         reducer = SymmetricAllReduce(group, device)
