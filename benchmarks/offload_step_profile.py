@@ -41,10 +41,10 @@ def main() -> None:
     step_s, step_kinds = [], []
     forward_plan = runner.forward_plan
 
-    def timed_forward(step_plan):
+    def timed_forward(step_plan, *args):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        out = forward_plan(step_plan)
+        out = forward_plan(step_plan, *args)
         torch.cuda.synchronize()
         step_s.append(round(time.perf_counter() - start, 4))
         step_kinds.append({"tokens": len(step_plan.input_ids), "decodes": step_plan.num_decode_tokens})

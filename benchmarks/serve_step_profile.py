@@ -49,9 +49,9 @@ def main() -> None:
     plans = []
     forward_plan = runner.forward_plan
 
-    def recording_forward(plan):
+    def recording_forward(plan, *args):
         plans.append(plan)
-        return forward_plan(plan)
+        return forward_plan(plan, *args)
 
     runner.forward_plan = recording_forward
     marks = {}                       # host time stamps inside the current step

@@ -57,7 +57,7 @@ def _timed(module, name: str, key: str):
 def _timed_forward():
     original = runner_module.ModelRunner.forward_plan
 
-    def forward_plan(self, plan):
+    def forward_plan(self, plan, *args):
         _tag["rank"] = self.parallel.tp_rank
         if self.parallel.tp_rank > 0:                    # a worker's step starts with its forward pass
             RECORDS.append({"plan_wait_s": _tag.pop("plan_wait_s", 0.0)})
@@ -67,7 +67,7 @@ def _timed_forward():
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
         record["forward_start"] = start = time.perf_counter()
-        result = original(self, plan)
+        result = original(self, plan, *args)
         record["forward_launch_s"] = time.perf_counter() - start
         if timed:
             end.record()

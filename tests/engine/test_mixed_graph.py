@@ -26,10 +26,10 @@ def test_padded_step_matches_the_eager_step(family, monkeypatch):
     eager_forward = runner.forward_plan
     seen = []
 
-    def both_ways(plan):
+    def both_ways(plan, *args):
         shape = graphs.shape_for(plan)
         padded = graphs.padded_forward(plan, shape).clone() if shape is not None else None
-        logits = eager_forward(plan)                                   # [num_sampled, vocab] or None
+        logits = eager_forward(plan, *args)                            # [num_sampled, vocab] or None
         if shape is not None and logits is not None:
             torch.testing.assert_close(padded, logits, rtol=1e-5, atol=1e-5)
             seen.append((plan.num_decode_tokens, len(plan.prefill_query_lens), shape))

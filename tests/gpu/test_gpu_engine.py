@@ -148,14 +148,14 @@ def test_mixed_step_graph_logits_equal_eager_per_step(family, monkeypatch):
     eager_forward = runner.forward_plan
     seen = []
 
-    def three_ways(plan):
+    def three_ways(plan, *args):
         shape = mixed.shape_for(plan)
         if shape is None or not plan.logits_indices:
-            return eager_forward(plan)
+            return eager_forward(plan, *args)
         replayed = mixed.run(plan, shape).float()
         padded = mixed.padded_forward(plan, shape).float()
         plan.use_cuda_graph = False
-        logits = eager_forward(plan)
+        logits = eager_forward(plan, *args)
         seen.append(shape)
         torch.testing.assert_close(replayed, padded, rtol=1e-3, atol=1e-3, msg=f"graph replay, step {len(seen)}")
         torch.testing.assert_close(padded, logits.float(), rtol=2e-2, atol=2e-2, msg=f"padded, step {len(seen)}")

@@ -51,11 +51,11 @@ class StepTimer:
         self.events, self.host_in_forward = [], 0.0
 
     def __enter__(self):
-        def timed_forward(plan):
+        def timed_forward(plan, *args):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             host_start = time.perf_counter()
             start.record()
-            out = self.forward(plan)
+            out = self.forward(plan, *args)
             end.record()
             self.host_in_forward += time.perf_counter() - host_start
             self.events.append((start, end))

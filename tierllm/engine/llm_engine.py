@@ -179,11 +179,10 @@ class LLMEngine:
     def _launch_next(self, current: _LaunchedStep) -> bool:
         """Launch the step after `current` before current's tokens are known, if it can be decided without them
         (module docstring): current's requests get placeholder tokens first. Returns whether a step was launched."""
-        sampled = [r for r in current.launched.sampled_requests if not r.status.is_finished]
+        sampled = {r for r in current.launched.sampled_requests if not r.status.is_finished}
         running = self.scheduler.running
         if (not self._can_overlap(current.sched_out) or self._ended_outside_step or self.scheduler.waiting
-                or not sampled or len(sampled) != len(running) or any(r not in running for r in sampled)
-                or self.block_manager.num_free_blocks < len(running)):
+                or not sampled or sampled != set(running) or self.block_manager.num_free_blocks < len(running)):
             return False
         self.scheduler.update_after_step(current.sched_out)
         pending = {}

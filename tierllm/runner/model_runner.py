@@ -62,7 +62,6 @@ class ModelRunner:
         else:
             self.kv_caches = allocate_kv_cache(model.attention_layers(), num_blocks, block_size, dtype, device)
             model.bind_kv_cache(self.kv_caches)
-        self._previous_tokens: torch.Tensor | None = None      # rank 0: the sampled tokens a launch() refers to
         self.graphs: CudaGraphDecoder | None = None
         self.mixed_graphs: MixedStepGraphs | None = None
         self.use_cuda_graph = enable_cuda_graph                 # may be toggled later (benchmarks: on vs off)
@@ -115,10 +114,9 @@ class ModelRunner:
         does not have yet (see build_step_plan). For requests without host-side sampling (needs_host_sampling)."""
         plan, sampled_requests = build_step_plan(out, block_manager, pending_tokens)
         plan.use_cuda_graph = self.use_cuda_graph and self.graphs is not None
-        if plan.prev_token_rows:
-            self._previous_tokens = previous.tokens
+        previous_tokens = previous.tokens if plan.prev_token_rows else None
         with self.driver.step(plan) if self.driver is not None else contextlib.nullcontext():
-            logits = self.forward_plan(plan)                                    # [num_sampled, vocab] or None
+            logits = self.forward_plan(plan, previous_tokens)                   # [num_sampled, vocab] or None
             tokens = sample_on_device(logits, sampled_requests) if logits is not None else None
         if tokens is None or self.device.type != "cuda":
             return LaunchedStep(sampled_requests, tokens, tokens, None)
@@ -138,23 +136,25 @@ class ModelRunner:
         tokens = step.host_tokens.tolist()
         return ModelOutput({r.request_id: t for r, t in zip(step.sampled_requests, tokens, strict=True)})
 
-    def _write_previous_tokens(self, plan: StepPlan, input_ids: torch.Tensor) -> None:
+    def _write_previous_tokens(self, plan: StepPlan, input_ids: torch.Tensor,
+                               previous_tokens: torch.Tensor | None) -> None:
         """input_ids[prev_token_rows] = the previous step's sampled tokens [prev_token_index], on the device. Rank 0
-        sampled them; the other ranks receive them by a broadcast queued on their stream (no host sync)."""
+        sampled them (previous_tokens); the other ranks receive them by a broadcast queued on their stream (no
+        host sync)."""
         if self.parallel.tp_size > 1:
             count = max(plan.prev_token_index) + 1
-            tokens = (self._previous_tokens[:count].contiguous() if self.parallel.is_driver
+            tokens = (previous_tokens[:count].contiguous() if self.parallel.is_driver
                       else torch.empty(count, dtype=torch.int64, device=self.device))
             dist.broadcast(tokens, src=0, group=self.parallel.group)
         else:
-            tokens = self._previous_tokens
+            tokens = previous_tokens
         rows, index = to_device(plan.prev_token_rows + plan.prev_token_index, torch.int64, self.device).chunk(2)
         input_ids.index_copy_(0, rows, tokens.index_select(0, index))
-        self._previous_tokens = None
 
     @torch.inference_mode()
-    def forward_plan(self, plan: StepPlan) -> torch.Tensor | None:
-        """This rank's part of one step -> logits of the sampled rows [num_sampled, vocab], None if none."""
+    def forward_plan(self, plan: StepPlan, previous_tokens: torch.Tensor | None = None) -> torch.Tensor | None:
+        """This rank's part of one step -> logits of the sampled rows [num_sampled, vocab], None if none.
+        previous_tokens: rank 0's sampled tokens of the previous step, when the plan has prev_token_rows."""
         if self.kv_offload is not None:
             self.kv_offload.flush()                     # host rows of the last step are in before host-side copies
         if plan.block_copies:
@@ -168,7 +168,7 @@ class ModelRunner:
                 return logits if num_sampled else None
         inputs = inputs_from_plan(plan, self.device)
         if plan.prev_token_rows:
-            self._write_previous_tokens(plan, inputs.input_ids)
+            self._write_previous_tokens(plan, inputs.input_ids, previous_tokens)
         if self.kv_offload is not None:
             self.kv_offload.begin_step(plan, inputs.meta)
         if plan.use_cuda_graph and is_pure_decode and self.graphs.can_run(num_tokens):
