@@ -183,9 +183,18 @@ def run(config: str, tp_size: int, all_reduce: str, overlap: bool = True) -> dic
     return result
 
 
+def step_ratios(results: dict, configs) -> dict:
+    """Each TP>1 config's median step time over TP=1's with the same overlap setting (when both ran)."""
+    tp1 = {overlap: name for name, size, _, overlap in configs if size == 1}
+    return {name: round(results[name]["rank0"]["step_ms"] / results[tp1[overlap]]["rank0"]["step_ms"], 3)
+            for name, size, _, overlap in configs if size > 1 and overlap in tp1}
+
+
 if __name__ == "__main__":
+    from tierllm.bench.probe import hbm_copy_GBps
     from tierllm.bench.results import write_result
 
+    ceilings = {"hbm_copy_GBps(read+write)": round(hbm_copy_GBps(), 1)} if DEVICE == "cuda" else {}
     results = {}
     tp = int(os.environ.get("TP_PROFILE_TP", "2"))            # 3 for the CPU check on smollm2-135m (9 heads)
     configs = [("tp1", 1, "nccl", True), (f"tp{tp}-nccl", tp, "nccl", True),
@@ -197,6 +206,9 @@ if __name__ == "__main__":
     for config, tp_size, all_reduce, overlap in configs:
         results[config] = run(config, tp_size, all_reduce, overlap)
         print(config, json.dumps(results[config]), flush=True)
-    write_result(OUT / f"tp-step-profile-{PRESET}.json", "tp_step_profile", torch.device(DEVICE), {}, {}, results,
-                 [], {"preset": PRESET, "dtype": "bfloat16" if DEVICE == "cuda" else "float32", "batch": 1, "prompt_len": PROMPT_LEN, "gen_len": GEN_LEN,
-                  "cuda_graphs": True, "times": "medians per decode step, ms"})
+    results["step_ms_vs_tp1"] = step_ratios(results, configs)
+    print("step time vs TP=1:", results["step_ms_vs_tp1"], flush=True)
+    write_result(OUT / f"tp-step-profile-{PRESET}.json", "tp_step_profile", torch.device(DEVICE), ceilings, {},
+                 results, [], {"preset": PRESET, "dtype": "bfloat16" if DEVICE == "cuda" else "float32", "batch": 1,
+                               "prompt_len": PROMPT_LEN, "gen_len": GEN_LEN, "cuda_graphs": DEVICE == "cuda",
+                               "times": "medians per decode step, ms"})
