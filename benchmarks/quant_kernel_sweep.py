@@ -1,0 +1,238 @@
+"""Config and variant sweep of the quantized decode kernels on one GPU (llama-7b linear shapes, bf16
+activations), each timed inside a CUDA graph (launch overhead excluded) and checked against the torch
+reference; JSON to $OUT/quant-kernel-sweep.json. Picks the kernels and configs the engine should use:
+
+  int4 GEMV (M=1): the current kernel (bytes + tl.split) vs two int32-word candidates: "nibble" (8 immediate
+  shifts per word, x gathered per nibble) and "word4d" (x loaded contiguously, shifts by a [8] tensor)
+  int8 GEMV (M=1): gemv.py's kernel over a wide config list
+  int4 / int8 GEMM (M=64): quant_gemm.py's kernel over a wide config list, against cuBLAS bf16
+
+    python benchmarks/quant_kernel_sweep.py"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tierllm  # noqa: E402
+from tierllm.bench.probe import _time_cuda, hbm_copy_GBps  # noqa: E402
+from tierllm.kernels import gemv, quant_gemm, quant_gemv  # noqa: E402
+from tierllm.kernels.gemv import fused_epilogue  # noqa: E402
+from tierllm.quant.quantize import quantize_weight  # noqa: E402
+
+SHAPES = [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]
+
+
+@triton.jit
+def _word4d_body(x_ptr, w_ptr, s_ptr, mn_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
+                 GROUP: tl.constexpr, HAS_MINS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
+    m = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    WORDS: tl.constexpr = GROUP // 8
+    offs_w = tl.arange(0, WORDS)
+    num_groups = K // GROUP
+    row = offs_n.to(tl.int64)
+    shifts = tl.arange(0, 8) * 4
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
+        offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
+        g_mask = offs_g < num_groups
+        word = offs_g[:, None] * WORDS + offs_w[None, :]                                   # [GPB, WORDS]
+        words = tl.load(w_ptr + row[:, None, None] * stride_wn + word[None, :, :],
+                        mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)       # [BN, GPB, WORDS]
+        offs_k = word[:, :, None] * 8 + tl.arange(0, 8)[None, None, :]                     # [GPB, WORDS, 8]
+        x = tl.load(x_ptr + m * stride_xm + offs_k, mask=g_mask[:, None, None], other=0.0).to(tl.float32)
+        codes = (words[:, :, :, None] >> shifts[None, None, None, :]) & 0xF
+        v = ((codes << 19) | 0x3F800000).to(tl.float32, bitcast=True)                     # 1 + code / 16
+        dot = tl.sum(tl.sum(v * x[None, :, :, :], axis=3), axis=2)                         # [BN, GPB]
+        x_sum = tl.sum(tl.sum(x, axis=2), axis=1)                                          # [GPB]
+        acc += quant_gemv._w4_group_sums(dot, x_sum, s_ptr, mn_ptr, row, n_mask, offs_g, g_mask, stride_sn,
+                                         HAS_MINS)
+    tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def graph_seconds(fn, repeats: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            fn()
+    return _time_cuda(graph.replay, 10) / repeats
+
+
+def rel_err(y, ref) -> float:
+    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def sweep(name, launches, ref, nbytes, hbm_Bps, flops=None):
+    """launches: {config label: fn returning y}. -> rows sorted by time, each with its error vs ref."""
+    rows = []
+    for label, fn in launches.items():
+        try:
+            err = rel_err(fn(), ref)
+            seconds = graph_seconds(fn)
+        except Exception as error:                       # a config the compiler refuses (registers, shared memory)
+            rows.append({"config": label, "error": f"{type(error).__name__}: {str(error)[:120]}"})
+            continue
+        row = {"config": label, "us": round(seconds * 1e6, 2), "fraction_of_hbm": round(nbytes / seconds / hbm_Bps, 3),
+               "rel_err": float(f"{err:.2e}")}
+        if flops:
+            row["TFLOPs"] = round(flops / seconds / 1e12, 1)
+        rows.append(row)
+    rows.sort(key=lambda r: r.get("us", 1e9))
+    best = rows[0]
+    print(f"{name}: best {best} of {len(rows)}", flush=True)
+    return rows
+
+
+def w4_gemv_launches(x, q4, n, k):
+    m = x.shape[0]
+    words = q4["qweight"].view(torch.int32)
+    out = torch.empty(m, n, device="cuda", dtype=x.dtype)
+    s, mn = q4["scales"], q4["mins"]
+    launches = {}
+    base = dict(GROUP=64, HAS_MINS=True, HAS_BIAS=False, NORM=False, GATED=False, RESIDUAL=False)
+    for bn, gpb, w, st in itertools.product((2, 4, 8, 16), (2, 4, 8), (4, 8), (2,)):
+        if not 8 <= bn * gpb <= 64:
+            continue
+        cfg = dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, num_warps=w, num_stages=st)
+        grid = (m, triton.cdiv(n, bn))
+        launches[f"bytes bn{bn} gpb{gpb} w{w} s{st}"] = (lambda g=grid, c=cfg: quant_gemv._w4_gemv_body[g](
+            x, q4["qweight"], s, mn, s, s, out, n, k, x.stride(0), q4["qweight"].stride(0), s.stride(0),
+            out.stride(0), 1e-6, **base, **c))
+        launches[f"nibble bn{bn} gpb{gpb} w{w} s{st}"] = (lambda g=grid, c=cfg: quant_gemv._w4_words_body[g](
+            x, words, s, mn, s, s, out, n, k, x.stride(0), words.stride(0), s.stride(0), out.stride(0), 1e-6,
+            **base, **c))
+        launches[f"word4d bn{bn} gpb{gpb} w{w} s{st}"] = (lambda g=grid, c=cfg: _word4d_body[g](
+            x, words, s, mn, out, n, k, x.stride(0), words.stride(0), s.stride(0), out.stride(0), GROUP=64,
+            HAS_MINS=True, **c))
+    return {label: (lambda f=f: (f(), out)[1]) for label, f in launches.items()}
+
+
+def w8_gemv_launches(x, q8, n, k):
+    m = x.shape[0]
+    out = torch.empty(m, n, device="cuda", dtype=x.dtype)
+    qw, s = q8["qweight"], q8["scales"]
+    launches = {}
+    for bn, bk, w, st in itertools.product((1, 2, 4, 8, 16), (1024, 2048, 4096, 8192), (4, 8), (1, 2)):
+        if not 4096 <= bn * bk <= 16384:
+            continue
+        launches[f"bn{bn} bk{bk} w{w} s{st}"] = (lambda c=dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st):
+            (gemv._gemv_body[(triton.cdiv(n, c["BLOCK_N"]),)](
+                x, qw, s, s, s, out, m, n, k, x.stride(0), qw.stride(0), out.stride(0), 1e-6, HAS_BIAS=False,
+                NORM=False, GATED=False, RESIDUAL=False, INT8=True, BLOCK_M=1, **c), out)[1])
+    return launches
+
+
+def gemm_launches(x, q, bits, n, k):
+    m = x.shape[0]
+    out = torch.empty(m, n, device="cuda", dtype=x.dtype)
+    mins = q.get("mins")
+    launches = {}
+    for bm, bn, bk, w, st in itertools.product((16, 32, 64), (16, 32, 64, 128), (64, 128), (4, 8), (3, 5)):
+        if (bm > max(16, triton.next_power_of_2(m)) or (bits == 4 and bk > 64) or (w == 8) != (bm * bn >= 8192)
+                or bm * bn < 1024):
+            continue
+        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=st)
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+        launches[f"bm{bm} bn{bn} bk{bk} w{w} s{st}"] = (lambda g=grid, c=cfg: (quant_gemm._quant_gemm_kernel.fn[g](
+            x, q["qweight"], q["scales"], mins if mins is not None else q["scales"], q["scales"], out, m, n, k,
+            min(triton.next_power_of_2(m), 256), x.stride(0), q["qweight"].stride(0), q["scales"].stride(0),
+            out.stride(0), BITS=bits, GROUP=64 if bits == 4 else k, HAS_MINS=mins is not None, HAS_BIAS=False,
+            **c), out)[1])
+    return launches
+
+
+def fusion_rows() -> dict:
+    """Each decode fusion of the production GEMVs against its separate kernels, in CUDA graphs, M=1: the RMSNorm
+    prologue on the qkv shape, SiLU-and-mul on gate_up, the residual add on down."""
+    from tierllm.kernels.activation import silu_and_mul
+    from tierllm.kernels.norm import rms_norm
+
+    rows = {}
+    for bits in (8, 4):
+        for fusion, (n, k) in (("norm", (12288, 4096)), ("gated", (22016, 4096)), ("residual", (4096, 11008))):
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            q = quantize_weight(w, tierllm.QuantConfig(bits=bits))
+            x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+            g = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+            r = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
+            args = (q["qweight"], q["scales"]) if bits == 8 else (q["qweight"], q["scales"], q["mins"], 64)
+            gemv_fn = quant_gemv.w8_gemv_triton if bits == 8 else quant_gemv.w4_gemv_triton
+            fusions = {"norm": {"norm_weight": g}, "gated": {"gated": True}, "residual": {"residual": r}}[fusion]
+            unfused = {"norm": lambda: gemv_fn(rms_norm(x, g, 1e-6)[0], *args),
+                       "gated": lambda: silu_and_mul(gemv_fn(x, *args)),
+                       "residual": lambda: r.add_(gemv_fn(x, *args))}[fusion]
+            rows[f"int{bits}_{fusion}"] = {
+                "shape": [n, k], "fused_us": round(graph_seconds(lambda: gemv_fn(x, *args, **fusions)) * 1e6, 2),
+                "separate_kernels_us": round(graph_seconds(unfused) * 1e6, 2)}
+            print(f"fusion int{bits} {fusion}: {rows[f'int{bits}_{fusion}']}", flush=True)
+    return rows
+
+
+def main() -> int:
+    out_path = Path(os.environ.get("OUT", "/tmp")) / "quant-kernel-sweep.json"
+    started = time.perf_counter()
+    hbm_Bps = hbm_copy_GBps() * 1e9
+    torch.manual_seed(0)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "rows": []}
+    for n, k in SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        q8 = quantize_weight(w, tierllm.QuantConfig(bits=8))
+        q4 = quantize_weight(w, tierllm.QuantConfig(bits=4))
+        bytes8 = sum(t.numel() * t.element_size() for t in q8.values())
+        bytes4 = sum(t.numel() * t.element_size() for t in q4.values())
+        x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        ref4 = quant_gemv.w4_linear_ref(x1, q4["qweight"], q4["scales"], q4["mins"], 64)
+        ref8 = quant_gemv.w8_linear_ref(x1, q8["qweight"], q8["scales"])
+        entry = {"shape": [n, k],
+                 "bf16_gemv_us": round(graph_seconds(lambda: gemv.gemv_triton(x1, w)) * 1e6, 2),
+                 "int4_autotuned_us": round(graph_seconds(lambda: quant_gemv.w4_gemv_triton(
+                     x1, q4["qweight"], q4["scales"], q4["mins"], 64)) * 1e6, 2),
+                 "int8_autotuned_us": round(graph_seconds(lambda: quant_gemv.w8_gemv_triton(
+                     x1, q8["qweight"], q8["scales"])) * 1e6, 2)}
+        rows4 = sweep(f"int4 gemv {n}x{k}", w4_gemv_launches(x1, q4, n, k), ref4, bytes4, hbm_Bps)
+        for kind in ("bytes", "nibble", "word4d"):
+            entry[f"int4_best_{kind}"] = next((r for r in rows4 if r["config"].startswith(kind) and "us" in r), None)
+        entry["int4_top"] = rows4[:5]
+        entry["int8_top"] = sweep(f"int8 gemv {n}x{k}", w8_gemv_launches(x1, q8, n, k), ref8, bytes8, hbm_Bps)[:5]
+        for m in (64,):
+            xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            entry[f"bf16_cublas_m{m}_us"] = round(graph_seconds(lambda: xm @ w.t()) * 1e6, 2)
+            entry[f"int4_gemm_autotuned_m{m}_us"] = round(graph_seconds(lambda: quant_gemm.quant_gemm_triton(
+                xm, q4["qweight"], q4["scales"], q4["mins"], 4, 64)) * 1e6, 2)
+            entry[f"int8_gemm_autotuned_m{m}_us"] = round(graph_seconds(lambda: quant_gemm.quant_gemm_triton(
+                xm, q8["qweight"], q8["scales"], None, 8, None)) * 1e6, 2)
+            flops = 2 * m * n * k
+            entry[f"int4_gemm_m{m}_top"] = sweep(
+                f"int4 gemm m{m} {n}x{k}", gemm_launches(xm, q4, 4, n, k),
+                quant_gemv.w4_linear_ref(xm, q4["qweight"], q4["scales"], q4["mins"], 64), bytes4, hbm_Bps, flops)[:5]
+            entry[f"int8_gemm_m{m}_top"] = sweep(
+                f"int8 gemm m{m} {n}x{k}", gemm_launches(xm, q8, 8, n, k),
+                quant_gemv.w8_linear_ref(xm, q8["qweight"], q8["scales"]), bytes8, hbm_Bps, flops)[:5]
+        print(json.dumps({key: v for key, v in entry.items() if not key.endswith("_top")}), flush=True)
+        result["rows"].append(entry)
+        result["wall_s"] = round(time.perf_counter() - started)
+        out_path.write_text(json.dumps(result, indent=1))
+        del w, q8, q4
+        torch.cuda.empty_cache()
+    result["fusions"] = fusion_rows()
+    out_path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out_path} in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
