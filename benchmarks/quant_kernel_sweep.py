@@ -2,12 +2,17 @@
 activations), each timed inside a CUDA graph (launch overhead excluded) and checked against the torch
 reference; JSON to $OUT/quant-kernel-sweep.json. Picks the kernels and configs the engine should use:
 
-  int4 GEMV (M=1): the current kernel (bytes + tl.split) vs two int32-word candidates: "nibble" (8 immediate
-  shifts per word, x gathered per nibble) and "word4d" (x loaded contiguously, shifts by a [8] tensor)
+  int4 GEMV (M=1): quant_gemv.py's kernel over a config list
   int8 GEMV (M=1): gemv.py's kernel over a wide config list
   int4 / int8 GEMM (M=64): quant_gemm.py's kernel over a wide config list, against cuBLAS bf16
 
-    python benchmarks/quant_kernel_sweep.py"""
+    python benchmarks/quant_kernel_sweep.py
+
+The run of 2026-11-27 (benchmarks/results/quant-kernel-sweep-h100.json, commit 029d266) also timed two int4 GEMV
+candidates that read the packed weights as int32 words and unpack each nibble into the fp32 1 + code / 16 with
+shifts and masks, no int->float conversion: "nibble" (8 immediate shifts per word, x gathered per nibble) and
+"word4d" (x loaded contiguously, shifts by a [8] tensor). Both were slower than the byte kernel on every shape
+(int4_best_nibble, int4_best_word4d: 1.3-1.5x and 2.3-2.6x its time) and were removed."""
 from __future__ import annotations
 
 import itertools
@@ -19,46 +24,15 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tierllm  # noqa: E402
 from tierllm.bench.probe import _time_cuda, hbm_copy_GBps  # noqa: E402
 from tierllm.kernels import gemv, quant_gemm, quant_gemv  # noqa: E402
-from tierllm.kernels.gemv import fused_epilogue  # noqa: E402
 from tierllm.quant.quantize import quantize_weight  # noqa: E402
 
 SHAPES = [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]
-
-
-@triton.jit
-def _word4d_body(x_ptr, w_ptr, s_ptr, mn_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-                 GROUP: tl.constexpr, HAS_MINS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
-    m = tl.program_id(0)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    WORDS: tl.constexpr = GROUP // 8
-    offs_w = tl.arange(0, WORDS)
-    num_groups = K // GROUP
-    row = offs_n.to(tl.int64)
-    shifts = tl.arange(0, 8) * 4
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
-        offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
-        g_mask = offs_g < num_groups
-        word = offs_g[:, None] * WORDS + offs_w[None, :]                                   # [GPB, WORDS]
-        words = tl.load(w_ptr + row[:, None, None] * stride_wn + word[None, :, :],
-                        mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)       # [BN, GPB, WORDS]
-        offs_k = word[:, :, None] * 8 + tl.arange(0, 8)[None, None, :]                     # [GPB, WORDS, 8]
-        x = tl.load(x_ptr + m * stride_xm + offs_k, mask=g_mask[:, None, None], other=0.0).to(tl.float32)
-        codes = (words[:, :, :, None] >> shifts[None, None, None, :]) & 0xF
-        v = ((codes << 19) | 0x3F800000).to(tl.float32, bitcast=True)                     # 1 + code / 16
-        dot = tl.sum(tl.sum(v * x[None, :, :, :], axis=3), axis=2)                         # [BN, GPB]
-        x_sum = tl.sum(tl.sum(x, axis=2), axis=1)                                          # [GPB]
-        acc += quant_gemv._w4_group_sums(dot, x_sum, s_ptr, mn_ptr, row, n_mask, offs_g, g_mask, stride_sn,
-                                         HAS_MINS)
-    tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 def graph_seconds(fn, repeats: int = 20) -> float:
@@ -98,7 +72,6 @@ def sweep(name, launches, ref, nbytes, hbm_Bps, flops=None):
 
 def w4_gemv_launches(x, q4, n, k):
     m = x.shape[0]
-    words = q4["qweight"].view(torch.int32)
     out = torch.empty(m, n, device="cuda", dtype=x.dtype)
     s, mn = q4["scales"], q4["mins"]
     launches = {}
@@ -111,12 +84,6 @@ def w4_gemv_launches(x, q4, n, k):
         launches[f"bytes bn{bn} gpb{gpb} w{w} s{st}"] = (lambda g=grid, c=cfg: quant_gemv._w4_gemv_body[g](
             x, q4["qweight"], s, mn, s, s, out, n, k, x.stride(0), q4["qweight"].stride(0), s.stride(0),
             out.stride(0), 1e-6, **base, **c))
-        launches[f"nibble bn{bn} gpb{gpb} w{w} s{st}"] = (lambda g=grid, c=cfg: quant_gemv._w4_words_body[g](
-            x, words, s, mn, s, s, out, n, k, x.stride(0), words.stride(0), s.stride(0), out.stride(0), 1e-6,
-            **base, **c))
-        launches[f"word4d bn{bn} gpb{gpb} w{w} s{st}"] = (lambda g=grid, c=cfg: _word4d_body[g](
-            x, words, s, mn, out, n, k, x.stride(0), words.stride(0), s.stride(0), out.stride(0), GROUP=64,
-            HAS_MINS=True, **c))
     return {label: (lambda f=f: (f(), out)[1]) for label, f in launches.items()}
 
 
@@ -188,6 +155,7 @@ def main() -> int:
     torch.manual_seed(0)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "rows": []}
+    result["fusions"] = fusion_rows()
     for n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         q8 = quantize_weight(w, tierllm.QuantConfig(bits=8))
@@ -204,8 +172,6 @@ def main() -> int:
                  "int8_autotuned_us": round(graph_seconds(lambda: quant_gemv.w8_gemv_triton(
                      x1, q8["qweight"], q8["scales"])) * 1e6, 2)}
         rows4 = sweep(f"int4 gemv {n}x{k}", w4_gemv_launches(x1, q4, n, k), ref4, bytes4, hbm_Bps)
-        for kind in ("bytes", "nibble", "word4d"):
-            entry[f"int4_best_{kind}"] = next((r for r in rows4 if r["config"].startswith(kind) and "us" in r), None)
         entry["int4_top"] = rows4[:5]
         entry["int8_top"] = sweep(f"int8 gemv {n}x{k}", w8_gemv_launches(x1, q8, n, k), ref8, bytes8, hbm_Bps)[:5]
         for m in (64,):
@@ -228,8 +194,6 @@ def main() -> int:
         out_path.write_text(json.dumps(result, indent=1))
         del w, q8, q4
         torch.cuda.empty_cache()
-    result["fusions"] = fusion_rows()
-    out_path.write_text(json.dumps(result, indent=1))
     print(f"wrote {out_path} in {time.perf_counter() - started:.0f} s")
     return 0
 

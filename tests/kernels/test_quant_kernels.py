@@ -166,8 +166,7 @@ def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion):
 @pytest.mark.parametrize("fusion", list(FUSIONS))
 def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
     """fused_quant_linear on fp32 (rms_norm -> quant_linear -> silu_and_mul -> residual.add_) matches the
-    reference, updating the residual in place; in fp16 on CUDA it takes the fused kernel (opted in)."""
-    monkeypatch.setenv("TIERLLM_FUSED_QUANT_GEMV", "1")
+    reference, updating the residual in place; in fp16 on CUDA it takes the GEMV with GEMV_FUSIONS inside."""
     m, n, k = 3, 16, 128
     w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=4)
     for dtype in [torch.float32] + ([torch.float16] if DEVICE == "cuda" else []):
@@ -183,3 +182,37 @@ def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
                                             **kwargs)
         assert residual is None or out is residual
         assert _rel_err(out, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("quant", QUANTS[:2], ids=lambda q: q.name)
+@pytest.mark.parametrize("fusion", list(FUSIONS))
+def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, monkeypatch):
+    """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] reach its launcher and the others run as the
+    separate kernels around it; the result keeps the fused semantics. (The launchers are stood in for by the fp32
+    references, so this runs on any device.)"""
+    launched = []
+
+    def fake_gemv(x, qweight, scales, *rest, norm_weight=None, eps=1e-6, gated=False, residual=None):
+        launched.append({"norm": norm_weight is not None, "gated": gated, "residual": residual is not None})
+        ref = quant_gemv.w8_fused_ref if quant.bits == 8 else quant_gemv.w4_fused_ref
+        y = ref(x, qweight, scales, *rest, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual)
+        return y if residual is None else residual.copy_(y)
+
+    monkeypatch.setattr(quant_gemm, "use_triton", lambda t: True)
+    monkeypatch.setattr(quant_gemm, "w8_gemv_triton", fake_gemv)
+    monkeypatch.setattr(quant_gemm, "w4_gemv_triton", fake_gemv)
+    m, n, k = 2, 16, 128
+    w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=12)
+    x = 2 * _x(m, k, torch.bfloat16, seed=13)
+    kwargs = _fusion_inputs(fusion, m, n, k, torch.bfloat16, seed=14)
+    residual = kwargs.get("residual")
+    mins, b = w.get("mins"), bias.to(torch.bfloat16)
+    args = (w["qweight"], w["scales"]) if quant.bits == 8 else (w["qweight"], w["scales"], mins, quant.group_size)
+    ref = quant_gemv.w8_fused_ref if quant.bits == 8 else quant_gemv.w4_fused_ref
+    expected = ref(x, *args, b, **kwargs)
+    out = quant_gemm.fused_quant_linear(x, w["qweight"], w["scales"], mins, quant.bits, quant.group_size, b, **kwargs)
+    inside = quant_gemm.GEMV_FUSIONS[quant.bits]
+    assert launched == [{"norm": False, "gated": kwargs["gated"] and "gated" in inside,
+                         "residual": residual is not None and "residual" in inside}]
+    assert residual is None or out is residual
+    assert _rel_err(out, expected) < 2e-2

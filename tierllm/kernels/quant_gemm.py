@@ -4,17 +4,17 @@ tl.dot; nothing dequantized goes back to memory. int4: BLOCK_K <= group size, so
 covers a tile; the low and high nibbles are interleaved back into K order in registers.
 `quant_linear` dispatches: the GEMV kernels for M <= 8, this kernel up to DEQUANT_MIN_ROWS, then one dequantizing
 pass and cuBLAS; the torch reference on CPU / fp32. `fused_quant_linear` adds the decode fusions (RMSNorm prologue,
-SiLU-and-mul, residual add; see gemv.py) where the GEMV applies."""
+SiLU-and-mul, residual add; see gemv.py), those that pay inside the GEMV where it applies (GEMV_FUSIONS)."""
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
+from tierllm.kernels.activation import silu_and_mul
 from tierllm.kernels.dequant import dequantize_triton
 from tierllm.kernels.gemv import unfused_linear
+from tierllm.kernels.norm import rms_norm
 from tierllm.kernels.quant_gemv import (
     MAX_QUANT_GEMV_ROWS,
     w4_gemv_triton,
@@ -132,22 +132,38 @@ def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, m
     return w4_linear_ref(x, qweight, scales, mins, group_size, bias)
 
 
+# The decode fusions each weight format's GEMV takes; the others run as separate kernels. Timed one by one on an
+# H100 (M=1, llama-7b shapes, CUDA graphs; benchmarks/results/quant-kernel-sweep-h100.json, "fusions"): the
+# residual add pays for both formats (int8 22.5 vs 23.1 us, int4 21.3 vs 22.4), SiLU-and-mul for int4 only
+# (37.0 vs 40.2 us; int8 40.2 vs 37.5), the RMSNorm prologue for neither (int8 27.0 vs 23.2 us, int4 24.0 vs
+# 24.2): every program repeats the norm work on its x chunks, which weighs more against 2-4x fewer weight bytes
+# than in the bf16 GEMV.
+GEMV_FUSIONS = {8: frozenset({"residual"}), 4: frozenset({"gated", "residual"})}
+
+
 def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                        bits: int, group_size: int | None, bias: torch.Tensor | None = None, *,
                        norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
                        residual: torch.Tensor | None = None) -> torch.Tensor:
     """`quant_linear` with the decode fusions (norm_weight [K]: RMSNorm x first; gated: [gate; up] weights with
-    2N rows, silu(gate) * up; residual [M, N]: added into in place and returned). One fused GEMV launch where
-    quant_linear takes the GEMV, the separate kernels otherwise (same semantics: quant_gemv.w8/w4_fused_ref,
-    except that residual is updated in place). The fused launch is opt-in (TIERLLM_FUSED_QUANT_GEMV=1): on an H100
-    the llama-7b int8 decode step took 4.36 ms with it against 3.96 ms without (weights half the bytes of bf16's,
-    so the x * norm-weight work each program repeats weighs twice as much; int4, four times)."""
-    if (os.environ.get("TIERLLM_FUSED_QUANT_GEMV") == "1" and x.dtype in (torch.float16, torch.bfloat16)
-            and use_triton(x) and x.stride(-1) == 1
+    2N rows, silu(gate) * up; residual [M, N]: added into in place and returned); semantics: quant_gemv.w8/
+    w4_fused_ref, except that residual is updated in place. Where quant_linear takes the GEMV, the fusions in
+    GEMV_FUSIONS[bits] happen inside it and the rest as separate kernels; elsewhere all are separate."""
+    if not (x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
             and x.shape[0] <= MAX_QUANT_GEMV_ROWS and (residual is None or residual.stride(-1) == 1)):
-        fusions = {"norm_weight": norm_weight, "eps": eps, "gated": gated, "residual": residual}
-        if bits == 8:
-            return w8_gemv_triton(x, qweight, scales, bias, **fusions)
-        return w4_gemv_triton(x, qweight, scales, mins, group_size, bias, **fusions)
-    return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias), norm_weight,
-                          eps, gated, residual)
+        return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias),
+                              norm_weight, eps, gated, residual)
+    inside = GEMV_FUSIONS[bits]
+    if norm_weight is not None and "norm" not in inside:
+        x, norm_weight = rms_norm(x, norm_weight, eps)[0], None
+    fusions = {"norm_weight": norm_weight, "eps": eps, "gated": gated and "gated" in inside,
+               "residual": residual if "residual" in inside else None}
+    if bits == 8:
+        y = w8_gemv_triton(x, qweight, scales, bias, **fusions)
+    else:
+        y = w4_gemv_triton(x, qweight, scales, mins, group_size, bias, **fusions)
+    if gated and not fusions["gated"]:
+        y = silu_and_mul(y)                                        # [M, 2N] = [gate | up] -> [M, N]
+    if residual is not None and fusions["residual"] is None:
+        y = residual.add_(y)
+    return y
