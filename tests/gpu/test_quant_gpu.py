@@ -55,6 +55,39 @@ def test_weight_only_kernels(dtype, quant, m):
     assert _rel_err(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("quant", [QuantConfig(bits=8), QuantConfig(bits=4, group_size=64)], ids=lambda q: q.name)
+@pytest.mark.parametrize("m", [37, 64])
+def test_every_gemm_config_incl_split_k(quant, m):
+    """Each config of the dequantizing GEMM the autotuner may pick, split-K ones included: the reference's result,
+    bitwise the same on a second launch (split-K partials are summed in split order), counters back at zero."""
+    import triton
+
+    n, k = 1030, 2048
+    packed, bias = _weights(n, k, quant)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    ref = _ref(x, packed, bias.float(), quant)
+    mins = packed.get("mins")
+    flags = {"BITS": quant.bits, "GROUP": quant.group_size if quant.bits == 4 else k, "HAS_MINS": mins is not None,
+             "HAS_BIAS": True}
+    configs = quant_gemm._prune(quant_gemm._CONFIGS, {}, **flags)
+    assert any(c.kwargs["SPLIT_K"] > 1 for c in configs)
+    for config in configs:
+        outs = []
+        for _ in range(2):
+            y = torch.empty(m, n, dtype=x.dtype, device="cuda")
+            workspace, counters = quant_gemm._split_k_buffers(m, n, x.device, quant_gemm._MAX_SPLIT_K)
+            grid = (triton.cdiv(m, config.kwargs["BLOCK_M"]) * triton.cdiv(n, config.kwargs["BLOCK_N"]),
+                    config.kwargs["SPLIT_K"])
+            quant_gemm._quant_gemm_kernel.fn[grid](
+                *quant_gemm._args(x, packed["qweight"], packed["scales"], mins, bias.to(x.dtype), y, workspace,
+                                  counters), **flags, **config.kwargs, num_warps=config.num_warps,
+                num_stages=config.num_stages)
+            outs.append(y)
+        assert _rel_err(outs[0], ref) < 1e-2, config
+        assert torch.equal(outs[0], outs[1]), config
+        assert counters.count_nonzero().item() == 0, config
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 300])
 def test_w8a8_kernels(dtype, m):

@@ -37,19 +37,41 @@ if HAS_TRITON:
     from tierllm.kernels.gemv import int8_to_f32
     from tierllm.kernels.quant_gemv import codes_to_f32
 
-    _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
-                for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
-                                         (64, 64, 64, 4, 4), (128, 256, 64, 8, 3), (32, 128, 64, 4, 4),
-                                         (16, 128, 64, 4, 4)]]
+    _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": sk},
+                              num_warps=w, num_stages=s)
+                for bm, bn, bk, sk, w, s in [(128, 128, 64, 1, 8, 3), (128, 64, 64, 1, 4, 4), (64, 128, 64, 1, 4, 4),
+                                             (64, 64, 64, 1, 4, 4), (128, 256, 64, 1, 8, 3), (32, 128, 64, 1, 4, 4),
+                                             (16, 128, 64, 1, 4, 4),
+                                             # small M: narrow tiles and split K, so that enough programs share
+                                             # the in-register dequantization (the best of the sweep at M=64:
+                                             # benchmarks/results/quant-kernel-sweep-h100.json)
+                                             (64, 32, 64, 1, 4, 5), (64, 32, 128, 1, 4, 3), (64, 32, 64, 2, 4, 5),
+                                             (64, 64, 64, 2, 4, 4), (64, 32, 64, 4, 4, 4), (32, 64, 64, 4, 4, 4),
+                                             (64, 32, 128, 4, 4, 3), (16, 64, 64, 4, 4, 4)]]
+    _MAX_SPLIT_K = 4
 
-    @triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "N", "K", "BITS", "GROUP"])
+    def _prune(configs, named_args, **kwargs):
+        """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP)."""
+        if named_args.get("BITS", kwargs.get("BITS")) != 4:
+            return configs
+        group = named_args.get("GROUP", kwargs.get("GROUP"))
+        return [c for c in configs if c.kwargs["BLOCK_K"] <= group]
+
+    @triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "N", "K", "BITS", "GROUP"],
+                     prune_configs_by={"early_config_prune": _prune})
     @triton.jit
-    def _quant_gemm_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, M, N, K, M_BUCKET, stride_xm, stride_wn,
-                           stride_sn, stride_ym, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_MINS: tl.constexpr,
-                           HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    def _quant_gemm_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, M_BUCKET,
+                           stride_xm, stride_wn, stride_sn, stride_ym, BITS: tl.constexpr, GROUP: tl.constexpr,
+                           HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                           SPLIT_K: tl.constexpr):
+        """Program (tile, k split): with SPLIT_K > 1 each of a tile's SPLIT_K programs covers a slice of K and
+        stores its fp32 partial tile to the workspace ws [SPLIT_K, tiles, BLOCK_M, BLOCK_N]; the last of them to
+        finish (a per-tile counter) sums the partials in split order (deterministic), writes y and resets the
+        counter to 0 for the next launch."""
         # grouped program order: GROUP_M row blocks share each weight column block while it is in L2
         pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
         num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
         group_first = (pid // (GROUP_M * num_n)) * GROUP_M
         group_rows = min(num_m - group_first, GROUP_M)
@@ -58,13 +80,16 @@ if HAS_TRITON:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_mask, n_mask = offs_m < M, offs_n < N
+        k_span = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K      # whole K tiles (whole groups for int4)
+        k_begin = pid_k * k_span
+        k_end = tl.minimum(k_begin + k_span, K)
         x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if BITS == 8:
-            for k0 in range(0, K, BLOCK_K):
+            for k0 in range(k_begin, k_end, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
-                k_mask = offs_k < K
+                k_mask = offs_k < k_end
                 x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
                 w = tl.load(w_cols + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0)    # [BK, BN]
                 acc = tl.dot(x, int8_to_f32(w).to(x.dtype), acc)
@@ -72,7 +97,7 @@ if HAS_TRITON:
         else:
             offs_j = tl.arange(0, BLOCK_K // 2)
             w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-            for k0 in range(0, K, BLOCK_K):               # K is a multiple of GROUP, GROUP of BLOCK_K
+            for k0 in range(k_begin, k_end, BLOCK_K):     # K is a multiple of GROUP, GROUP of BLOCK_K
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)              # [BM, BK]
                 packed = tl.load(w_rows + (k0 // 2 + offs_j)[None, :], mask=n_mask[:, None], other=0)  # [BN, BK / 2]
@@ -86,33 +111,77 @@ if HAS_TRITON:
                 else:
                     w = (codes - 8.0) * scale[:, None]
                 acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+        if SPLIT_K == 1:
+            _store_tile(acc, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, HAS_BIAS)
+        else:
+            tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]        # [BM, BN]
+            tile_size: tl.constexpr = BLOCK_M * BLOCK_N
+            num_tiles = num_m * num_n
+            tl.store(ws_ptr + (pid_k * num_tiles + pid).to(tl.int64) * tile_size + tile, acc)
+            tl.debug_barrier()                # every thread's partial is stored before the count (release)
+            if tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for split in range(SPLIT_K):                               # split order: deterministic sums
+                    total += tl.load(ws_ptr + (split * num_tiles + pid).to(tl.int64) * tile_size + tile,
+                                     cache_modifier=".cg")                 # L2: the other SMs' stores
+                tl.atomic_xchg(count_ptr + pid, 0)
+                _store_tile(total, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, HAS_BIAS)
+
+    @triton.jit
+    def _store_tile(acc, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, HAS_BIAS: tl.constexpr):
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_mask[:, None] & n_mask[None, :])
 
 
+_SPLIT_K_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_k_buffers(m: int, n: int, device: torch.device, max_split: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K workspace for an [m, n] output (fp32 partial tiles for any config: tiles of at least 16 x 16
+    cover at most (m + 127) x (n + 255) values per split) and the per-tile counters (int32, zero between
+    launches: the last program of a tile resets its own; kept per device, grown when a launch needs more)."""
+    workspace = torch.empty(max_split * (m + 127) * (n + 255), dtype=torch.float32, device=device)
+    tiles = triton.cdiv(m, 16) * triton.cdiv(n, 16)
+    counters = _SPLIT_K_COUNTERS.get(device)
+    if counters is None or counters.numel() < tiles:
+        counters = _SPLIT_K_COUNTERS[device] = torch.zeros(max(tiles, 1 << 16), dtype=torch.int32, device=device)
+    return workspace, counters
+
+
 def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                       bits: int, group_size: int | None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [M, K] fp16/bf16 (last dim contiguous); int8 qweight [N, K] + scales [N], or int4 qweight uint8
-    [N, K // 2] + scales / mins [N, K // G] -> [M, N]."""
+    [N, K // 2] + scales / mins [N, K // G] -> [M, N]. Not safe to launch concurrently on two streams of one
+    device (the split-K counters are shared)."""
     m, k = x.shape
     n = qweight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     group = group_size if bits == 4 else k
-    args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y,
-            m, n, k, min(triton.next_power_of_2(m), 256), x.stride(0), qweight.stride(0), scales.stride(0), y.stride(0))
     flags = {"BITS": bits, "GROUP": group, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
     if is_interpreted():                                           # the interpreter cannot time configs
-        grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16),)
-        _quant_gemm_kernel.fn[grid](*args, **flags, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32 if bits == 8 else min(32, group),
-                                          GROUP_M=2)
+        split_k = 2 if k >= 4 * 32 else 1                          # both paths stay covered on CPU
+        workspace, counters = _split_k_buffers(m, n, x.device, split_k)
+        grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16), split_k)
+        _quant_gemm_kernel.fn[grid](*_args(x, qweight, scales, mins, bias, y, workspace, counters), **flags,
+                                    BLOCK_M=16, BLOCK_N=16, BLOCK_K=32 if bits == 8 else min(32, group), GROUP_M=2,
+                                    SPLIT_K=split_k)
     else:
         if bits == 4 and group < 64:
             raise ValueError(f"the int4 GEMM kernel needs group_size >= 64 (its K tile), got {group}")
-        _quant_gemm_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)](
-            *args, **flags)
+        workspace, counters = _split_k_buffers(m, n, x.device, _MAX_SPLIT_K)
+        _quant_gemm_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),
+                                         meta["SPLIT_K"])](
+            *_args(x, qweight, scales, mins, bias, y, workspace, counters), **flags)
     return y
+
+
+def _args(x, qweight, scales, mins, bias, y, workspace, counters) -> tuple:
+    m, k = x.shape
+    return (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y,
+            workspace, counters, m, qweight.shape[0], k, min(triton.next_power_of_2(m), 256), x.stride(0),
+            qweight.stride(0), scales.stride(0), y.stride(0))
 
 
 def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
