@@ -89,8 +89,8 @@ class QuantLinear(nn.Module):
 
     def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
               residual: torch.Tensor | None = None) -> torch.Tensor:
-        """As Linear.fused, through kernels.fused_quant_linear (separate kernels unless opted in: see there); W8A8
-        and all-reduced outputs always run them as separate kernels."""
+        """As Linear.fused, through kernels.fused_quant_linear (the fusions that pay inside the quantized GEMV: see
+        GEMV_FUSIONS there); W8A8 and all-reduced outputs always run them as separate kernels."""
         fusions = fusion_args(norm, gated, residual)
         if self.reduce_output or self.quant.activations == "int8":
             return kernels.unfused_linear(x, self, **fusions)
