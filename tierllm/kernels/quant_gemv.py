@@ -68,11 +68,13 @@ if HAS_TRITON:
             part = tl.sum(scale * (dot - 8.0 * x_sum[None, :]), axis=1)
         return part
 
-    _INT4_KEY = ["N", "K", "GROUP", "NORM", "GATED", "RESIDUAL"]
+    # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
+    # and CUDA graphs capture the biggest batch first, so a key without it tunes the batch-1 launch at M=8
+    _INT4_KEY = ["M_BUCKET", "N", "K", "GROUP", "NORM", "GATED", "RESIDUAL"]
 
     @triton.jit
-    def _w4_gemv_body(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, g_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_sn,
-                      stride_ym, eps, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    def _w4_gemv_body(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, g_ptr, y_ptr, M_BUCKET, N, K, stride_xm, stride_wn,
+                      stride_sn, stride_ym, eps, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr):
         m = tl.program_id(0)
@@ -149,8 +151,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     y = fused_output(x, qweight.shape[0], None, norm_weight, gated, residual)
     n = y.shape[1]
     args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales,
-            norm_weight if norm_weight is not None else scales, y, n, k, x.stride(0), qweight.stride(0),
-            scales.stride(0), y.stride(0), eps)
+            norm_weight if norm_weight is not None else scales, y, triton.next_power_of_2(m), n, k, x.stride(0),
+            qweight.stride(0), scales.stride(0), y.stride(0), eps)
     flags = {"GROUP": group_size, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None,
              "NORM": norm_weight is not None, "GATED": gated, "RESIDUAL": residual is not None}
     kernel = _w4_gemv_residual_kernel if residual is not None else _w4_gemv_kernel
