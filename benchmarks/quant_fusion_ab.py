@@ -22,6 +22,7 @@ from quant_gpu import _engine  # noqa: E402
 
 from tierllm.bench.generate_bench import _random_prompts  # noqa: E402
 from tierllm.bench.gpu_bench import _time_ours  # noqa: E402
+from tierllm.bench.results import versions  # noqa: E402
 from tierllm.kernels import quant_gemm  # noqa: E402
 
 
@@ -30,7 +31,7 @@ def main() -> int:
     parser.add_argument("--options", default="none,gated+residual")
     args = parser.parse_args()
     engine_args = argparse.Namespace(batch=1, prompt_len=512, seed=0)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": "llama-7b int4-g64",
+    out = {"device": torch.cuda.get_device_name(), "versions": versions(), "preset": "llama-7b int4-g64",
            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "decode_ms_per_step": {}}
     for option in args.options.split(","):
         quant_gemm.GEMV_FUSIONS[4] = frozenset() if option == "none" else frozenset(option.split("+"))

@@ -153,7 +153,10 @@ def main() -> int:
     started = time.perf_counter()
     hbm_Bps = hbm_copy_GBps() * 1e9
     torch.manual_seed(0)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    from tierllm.bench.results import versions
+
+    result = {"benchmark": "quant_kernel_sweep", "device": torch.cuda.get_device_name(),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
               "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "rows": []}
     result["fusions"] = fusion_rows()
     for n, k in SHAPES:
