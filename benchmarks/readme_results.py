@@ -191,13 +191,22 @@ def quant_section(doc: dict) -> list[str]:
              f"{_span(r, 'int4')} of the HBM copy rate, int8 at {_span(r, 'int8')}, bf16 at {_span(r, 'bf16')}: the "
              "quantized GEMVs are far from streaming at the memory rate, which is where the batch-1 targets are lost. "
              "Prefill (128 rows and more) dequantizes each weight once and calls cuBLAS." +
-             ("" if "w8a8" in r else " W8A8 was not run this time (2026-11-26: batch-1 decode 1.38x bf16, batch-64 "
-                                     "decode 5147 tok/s)."), "",
-             "A later run with the decode form's fused int8/int4 GEMVs (norm, SiLU-and-mul and residual add inside "
-             "them; [log](benchmarks/results/quant-fused-partial-llama-7b-h100.log), cut short by the call's time "
-             "limit before int4) decoded bf16 at 5.65 ms/token and int8 at 4.36 ms/token (was 3.96): a loss for "
-             "int8, so the quantized GEMVs take the separate kernels by default (`TIERLLM_FUSED_QUANT_GEMV=1` opts "
-             "in). The same run's int4 GEMV on the 4096 x 11008 shape read its weight at 40% of the HBM rate."]
+             ("" if "w8a8" in r else " W8A8 was not run in this call; the call before it, on the same code "
+                                     "([JSON](benchmarks/results/quant-llama-7b-h100-run1.json), a machine whose "
+                                     "host-side work ran slowly) measured W8A8 batch-1 decode at 3.94 ms/token "
+                                     "(1.34x bf16) and batch-64 decode at 6034 tok/s."), "",
+             "What changed since the previous run (int8 1.46x, int4 1.37x at batch 1; int4 0.81x, int8 0.93x at "
+             "batch 64): a config and variant sweep of these kernels ([JSON](benchmarks/results/"
+             "quant-kernel-sweep-h100.json), `benchmarks/quant_kernel_sweep.py`) gave the int8 GEMV a config that "
+             "is best on all four shapes and the small-M GEMM narrow tiles and split-K configs (the last program of "
+             "each tile sums the fp32 partials in split order: deterministic); two int4 GEMV candidates that read "
+             "int32 words were slower than the byte kernel and were dropped. The decode fusions inside the "
+             "quantized GEMVs (`quant_gemm.GEMV_FUSIONS`) were timed one by one: int8 takes the residual add, int4 "
+             "the SiLU-and-mul and the residual add, neither the RMSNorm prologue. In the engine, on one machine "
+             "([A/B](benchmarks/results/quant-fusion-ab-h100.json), batch-1 graphs only), int4 decoded at 3.77 "
+             "ms/token with its two fusions against 3.92 without. The table's int4 batch-1 time is from before the "
+             "int4 GEMV's autotune key held x's row count: CUDA graphs capture the biggest batch first, so the "
+             "batch-1 launch ran the config tuned for 8 rows. The key now holds it; the table has not been rerun."]
     return lines
 
 
