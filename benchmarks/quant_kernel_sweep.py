@@ -12,7 +12,7 @@ The run of 2026-11-27 (benchmarks/results/quant-kernel-sweep-h100.json, commit 0
 candidates that read the packed weights as int32 words and unpack each nibble into the fp32 1 + code / 16 with
 shifts and masks, no int->float conversion: "nibble" (8 immediate shifts per word, x gathered per nibble) and
 "word4d" (x loaded contiguously, shifts by a [8] tensor). Both were slower than the byte kernel on every shape
-(int4_best_nibble, int4_best_word4d: 1.3-1.5x and 2.3-2.6x its time) and were removed."""
+(int4_best_nibble, int4_best_word4d: 1.3-1.5x and 2.1-2.6x its time) and were removed."""
 from __future__ import annotations
 
 import itertools
@@ -26,23 +26,16 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quant_gpu import _graph_time  # noqa: E402
 
 import tierllm  # noqa: E402
-from tierllm.bench.probe import _time_cuda, hbm_copy_GBps  # noqa: E402
+from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.kernels import gemv, quant_gemm, quant_gemv  # noqa: E402
 from tierllm.quant.quantize import quantize_weight  # noqa: E402
 
 SHAPES = [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]
-
-
-def graph_seconds(fn, repeats: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            fn()
-    return _time_cuda(graph.replay, 10) / repeats
 
 
 def rel_err(y, ref) -> float:
@@ -55,7 +48,7 @@ def sweep(name, launches, ref, nbytes, hbm_Bps, flops=None):
     for label, fn in launches.items():
         try:
             err = rel_err(fn(), ref)
-            seconds = graph_seconds(fn)
+            seconds = _graph_time(fn)
         except Exception as error:                       # a config the compiler refuses (registers, shared memory)
             rows.append({"config": label, "error": f"{type(error).__name__}: {str(error)[:120]}"})
             continue
@@ -142,8 +135,8 @@ def fusion_rows() -> dict:
                        "gated": lambda: silu_and_mul(gemv_fn(x, *args)),
                        "residual": lambda: r.add_(gemv_fn(x, *args))}[fusion]
             rows[f"int{bits}_{fusion}"] = {
-                "shape": [n, k], "fused_us": round(graph_seconds(lambda: gemv_fn(x, *args, **fusions)) * 1e6, 2),
-                "separate_kernels_us": round(graph_seconds(unfused) * 1e6, 2)}
+                "shape": [n, k], "fused_us": round(_graph_time(lambda: gemv_fn(x, *args, **fusions)) * 1e6, 2),
+                "separate_kernels_us": round(_graph_time(unfused) * 1e6, 2)}
             print(f"fusion int{bits} {fusion}: {rows[f'int{bits}_{fusion}']}", flush=True)
     return rows
 
@@ -169,20 +162,20 @@ def main() -> int:
         ref4 = quant_gemv.w4_linear_ref(x1, q4["qweight"], q4["scales"], q4["mins"], 64)
         ref8 = quant_gemv.w8_linear_ref(x1, q8["qweight"], q8["scales"])
         entry = {"shape": [n, k],
-                 "bf16_gemv_us": round(graph_seconds(lambda: gemv.gemv_triton(x1, w)) * 1e6, 2),
-                 "int4_autotuned_us": round(graph_seconds(lambda: quant_gemv.w4_gemv_triton(
+                 "bf16_gemv_us": round(_graph_time(lambda: gemv.gemv_triton(x1, w)) * 1e6, 2),
+                 "int4_autotuned_us": round(_graph_time(lambda: quant_gemv.w4_gemv_triton(
                      x1, q4["qweight"], q4["scales"], q4["mins"], 64)) * 1e6, 2),
-                 "int8_autotuned_us": round(graph_seconds(lambda: quant_gemv.w8_gemv_triton(
+                 "int8_autotuned_us": round(_graph_time(lambda: quant_gemv.w8_gemv_triton(
                      x1, q8["qweight"], q8["scales"])) * 1e6, 2)}
         rows4 = sweep(f"int4 gemv {n}x{k}", w4_gemv_launches(x1, q4, n, k), ref4, bytes4, hbm_Bps)
         entry["int4_top"] = rows4[:5]
         entry["int8_top"] = sweep(f"int8 gemv {n}x{k}", w8_gemv_launches(x1, q8, n, k), ref8, bytes8, hbm_Bps)[:5]
         for m in (64,):
             xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            entry[f"bf16_cublas_m{m}_us"] = round(graph_seconds(lambda: xm @ w.t()) * 1e6, 2)
-            entry[f"int4_gemm_autotuned_m{m}_us"] = round(graph_seconds(lambda: quant_gemm.quant_gemm_triton(
+            entry[f"bf16_cublas_m{m}_us"] = round(_graph_time(lambda: xm @ w.t()) * 1e6, 2)
+            entry[f"int4_gemm_autotuned_m{m}_us"] = round(_graph_time(lambda: quant_gemm.quant_gemm_triton(
                 xm, q4["qweight"], q4["scales"], q4["mins"], 4, 64)) * 1e6, 2)
-            entry[f"int8_gemm_autotuned_m{m}_us"] = round(graph_seconds(lambda: quant_gemm.quant_gemm_triton(
+            entry[f"int8_gemm_autotuned_m{m}_us"] = round(_graph_time(lambda: quant_gemm.quant_gemm_triton(
                 xm, q8["qweight"], q8["scales"], None, 8, None)) * 1e6, 2)
             flops = 2 * m * n * k
             entry[f"int4_gemm_m{m}_top"] = sweep(
