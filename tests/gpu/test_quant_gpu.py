@@ -75,7 +75,7 @@ def test_every_gemm_config_incl_split_k(quant, m):
         outs = []
         for _ in range(2):
             y = torch.empty(m, n, dtype=x.dtype, device="cuda")
-            workspace, counters = quant_gemm._split_k_buffers(m, n, x.device, quant_gemm._MAX_SPLIT_K)
+            workspace, counters = quant_gemm._split_k_buffers(m, n, x.device, quant_gemm._SPLIT_TILES)
             grid = (triton.cdiv(m, config.kwargs["BLOCK_M"]) * triton.cdiv(n, config.kwargs["BLOCK_N"]),
                     config.kwargs["SPLIT_K"])
             quant_gemm._quant_gemm_kernel.fn[grid](

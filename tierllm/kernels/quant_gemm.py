@@ -48,7 +48,7 @@ if HAS_TRITON:
                                              (64, 32, 64, 1, 4, 5), (64, 32, 128, 1, 4, 3), (64, 32, 64, 2, 4, 5),
                                              (64, 64, 64, 2, 4, 4), (64, 32, 64, 4, 4, 4), (32, 64, 64, 4, 4, 4),
                                              (64, 32, 128, 4, 4, 3), (16, 64, 64, 4, 4, 4)]]
-    _MAX_SPLIT_K = 4
+    _SPLIT_TILES = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"]) for c in _CONFIGS]
 
     def _prune(configs, named_args, **kwargs):
         """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP)."""
@@ -136,17 +136,24 @@ if HAS_TRITON:
 
 
 _SPLIT_K_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED_COUNTERS: list[torch.Tensor] = []     # outgrown counters: CUDA graphs may still point at them
 
 
-def _split_k_buffers(m: int, n: int, device: torch.device, max_split: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split-K workspace for an [m, n] output (fp32 partial tiles for any config: tiles of at least 16 x 16
-    cover at most (m + 127) x (n + 255) values per split) and the per-tile counters (int32, zero between
-    launches: the last program of a tile resets its own; kept per device, grown when a launch needs more)."""
-    workspace = torch.empty(max_split * (m + 127) * (n + 255), dtype=torch.float32, device=device)
-    tiles = triton.cdiv(m, 16) * triton.cdiv(n, 16)
+def _split_k_buffers(m: int, n: int, device: torch.device, tiles: list[tuple[int, int, int]]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K workspace for an [m, n] output, big enough for every (BLOCK_M, BLOCK_N, SPLIT_K) in `tiles`
+    (fp32 partial tiles, SPLIT_K per output tile), and the per-tile counters (int32, zero between launches: the
+    last program of a tile resets its own; kept per device, grown when a launch needs more)."""
+    numel = max([split * triton.cdiv(m, bm) * bm * triton.cdiv(n, bn) * bn for bm, bn, split in tiles if split > 1],
+                default=1)
+    workspace = torch.empty(numel, dtype=torch.float32, device=device)
+    num_tiles = triton.cdiv(m, 16) * triton.cdiv(n, 16)                     # the smallest tiles: the most of them
     counters = _SPLIT_K_COUNTERS.get(device)
-    if counters is None or counters.numel() < tiles:
-        counters = _SPLIT_K_COUNTERS[device] = torch.zeros(max(tiles, 1 << 16), dtype=torch.int32, device=device)
+    if counters is None or counters.numel() < num_tiles:
+        if counters is not None:
+            _RETIRED_COUNTERS.append(counters)
+        counters = _SPLIT_K_COUNTERS[device] = torch.zeros(max(num_tiles, 1 << 16), dtype=torch.int32,
+                                                           device=device)
     return workspace, counters
 
 
@@ -162,7 +169,7 @@ def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     flags = {"BITS": bits, "GROUP": group, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
     if is_interpreted():                                           # the interpreter cannot time configs
         split_k = 2 if k >= 4 * 32 else 1                          # both paths stay covered on CPU
-        workspace, counters = _split_k_buffers(m, n, x.device, split_k)
+        workspace, counters = _split_k_buffers(m, n, x.device, [(16, 16, split_k)])
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16), split_k)
         _quant_gemm_kernel.fn[grid](*_args(x, qweight, scales, mins, bias, y, workspace, counters), **flags,
                                     BLOCK_M=16, BLOCK_N=16, BLOCK_K=32 if bits == 8 else min(32, group), GROUP_M=2,
@@ -170,7 +177,7 @@ def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     else:
         if bits == 4 and group < 64:
             raise ValueError(f"the int4 GEMM kernel needs group_size >= 64 (its K tile), got {group}")
-        workspace, counters = _split_k_buffers(m, n, x.device, _MAX_SPLIT_K)
+        workspace, counters = _split_k_buffers(m, n, x.device, _SPLIT_TILES)
         _quant_gemm_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),
                                          meta["SPLIT_K"])](
             *_args(x, qweight, scales, mins, bias, y, workspace, counters), **flags)
