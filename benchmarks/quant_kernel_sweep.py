@@ -75,8 +75,8 @@ def w4_gemv_launches(x, q4, n, k):
         cfg = dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, num_warps=w, num_stages=st)
         grid = (m, triton.cdiv(n, bn))
         launches[f"bytes bn{bn} gpb{gpb} w{w} s{st}"] = (lambda g=grid, c=cfg: quant_gemv._w4_gemv_body[g](
-            x, q4["qweight"], s, mn, s, s, out, triton.next_power_of_2(m), n, k, x.stride(0), q4["qweight"].stride(0), s.stride(0),
-            out.stride(0), 1e-6, **base, **c))
+            x, q4["qweight"], s, mn, s, s, out, triton.next_power_of_2(m), n, k, x.stride(0), q4["qweight"].stride(0),
+            s.stride(0), out.stride(0), 1e-6, **base, **c))
     return {label: (lambda f=f: (f(), out)[1]) for label, f in launches.items()}
 
 

@@ -278,9 +278,10 @@ def test_fused_linear_dispatch(fusion):
         assert _rel_err(out, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
-def tune_and_launch(monkeypatch, module, kernel, launch):
+def tune_and_launch(monkeypatch, module, kernel, launch, num_configs: int | None = None):
     """launch() through the launcher's autotune branch, on CPU too: each config is "timed" by running it twice, as
-    the benchmark does (many times), then the first one is taken and run once more."""
+    the benchmark does (many times), then the first one is taken and run once more. num_configs: how many configs
+    the tuner's pruning leaves (default: all)."""
     timed = []
 
     def bench(kernel_call, quantiles):
@@ -293,7 +294,7 @@ def tune_and_launch(monkeypatch, module, kernel, launch):
     monkeypatch.setitem(kernel.__dict__, "do_bench", bench)          # Autotuner.do_bench is a cached_property
     monkeypatch.setattr(kernel, "cache", {})
     out = launch()
-    assert len(timed) == len(kernel.configs)
+    assert len(timed) == (len(kernel.configs) if num_configs is None else num_configs)
     return out
 
 

@@ -35,11 +35,26 @@ if HAS_TRITON:
                                           (2, 4096, 4, 1), (4, 2048, 8, 2), (1, 4096, 4, 2), (16, 1024, 8, 2),
                                           (4, 4096, 4, 1)]]    # the last: best on all four llama-7b shapes
                                                                # (benchmarks/results/quant-kernel-sweep-h100.json)
+    # One x row: gemv.py's INT8_ROW loop, 4.8-5.0 SASS instructions per weight byte in these configs against 7.0
+    # for the general loop's best config above, which also stages the weight tile through shared memory (12
+    # barriers per iteration; benchmarks/kernel_loop_stats.py). Not yet timed on a GPU: the tuner weighs both.
+    _INT8_CONFIGS += [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "INT8_ROW": True}, num_warps=w, num_stages=s)
+                      for bn, bk, w, s in [(4, 1024, 4, 2), (8, 512, 4, 3), (4, 2048, 8, 2), (8, 1024, 8, 2),
+                                           (2, 2048, 4, 2)]]
+
+    def _prune_int8(configs, named_args, **kwargs):
+        """INT8_ROW configs only where they apply: one x row, no norm prologue, no gate."""
+        flags = {**named_args, **kwargs}
+        if flags["BLOCK_M"] == 1 and not flags["NORM"] and not flags["GATED"]:
+            return configs
+        return [c for c in configs if not c.kwargs.get("INT8_ROW")]
 
     # gemv.py's kernel with INT8 set, tuned over its own configs; RESIDUAL launches tune through a twin that
     # restores the residual after every timed run (see gemv.py)
-    _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY)(_gemv_body)
-    _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY, restore_value=["y_ptr"])(_gemv_body)
+    _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY,
+                                      prune_configs_by={"early_config_prune": _prune_int8})(_gemv_body)
+    _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY, restore_value=["y_ptr"],
+                                               prune_configs_by={"early_config_prune": _prune_int8})(_gemv_body)
 
     _INT4_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb}, num_warps=w, num_stages=s)
                      for bn, gpb, w, s in [(4, 16, 4, 3), (8, 8, 4, 3), (8, 16, 8, 2), (16, 8, 8, 2),
@@ -135,8 +150,9 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
              "RESIDUAL": residual is not None, "INT8": True}
     kernel = _w8_gemv_residual_kernel if residual is not None else _w8_gemv_kernel
-    if is_interpreted():
-        kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=64)
+    if is_interpreted():                     # one config; one x row takes the INT8_ROW loop, so both are tested
+        one_row = m == 1 and norm_weight is None and not gated
+        kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=64, INT8_ROW=one_row)
     else:
         kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m)
     return y

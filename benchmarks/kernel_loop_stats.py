@@ -1,0 +1,94 @@
+"""Offline look at a decode kernel's main loop, no GPU needed: compiles a Triton kernel for sm90 (the H100) with
+the JIT's alignment hints (pointers and integer sizes divisible by 16), disassembles the cubin (the cuobjdump
+bundled with Triton) and prints the SASS instruction mix of its longest loop, e.g. shared-memory round trips
+(BAR, STS, LDS, STSM) from layout conversions, or the ALU work per weight byte; and the TTGIR layout conversions.
+A proxy to compare kernel variants between GPU sessions, not a timing.
+
+    python benchmarks/kernel_loop_stats.py w4_gemv --block-n 8 --groups 8 --warps 4 --stages 2
+    python benchmarks/kernel_loop_stats.py w8_gemv --block-n 4 --block-k 4096 --warps 4 --stages 1"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tierllm.kernels import gemv, quant_gemv  # noqa: E402
+
+FUSIONS = {"HAS_BIAS": False, "NORM": False, "GATED": False, "RESIDUAL": False}
+
+
+def kernels(args) -> dict:
+    """name -> (jit function, [(argument, type)], constexprs)."""
+    w4_args = [("x_ptr", "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
+               ("g_ptr", "*fp16"), ("y_ptr", "*bf16"), ("M_BUCKET", "i32"), ("N", "i32"), ("K", "i32"),
+               ("stride_xm", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"), ("stride_ym", "i32"), ("eps", "fp32")]
+    w8_args = [("x_ptr", "*bf16"), ("w_ptr", "*i8"), ("s_ptr", "*fp16"), ("b_ptr", "*fp16"), ("g_ptr", "*fp16"),
+               ("y_ptr", "*bf16"), ("M", "i32"), ("N", "i32"), ("K", "i32"), ("stride_xm", "i32"),
+               ("stride_wn", "i32"), ("stride_ym", "i32"), ("eps", "fp32")]
+    return {
+        "w4_gemv": (quant_gemv._w4_gemv_body, w4_args,
+                    {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "BLOCK_N": args.block_n,
+                     "GROUPS_PER_BLOCK": args.groups}),
+        "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
+                                               "BLOCK_K": args.block_k, "INT8_ROW": args.int8_row}),
+    }
+
+
+def loop_stats(fn, arguments, constexprs, warps: int, stages: int) -> tuple[Counter, str]:
+    """(SASS opcode counts over the longest loop's body, the TTGIR's convert_layout lines)."""
+    signature = {**dict(arguments), **{name: "constexpr" for name in constexprs}}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(arguments)
+               if kind.startswith("*") or name in ("N", "K") or name.startswith("stride")}
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        sass = subprocess.run([tool, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
+    code = [(int(address, 16), text.strip()) for address, text in
+            re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]                         # (address, instruction)
+    loops = [(target, address) for address, text in code
+             for target in [int(t, 16) for t in re.findall(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)]
+             if target < address]                                                    # backward branches
+    start, end = max(loops, key=lambda loop: loop[1] - loop[0])
+    body = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for address, text in code
+            if start <= address <= end]
+    conversions = [line.strip()[:200] for line in compiled.asm["ttgir"].splitlines() if "convert_layout" in line]
+    return Counter(body), "\n".join(conversions)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kernel", choices=["w4_gemv", "w8_gemv"])
+    parser.add_argument("--block-n", type=int, default=8)
+    parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
+    parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
+    parser.add_argument("--int8-row", action="store_true", help="w8_gemv: the INT8_ROW loop (one x row)")
+    parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--stages", type=int, default=2)
+    args = parser.parse_args()
+    fn, arguments, constexprs = kernels(args)[args.kernel]
+    mix, conversions = loop_stats(fn, arguments, constexprs, args.warps, args.stages)
+    weight_bytes = args.block_n * (args.groups * 32 if args.kernel == "w4_gemv" else args.block_k)
+    per_thread = weight_bytes / (32 * args.warps)
+    print(f"{args.kernel}: {sum(mix.values())} SASS instructions per loop iteration (per thread), "
+          f"{per_thread:g} weight bytes per thread per iteration")
+    print(", ".join(f"{op} {n}" for op, n in mix.most_common()))
+    print("layout conversions (TTGIR):\n" + (conversions or "none"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
