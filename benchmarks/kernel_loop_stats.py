@@ -4,7 +4,7 @@ bundled with Triton) and prints the SASS instruction mix of its longest loop, e.
 (BAR, STS, LDS, STSM) from layout conversions, or the ALU work per weight byte; and the TTGIR layout conversions.
 A proxy to compare kernel variants between GPU sessions, not a timing.
 
-    python benchmarks/kernel_loop_stats.py w4_gemv --block-n 8 --groups 8 --warps 4 --stages 2
+    python benchmarks/kernel_loop_stats.py w4_gemv --block-n 8 --groups 8 --warps 4 --stages 2 [--row]
     python benchmarks/kernel_loop_stats.py w8_gemv --block-n 4 --block-k 4096 --warps 4 --stages 1"""
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def kernels(args) -> dict:
     return {
         "w4_gemv": (quant_gemv._w4_gemv_body, w4_args,
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "BLOCK_N": args.block_n,
-                     "GROUPS_PER_BLOCK": args.groups}),
+                     "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
-                                               "BLOCK_K": args.block_k, "INT8_ROW": args.int8_row}),
+                                               "BLOCK_K": args.block_k, "INT8_ROW": args.row}),
     }
 
 
@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--block-n", type=int, default=8)
     parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
     parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
-    parser.add_argument("--int8-row", action="store_true", help="w8_gemv: the INT8_ROW loop (one x row)")
+    parser.add_argument("--row", action="store_true", help="the one-x-row loop (INT4_ROW / INT8_ROW)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()

@@ -112,6 +112,38 @@ def test_every_int8_gemv_config_incl_one_row(residual):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("quant", [QuantConfig(bits=4), QuantConfig(bits=4, symmetric=True)], ids=lambda q: q.name)
+@pytest.mark.parametrize("gated", [False, True])
+def test_every_int4_gemv_config_incl_one_row(dtype, quant, gated):
+    """Each config of the int4 GEMV the tuner may pick for one x row, the INT4_ROW loop's included (fp16 and bf16
+    x: it unpacks both from int32 words): the reference's result, SiLU(gate) * up when gated."""
+    import triton
+
+    from tierllm.kernels.gemv import fused_linear_ref
+    from tierllm.quant.formats import dequantize_int4
+
+    n, k = 1030, 2048
+    packed, bias = _weights(2 * n if gated else n, k, quant)
+    x = torch.randn(1, k, device="cuda").to(dtype)
+    dense = dequantize_int4(packed["qweight"], packed["scales"], packed.get("mins"), quant.group_size, torch.float32)
+    ref = fused_linear_ref(x.float(), dense, bias.float(), gated=gated)
+    mins = packed.get("mins")
+    flags = {"GROUP": quant.group_size, "HAS_MINS": mins is not None, "HAS_BIAS": True, "NORM": False,
+             "GATED": gated, "RESIDUAL": False}
+    args = (x, packed["qweight"], packed["scales"], mins if mins is not None else packed["scales"], bias.to(dtype),
+            packed["scales"])
+    configs = quant_gemv._prune_int4(quant_gemv._INT4_CONFIGS, {"x_ptr": x, "stride_xm": x.stride(0)}, M_BUCKET=1,
+                                     **flags)
+    assert any(c.kwargs.get("INT4_ROW") for c in configs)
+    for config in configs:
+        y = torch.empty(1, n, dtype=dtype, device="cuda")
+        quant_gemv._w4_gemv_body[(1, triton.cdiv(n, config.kwargs["BLOCK_N"]))](
+            *args, y, 1, n, k, x.stride(0), packed["qweight"].stride(0), packed["scales"].stride(0), y.stride(0), 1e-6,
+            **flags, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+        assert _rel_err(y, ref) < 1e-2, config
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 300])
 def test_w8a8_kernels(dtype, m):
     n, k = 1030, 2048

@@ -59,6 +59,21 @@ if HAS_TRITON:
     _INT4_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb}, num_warps=w, num_stages=s)
                      for bn, gpb, w, s in [(4, 16, 4, 3), (8, 8, 4, 3), (8, 16, 8, 2), (16, 8, 8, 2),
                                            (2, 32, 4, 2), (4, 32, 8, 2), (16, 4, 4, 3), (32, 4, 8, 2)]]
+    # One x row: the INT4_ROW loop, no shared-memory exchange (the group-sum loop above stages x through shared
+    # memory: 10 barriers per iteration) and 7.3 SASS instructions per code against 8.4 (bn8 gpb8 w4 s2, offline:
+    # benchmarks/kernel_loop_stats.py). Not yet timed on a GPU: the tuner weighs both.
+    _INT4_CONFIGS += [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True}, num_warps=w,
+                                    num_stages=s)
+                      for bn, gpb, w, s in [(8, 8, 4, 2), (4, 8, 4, 2), (8, 4, 4, 3), (16, 4, 8, 2), (4, 16, 4, 2)]]
+
+    def _prune_int4(configs, named_args, **kwargs):
+        """INT4_ROW configs only where they apply: one x row, no norm prologue, x rows at 4-byte boundaries (it
+        reads x as int32 words)."""
+        flags = {**named_args, **kwargs}
+        if (flags["M_BUCKET"] == 1 and not flags["NORM"] and flags["x_ptr"].data_ptr() % 4 == 0
+                and flags["stride_xm"] % 2 == 0):
+            return configs
+        return [c for c in configs if not c.kwargs.get("INT4_ROW")]
 
     @triton.jit
     def _w4_block_dot(packed, s_ptr, mn_ptr, row, n_mask, offs_g, g_mask, x_even, x_odd, stride_sn,
@@ -83,6 +98,55 @@ if HAS_TRITON:
             part = tl.sum(scale * (dot - 8.0 * x_sum[None, :]), axis=1)
         return part
 
+    @triton.jit
+    def halves_to_f32(words, DTYPE: tl.constexpr):
+        """int32 words of two 16-bit floats (k = 2j in the low half, 2j + 1 in the high half) -> (even, odd) fp32;
+        a bf16 is the top half of an fp32: a shift or a mask, no conversion."""
+        if DTYPE == tl.bfloat16:
+            return (words << 16).to(tl.float32, bitcast=True), (words & -65536).to(tl.float32, bitcast=True)
+        return ((words & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32),
+                (words >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))
+
+    @triton.jit
+    def _int4_row_dot(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, n_mask, K, stride_wn, stride_sn, GROUP: tl.constexpr,
+                      HAS_MINS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
+        """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32, every lane of the [BLOCK_N, GPB, half] tile
+        accumulating over the whole K loop: each code becomes v = 1 + code / 16 (a shift and an and-or), one FMA
+        with the group's 16 * scale and min - 16 * scale (-24 * scale when symmetric) dequantizes it, a second
+        multiplies it into the lane. x is read as int32 words of two activations (k = 2j, 2j + 1: the codes of
+        weight byte j) in the weight tile's own shape, every row's copy of the same words (L1 hits): nothing is
+        exchanged through shared memory, and no per-group sums are reduced inside the loop."""
+        half: tl.constexpr = GROUP // 2
+        offs_j = tl.arange(0, half)
+        num_groups = K // GROUP
+        x_words = x_row_ptr.to(tl.pointer_type(tl.int32))
+        acc_even = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, half], tl.float32)
+        acc_odd = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, half], tl.float32)
+        for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
+            offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
+            g_mask = offs_g < num_groups
+            byte = offs_g[:, None] * half + offs_j[None, :]                                # [GPB, half]
+            mask = n_mask[:, None, None] & g_mask[None, :, None]
+            packed = tl.load(w_ptr + row[:, None, None] * stride_wn + byte[None, :, :], mask=mask,
+                             other=0).to(tl.int32)                                         # [BLOCK_N, GPB, half]
+            x_even, x_odd = halves_to_f32(tl.load(x_words + (byte[None, :, :] + 0 * row[:, None, None]), mask=mask,
+                                                  other=0), x_row_ptr.dtype.element_ty)
+            sg_mask = n_mask[:, None] & g_mask[None, :]
+            scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                            other=0.0).to(tl.float32)[:, :, None]                          # [BLOCK_N, GPB, 1]
+            if HAS_MINS:
+                low_value = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                                    other=0.0).to(tl.float32)[:, :, None]
+            else:
+                low_value = -8.0 * scale
+            step = 16.0 * scale
+            base = low_value - step
+            v_even = (((packed << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)   # 1 + low nibble / 16
+            v_odd = (((packed << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+            acc_even += (v_even * step + base) * x_even
+            acc_odd += (v_odd * step + base) * x_odd
+        return tl.sum(tl.sum(acc_even + acc_odd, axis=2), axis=1)
+
     # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
     # and CUDA graphs capture the biggest batch first, so a key without it tunes the batch-1 launch at M=8
     _INT4_KEY = ["M_BUCKET", "N", "K", "GROUP", "NORM", "GATED", "RESIDUAL"]
@@ -91,7 +155,9 @@ if HAS_TRITON:
     def _w4_gemv_body(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, g_ptr, y_ptr, M_BUCKET, N, K, stride_xm, stride_wn,
                       stride_sn, stride_ym, eps, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
-                      GROUPS_PER_BLOCK: tl.constexpr):
+                      GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False):
+        """INT4_ROW (one x row, no NORM; a config option the tuner weighs against the group-sum loop):
+        _int4_row_dot's per-lane accumulation."""
         m = tl.program_id(0)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
@@ -103,36 +169,44 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
-        for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
-            offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
-            g_mask = offs_g < num_groups
-            byte = offs_g[:, None] * half + offs_j[None, :]                                # [GPB, half]
-            packed = tl.load(w_ptr + row[:, None, None] * stride_wn + byte[None, :, :],
-                             mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)  # [BLOCK_N, GPB, half]
+        if INT4_ROW:
+            acc += _int4_row_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, n_mask, K, stride_wn, stride_sn,
+                                 GROUP, HAS_MINS, BLOCK_N, GROUPS_PER_BLOCK)
             if GATED:
-                packed_up = tl.load(w_ptr + row_up[:, None, None] * stride_wn + byte[None, :, :],
-                                    mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)
-            # x's GROUPS_PER_BLOCK groups in one contiguous (vectorized) load, then split into the even and odd
-            # k that the low and high nibbles multiply (two stride-2 gathers cost a load instruction per element)
-            offs_k = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]                  # [GPB, GROUP]
-            x = tl.load(x_ptr + m * stride_xm + offs_k, mask=g_mask[:, None], other=0.0).to(tl.float32)
-            if NORM:                     # the norm-weighted x feeds the dot products and x_sum alike
-                x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=g_mask[:, None], other=0.0), sumsq)
-            x_even, x_odd = tl.split(tl.reshape(x, [GROUPS_PER_BLOCK, half, 2]))            # [GPB, half] each
-            acc += _w4_block_dot(packed, s_ptr, mn_ptr, row, n_mask, offs_g, g_mask, x_even, x_odd, stride_sn,
-                                 HAS_MINS)
-            if GATED:
-                acc_up += _w4_block_dot(packed_up, s_ptr, mn_ptr, row_up, n_mask, offs_g, g_mask, x_even, x_odd,
-                                        stride_sn, HAS_MINS)
+                acc_up += _int4_row_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row_up, n_mask, K, stride_wn,
+                                        stride_sn, GROUP, HAS_MINS, BLOCK_N, GROUPS_PER_BLOCK)
+        else:
+            for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
+                offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
+                g_mask = offs_g < num_groups
+                byte = offs_g[:, None] * half + offs_j[None, :]                                # [GPB, half]
+                packed = tl.load(w_ptr + row[:, None, None] * stride_wn + byte[None, :, :],
+                                 mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)  # [BLOCK_N, GPB, half]
+                if GATED:
+                    packed_up = tl.load(w_ptr + row_up[:, None, None] * stride_wn + byte[None, :, :],
+                                        mask=n_mask[:, None, None] & g_mask[None, :, None], other=0)
+                # x's GROUPS_PER_BLOCK groups in one contiguous (vectorized) load, then split into the even and odd
+                # k that the low and high nibbles multiply (two stride-2 gathers cost a load instruction per element)
+                offs_k = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]                  # [GPB, GROUP]
+                x = tl.load(x_ptr + m * stride_xm + offs_k, mask=g_mask[:, None], other=0.0).to(tl.float32)
+                if NORM:                     # the norm-weighted x feeds the dot products and x_sum alike
+                    x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=g_mask[:, None], other=0.0), sumsq)
+                x_even, x_odd = tl.split(tl.reshape(x, [GROUPS_PER_BLOCK, half, 2]))            # [GPB, half] each
+                acc += _w4_block_dot(packed, s_ptr, mn_ptr, row, n_mask, offs_g, g_mask, x_even, x_odd, stride_sn,
+                                     HAS_MINS)
+                if GATED:
+                    acc_up += _w4_block_dot(packed_up, s_ptr, mn_ptr, row_up, n_mask, offs_g, g_mask, x_even, x_odd,
+                                            stride_sn, HAS_MINS)
         acc = fused_epilogue(acc, acc_up, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS,
                              NORM, GATED)
         if RESIDUAL:                                     # y_ptr is the residual: read, add, write back in place
             acc += tl.load(y_ptr + m * stride_ym + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
-    _w4_gemv_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY)(_w4_gemv_body)
-    _w4_gemv_residual_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY,
-                                               restore_value=["y_ptr"])(_w4_gemv_body)
+    _w4_gemv_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY,
+                                      prune_configs_by={"early_config_prune": _prune_int4})(_w4_gemv_body)
+    _w4_gemv_residual_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY, restore_value=["y_ptr"],
+                                               prune_configs_by={"early_config_prune": _prune_int4})(_w4_gemv_body)
 
 
 def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
@@ -172,8 +246,9 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     flags = {"GROUP": group_size, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None,
              "NORM": norm_weight is not None, "GATED": gated, "RESIDUAL": residual is not None}
     kernel = _w4_gemv_residual_kernel if residual is not None else _w4_gemv_kernel
-    if is_interpreted():
-        kernel.fn[(m, triton.cdiv(n, 8))](*args, **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2)
+    if is_interpreted():                     # one config; one x row takes the INT4_ROW loop, so both are tested
+        one_row = (m == 1 and norm_weight is None and x.data_ptr() % 4 == 0)
+        kernel.fn[(m, triton.cdiv(n, 8))](*args, **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2, INT4_ROW=one_row)
     else:
         kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
     return y
