@@ -206,7 +206,16 @@ def quant_section(doc: dict) -> list[str]:
              "([A/B](benchmarks/results/quant-fusion-ab-h100.json), batch-1 graphs only), int4 decoded at 3.77 "
              "ms/token with its two fusions against 3.92 without. The table's int4 batch-1 time is from before the "
              "int4 GEMV's autotune key held x's row count: CUDA graphs capture the biggest batch first, so the "
-             "batch-1 launch ran the config tuned for 8 rows. The key now holds it; the table has not been rerun."]
+             "batch-1 launch ran the config tuned for 8 rows. The key now holds it; the table has not been rerun.",
+             "",
+             "Also after the table's run, not yet timed on a GPU: the compiled loops of these GEMVs, read offline "
+             "(`benchmarks/kernel_loop_stats.py`: SASS for sm90 without a GPU), spend 7.0 instructions per int8 "
+             "weight byte and 8.4 per int4 code, with 10-12 barriers per iteration where Triton exchanges the "
+             "weight tile (int8) or x (int4) through shared memory to reduce each K step. New one-row loops "
+             "(`INT8_ROW`, `INT4_ROW` configs, for batch-1 decode) accumulate in every lane over the whole K loop "
+             "instead: 4.8-5.0 instructions per int8 byte, 7.3 per int4 code, no int4 barriers. The tuner weighs "
+             "them against the old loops on the GPU; CPU tests check both, and GPU tests that run every config are "
+             "written."]
     return lines
 
 
