@@ -5,7 +5,8 @@ int8: gemv.py's kernel (INT8 set): each program streams BLOCK_N int8 rows in BLO
 the per-channel scale is applied once at the end. int4: one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the
 grid, so the M programs reading the same weight block run together and only the first reads HBM; each step
 covers GROUPS_PER_BLOCK whole groups, and the group's scale (and min) multiply the group's partial dot product
-instead of every weight.
+instead of every weight. For one x row (batch-1 decode) each also has a one-row loop, INT8_ROW / INT4_ROW configs the
+tuner weighs against the loops above, in which every lane of the weight tile accumulates over the whole K loop.
 Both take gemv.py's fusions (NORM: RMSNorm prologue, GATED: SiLU-and-mul over [gate; up] rows, RESIDUAL: add into
 the residual in place); the weight scales multiply the accumulators before the fused epilogue."""
 from __future__ import annotations
