@@ -4,7 +4,7 @@ reference; JSON to $OUT/quant-kernel-sweep.json. Picks the kernels and configs t
 
   int4 GEMV (M=1): quant_gemv.py's kernel over a config list
   int8 GEMV (M=1): gemv.py's kernel over a wide config list
-  int4 / int8 GEMM (M=64): quant_gemm.py's kernel over a wide config list, against cuBLAS bf16
+  int4 / int8 GEMM (M=64): quant_gemm.py's kernel over a wide config list (split K included), against cuBLAS bf16
 
     python benchmarks/quant_kernel_sweep.py
 
@@ -65,7 +65,7 @@ def sweep(name, launches, ref, nbytes, hbm_Bps, flops=None):
 
 def w4_gemv_launches(x, q4, n, k):
     m = x.shape[0]
-    out = torch.empty(m, n, device="cuda", dtype=x.dtype)
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     s, mn = q4["scales"], q4["mins"]
     launches = {}
     base = dict(GROUP=64, HAS_MINS=True, HAS_BIAS=False, NORM=False, GATED=False, RESIDUAL=False)
@@ -82,7 +82,7 @@ def w4_gemv_launches(x, q4, n, k):
 
 def w8_gemv_launches(x, q8, n, k):
     m = x.shape[0]
-    out = torch.empty(m, n, device="cuda", dtype=x.dtype)
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     qw, s = q8["qweight"], q8["scales"]
     launches = {}
     for bn, bk, w, st in itertools.product((1, 2, 4, 8, 16), (1024, 2048, 4096, 8192), (4, 8), (1, 2)):
@@ -97,20 +97,21 @@ def w8_gemv_launches(x, q8, n, k):
 
 def gemm_launches(x, q, bits, n, k):
     m = x.shape[0]
-    out = torch.empty(m, n, device="cuda", dtype=x.dtype)
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     mins = q.get("mins")
     launches = {}
-    for bm, bn, bk, w, st in itertools.product((16, 32, 64), (16, 32, 64, 128), (64, 128), (4, 8), (3, 5)):
+    for bm, bn, bk, w, st, sk in itertools.product((16, 32, 64), (16, 32, 64, 128), (64, 128), (4, 8), (3, 5),
+                                                   (1, 2, 4)):
         if (bm > max(16, triton.next_power_of_2(m)) or (bits == 4 and bk > 64) or (w == 8) != (bm * bn >= 8192)
-                or bm * bn < 1024):
+                or bm * bn < 1024 or (sk > 1 and bn > 64)):
             continue
-        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=st)
-        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-        launches[f"bm{bm} bn{bn} bk{bk} w{w} s{st}"] = (lambda g=grid, c=cfg: (quant_gemm._quant_gemm_kernel.fn[g](
-            x, q["qweight"], q["scales"], mins if mins is not None else q["scales"], q["scales"], out, m, n, k,
-            min(triton.next_power_of_2(m), 256), x.stride(0), q["qweight"].stride(0), q["scales"].stride(0),
-            out.stride(0), BITS=bits, GROUP=64 if bits == 4 else k, HAS_MINS=mins is not None, HAS_BIAS=False,
-            **c), out)[1])
+        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=sk, num_warps=w, num_stages=st)
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), sk)
+        workspace, counters = quant_gemm._split_k_buffers(m, n, x.device, [(bm, bn, sk)])
+        args = quant_gemm._args(x, q["qweight"], q["scales"], mins, None, out, workspace, counters)
+        launches[f"bm{bm} bn{bn} bk{bk} w{w} s{st} split{sk}"] = (lambda g=grid, c=cfg, a=args: (
+            quant_gemm._quant_gemm_kernel.fn[g](*a, BITS=bits, GROUP=64 if bits == 4 else k, HAS_MINS=mins is not None,
+                                                HAS_BIAS=False, **c), out)[1])
     return launches
 
 

@@ -222,3 +222,18 @@ def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, monke
                          "residual": residual is not None and "residual" in inside}]
     assert residual is None or out is residual
     assert _rel_err(out, expected) < 2e-2
+
+
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("fusion", [None, "residual"])
+def test_one_row_gemvs_read_bf16_x(quant, fusion):
+    """The one-row loops (INT8_ROW / INT4_ROW, what one x row takes) on bf16 x, which the int4 loop unpacks from
+    int32 words by shifts and masks. (bf16 runs here, unlike the tensor-core kernels: no tl.dot.)"""
+    n, k = 24, 192 if quant.bits == 4 else 160
+    w, bias = _quantized(n, k, quant, seed=15)
+    x = 2 * _x(1, k, torch.bfloat16, seed=16)
+    kwargs = _fusion_inputs(fusion, 1, n, k, torch.bfloat16, seed=17) if fusion else {}
+    launch, ref = _fused_launchers(x, w, quant, bias.to(torch.bfloat16))
+    expected = ref(**kwargs)
+    out = launch(**kwargs)
+    assert _rel_err(out, expected) < 1e-2
