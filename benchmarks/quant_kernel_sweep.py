@@ -107,7 +107,7 @@ def gemm_launches(x, q, bits, n, k):
             continue
         cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=sk, num_warps=w, num_stages=st)
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), sk)
-        workspace, counters = quant_gemm._split_k_buffers(m, n, x.device, [(bm, bn, sk)])
+        workspace, counters = quant_gemm._split_k_buffers(m, n, x.device, ((bm, bn, sk),))
         args = quant_gemm._args(x, q["qweight"], q["scales"], mins, None, out, workspace, counters)
         launches[f"bm{bm} bn{bn} bk{bk} w{w} s{st} split{sk}"] = (lambda g=grid, c=cfg, a=args: (
             quant_gemm._quant_gemm_kernel.fn[g](*a, BITS=bits, GROUP=64 if bits == 4 else k, HAS_MINS=mins is not None,

@@ -7,14 +7,14 @@ pass and cuBLAS; the torch reference on CPU / fp32. `fused_quant_linear` adds th
 SiLU-and-mul, residual add; see gemv.py), those that pay inside the GEMV where it applies (GEMV_FUSIONS)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
-from tierllm.kernels.activation import silu_and_mul
 from tierllm.kernels.dequant import dequantize_triton
 from tierllm.kernels.gemv import unfused_linear
-from tierllm.kernels.norm import rms_norm
 from tierllm.kernels.quant_gemv import (
     MAX_QUANT_GEMV_ROWS,
     w4_gemv_triton,
@@ -48,7 +48,7 @@ if HAS_TRITON:
                                              (64, 32, 64, 1, 4, 5), (64, 32, 128, 1, 4, 3), (64, 32, 64, 2, 4, 5),
                                              (64, 64, 64, 2, 4, 4), (64, 32, 64, 4, 4, 4), (32, 64, 64, 4, 4, 4),
                                              (64, 32, 128, 4, 4, 3), (16, 64, 64, 4, 4, 4)]]
-    _SPLIT_TILES = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"]) for c in _CONFIGS]
+    _SPLIT_TILES = tuple((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"]) for c in _CONFIGS)
 
     def _prune(configs, named_args, **kwargs):
         """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP)."""
@@ -139,14 +139,20 @@ _SPLIT_K_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _RETIRED_COUNTERS: list[torch.Tensor] = []     # outgrown counters: CUDA graphs may still point at them
 
 
-def _split_k_buffers(m: int, n: int, device: torch.device, tiles: list[tuple[int, int, int]]
+@functools.lru_cache(maxsize=256)
+def _workspace_numel(m: int, n: int, tiles: tuple[tuple[int, int, int], ...]) -> int:
+    """fp32 values the split configs among `tiles` (BLOCK_M, BLOCK_N, SPLIT_K) need for an [m, n] output (computed
+    once per shape: it is on the decode path)."""
+    return max([split * triton.cdiv(m, bm) * bm * triton.cdiv(n, bn) * bn for bm, bn, split in tiles if split > 1],
+               default=1)
+
+
+def _split_k_buffers(m: int, n: int, device: torch.device, tiles: tuple[tuple[int, int, int], ...]
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-K workspace for an [m, n] output, big enough for every (BLOCK_M, BLOCK_N, SPLIT_K) in `tiles`
     (fp32 partial tiles, SPLIT_K per output tile), and the per-tile counters (int32, zero between launches: the
     last program of a tile resets its own; kept per device, grown when a launch needs more)."""
-    numel = max([split * triton.cdiv(m, bm) * bm * triton.cdiv(n, bn) * bn for bm, bn, split in tiles if split > 1],
-                default=1)
-    workspace = torch.empty(numel, dtype=torch.float32, device=device)
+    workspace = torch.empty(_workspace_numel(m, n, tiles), dtype=torch.float32, device=device)
     num_tiles = triton.cdiv(m, 16) * triton.cdiv(n, 16)                     # the smallest tiles: the most of them
     counters = _SPLIT_K_COUNTERS.get(device)
     if counters is None or counters.numel() < num_tiles:
@@ -169,7 +175,7 @@ def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     flags = {"BITS": bits, "GROUP": group, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
     if is_interpreted():                                           # the interpreter cannot time configs
         split_k = 2 if k >= 4 * 32 else 1                          # both paths stay covered on CPU
-        workspace, counters = _split_k_buffers(m, n, x.device, [(16, 16, split_k)])
+        workspace, counters = _split_k_buffers(m, n, x.device, ((16, 16, split_k),))
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16), split_k)
         _quant_gemm_kernel.fn[grid](*_args(x, qweight, scales, mins, bias, y, workspace, counters), **flags,
                                     BLOCK_M=16, BLOCK_N=16, BLOCK_K=32 if bits == 8 else min(32, group), GROUP_M=2,
@@ -230,16 +236,12 @@ def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
         return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias),
                               norm_weight, eps, gated, residual)
     inside = GEMV_FUSIONS[bits]
-    if norm_weight is not None and "norm" not in inside:
-        x, norm_weight = rms_norm(x, norm_weight, eps)[0], None
-    fusions = {"norm_weight": norm_weight, "eps": eps, "gated": gated and "gated" in inside,
-               "residual": residual if "residual" in inside else None}
+    fused = {"norm_weight": norm_weight if "norm" in inside else None, "eps": eps,
+             "gated": gated and "gated" in inside, "residual": residual if "residual" in inside else None}
     if bits == 8:
-        y = w8_gemv_triton(x, qweight, scales, bias, **fusions)
+        project = lambda h: w8_gemv_triton(h, qweight, scales, bias, **fused)             # noqa: E731
     else:
-        y = w4_gemv_triton(x, qweight, scales, mins, group_size, bias, **fusions)
-    if gated and not fusions["gated"]:
-        y = silu_and_mul(y)                                        # [M, 2N] = [gate | up] -> [M, N]
-    if residual is not None and fusions["residual"] is None:
-        y = residual.add_(y)
-    return y
+        project = lambda h: w4_gemv_triton(h, qweight, scales, mins, group_size, bias, **fused)   # noqa: E731
+    # the fusions not taken inside run around the GEMV as separate kernels
+    return unfused_linear(x, project, None if fused["norm_weight"] is not None else norm_weight, eps,
+                          gated and not fused["gated"], None if fused["residual"] is not None else residual)
