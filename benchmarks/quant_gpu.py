@@ -87,7 +87,7 @@ def _graph_time(fn, repeats: int = 20) -> float:
 
 
 def _kernel_row(n: int, k: int, m: int, hbm_Bps: float) -> dict:
-    from tierllm.kernels import gemv, int8_gemm, quant_gemm, quant_gemv
+    from tierllm.kernels import dequant, gemv, int8_gemm, quant_gemm, quant_gemv
     from tierllm.quant.quantize import quantize_weight
 
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -98,6 +98,13 @@ def _kernel_row(n: int, k: int, m: int, hbm_Bps: float) -> dict:
                 "int8": (lambda: quant_gemv.w8_gemv_triton(x, q8["qweight"], q8["scales"]), q8.values()),
                 "int4": (lambda: quant_gemv.w4_gemv_triton(x, q4["qweight"], q4["scales"], q4["mins"], 64),
                          q4.values())}
+    elif m >= quant_gemm.DEQUANT_MIN_ROWS:                      # prefill: one dequantizing pass, then cuBLAS
+        runs = {"bf16": (lambda: x @ w.t(), [w]),
+                "int8": (lambda: quant_gemm.quant_linear(x, q8["qweight"], q8["scales"], None, 8, None), q8.values()),
+                "int4": (lambda: quant_gemm.quant_linear(x, q4["qweight"], q4["scales"], q4["mins"], 4, 64),
+                         q4.values()),
+                "int4_dequant_pass": (lambda: dequant.dequantize_triton(q4["qweight"], q4["scales"], q4["mins"], 4, 64,
+                                                                        torch.bfloat16), [*q4.values(), w])}
     else:
         runs = {"bf16": (lambda: x @ w.t(), [w]),
                 "int8": (lambda: quant_gemm.quant_gemm_triton(x, q8["qweight"], q8["scales"], None, 8, None),
@@ -119,9 +126,10 @@ def _kernel_row(n: int, k: int, m: int, hbm_Bps: float) -> dict:
 def _kernel_table(hbm_Bps: float) -> list[dict]:
     """Matmul time per llama-7b linear shape (in CUDA graphs): at batch 1, bf16 GEMV vs the int8 / int4 GEMVs
     with the share of the measured HBM bandwidth each reaches on its own weight bytes; at 64 rows,
-    cuBLAS bf16 vs the dequantizing GEMMs and W8A8."""
+    cuBLAS bf16 vs the dequantizing GEMMs and W8A8; at 2048 rows (prefill), cuBLAS bf16 vs a dequantizing pass plus
+    cuBLAS, and the int4 pass alone (its bytes: int4 read, bf16 written)."""
     rows = []
-    for m in (1, 64):
+    for m in (1, 64, 2048):
         for n, k in [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)]:
             rows.append(_kernel_row(n, k, m, hbm_Bps))
         print("kernel", rows[-1], flush=True)

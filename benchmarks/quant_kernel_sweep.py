@@ -6,7 +6,10 @@ reference; JSON to $OUT/quant-kernel-sweep.json. Picks the kernels and configs t
   int8 GEMV (M=1): gemv.py's kernel over a wide config list
   int4 / int8 GEMM (M=64): quant_gemm.py's kernel over a wide config list (split K included), against cuBLAS bf16
 
-    python benchmarks/quant_kernel_sweep.py
+    python benchmarks/quant_kernel_sweep.py [--autotuned-only]
+
+--autotuned-only: per shape only the autotuned launches the engine makes (M=1 GEMVs, M=64 GEMMs) and the config
+the tuner picked for each, no sweep and no fusion rows (a minute instead of three).
 
 The run of 2026-11-27 (benchmarks/results/quant-kernel-sweep-h100.json, commit 029d266) also timed two int4 GEMV
 candidates that read the packed weights as int32 words and unpack each nibble into the fp32 1 + code / 16 with
@@ -100,10 +103,10 @@ def gemm_launches(x, q, bits, n, k):
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     mins = q.get("mins")
     launches = {}
-    for bm, bn, bk, w, st, sk in itertools.product((16, 32, 64), (16, 32, 64, 128), (64, 128), (4, 8), (3, 5),
-                                                   (1, 2, 4)):
+    for bm, bn, bk, w, st, sk in itertools.product((16, 32, 64), (16, 32, 64, 128, 256), (64, 128), (4, 8), (3, 5),
+                                                   (1, 2, 4, 8)):
         if (bm > max(16, triton.next_power_of_2(m)) or (bits == 4 and bk > 64) or (w == 8) != (bm * bn >= 8192)
-                or bm * bn < 1024 or (sk > 1 and bn > 64)):
+                or bm * bn < 1024):
             continue
         cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=sk, num_warps=w, num_stages=st)
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), sk)
@@ -142,8 +145,15 @@ def fusion_rows() -> dict:
     return rows
 
 
+def picked(kernel) -> str:
+    """The config the autotuner chose at its last launch."""
+    return str(getattr(kernel, "best_config", None))
+
+
 def main() -> int:
-    out_path = Path(os.environ.get("OUT", "/tmp")) / "quant-kernel-sweep.json"
+    autotuned_only = "--autotuned-only" in sys.argv
+    out_path = Path(os.environ.get("OUT", "/tmp")) / ("quant-autotuned.json" if autotuned_only
+                                                       else "quant-kernel-sweep.json")
     started = time.perf_counter()
     hbm_Bps = hbm_copy_GBps() * 1e9
     torch.manual_seed(0)
@@ -152,7 +162,8 @@ def main() -> int:
     result = {"benchmark": "quant_kernel_sweep", "device": torch.cuda.get_device_name(),
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
               "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "rows": []}
-    result["fusions"] = fusion_rows()
+    if not autotuned_only:
+        result["fusions"] = fusion_rows()
     for n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         q8 = quantize_weight(w, tierllm.QuantConfig(bits=8))
@@ -168,6 +179,26 @@ def main() -> int:
                      x1, q4["qweight"], q4["scales"], q4["mins"], 64)) * 1e6, 2),
                  "int8_autotuned_us": round(_graph_time(lambda: quant_gemv.w8_gemv_triton(
                      x1, q8["qweight"], q8["scales"])) * 1e6, 2)}
+        entry["int4_picked"] = picked(quant_gemv._w4_gemv_kernel)
+        entry["int8_picked"] = picked(quant_gemv._w8_gemv_kernel)
+        entry["int4_fraction_of_hbm"] = round(bytes4 / (entry["int4_autotuned_us"] * 1e-6) / hbm_Bps, 3)
+        entry["int8_fraction_of_hbm"] = round(bytes8 / (entry["int8_autotuned_us"] * 1e-6) / hbm_Bps, 3)
+        entry["bf16_fraction_of_hbm"] = round(w.numel() * 2 / (entry["bf16_gemv_us"] * 1e-6) / hbm_Bps, 3)
+        err4 = rel_err(quant_gemv.w4_gemv_triton(x1, q4["qweight"], q4["scales"], q4["mins"], 64), ref4)
+        err8 = rel_err(quant_gemv.w8_gemv_triton(x1, q8["qweight"], q8["scales"]), ref8)
+        entry["autotuned_rel_err"] = {"int4": float(f"{err4:.2e}"), "int8": float(f"{err8:.2e}")}
+        if autotuned_only:
+            for m in (64,):
+                xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                entry[f"bf16_cublas_m{m}_us"] = round(_graph_time(lambda: xm @ w.t()) * 1e6, 2)
+                for bits, q, mins, group in ((4, q4, q4["mins"], 64), (8, q8, None, None)):
+                    entry[f"int{bits}_gemm_autotuned_m{m}_us"] = round(_graph_time(
+                        lambda: quant_gemm.quant_gemm_triton(xm, q["qweight"], q["scales"], mins, bits, group))
+                        * 1e6, 2)
+                    entry[f"int{bits}_gemm_picked_m{m}"] = picked(quant_gemm._quant_gemm_kernel)
+            print(json.dumps(entry), flush=True)
+            result["rows"].append(entry)
+            continue
         rows4 = sweep(f"int4 gemv {n}x{k}", w4_gemv_launches(x1, q4, n, k), ref4, bytes4, hbm_Bps)
         entry["int4_top"] = rows4[:5]
         entry["int8_top"] = sweep(f"int8 gemv {n}x{k}", w8_gemv_launches(x1, q8, n, k), ref8, bytes8, hbm_Bps)[:5]
@@ -191,6 +222,8 @@ def main() -> int:
         out_path.write_text(json.dumps(result, indent=1))
         del w, q8, q4
         torch.cuda.empty_cache()
+    result["wall_s"] = round(time.perf_counter() - started)
+    out_path.write_text(json.dumps(result, indent=1))
     print(f"wrote {out_path} in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -47,7 +47,14 @@ if HAS_TRITON:
                                              # benchmarks/results/quant-kernel-sweep-h100.json)
                                              (64, 32, 64, 1, 4, 5), (64, 32, 128, 1, 4, 3), (64, 32, 64, 2, 4, 5),
                                              (64, 64, 64, 2, 4, 4), (64, 32, 64, 4, 4, 4), (32, 64, 64, 4, 4, 4),
-                                             (64, 32, 128, 4, 4, 3), (16, 64, 64, 4, 4, 4)]]
+                                             (64, 32, 128, 4, 4, 3), (16, 64, 64, 4, 4, 4),
+                                             # wide tiles split over K: every program of a column block re-reads
+                                             # x's [M, K] from L2, 4M / BLOCK_N times the int4 bytes it streams
+                                             # (at M=64, BLOCK_N=32: 64 MB of x against 8 MB of weights on a
+                                             # 4096 x 4096 weight), so fewer, wider column blocks and more K splits
+                                             (64, 128, 64, 2, 4, 4), (64, 128, 64, 4, 4, 4), (64, 128, 64, 4, 8, 3),
+                                             (64, 256, 64, 4, 8, 3), (64, 256, 64, 8, 8, 3), (32, 128, 64, 4, 4, 4),
+                                             (64, 128, 128, 4, 8, 3)]]
     _SPLIT_TILES = tuple((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"]) for c in _CONFIGS)
 
     def _prune(configs, named_args, **kwargs):
