@@ -68,7 +68,8 @@ def test_w4_gemv(dtype, symmetric, m, n, k, group):
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)
-@pytest.mark.parametrize("m", [37, 130])                # the fused GEMM; from DEQUANT_MIN_ROWS on, dequant + matmul
+@pytest.mark.parametrize("m", [36, 37, 130])     # the fused GEMM (even M: x first, odd M: the weights first in the
+                                                 # interpreter); from DEQUANT_MIN_ROWS on, dequant + matmul
 def test_quant_gemm(dtype, quant, m):
     n, k = 45, 128                                                         # ragged M and N tiles
     w, bias = _quantized(n, k, quant, seed=7)

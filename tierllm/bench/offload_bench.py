@@ -20,7 +20,7 @@ import torch
 from tierllm.bench.generate_bench import _random_prompts
 from tierllm.bench.gpu_bench import _time_ours
 from tierllm.bench.presets import build_preset_hf_model
-from tierllm.bench.probe import files_read_direct_GBps, probe
+from tierllm.bench.probe import best_copy_GBps, files_read_direct_GBps, probe
 from tierllm.bench.results import check
 
 PEERS_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "offload_peers.py"
@@ -227,10 +227,16 @@ def quant_offload_part(ceilings: dict, preset: str, quant: str, gpu_budget: str,
     plan = engine.model.placement_plan
     if not plan.offloaded_layers:
         raise ValueError(f"{preset} {quant} fits {gpu_budget}: nothing streams, so there is no PCIe floor to compare")
-    floor_s = plan.offloaded_bytes / (ceilings["h2d_pinned_GBps"] * 1e9)
+    # the floor's rate: the faster of the probe and the streamer's own copy of a layer (its pinned buffer into a
+    # GPU buffer of the same size), so that a slow probe cannot lower the bar
+    layer = engine.model.layer_streamer.store.buffers[plan.offloaded_layers[0]]
+    layer_GBps = best_copy_GBps(torch.empty_like(layer, device=device), layer)
+    floor_GBps = max(ceilings["h2d_pinned_GBps"], layer_GBps)
+    floor_s = plan.offloaded_bytes / (floor_GBps * 1e9)
     result = {"preset": preset, "quant": quant, "gpu_budget": gpu_budget, "build_s": round(time.perf_counter() - start),
               "resident_layers": len(plan.resident_layers), "offloaded_layers": len(plan.offloaded_layers),
-              "offloaded_bytes": plan.offloaded_bytes, "pcie_floor_s": round(floor_s, 4), "runs": []}
+              "offloaded_bytes": plan.offloaded_bytes, "layer_copy_GBps": round(layer_GBps, 2),
+              "floor_GBps": round(floor_GBps, 2), "pcie_floor_s": round(floor_s, 4), "runs": []}
     vocab = engine.engine.vocab_size
     for batch in batches:
         _time_ours(engine, _random_prompts(batch, min(64, prompt_len), vocab, seed).to(device), 2)     # warm-up

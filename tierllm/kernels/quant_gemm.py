@@ -37,24 +37,22 @@ if HAS_TRITON:
     from tierllm.kernels.gemv import int8_to_f32
     from tierllm.kernels.quant_gemv import codes_to_f32
 
-    _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": sk},
-                              num_warps=w, num_stages=s)
-                for bm, bn, bk, sk, w, s in [(128, 128, 64, 1, 8, 3), (128, 64, 64, 1, 4, 4), (64, 128, 64, 1, 4, 4),
-                                             (64, 64, 64, 1, 4, 4), (128, 256, 64, 1, 8, 3), (32, 128, 64, 1, 4, 4),
-                                             (16, 128, 64, 1, 4, 4),
-                                             # small M: narrow tiles and split K, so that enough programs share
-                                             # the in-register dequantization (the best of the sweep at M=64:
-                                             # benchmarks/results/quant-kernel-sweep-h100.json)
-                                             (64, 32, 64, 1, 4, 5), (64, 32, 128, 1, 4, 3), (64, 32, 64, 2, 4, 5),
-                                             (64, 64, 64, 2, 4, 4), (64, 32, 64, 4, 4, 4), (32, 64, 64, 4, 4, 4),
-                                             (64, 32, 128, 4, 4, 3), (16, 64, 64, 4, 4, 4),
-                                             # wide tiles split over K: every program of a column block re-reads
-                                             # x's [M, K] from L2, 4M / BLOCK_N times the int4 bytes it streams
-                                             # (at M=64, BLOCK_N=32: 64 MB of x against 8 MB of weights on a
-                                             # 4096 x 4096 weight), so fewer, wider column blocks and more K splits
-                                             (64, 128, 64, 2, 4, 4), (64, 128, 64, 4, 4, 4), (64, 128, 64, 4, 8, 3),
-                                             (64, 256, 64, 4, 8, 3), (64, 256, 64, 8, 8, 3), (32, 128, 64, 4, 4, 4),
-                                             (64, 128, 128, 4, 8, 3)]]
+    _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": sk,
+                               "SWAP_AB": swap}, num_warps=w, num_stages=s)
+                for bm, bn, bk, sk, w, s, swap in [
+                    (128, 128, 64, 1, 8, 3, False), (128, 64, 64, 1, 4, 4, False), (64, 128, 64, 1, 4, 4, False),
+                    (64, 64, 64, 1, 4, 4, False), (128, 256, 64, 1, 8, 3, False), (32, 128, 64, 1, 4, 4, False),
+                    (16, 128, 64, 1, 4, 4, False),
+                    # small M: narrow tiles and split K, so that enough programs share the in-register
+                    # dequantization (the best of the sweep at M=64: benchmarks/results/quant-kernel-sweep-h100.json)
+                    (64, 32, 64, 1, 4, 5, False), (64, 32, 128, 1, 4, 3, False), (64, 32, 64, 2, 4, 5, False),
+                    (64, 64, 64, 2, 4, 4, False), (64, 32, 64, 4, 4, 4, False), (32, 64, 64, 4, 4, 4, False),
+                    (64, 32, 128, 4, 4, 3, False), (16, 64, 64, 4, 4, 4, False),
+                    # small M, weights as the MMA's first operand (y^T = W x^T): the dequantized tile can feed the
+                    # tensor cores from registers instead of going through shared memory (not yet timed)
+                    (64, 64, 64, 1, 4, 4, True), (64, 128, 64, 1, 4, 4, True), (64, 64, 64, 2, 4, 4, True),
+                    (64, 128, 64, 2, 4, 4, True), (64, 64, 64, 4, 4, 4, True), (32, 64, 64, 4, 4, 4, True),
+                    (64, 128, 64, 4, 8, 3, True)]]
     _SPLIT_TILES = tuple((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"]) for c in _CONFIGS)
 
     def _prune(configs, named_args, **kwargs):
@@ -71,11 +69,12 @@ if HAS_TRITON:
                            stride_xm, stride_wn, stride_sn, stride_ym, BITS: tl.constexpr, GROUP: tl.constexpr,
                            HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                           SPLIT_K: tl.constexpr):
+                           SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr = False):
         """Program (tile, k split): with SPLIT_K > 1 each of a tile's SPLIT_K programs covers a slice of K and
         stores its fp32 partial tile to the workspace ws [SPLIT_K, tiles, BLOCK_M, BLOCK_N]; the last of them to
         finish (a per-tile counter) sums the partials in split order (deterministic), writes y and resets the
-        counter to 0 for the next launch."""
+        counter to 0 for the next launch. SWAP_AB: the dequantized weight tile is the dot's first operand and the
+        accumulator is the transposed tile [BLOCK_N, BLOCK_M]."""
         # grouped program order: GROUP_M row blocks share each weight column block while it is in L2
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -92,14 +91,22 @@ if HAS_TRITON:
         k_end = tl.minimum(k_begin + k_span, K)
         x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if SWAP_AB:
+            acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if BITS == 8:
             for k0 in range(k_begin, k_end, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 k_mask = offs_k < k_end
                 x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [BM, BK]
                 w = tl.load(w_cols + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0)    # [BK, BN]
-                acc = tl.dot(x, int8_to_f32(w).to(x.dtype), acc)
+                if SWAP_AB:
+                    acc_t = tl.dot(tl.trans(int8_to_f32(w).to(x.dtype)), tl.trans(x), acc_t)
+                else:
+                    acc = tl.dot(x, int8_to_f32(w).to(x.dtype), acc)
+            if SWAP_AB:
+                acc = tl.trans(acc_t)
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         else:
             offs_j = tl.arange(0, BLOCK_K // 2)
@@ -117,7 +124,12 @@ if HAS_TRITON:
                     w = codes * scale[:, None] + low_value[:, None]
                 else:
                     w = (codes - 8.0) * scale[:, None]
-                acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+                if SWAP_AB:
+                    acc_t = tl.dot(w.to(x.dtype), tl.trans(x), acc_t)                                  # [BN, BM]
+                else:
+                    acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+            if SWAP_AB:
+                acc = tl.trans(acc_t)
         if SPLIT_K == 1:
             _store_tile(acc, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, HAS_BIAS)
         else:
@@ -181,12 +193,13 @@ def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     group = group_size if bits == 4 else k
     flags = {"BITS": bits, "GROUP": group, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
     if is_interpreted():                                           # the interpreter cannot time configs
-        split_k = 2 if k >= 4 * 32 else 1                          # both paths stay covered on CPU
+        split_k = 2 if k >= 4 * 32 else 1                          # both paths stay covered on CPU, and both
+        swap_ab = m % 2 == 1                                       # operand orders (odd and even M in tests)
         workspace, counters = _split_k_buffers(m, n, x.device, ((16, 16, split_k),))
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16), split_k)
         _quant_gemm_kernel.fn[grid](*_args(x, qweight, scales, mins, bias, y, workspace, counters), **flags,
                                     BLOCK_M=16, BLOCK_N=16, BLOCK_K=32 if bits == 8 else min(32, group), GROUP_M=2,
-                                    SPLIT_K=split_k)
+                                    SPLIT_K=split_k, SWAP_AB=swap_ab)
     else:
         if bits == 4 and group < 64:
             raise ValueError(f"the int4 GEMM kernel needs group_size >= 64 (its K tile), got {group}")
