@@ -175,6 +175,13 @@ def _span(results: dict, variant: str) -> str:
     return f"{min(shares):.0f}-{max(shares):.0f}%"
 
 
+def _dequant_span(results: dict) -> str:
+    """min-max share of the HBM copy rate of the int4 dequantizing pass over the prefill-sized kernel rows."""
+    shares = [k["int4_dequant_pass_fraction_of_hbm"] * 100 for k in results["batch1_kernels"]
+              if "int4_dequant_pass_fraction_of_hbm" in k]
+    return f"{min(shares):.0f}-{max(shares):.0f}%"
+
+
 def quant_section(doc: dict) -> list[str]:
     r, c = doc["results"], doc["ceilings"]
     names = [v for v in ("bf16", "int8", "int4", "w8a8") if v in r]
@@ -189,33 +196,27 @@ def quant_section(doc: dict) -> list[str]:
              "| batch-64 prefill tok/s | " + " | ".join(f"{r[v]['batch64']['prefill_tok_s']:.0f}" for v in names) + " |",
              "", _checks(doc) + f" Per kernel at batch 1 (the four linear shapes): the int4 GEMV reads its weight at "
              f"{_span(r, 'int4')} of the HBM copy rate, int8 at {_span(r, 'int8')}, bf16 at {_span(r, 'bf16')}: the "
-             "quantized GEMVs are far from streaming at the memory rate, which is where the batch-1 targets are lost. "
-             "Prefill (128 rows and more) dequantizes each weight once and calls cuBLAS." +
-             ("" if "w8a8" in r else " W8A8 was not run in this call; the call before it, on the same code "
-                                     "([JSON](benchmarks/results/quant-llama-7b-h100-run1.json), a machine whose "
+             "quantized GEMVs are far from streaming at the memory rate, which is where the batch-1 targets are lost, "
+             "together with the ~0.8-1 ms per token outside the linears (attention, rotary, norms and the gaps between "
+             "some 300 kernels) that every variant pays. The int4 GEMV is bound by instructions: its one-row loop "
+             "(`INT4_ROW`, the tuner's pick on every shape: [JSON](benchmarks/results/quant-autotuned-h100.json)) "
+             "spends 7.3 SASS instructions per code (`benchmarks/kernel_loop_stats.py`), while an SM must retire a "
+             "code in about 4.4 to keep up with HBM; int8's tuner keeps the general loop (its `INT8_ROW` loop, 4.8-5.0 "
+             "instructions per byte, timed slower). Prefill (128 rows and more) dequantizes each weight once (the "
+             f"pass at {_dequant_span(r)} of the HBM copy rate on its int4 read plus bf16 write) and calls cuBLAS." +
+             ("" if "w8a8" in r else " W8A8 was not run in this call; an earlier one (commit e2b51fd, "
+                                     "[JSON](benchmarks/results/quant-llama-7b-h100-run1.json), a machine whose "
                                      "host-side work ran slowly) measured W8A8 batch-1 decode at 3.94 ms/token "
                                      "(1.34x bf16) and batch-64 decode at 6034 tok/s."), "",
-             "What changed since the previous run (int8 1.46x, int4 1.37x at batch 1; int4 0.81x, int8 0.93x at "
-             "batch 64): a config and variant sweep of these kernels ([JSON](benchmarks/results/"
-             "quant-kernel-sweep-h100.json), `benchmarks/quant_kernel_sweep.py`) gave the int8 GEMV a config that "
-             "is best on all four shapes and the small-M GEMM narrow tiles and split-K configs (the last program of "
-             "each tile sums the fp32 partials in split order: deterministic); two int4 GEMV candidates that read "
-             "int32 words were slower than the byte kernel and were dropped. The decode fusions inside the "
-             "quantized GEMVs (`quant_gemm.GEMV_FUSIONS`) were timed one by one: int8 takes the residual add, int4 "
-             "the SiLU-and-mul and the residual add, neither the RMSNorm prologue. In the engine, on one machine "
-             "([A/B](benchmarks/results/quant-fusion-ab-h100.json), batch-1 graphs only), int4 decoded at 3.77 "
-             "ms/token with its two fusions against 3.92 without. The table's int4 batch-1 time is from before the "
-             "int4 GEMV's autotune key held x's row count: CUDA graphs capture the biggest batch first, so the "
-             "batch-1 launch ran the config tuned for 8 rows. The key now holds it; the table has not been rerun.",
-             "",
-             "Also after the table's run, not yet timed on a GPU: the compiled loops of these GEMVs, read offline "
-             "(`benchmarks/kernel_loop_stats.py`: SASS for sm90 without a GPU), spend 7.0 instructions per int8 "
-             "weight byte and 8.4 per int4 code, with 10-12 barriers per iteration where Triton exchanges the "
-             "weight tile (int8) or x (int4) through shared memory to reduce each K step. New one-row loops "
-             "(`INT8_ROW`, `INT4_ROW` configs, for batch-1 decode) accumulate in every lane over the whole K loop "
-             "instead: 4.8-5.0 instructions per int8 byte, 7.3 per int4 code, no int4 barriers. The tuner weighs "
-             "them against the old loops on the GPU; CPU tests check both, and GPU tests that run every config are "
-             "written."]
+             "What changed since the previous run (int8 1.53x, int4 1.12x at batch 1; int4 0.976x at batch 64; int4 "
+             "prefill 28.0k tok/s; int8's kernels have not changed since, so its 1.53x against 1.49x here is the spread "
+             "between machines and runs): the int4 GEMV's autotune key holds x's row count (CUDA graphs capture the biggest "
+             "batch first, so the batch-1 launch had run the config tuned for 8 rows) and the tuner has the one-row "
+             "loops; the dequantizing pass tiles whole groups, loading each group's scale and min once instead of "
+             "once per weight (int4 prefill 39.1k tok/s, was 28.0k). At batch 64 the int4 GEMM loses on o_proj's "
+             "4096 x 4096 (20 us against cuBLAS's 9.4 us; on the other shapes it is within 2% or faster): wide "
+             "split-K tiles did not help, and configs that make the dequantized weight the dot's first operand "
+             "(`SWAP_AB`, committed after the table's run) took down_proj from 42.5 to 37.8 us but not o_proj."]
     return lines
 
 
