@@ -25,9 +25,10 @@ from tierllm.kernels.quant_gemv import (
 
 # From this many rows the matmul is compute-bound and this kernel's in-register dequantization of every tile
 # costs more than one dequantizing pass (2.5-3 bytes per weight of traffic) plus cuBLAS: on an H100, at M=64, it
-# ran at 66-173 TFLOP/s (int4) and 79-222 (int8) over the llama-7b shapes, against cuBLAS's 155-244 on bf16
-# (benchmarks/results/quant-llama-7b-h100.json). At M=64 the dequantizing pass would cost about as much as it
-# saves, so the switch is above it; the threshold is an estimate from that table, not yet measured.
+# ran at 110-176 TFLOP/s (int4) and 130-224 (int8) over the llama-7b shapes, against cuBLAS's 154-237 on bf16,
+# while the int4 dequantizing pass alone took 16-93 us, about as long as this kernel's whole matmul there
+# (benchmarks/results/quant-llama-7b-h100.json). So the switch is above M=64; where between 64 and 2048 (the
+# pass plus cuBLAS: 6-18% over bf16 cuBLAS) is an estimate, not measured.
 DEQUANT_MIN_ROWS = 128
 
 if HAS_TRITON:
@@ -49,7 +50,8 @@ if HAS_TRITON:
                     (64, 64, 64, 2, 4, 4, False), (64, 32, 64, 4, 4, 4, False), (32, 64, 64, 4, 4, 4, False),
                     (64, 32, 128, 4, 4, 3, False), (16, 64, 64, 4, 4, 4, False),
                     # small M, weights as the MMA's first operand (y^T = W x^T): the dequantized tile can feed the
-                    # tensor cores from registers instead of going through shared memory (not yet timed)
+                    # tensor cores from registers instead of going through shared memory; at M=64 the tuner took
+                    # them for int4 o_proj and down_proj (down: 37.8 against 42.5 us; quant-autotuned-h100.json)
                     (64, 64, 64, 1, 4, 4, True), (64, 128, 64, 1, 4, 4, True), (64, 64, 64, 2, 4, 4, True),
                     (64, 128, 64, 2, 4, 4, True), (64, 64, 64, 4, 4, 4, True), (32, 64, 64, 4, 4, 4, True),
                     (64, 128, 64, 4, 8, 3, True)]]
