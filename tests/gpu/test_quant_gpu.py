@@ -159,9 +159,22 @@ def test_w8a8_kernels(dtype, m):
     assert _rel_err(int8_gemm.w8a8_linear(x, packed["qweight"], packed["scales"], bias.to(dtype)), dense) < 3e-2
 
 
+@pytest.fixture
+def first_config_only(monkeypatch):
+    """Every autotuned kernel keeps its first config: the tiny model's launch shapes (each CUDA-graph batch size,
+    each fusion) would otherwise compile and time every config of every kernel, minutes on the GPU machine; the
+    tests above run each config on its own."""
+    from triton.runtime.autotuner import Autotuner
+
+    from tierllm.kernels import gemv
+    for module in (gemv, quant_gemv, quant_gemm, int8_gemm):
+        for tuner in [obj for obj in vars(module).values() if isinstance(obj, Autotuner)]:
+            monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("quant", ["int8", "int4", "w8a8"])
-def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch):
+def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch, first_config_only):
     hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda()
     engine = tierllm.init_inference(hf, dtype=dtype, quant=quant, show_progress=False, max_num_seqs=8)
     prompt = random_prompts([40], seed=2)[0]
