@@ -38,3 +38,14 @@ def test_step_timer_reports_device_time_per_step_and_restores_the_runner(monkeyp
     assert summary["steps"] == 3 and summary["step_device_ms_median"] == 20.0
     assert summary["step_device_ms_max"] == 30.0 and summary["steps_device_s"] == 0.06
     assert 4.9 < summary["host_outside_forward_s"] <= 5.0       # the fake forward passes took no host time
+
+
+def test_quantized_offload_check_takes_the_batch_closest_to_its_floor_and_records_the_fastest():
+    result = {"runs": [{"batch": 4, "total_tok_s": 7.8, "fraction_of_floor_throughput": 0.868},
+                       {"batch": 8, "total_tok_s": 14.9, "fraction_of_floor_throughput": 0.829},
+                       {"batch": 32, "total_tok_s": 48.2, "fraction_of_floor_throughput": 0.670}]}
+    passed = offload_bench.best_batch_check(result, "llama-70b int4 offloaded")
+    assert passed["passed"] and passed["value"] == 0.868 and "best batch (4)" in passed["name"]
+    assert result["best_batch"] == 4 and result["most_tok_s_batch"] == 32
+    result["runs"][0]["fraction_of_floor_throughput"] = 0.80
+    assert not offload_bench.best_batch_check(result, "x")["passed"]                 # 0.829 at batch 8 < 0.85

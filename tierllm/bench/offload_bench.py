@@ -246,15 +246,20 @@ def quant_offload_part(ceilings: dict, preset: str, quant: str, gpu_budget: str,
         result["runs"].append(row)
         print(f"tierllm {preset} {quant} offloaded", row, flush=True)
     _free(engine)
-    # "best batch": the batch that comes closest to its PCIe-floor throughput. The floor counts the prefill as one
-    # more pass over the weights, but a prefill of batch x 512 tokens through 70B parameters is compute-bound
-    # from a few thousand tokens on (at batch 32, 2.3 PFLOP: seconds against a 0.55 s pass), so the fraction
-    # falls as the batch grows while tok/s rises; the batch with the most tok/s is recorded beside it.
+    return result, [best_batch_check(result, f"{preset} {quant} offloaded")]
+
+
+def best_batch_check(result: dict, label: str) -> dict:
+    """The check on result["runs"] (one row per batch) at the best batch: the one that comes closest to its
+    PCIe-floor throughput. The floor counts the prefill as one more pass over the weights, but a prefill of
+    batch x 512 tokens through 70B parameters is compute-bound from a few thousand tokens on (at batch 32,
+    2.3 PFLOP: seconds against a half-second pass), so the fraction falls as the batch grows while tok/s rises;
+    the batch with the most tok/s is recorded beside it (result["most_tok_s_batch"])."""
     best = max(result["runs"], key=lambda r: r["fraction_of_floor_throughput"])
     fastest = max(result["runs"], key=lambda r: r["total_tok_s"])
     result["best_batch"], result["most_tok_s_batch"] = best["batch"], fastest["batch"]
-    return result, [check(f"{preset} {quant} offloaded, best batch ({best['batch']}): total tok/s / PCIe-floor "
-                          "throughput", best["fraction_of_floor_throughput"], ">=", 0.85)]
+    return check(f"{label}, best batch ({best['batch']}): total tok/s / PCIe-floor throughput",
+                 best["fraction_of_floor_throughput"], ">=", 0.85)
 
 
 def run_offload_bench(parts, preset: str = "llama-7b", batches=(1, 16, 64),
