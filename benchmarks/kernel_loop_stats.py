@@ -5,7 +5,8 @@ bundled with Triton) and prints the SASS instruction mix of its longest loop, e.
 A proxy to compare kernel variants between GPU sessions, not a timing.
 
     python benchmarks/kernel_loop_stats.py w4_gemv --block-n 8 --groups 8 --warps 4 --stages 2 [--row]
-    python benchmarks/kernel_loop_stats.py w8_gemv --block-n 4 --block-k 4096 --warps 4 --stages 1"""
+    python benchmarks/kernel_loop_stats.py w8_gemv --block-n 4 --block-k 4096 --warps 4 --stages 1
+    python benchmarks/kernel_loop_stats.py w4_gemm --block-m 64 --block-n 128 --split-k 4 --warps 8 --stages 3 [--swap-ab]"""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tierllm.kernels import gemv, quant_gemv  # noqa: E402
+from tierllm.kernels import gemv, quant_gemm, quant_gemv  # noqa: E402
 
 FUSIONS = {"HAS_BIAS": False, "NORM": False, "GATED": False, "RESIDUAL": False}
 
@@ -36,7 +37,15 @@ def kernels(args) -> dict:
     w8_args = [("x_ptr", "*bf16"), ("w_ptr", "*i8"), ("s_ptr", "*fp16"), ("b_ptr", "*fp16"), ("g_ptr", "*fp16"),
                ("y_ptr", "*bf16"), ("M", "i32"), ("N", "i32"), ("K", "i32"), ("stride_xm", "i32"),
                ("stride_wn", "i32"), ("stride_ym", "i32"), ("eps", "fp32")]
+    gemm_args = [("x_ptr", "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*bf16"), ("mn_ptr", "*bf16"), ("b_ptr", "*bf16"),
+                 ("y_ptr", "*bf16"), ("ws_ptr", "*fp32"), ("count_ptr", "*i32"), ("M", "i32"), ("N", "i32"),
+                 ("K", "i32"), ("M_BUCKET", "i32"), ("stride_xm", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"),
+                 ("stride_ym", "i32")]
     return {
+        "w4_gemm": (quant_gemm._quant_gemm_kernel.fn, gemm_args,
+                    {"BITS": 4, "GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "BLOCK_M": args.block_m,
+                     "BLOCK_N": args.block_n, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": args.split_k,
+                     "SWAP_AB": args.swap_ab, "HALF_DEQUANT": args.half}),
         "w4_gemv": (quant_gemv._w4_gemv_body, w4_args,
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row}),
@@ -71,7 +80,11 @@ def loop_stats(fn, arguments, constexprs, warps: int, stages: int) -> tuple[Coun
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kernel", choices=["w4_gemv", "w8_gemv"])
+    parser.add_argument("kernel", choices=["w4_gemv", "w8_gemv", "w4_gemm"])
+    parser.add_argument("--block-m", type=int, default=64, help="w4_gemm: BLOCK_M")
+    parser.add_argument("--split-k", type=int, default=1, help="w4_gemm: SPLIT_K")
+    parser.add_argument("--swap-ab", action="store_true", help="w4_gemm: the weight tile as the dot's first operand")
+    parser.add_argument("--half", action="store_true", help="w4_gemm: dequantize in the activation dtype")
     parser.add_argument("--block-n", type=int, default=8)
     parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
     parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
@@ -81,7 +94,7 @@ def main() -> int:
     args = parser.parse_args()
     fn, arguments, constexprs = kernels(args)[args.kernel]
     mix, conversions = loop_stats(fn, arguments, constexprs, args.warps, args.stages)
-    weight_bytes = args.block_n * (args.groups * 32 if args.kernel == "w4_gemv" else args.block_k)
+    weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}[args.kernel]
     per_thread = weight_bytes / (32 * args.warps)
     print(f"{args.kernel}: {sum(mix.values())} SASS instructions per loop iteration (per thread), "
           f"{per_thread:g} weight bytes per thread per iteration")

@@ -98,21 +98,27 @@ def w8_gemv_launches(x, q8, n, k):
     return launches
 
 
-def gemm_launches(x, q, bits, n, k):
+def gemm_launches(x, q, bits, n, k, staged: bool = False):
+    """The GEMM over a wide grid of configs, or (staged) over quant_gemm's staged HALF_DEQUANT configs."""
     m = x.shape[0]
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     mins = q.get("mins")
     launches = {}
-    for bm, bn, bk, w, st, sk in itertools.product((16, 32, 64), (16, 32, 64, 128, 256), (64, 128), (4, 8), (3, 5),
-                                                   (1, 2, 4, 8)):
-        if (bm > max(16, triton.next_power_of_2(m)) or (bits == 4 and bk > 64) or (w == 8) != (bm * bn >= 8192)
-                or bm * bn < 1024):
-            continue
-        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=sk, num_warps=w, num_stages=st)
+    grid_configs = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=sk, num_warps=w, num_stages=st)
+                    for bm, bn, bk, w, st, sk in itertools.product((16, 32, 64), (16, 32, 64, 128, 256), (64, 128),
+                                                                   (4, 8), (3, 5), (1, 2, 4, 8))
+                    if not (bm > max(16, triton.next_power_of_2(m)) or (bits == 4 and bk > 64)
+                            or (w == 8) != (bm * bn >= 8192) or bm * bn < 1024)]
+    staged_configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+                      for c in quant_gemm._HALF_DEQUANT_CONFIGS]
+    for cfg in staged_configs if staged else grid_configs:
+        bm, bn, bk, sk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
+        w, st = cfg["num_warps"], cfg["num_stages"]
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), sk)
         workspace, counters = quant_gemm._split_k_buffers(m, n, x.device, ((bm, bn, sk),))
         args = quant_gemm._args(x, q["qweight"], q["scales"], mins, None, out, workspace, counters)
-        launches[f"bm{bm} bn{bn} bk{bk} w{w} s{st} split{sk}"] = (lambda g=grid, c=cfg, a=args: (
+        flags = "".join(f" {name.lower()}" for name in ("SWAP_AB", "HALF_DEQUANT") if cfg.get(name))
+        launches[f"bm{bm} bn{bn} bk{bk} w{w} s{st} split{sk}{flags}"] = (lambda g=grid, c=cfg, a=args: (
             quant_gemm._quant_gemm_kernel.fn[g](*a, BITS=bits, GROUP=64 if bits == 4 else k, HAS_MINS=mins is not None,
                                                 HAS_BIAS=False, **c), out)[1])
     return launches
@@ -196,6 +202,10 @@ def main() -> int:
                         lambda: quant_gemm.quant_gemm_triton(xm, q["qweight"], q["scales"], mins, bits, group))
                         * 1e6, 2)
                     entry[f"int{bits}_gemm_picked_m{m}"] = picked(quant_gemm._quant_gemm_kernel)
+                entry[f"int4_half_dequant_m{m}_top"] = sweep(      # the staged configs, outside the tuner's list
+                    f"int4 gemm half-dequant m{m} {n}x{k}", gemm_launches(xm, q4, 4, n, k, staged=True),
+                    quant_gemv.w4_linear_ref(xm, q4["qweight"], q4["scales"], q4["mins"], 64), bytes4, hbm_Bps,
+                    2 * m * n * k)
             print(json.dumps(entry), flush=True)
             result["rows"].append(entry)
             continue

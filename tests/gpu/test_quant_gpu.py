@@ -58,8 +58,9 @@ def test_weight_only_kernels(dtype, quant, m):
 @pytest.mark.parametrize("quant", [QuantConfig(bits=8), QuantConfig(bits=4, group_size=64)], ids=lambda q: q.name)
 @pytest.mark.parametrize("m", [37, 64])
 def test_every_gemm_config_incl_split_k(quant, m):
-    """Each config of the dequantizing GEMM the autotuner may pick, split-K ones included: the reference's result,
-    bitwise the same on a second launch (split-K partials are summed in split order), counters back at zero."""
+    """Each config of the dequantizing GEMM the autotuner may pick, split-K ones included, and the staged
+    HALF_DEQUANT ones: the reference's result, bitwise the same on a second launch (split-K partials are summed in
+    split order), counters back at zero."""
     import triton
 
     n, k = 1030, 2048
@@ -69,7 +70,7 @@ def test_every_gemm_config_incl_split_k(quant, m):
     mins = packed.get("mins")
     flags = {"BITS": quant.bits, "GROUP": quant.group_size if quant.bits == 4 else k, "HAS_MINS": mins is not None,
              "HAS_BIAS": True}
-    configs = quant_gemm._prune(quant_gemm._CONFIGS, {}, **flags)
+    configs = quant_gemm._prune(quant_gemm._CONFIGS + quant_gemm._HALF_DEQUANT_CONFIGS, {}, **flags)
     assert any(c.kwargs["SPLIT_K"] > 1 for c in configs)
     for config in configs:
         outs = []

@@ -20,6 +20,15 @@ from tierllm.kernels._dispatch import HAS_TRITON
 from tierllm.quant.quantize import quantize_weight
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _codes_to_half_kernel(out_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, quant_gemm.codes_to_half((offs % 16).to(tl.int16), out_ptr.dtype.element_ty))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The Triton interpreter mishandles bf16 storage (see test_triton_kernels.py): bf16 runs on CUDA only.
 LOW_PRECISION = [torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -68,8 +77,9 @@ def test_w4_gemv(dtype, symmetric, m, n, k, group):
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)
-@pytest.mark.parametrize("m", [36, 37, 130])     # the fused GEMM (even M: x first, odd M: the weights first in the
-                                                 # interpreter); from DEQUANT_MIN_ROWS on, dequant + matmul
+@pytest.mark.parametrize("m", [36, 37, 38, 39, 130])  # the fused GEMM (in the interpreter odd M puts the weights
+                                                      # first, M % 4 >= 2 dequantizes int4 in x's dtype); from
+                                                      # DEQUANT_MIN_ROWS on, dequant + matmul
 def test_quant_gemm(dtype, quant, m):
     n, k = 45, 128                                                         # ragged M and N tiles
     w, bias = _quantized(n, k, quant, seed=7)
@@ -92,6 +102,15 @@ def test_quant_gemm(dtype, quant, m):
     assert _rel_err(out, ref) < 1e-2
     # split K (2 splits in the interpreter, K=128): the tiles' last programs reset their counters
     assert quant_gemm._SPLIT_K_COUNTERS[x.device].count_nonzero().item() == 0
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_codes_to_half_is_exact(dtype):
+    """The int4 GEMM's HALF_DEQUANT conversion: every code 0..15 to the same value in fp16 / bf16 (bf16 on CUDA:
+    the interpreter mishandles bf16 storage)."""
+    out = torch.empty(64, dtype=dtype, device=DEVICE)
+    _codes_to_half_kernel[(1,)](out, BLOCK=64)
+    assert torch.equal(out.float().cpu(), (torch.arange(64) % 16).float())
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION + [torch.float32])

@@ -38,8 +38,19 @@ if HAS_TRITON:
     from tierllm.kernels.gemv import int8_to_f32
     from tierllm.kernels.quant_gemv import codes_to_f32
 
+    @triton.jit
+    def codes_to_half(codes, DTYPE: tl.constexpr):
+        """int16 codes in [0, 16) -> the same values in DTYPE (fp16 or bf16), exact, without the int->float unit:
+        OR each into the mantissa of 1024 (fp16) or 128 (bf16), reinterpret, subtract; two per 32-bit register, so
+        the ALU does each step for a pair."""
+        if DTYPE == tl.bfloat16:
+            value = (codes | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 128.0
+        else:
+            value = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+        return value
+
     _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": sk,
-                               "SWAP_AB": swap}, num_warps=w, num_stages=s)
+                               "SWAP_AB": swap, "HALF_DEQUANT": False}, num_warps=w, num_stages=s)
                 for bm, bn, bk, sk, w, s, swap in [
                     (128, 128, 64, 1, 8, 3, False), (128, 64, 64, 1, 4, 4, False), (64, 128, 64, 1, 4, 4, False),
                     (64, 64, 64, 1, 4, 4, False), (128, 256, 64, 1, 8, 3, False), (32, 128, 64, 1, 4, 4, False),
@@ -55,12 +66,22 @@ if HAS_TRITON:
                     (64, 64, 64, 1, 4, 4, True), (64, 128, 64, 1, 4, 4, True), (64, 64, 64, 2, 4, 4, True),
                     (64, 128, 64, 2, 4, 4, True), (64, 64, 64, 4, 4, 4, True), (32, 64, 64, 4, 4, 4, True),
                     (64, 128, 64, 4, 8, 3, True)]]
+    # int4 dequantized in the activation dtype, two codes per HADD2 / HFMA2 (offline SASS of the 64 x 128 split-4
+    # tile: 255 instructions per 16 weight bytes against 275, 248 against 268 with SWAP_AB;
+    # benchmarks/kernel_loop_stats.py). Staged outside the tuner's list until a GPU has run them: the CPU
+    # interpreter checks the fp16 path only (it mishandles bf16 storage); tests/gpu/test_quant_gpu.py runs every
+    # one and benchmarks/quant_kernel_sweep.py times them.
+    _HALF_DEQUANT_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": sk,
+                                            "SWAP_AB": swap, "HALF_DEQUANT": True}, num_warps=w, num_stages=s)
+                             for bm, bn, sk, w, s, swap in [(64, 64, 1, 4, 4, False), (64, 64, 2, 4, 4, False),
+                                                            (64, 128, 4, 4, 4, True), (64, 64, 4, 4, 4, True),
+                                                            (64, 128, 4, 8, 3, True)]]
     _SPLIT_TILES = tuple((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"]) for c in _CONFIGS)
 
     def _prune(configs, named_args, **kwargs):
-        """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP)."""
+        """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP); HALF_DEQUANT is int4's."""
         if named_args.get("BITS", kwargs.get("BITS")) != 4:
-            return configs
+            return [c for c in configs if not c.kwargs.get("HALF_DEQUANT")]
         group = named_args.get("GROUP", kwargs.get("GROUP"))
         return [c for c in configs if c.kwargs["BLOCK_K"] <= group]
 
@@ -71,12 +92,14 @@ if HAS_TRITON:
                            stride_xm, stride_wn, stride_sn, stride_ym, BITS: tl.constexpr, GROUP: tl.constexpr,
                            HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                           SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr = False):
+                           SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr = False,
+                           HALF_DEQUANT: tl.constexpr = False):
         """Program (tile, k split): with SPLIT_K > 1 each of a tile's SPLIT_K programs covers a slice of K and
         stores its fp32 partial tile to the workspace ws [SPLIT_K, tiles, BLOCK_M, BLOCK_N]; the last of them to
         finish (a per-tile counter) sums the partials in split order (deterministic), writes y and resets the
         counter to 0 for the next launch. SWAP_AB: the dequantized weight tile is the dot's first operand and the
-        accumulator is the transposed tile [BLOCK_N, BLOCK_M]."""
+        accumulator is the transposed tile [BLOCK_N, BLOCK_M]. HALF_DEQUANT (int4): codes, scales and mins in x's
+        dtype (fp16 / bf16 pairs per instruction) instead of fp32; one rounding of code * scale + min either way."""
         # grouped program order: GROUP_M row blocks share each weight column block while it is in L2
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -117,12 +140,18 @@ if HAS_TRITON:
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)              # [BM, BK]
                 packed = tl.load(w_rows + (k0 // 2 + offs_j)[None, :], mask=n_mask[:, None], other=0)  # [BN, BK / 2]
-                packed = packed.to(tl.int32)
-                codes = tl.interleave(codes_to_f32(packed & 0xF), codes_to_f32(packed >> 4))          # [BN, BK]
                 group = k0 // GROUP
-                scale = tl.load(s_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(tl.float32)
+                math_dtype = x.dtype if HALF_DEQUANT else tl.float32
+                if HALF_DEQUANT:
+                    packed = packed.to(tl.int16)
+                    codes = tl.interleave(codes_to_half(packed & 0xF, x_ptr.dtype.element_ty),
+                                          codes_to_half(packed >> 4, x_ptr.dtype.element_ty))          # [BN, BK]
+                else:
+                    packed = packed.to(tl.int32)
+                    codes = tl.interleave(codes_to_f32(packed & 0xF), codes_to_f32(packed >> 4))      # [BN, BK]
+                scale = tl.load(s_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(math_dtype)
                 if HAS_MINS:
-                    low_value = tl.load(mn_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(tl.float32)
+                    low_value = tl.load(mn_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(math_dtype)
                     w = codes * scale[:, None] + low_value[:, None]
                 else:
                     w = (codes - 8.0) * scale[:, None]
@@ -196,12 +225,12 @@ def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     flags = {"BITS": bits, "GROUP": group, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
     if is_interpreted():                                           # the interpreter cannot time configs
         split_k = 2 if k >= 4 * 32 else 1                          # both paths stay covered on CPU, and both
-        swap_ab = m % 2 == 1                                       # operand orders (odd and even M in tests)
+        swap_ab, half = m % 2 == 1, m % 4 >= 2                     # operand orders and dequantizing dtypes
         workspace, counters = _split_k_buffers(m, n, x.device, ((16, 16, split_k),))
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16), split_k)
         _quant_gemm_kernel.fn[grid](*_args(x, qweight, scales, mins, bias, y, workspace, counters), **flags,
                                     BLOCK_M=16, BLOCK_N=16, BLOCK_K=32 if bits == 8 else min(32, group), GROUP_M=2,
-                                    SPLIT_K=split_k, SWAP_AB=swap_ab)
+                                    SPLIT_K=split_k, SWAP_AB=swap_ab, HALF_DEQUANT=half and bits == 4)
     else:
         if bits == 4 and group < 64:
             raise ValueError(f"the int4 GEMM kernel needs group_size >= 64 (its K tile), got {group}")
