@@ -216,7 +216,10 @@ def quant_section(doc: dict) -> list[str]:
              "once per weight (int4 prefill 39.1k tok/s, was 28.0k). At batch 64 the int4 GEMM loses on o_proj's "
              "4096 x 4096 (20 us against cuBLAS's 9.4 us; on the other shapes it is within 2% or faster): wide "
              "split-K tiles did not help, and configs that make the dequantized weight the dot's first operand "
-             "(`SWAP_AB`, committed after the table's run) took down_proj from 42.5 to 37.8 us but not o_proj."]
+             "(`SWAP_AB`, committed after the table's run) took down_proj from 42.5 to 37.8 us but not o_proj. Staged "
+             "and not yet run on a GPU: `HALF_DEQUANT` configs that dequantize int4 in x's dtype, two codes per "
+             "instruction (7% fewer instructions per weight byte offline), kept out of the tuner's list until the "
+             "GPU config test and `quant_kernel_sweep.py --autotuned-only` have run them."]
     return lines
 
 
