@@ -185,7 +185,8 @@ def _dequant_span(results: dict) -> str:
 def quant_section(doc: dict) -> list[str]:
     r, c = doc["results"], doc["ceilings"]
     names = [v for v in ("bf16", "int8", "int4", "w8a8") if v in r]
-    lines = ["", f"**Quantized decode** — `benchmarks/quant_gpu.py`, `llama-7b` preset (random weights, quantized layer "
+    lines = ["", f"**Quantized decode** — `benchmarks/quant_gpu.py` (on the device machine: `benchmarks/quant_session.sh "
+             f"bench`; `tests` and `probe` run the GPU tests and the tuner's picks), `llama-7b` preset (random weights, quantized layer "
              f"by layer), CUDA graphs, prompt 512, {doc['device']}, {doc['date'][:10]} "
              f"([JSON](benchmarks/results/quant-llama-7b-h100.json)); HBM copy {c['hbm_copy_GBps(read+write)']} GB/s.", "",
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
