@@ -6,7 +6,7 @@ A proxy to compare kernel variants between GPU sessions, not a timing.
 
     python benchmarks/kernel_loop_stats.py w4_gemv --block-n 8 --groups 8 --warps 4 --stages 2 [--row]
     python benchmarks/kernel_loop_stats.py w8_gemv --block-n 4 --block-k 4096 --warps 4 --stages 1
-    python benchmarks/kernel_loop_stats.py w4_gemm --block-m 64 --block-n 128 --split-k 4 --warps 8 --stages 3 [--swap-ab]"""
+    python benchmarks/kernel_loop_stats.py w4_gemm --block-m 64 --block-n 128 --split-k 4 --warps 8 --stages 3 [--swap-ab] [--half]"""
 from __future__ import annotations
 
 import argparse
@@ -37,7 +37,7 @@ def kernels(args) -> dict:
     w8_args = [("x_ptr", "*bf16"), ("w_ptr", "*i8"), ("s_ptr", "*fp16"), ("b_ptr", "*fp16"), ("g_ptr", "*fp16"),
                ("y_ptr", "*bf16"), ("M", "i32"), ("N", "i32"), ("K", "i32"), ("stride_xm", "i32"),
                ("stride_wn", "i32"), ("stride_ym", "i32"), ("eps", "fp32")]
-    gemm_args = [("x_ptr", "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*bf16"), ("mn_ptr", "*bf16"), ("b_ptr", "*bf16"),
+    gemm_args = [("x_ptr", "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*bf16"),
                  ("y_ptr", "*bf16"), ("ws_ptr", "*fp32"), ("count_ptr", "*i32"), ("M", "i32"), ("N", "i32"),
                  ("K", "i32"), ("M_BUCKET", "i32"), ("stride_xm", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"),
                  ("stride_ym", "i32")]

@@ -67,7 +67,7 @@ if HAS_TRITON:
                     (64, 128, 64, 2, 4, 4, True), (64, 64, 64, 4, 4, 4, True), (32, 64, 64, 4, 4, 4, True),
                     (64, 128, 64, 4, 8, 3, True)]]
     # int4 dequantized in the activation dtype, two codes per HADD2 / HFMA2 (offline SASS of the 64 x 128 split-4
-    # tile: 255 instructions per 16 weight bytes against 275, 248 against 268 with SWAP_AB;
+    # tile: 255 instructions per 16 weight bytes against 275, 252 against 268 with SWAP_AB;
     # benchmarks/kernel_loop_stats.py). Staged outside the tuner's list until a GPU has run them: the CPU
     # interpreter checks the fp16 path only (it mishandles bf16 storage); tests/gpu/test_quant_gpu.py runs every
     # one and benchmarks/quant_kernel_sweep.py times them.
