@@ -113,14 +113,20 @@ def test_tensor_parallel_overlapped_steps_equal_tp1(overlap):
         engine.close()
 
 
-def test_streamed_layers_and_kv_offload_wait_for_their_tokens():
-    """Offloaded engines keep waiting steps (their copies bound the step; only that path is checked on GPUs)."""
+def test_streamed_layers_overlap_and_kv_offload_waits():
+    """Streamed layers overlap their steps (their loads wait on device events) with the waiting steps' outputs; KV
+    offload keeps waiting steps (its host-side buffer handling is checked only with those)."""
     import tierllm
 
-    streamed = _engine(True, offload=tierllm.OffloadConfig(device="cpu", num_resident_layers=0))
-    kv_offloaded = _engine(True, kv_offload=True, kv_cache_memory="4MiB")
-    assert not streamed.engine.overlap_steps and not kv_offloaded.engine.overlap_steps
-    assert _engine(True).engine.overlap_steps
+    prompts = random_prompts(LENGTHS, seed=12)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (7, 3, 9, 5)]
+    offload = tierllm.OffloadConfig(device="cpu", num_resident_layers=0)
+    waiting = _run(_engine(False, offload=offload), prompts, params)
+    streamed = _engine(True, offload=offload)
+    assert _run(streamed, prompts, params) == waiting
+    assert streamed.engine.num_overlapped_steps > 0
+    assert_no_leaks(streamed)
+    assert not _engine(True, kv_offload=True, kv_cache_memory="4MiB").engine.overlap_steps
 
 
 def test_n_samples_and_a_tight_kv_pool():

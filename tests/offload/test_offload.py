@@ -1,5 +1,5 @@
-"""Weight offload on CPU: streamed layers (pinned-CPU and NVMe tiers) give the resident engine's greedy tokens;
-bad budgets and corrupt layer files give clear errors."""
+"""Weight offload on CPU: streamed layers (pinned-CPU and NVMe tiers) give the resident engine's greedy tokens,
+with overlapped steps; bad budgets and corrupt layer files give clear errors."""
 from __future__ import annotations
 
 import glob
@@ -29,6 +29,7 @@ def test_cpu_tier_matches_resident(family, num_resident, family_engine):
     assert streamer.order == list(range(num_resident, 2))          # the tiny models have 2 layers
     got = engine.generate(ids, attention_mask=mask, max_new_tokens=12)
     assert got.tolist() == expected.tolist()
+    assert engine.engine.num_overlapped_steps > 0          # streamed steps overlap: the next one queued early
 
 
 def test_prefetch_depth_and_more_layers_than_slots():
@@ -55,6 +56,7 @@ def test_nvme_tier_matches_resident(tmp_path, family_engine):
     engine = make_engine(build_hf_model("llama_gqa"), offload=offload)
     assert len(glob.glob(str(tmp_path / "*" / "layer-*.bin"))) == 2
     assert engine.generate(ids, attention_mask=mask, max_new_tokens=12).tolist() == expected.tolist()
+    assert engine.engine.num_overlapped_steps > 0
     engine.model.layer_streamer.close()
     assert os.listdir(tmp_path) == []                               # the layer files are removed on close
 

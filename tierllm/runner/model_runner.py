@@ -23,7 +23,6 @@ from tierllm.host_copy import to_device
 from tierllm.layers.sampler import sample, sample_on_device
 from tierllm.models.base import NativeModel
 from tierllm.offload.kv_offload import KVOffload
-from tierllm.offload.streamer import ResidentLayers
 from tierllm.runner.cuda_graph import CudaGraphDecoder
 from tierllm.runner.input_builder import StepPlan, build_step_plan, inputs_from_plan
 from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks
@@ -82,9 +81,11 @@ class ModelRunner:
 
     @property
     def supports_overlap(self) -> bool:
-        """Whether launch() may run ahead of the device. Not with streamed layers or KV offload: their steps are
-        bound by the copies, and their host-side buffer handling is checked only with waiting steps."""
-        return self.kv_offload is None and isinstance(self.model.layer_streamer, ResidentLayers)
+        """Whether launch() may run ahead of the device. Streamed layers may: their loads wait on device events, so
+        the next step's layer loop can be queued while this one computes, and the host's work between steps (the
+        token read, sampling, scheduling, the eager launches) no longer leaves the copy engine without queued
+        layers. Not with KV offload: its host-side buffer handling is checked only with waiting steps."""
+        return self.kv_offload is None
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
