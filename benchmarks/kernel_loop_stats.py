@@ -85,13 +85,15 @@ def main() -> int:
     parser.add_argument("--split-k", type=int, default=1, help="w4_gemm: SPLIT_K")
     parser.add_argument("--swap-ab", action="store_true", help="w4_gemm: the weight tile as the dot's first operand")
     parser.add_argument("--half", action="store_true", help="w4_gemm: dequantize in the activation dtype")
-    parser.add_argument("--block-n", type=int, default=8)
+    parser.add_argument("--block-n", type=int, default=8, help="w4_gemm: at least 16 (the dot's minimum)")
     parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
     parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
     parser.add_argument("--row", action="store_true", help="the one-x-row loop (INT4_ROW / INT8_ROW)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()
+    if args.kernel == "w4_gemm" and min(args.block_m, args.block_n) < 16:
+        parser.error("w4_gemm: --block-m and --block-n must be at least 16 (tl.dot's minimum)")
     fn, arguments, constexprs = kernels(args)[args.kernel]
     mix, conversions = loop_stats(fn, arguments, constexprs, args.warps, args.stages)
     weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}[args.kernel]

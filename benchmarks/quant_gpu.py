@@ -118,7 +118,7 @@ def _kernel_row(n: int, k: int, m: int, hbm_Bps: float) -> dict:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         row[f"{name}_us"] = round(seconds * 1e6, 1)
         row[f"{name}_fraction_of_hbm"] = round(nbytes / seconds / hbm_Bps, 3)
-        if m > quant_gemv.MAX_QUANT_GEMV_ROWS:
+        if m > quant_gemv.MAX_QUANT_GEMV_ROWS and name != "int4_dequant_pass":      # the pass does no matmul
             row[f"{name}_TFLOPs"] = round(2 * m * n * k / seconds / 1e12, 1)
     return row
 

@@ -208,6 +208,7 @@ def main() -> int:
                     2 * m * n * k)
             print(json.dumps(entry), flush=True)
             result["rows"].append(entry)
+            out_path.write_text(json.dumps(result, indent=1))            # a run cut short keeps its rows
             continue
         rows4 = sweep(f"int4 gemv {n}x{k}", w4_gemv_launches(x1, q4, n, k), ref4, bytes4, hbm_Bps)
         entry["int4_top"] = rows4[:5]

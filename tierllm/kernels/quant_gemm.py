@@ -68,15 +68,19 @@ if HAS_TRITON:
                     (64, 128, 64, 4, 8, 3, True)]]
     # int4 dequantized in the activation dtype, two codes per HADD2 / HFMA2 (offline SASS of the 64 x 128 split-4
     # tile: 255 instructions per 16 weight bytes against 275, 252 against 268 with SWAP_AB;
-    # benchmarks/kernel_loop_stats.py). Staged outside the tuner's list until a GPU has run them: the CPU
-    # interpreter checks the fp16 path only (it mishandles bf16 storage); tests/gpu/test_quant_gpu.py runs every
-    # one and benchmarks/quant_kernel_sweep.py times them.
+    # benchmarks/kernel_loop_stats.py). With bf16 activations the fp16 scales and mins are rounded to bf16 first
+    # and the min mostly cancels the product: in a CPU simulation the dequantized weight's error grew from 0.17%
+    # (fp32 path) to 0.56%, against the int4 grid's own 8.4%; with fp16 activations the path is as exact as fp32.
+    # Staged outside the tuner's list until a GPU has run and timed them: the CPU interpreter checks the fp16 path
+    # only (it mishandles bf16 storage); tests/gpu/test_quant_gpu.py runs every one (bf16 x) and
+    # benchmarks/quant_kernel_sweep.py times them.
     _HALF_DEQUANT_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": sk,
                                             "SWAP_AB": swap, "HALF_DEQUANT": True}, num_warps=w, num_stages=s)
                              for bm, bn, sk, w, s, swap in [(64, 64, 1, 4, 4, False), (64, 64, 2, 4, 4, False),
                                                             (64, 128, 4, 4, 4, True), (64, 64, 4, 4, 4, True),
                                                             (64, 128, 4, 8, 3, True)]]
-    _SPLIT_TILES = tuple((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"]) for c in _CONFIGS)
+    _SPLIT_TILES = tuple((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"])
+                         for c in _CONFIGS + _HALF_DEQUANT_CONFIGS)
 
     def _prune(configs, named_args, **kwargs):
         """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP); HALF_DEQUANT is int4's."""
@@ -99,7 +103,8 @@ if HAS_TRITON:
         finish (a per-tile counter) sums the partials in split order (deterministic), writes y and resets the
         counter to 0 for the next launch. SWAP_AB: the dequantized weight tile is the dot's first operand and the
         accumulator is the transposed tile [BLOCK_N, BLOCK_M]. HALF_DEQUANT (int4): codes, scales and mins in x's
-        dtype (fp16 / bf16 pairs per instruction) instead of fp32; one rounding of code * scale + min either way."""
+        dtype (fp16 / bf16 pairs per instruction) instead of fp32; in bf16 the scales and mins are rounded to bf16
+        first (see _HALF_DEQUANT_CONFIGS)."""
         # grouped program order: GROUP_M row blocks share each weight column block while it is in L2
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -225,12 +230,13 @@ def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     flags = {"BITS": bits, "GROUP": group, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None}
     if is_interpreted():                                           # the interpreter cannot time configs
         split_k = 2 if k >= 4 * 32 else 1                          # both paths stay covered on CPU, and both
-        swap_ab, half = m % 2 == 1, m % 4 >= 2                     # operand orders and dequantizing dtypes
+        swap_ab = m % 2 == 1                                       # operand orders and dequantizing dtypes
+        half = m % 4 >= 2 and bits == 4 and x.dtype == torch.float16
         workspace, counters = _split_k_buffers(m, n, x.device, ((16, 16, split_k),))
         grid = (triton.cdiv(m, 16) * triton.cdiv(n, 16), split_k)
         _quant_gemm_kernel.fn[grid](*_args(x, qweight, scales, mins, bias, y, workspace, counters), **flags,
                                     BLOCK_M=16, BLOCK_N=16, BLOCK_K=32 if bits == 8 else min(32, group), GROUP_M=2,
-                                    SPLIT_K=split_k, SWAP_AB=swap_ab, HALF_DEQUANT=half and bits == 4)
+                                    SPLIT_K=split_k, SWAP_AB=swap_ab, HALF_DEQUANT=half)
     else:
         if bits == 4 and group < 64:
             raise ValueError(f"the int4 GEMM kernel needs group_size >= 64 (its K tile), got {group}")
