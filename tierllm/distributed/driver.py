@@ -124,7 +124,8 @@ class TensorParallelDriver:
             yield
         except Exception as exc:
             dead = self.state.workers.death_message(_DEATH_REPORT_WAIT_S) if self.state.workers else None
-            reason = dead or f"a tensor-parallel step failed on rank 0 ({type(exc).__name__}: {exc})"
+            reason = (dead or self.status.failure       # the watchdog's report, if it saw the death first
+                      or f"a tensor-parallel step failed on rank 0 ({type(exc).__name__}: {exc})")
             raise self._fail(reason) from exc
         except BaseException as exc:                    # Ctrl-C mid-step: the workers may wait in a collective
             self._fail(f"a tensor-parallel step was interrupted on rank 0 ({type(exc).__name__})")

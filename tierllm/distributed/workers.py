@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -93,7 +94,17 @@ class WorkerProcesses:
                          daemon=True).start()
 
     def dead_ranks(self) -> list[int]:
-        return [rank for rank, p in self.processes.items() if not p.is_alive()]
+        """Ranks whose process has ended. By the sentinel, not is_alive(): the watchdog thread may be reaping the
+        same child, and a second thread's poll then fails (ECHILD) and reports it alive."""
+        ended = set(wait([p.sentinel for p in self.processes.values()], timeout=0))
+        return [rank for rank, p in self.processes.items() if p.sentinel in ended]
+
+    def _exit_description(self, rank: int) -> str:
+        process = self.processes[rank]
+        deadline = time.monotonic() + 1.0              # the thread that reaped it sets the exit code a moment later
+        while process.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return describe_exit(process.exitcode)
 
     def death_message(self, wait_s: float = 0.0) -> str | None:
         """Which worker died and how; waits up to wait_s for a death to show (a broken connection is often seen
@@ -103,8 +114,8 @@ class WorkerProcesses:
         dead = self.dead_ranks()
         if not dead:
             return None
-        return "; ".join(f"tensor-parallel worker rank {r} (pid {self.processes[r].pid}) "
-                         f"{describe_exit(self.processes[r].exitcode)}" for r in dead)
+        return "; ".join(f"tensor-parallel worker rank {r} (pid {self.processes[r].pid}) {self._exit_description(r)}"
+                         for r in dead)
 
     def stop(self, timeout_s: float = _JOIN_TIMEOUT_S) -> None:
         self.is_stopping = True
