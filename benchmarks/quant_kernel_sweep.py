@@ -193,48 +193,35 @@ def main() -> int:
         err4 = rel_err(quant_gemv.w4_gemv_triton(x1, q4["qweight"], q4["scales"], q4["mins"], 64), ref4)
         err8 = rel_err(quant_gemv.w8_gemv_triton(x1, q8["qweight"], q8["scales"]), ref8)
         entry["autotuned_rel_err"] = {"int4": float(f"{err4:.2e}"), "int8": float(f"{err8:.2e}")}
-        if autotuned_only:
-            for m in (64,):
-                xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                entry[f"bf16_cublas_m{m}_us"] = round(_graph_time(lambda: xm @ w.t()) * 1e6, 2)
-                for bits, q, mins, group in ((4, q4, q4["mins"], 64), (8, q8, None, None)):
-                    entry[f"int{bits}_gemm_autotuned_m{m}_us"] = round(_graph_time(
-                        lambda: quant_gemm.quant_gemm_triton(xm, q["qweight"], q["scales"], mins, bits, group))
-                        * 1e6, 2)
-                    entry[f"int{bits}_gemm_picked_m{m}"] = picked(quant_gemm._quant_gemm_kernel)
-                entry[f"int4_half_dequant_m{m}_top"] = sweep(      # the staged configs, outside the tuner's list
-                    f"int4 gemm half-dequant m{m} {n}x{k}", gemm_launches(xm, q4, 4, n, k, staged=True),
-                    quant_gemv.w4_linear_ref(xm, q4["qweight"], q4["scales"], q4["mins"], 64), bytes4, hbm_Bps,
-                    2 * m * n * k)
-            print(json.dumps(entry), flush=True)
-            result["rows"].append(entry)
-            out_path.write_text(json.dumps(result, indent=1))            # a run cut short keeps its rows
-            continue
-        rows4 = sweep(f"int4 gemv {n}x{k}", w4_gemv_launches(x1, q4, n, k), ref4, bytes4, hbm_Bps)
-        entry["int4_top"] = rows4[:5]
-        entry["int8_top"] = sweep(f"int8 gemv {n}x{k}", w8_gemv_launches(x1, q8, n, k), ref8, bytes8, hbm_Bps)[:5]
-        for m in (64,):
-            xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            entry[f"bf16_cublas_m{m}_us"] = round(_graph_time(lambda: xm @ w.t()) * 1e6, 2)
-            entry[f"int4_gemm_autotuned_m{m}_us"] = round(_graph_time(lambda: quant_gemm.quant_gemm_triton(
-                xm, q4["qweight"], q4["scales"], q4["mins"], 4, 64)) * 1e6, 2)
-            entry[f"int8_gemm_autotuned_m{m}_us"] = round(_graph_time(lambda: quant_gemm.quant_gemm_triton(
-                xm, q8["qweight"], q8["scales"], None, 8, None)) * 1e6, 2)
-            flops = 2 * m * n * k
-            entry[f"int4_gemm_m{m}_top"] = sweep(
-                f"int4 gemm m{m} {n}x{k}", gemm_launches(xm, q4, 4, n, k),
-                quant_gemv.w4_linear_ref(xm, q4["qweight"], q4["scales"], q4["mins"], 64), bytes4, hbm_Bps, flops)[:5]
+        if not autotuned_only:
+            entry["int4_top"] = sweep(f"int4 gemv {n}x{k}", w4_gemv_launches(x1, q4, n, k), ref4, bytes4, hbm_Bps)[:5]
+            entry["int8_top"] = sweep(f"int8 gemv {n}x{k}", w8_gemv_launches(x1, q8, n, k), ref8, bytes8,
+                                      hbm_Bps)[:5]
+        m = 64
+        xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        entry[f"bf16_cublas_m{m}_us"] = round(_graph_time(lambda: xm @ w.t()) * 1e6, 2)
+        for bits, q, mins, group in ((4, q4, q4["mins"], 64), (8, q8, None, None)):
+            entry[f"int{bits}_gemm_autotuned_m{m}_us"] = round(_graph_time(
+                lambda: quant_gemm.quant_gemm_triton(xm, q["qweight"], q["scales"], mins, bits, group)) * 1e6, 2)
+            entry[f"int{bits}_gemm_picked_m{m}"] = picked(quant_gemm._quant_gemm_kernel)
+        flops = 2 * m * n * k
+        ref4_m = quant_gemv.w4_linear_ref(xm, q4["qweight"], q4["scales"], q4["mins"], 64)
+        if autotuned_only:               # the staged configs, outside the tuner's list
+            entry[f"int4_half_dequant_m{m}_top"] = sweep(f"int4 gemm half-dequant m{m} {n}x{k}",
+                                                         gemm_launches(xm, q4, 4, n, k, staged=True), ref4_m, bytes4,
+                                                         hbm_Bps, flops)
+        else:
+            entry[f"int4_gemm_m{m}_top"] = sweep(f"int4 gemm m{m} {n}x{k}", gemm_launches(xm, q4, 4, n, k), ref4_m,
+                                                 bytes4, hbm_Bps, flops)[:5]
             entry[f"int8_gemm_m{m}_top"] = sweep(
                 f"int8 gemm m{m} {n}x{k}", gemm_launches(xm, q8, 8, n, k),
                 quant_gemv.w8_linear_ref(xm, q8["qweight"], q8["scales"]), bytes8, hbm_Bps, flops)[:5]
         print(json.dumps({key: v for key, v in entry.items() if not key.endswith("_top")}), flush=True)
         result["rows"].append(entry)
         result["wall_s"] = round(time.perf_counter() - started)
-        out_path.write_text(json.dumps(result, indent=1))
+        out_path.write_text(json.dumps(result, indent=1))            # a run cut short keeps its rows
         del w, q8, q4
         torch.cuda.empty_cache()
-    result["wall_s"] = round(time.perf_counter() - started)
-    out_path.write_text(json.dumps(result, indent=1))
     print(f"wrote {out_path} in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -169,16 +169,10 @@ def offload_section(doc: dict, rerun: dict, kv_alone: dict, profile: dict) -> li
     return lines
 
 
-def _span(results: dict, variant: str) -> str:
-    """min-max share of the HBM copy rate over the batch-1 kernel shapes, e.g. '26-38%'."""
-    shares = [k[f"{variant}_fraction_of_hbm"] * 100 for k in results["batch1_kernels"] if k["shape"][0] == 1]
-    return f"{min(shares):.0f}-{max(shares):.0f}%"
-
-
-def _dequant_span(results: dict) -> str:
-    """min-max share of the HBM copy rate of the int4 dequantizing pass over the prefill-sized kernel rows."""
-    shares = [k["int4_dequant_pass_fraction_of_hbm"] * 100 for k in results["batch1_kernels"]
-              if "int4_dequant_pass_fraction_of_hbm" in k]
+def _span(results: dict, key: str, rows: int = 1) -> str:
+    """min-max percentage of `key` (a share of the HBM copy rate) over the kernel-table entries of `rows` rows of x,
+    e.g. '26-38%'."""
+    shares = [k[key] * 100 for k in results["batch1_kernels"] if k["shape"][0] == rows and key in k]
     return f"{min(shares):.0f}-{max(shares):.0f}%"
 
 
@@ -196,7 +190,7 @@ def quant_section(doc: dict) -> list[str]:
              "| batch-64 decode tok/s | " + " | ".join(f"{r[v]['batch64']['decode_tok_s']:.0f}" for v in names) + " |",
              "| batch-64 prefill tok/s | " + " | ".join(f"{r[v]['batch64']['prefill_tok_s']:.0f}" for v in names) + " |",
              "", _checks(doc) + f" Per kernel at batch 1 (the four linear shapes): the int4 GEMV reads its weight at "
-             f"{_span(r, 'int4')} of the HBM copy rate, int8 at {_span(r, 'int8')}, bf16 at {_span(r, 'bf16')}: the "
+             f"{_span(r, 'int4_fraction_of_hbm')} of the HBM copy rate, int8 at {_span(r, 'int8_fraction_of_hbm')}, bf16 at {_span(r, 'bf16_fraction_of_hbm')}: the "
              "quantized GEMVs are far from streaming at the memory rate, which is where the batch-1 targets are lost, "
              "together with the ~0.8-1 ms per token outside the linears (attention, rotary, norms and the gaps between "
              "some 300 kernels) that every variant pays. The int4 GEMV is bound by instructions: its one-row loop "
@@ -204,7 +198,7 @@ def quant_section(doc: dict) -> list[str]:
              "spends 7.3 SASS instructions per code (`benchmarks/kernel_loop_stats.py`), while an SM must retire a "
              "code in about 4.4 to keep up with HBM; int8's tuner keeps the general loop (its `INT8_ROW` loop, 4.8-5.0 "
              "instructions per byte, timed slower). Prefill (128 rows and more) dequantizes each weight once (the "
-             f"pass at {_dequant_span(r)} of the HBM copy rate on its int4 read plus bf16 write) and calls cuBLAS." +
+             f"pass at {_span(r, 'int4_dequant_pass_fraction_of_hbm', 2048)} of the HBM copy rate on its int4 read plus bf16 write) and calls cuBLAS." +
              ("" if "w8a8" in r else " W8A8 was not run in this call; an earlier one (commit e2b51fd, "
                                      "[JSON](benchmarks/results/quant-llama-7b-h100-run1.json), a machine whose "
                                      "host-side work ran slowly) measured W8A8 batch-1 decode at 3.94 ms/token "
