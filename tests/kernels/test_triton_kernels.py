@@ -6,7 +6,7 @@ import importlib
 import pytest
 import torch
 
-from tierllm.kernels import activation, cache_write, decode_attention, norm, rotary
+from tierllm.kernels import activation, cache_write, decode_attention, norm, residual_add, rotary
 from tierllm.kernels._dispatch import HAS_TRITON
 
 prefill_attention = importlib.import_module("tierllm.kernels.prefill_attention")
@@ -44,6 +44,19 @@ def test_activations(dtype):
     assert _rel_err(activation.silu_and_mul_triton(x), activation.silu_and_mul_ref(x)) < 1e-2
     for approx in ("none", "tanh"):
         assert _rel_err(activation.gelu_triton(x, approx), activation.gelu_ref(x, approx)) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION + [torch.float32])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_add_rounded_equals_rounding_then_adding(dtype, with_bias):
+    torch.manual_seed(4)
+    residual = torch.randn(3, 2500, device=DEVICE).to(dtype)             # two column blocks, the last one partial
+    summed = torch.randn(3, 2500, device=DEVICE) * 7                       # fp32, as all-reduced partial sums are
+    bias = torch.randn(2500, device=DEVICE).to(dtype) if with_bias else None
+    expected = residual_add.add_rounded_ref(residual.clone(), summed, bias)
+    out = residual.clone()
+    assert residual_add.add_rounded_triton(out, summed, bias) is out
+    assert torch.equal(out, expected) and not torch.equal(out, residual)
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)

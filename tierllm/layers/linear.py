@@ -40,6 +40,13 @@ def reduce_partial_output(y: torch.Tensor, bias: torch.Tensor | None, parallel: 
     return y if dtype is None else y.to(dtype)
 
 
+def reduce_into_residual(layer, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """The row-parallel decode epilogue: residual += the sum of the ranks' `layer.partial_output(x)` plus the
+    bias, rounded to the residual's dtype, in place (one kernel after the all-reduce); returns residual."""
+    summed = all_reduce(layer.partial_output(x), layer.parallel)        # [num_tokens, out]
+    return kernels.add_rounded_(residual, summed, layer.bias)
+
+
 def partial_sum_dtype(dtype: torch.dtype) -> torch.dtype:
     """Row-parallel partial sums of fp16/bf16 layers stay fp32 through the all-reduce: rounding every rank's
     partial to 8 mantissa bits before the sum adds noise that TP=1 (one rounding of the whole sum) does not have.
@@ -52,8 +59,9 @@ class Linear(nn.Module):
 
     reduce_output (row-parallel): y is this rank's partial sum; forward all-reduces it over `parallel`'s group
     and adds the bias once, after the reduce. A module that replaces a Linear after loading (e.g. a quantized
-    one) keeps the local weight, copies `parallel` and `reduce_output`, and, when reduce_output is set, ends its
-    forward with `reduce_partial_output(y_without_bias, bias, parallel)`."""
+    one) keeps the local weight, copies `parallel` and `reduce_output`, has `partial_output(x)` (y without the
+    bias, not reduced), and, when reduce_output is set, ends its forward with
+    `reduce_partial_output(self.partial_output(x), bias, parallel)`."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device=None):
         super().__init__()
@@ -69,21 +77,23 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:    # [num_tokens, in] -> [num_tokens, out]
         if self.reduce_output:
-            partial = kernels.linear(x, self.weight, out_dtype=partial_sum_dtype(x.dtype))
-            return reduce_partial_output(partial, self.bias, self.parallel, x.dtype)
+            return reduce_partial_output(self.partial_output(x), self.bias, self.parallel, x.dtype)
         return kernels.linear(x, self.weight, self.bias)
+
+    def partial_output(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of a row-parallel output, before the all-reduce and the bias (fp32 for fp16/bf16)."""
+        return kernels.linear(x, self.weight, out_dtype=partial_sum_dtype(x.dtype))
 
     def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
               residual: torch.Tensor | None = None) -> torch.Tensor:
         """forward() with its neighbours folded in: `norm` (an RMSNorm) applied to x first, SiLU-and-mul of the
         [gate | up] output (gated), or the output added into `residual` in place (returns `residual`). One GEMV
-        kernel for decode-sized batches on CUDA (kernels.fused_linear); the separate kernels otherwise, and always
-        when the output is all-reduced (the sum must come before the residual add)."""
+        kernel for decode-sized batches on CUDA (kernels.fused_linear); the separate kernels otherwise. An
+        all-reduced output is summed before the residual add: reduce_into_residual."""
         fusions = fusion_args(norm, gated, residual)
         if self.reduce_output:
-            # the sum is rounded to x's dtype before the residual add: adding the fp32 sum into the bf16 residual
-            # directly is one mixed-dtype elementwise kernel that took 4.1 us on an H100, against 1.0 + 1.35 us
-            # for the rounding and the add (benchmarks/results/tp-1-2-4-llama-13b-h100x4.log)
+            if residual is not None and norm is None and not gated:
+                return reduce_into_residual(self, x, residual)
             return kernels.unfused_linear(x, self, **fusions)
         return kernels.fused_linear(x, self.weight, self.bias, **fusions)
 

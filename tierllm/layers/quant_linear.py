@@ -8,7 +8,8 @@ from torch import nn
 
 from tierllm import kernels
 from tierllm.config import QuantConfig
-from tierllm.layers.linear import Linear, _new_param, fusion_args, load_whole, reduce_partial_output
+from tierllm.layers.linear import (Linear, _new_param, fusion_args, load_whole, reduce_into_residual,
+                                   reduce_partial_output)
 
 
 def packed_shapes(out_features: int, in_features: int, quant: QuantConfig) -> dict[str, tuple[int, ...]]:
@@ -77,21 +78,28 @@ class QuantLinear(nn.Module):
             load_whole(self.bias, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:    # [num_tokens, in] -> [num_tokens, out]
-        bias = None if self.reduce_output else self.bias   # a reduced output takes the bias once, after the sum
+        if self.reduce_output:                              # the bias once, after the sum
+            return reduce_partial_output(self.partial_output(x), self.bias, self.parallel)
+        return self._matmul(x, self.bias)
+
+    def partial_output(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of a row-parallel output, before the all-reduce and the bias."""
+        return self._matmul(x, None)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant.activations == "int8":
-            y = kernels.w8a8_linear(x, self.qweight, self.scales, bias)
-        else:
-            y = kernels.quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits,
-                                     self.quant.group_size, bias)
-        if self.reduce_output:
-            return reduce_partial_output(y, self.bias, self.parallel)
-        return y
+            return kernels.w8a8_linear(x, self.qweight, self.scales, bias)
+        return kernels.quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits, self.quant.group_size,
+                                    bias)
 
     def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
               residual: torch.Tensor | None = None) -> torch.Tensor:
         """As Linear.fused, through kernels.fused_quant_linear (the fusions that pay inside the quantized GEMV: see
-        GEMV_FUSIONS there); W8A8 and all-reduced outputs always run them as separate kernels."""
+        GEMV_FUSIONS there); W8A8 and all-reduced outputs run them as separate kernels (an all-reduced output
+        added into the residual: reduce_into_residual)."""
         fusions = fusion_args(norm, gated, residual)
+        if self.reduce_output and residual is not None and norm is None and not gated:
+            return reduce_into_residual(self, x, residual)
         if self.reduce_output or self.quant.activations == "int8":
             return kernels.unfused_linear(x, self, **fusions)
         return kernels.fused_quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits,
