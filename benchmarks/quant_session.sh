@@ -3,8 +3,8 @@
 # 10-minute call. Results and logs go to $OUT.
 #   bash benchmarks/quant_session.sh tests   # tests/gpu/test_quant_gpu.py in two halves (each config of every kernel
 #                                            # compiles and runs: over 300 s in one go on an H100)
-#   bash benchmarks/quant_session.sh probe   # the autotuner's picks and times per llama-7b shape, plus the staged
-#                                            # HALF_DEQUANT GEMM configs (about 2 minutes)
+#   bash benchmarks/quant_session.sh probe   # the autotuner's picks and times per llama-7b shape, plus each
+#                                            # HALF_DEQUANT GEMM config (about 2 minutes)
 #   bash benchmarks/quant_session.sh bench   # quant_gpu.py: bf16 / int8 / int4 decode and prefill (about 6 minutes)
 set -uo pipefail
 part=${1:?part: tests, probe or bench}

@@ -44,32 +44,6 @@ def test_graphs_on_equal_graphs_off(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dependent_launches_equal_plain_launches(dtype, monkeypatch):
-    """Programmatic dependent launch (each decode kernel scheduled while the previous one finishes, waiting on
-    the GPU for its results) computes what plain launches compute, in graph replays and eager steps alike: a
-    missing wait would read a half-written activation."""
-    from tierllm.kernels._dispatch import pdl_flags
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("programmatic dependent launch needs Hopper or newer")
-    assert pdl_flags(torch.empty(1, device="cuda"))["PDL"]
-    hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda().to(dtype)
-    prompts = random_prompts([3, 17, 33, 64, 9, 80], seed=7)
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
-    outputs = []
-    for pdl in ("1", "0"):
-        monkeypatch.setenv("TIERLLM_PDL", pdl)
-        engine = tierllm.init_inference(hf, dtype=dtype, show_progress=False, max_num_seqs=16)
-        for graphs in (True, False):
-            engine.engine.runner.use_cuda_graph = graphs
-            outputs.append(engine.generate(ids, attention_mask=mask, max_new_tokens=40, min_new_tokens=40))
-        engine.close()
-    assert all(torch.equal(out, outputs[-1]) for out in outputs)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_overlapped_steps_equal_waiting_steps_without_host_syncs(dtype):
     """Overlapped decode steps (graphs, batch of different lengths and max_tokens, seeded sampling in one row) give
     the waiting steps' tokens, and once every request decodes a step's launch never waits for the device: CUDA's

@@ -58,8 +58,8 @@ def test_weight_only_kernels(dtype, quant, m):
 @pytest.mark.parametrize("quant", [QuantConfig(bits=8), QuantConfig(bits=4, group_size=64)], ids=lambda q: q.name)
 @pytest.mark.parametrize("m", [37, 64])
 def test_every_gemm_config_incl_split_k(quant, m):
-    """Each config of the dequantizing GEMM the autotuner may pick, split-K ones included, and the staged
-    HALF_DEQUANT ones: the reference's result, bitwise the same on a second launch (split-K partials are summed in
+    """Each config of the dequantizing GEMM the autotuner may pick, split-K and HALF_DEQUANT ones
+    included: the reference's result, bitwise the same on a second launch (split-K partials are summed in
     split order), counters back at zero."""
     import triton
 

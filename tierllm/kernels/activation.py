@@ -4,21 +4,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, pdl_flags, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    from tierllm.kernels._dispatch import pdl_wait
 
     @triton.jit
     def _tanh(x):
         return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
 
     @triton.jit
-    def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-        pdl_wait(PDL)
+    def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < d
@@ -45,7 +42,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     rows = x.numel() // (2 * d)
     block = min(1024, triton.next_power_of_2(d))
-    _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block, **pdl_flags(x))
+    _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block)
     return out
 
 

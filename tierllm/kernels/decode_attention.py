@@ -9,21 +9,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, pdl_flags, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    from tierllm.kernels._dispatch import pdl_wait
 
     @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
                              out_ptr, part_acc_ptr, part_ml_ptr, stride_qs, stride_qh, stride_bt, stride_os,
                              stride_oh, scale, num_kv_heads, window, GROUP: tl.constexpr,
                              HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, PDL: tl.constexpr = False):
-        pdl_wait(PDL)
+                             NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr):
         seq = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -73,8 +70,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_os, stride_oh, num_heads,
-                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr = False):
-        pdl_wait(PDL)
+                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
         seq = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         splits = tl.arange(0, NUM_SPLITS)
@@ -116,10 +112,10 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, q.stride(0), q.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        HAS_WINDOW=sliding_window is not None, num_warps=4, **pdl_flags(q))
+        HAS_WINDOW=sliding_window is not None, num_warps=4)
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
-                                                    HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl_flags(q))
+                                                    HEAD_DIM=head_dim, NUM_SPLITS=num_splits)
     return out
 
 

@@ -13,7 +13,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_flags, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.activation import silu_and_mul
 from tierllm.kernels.norm import rms_norm
 
@@ -22,8 +22,6 @@ MAX_GEMV_ROWS = 8
 if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    from tierllm.kernels._dispatch import pdl_wait
 
     @triton.jit
     def rms_prologue(x, g, sumsq):
@@ -98,11 +96,10 @@ if HAS_TRITON:
     def _gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
                    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                    INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   INT8_ROW: tl.constexpr = False, PDL: tl.constexpr = False):
+                   INT8_ROW: tl.constexpr = False):
         """fp16/bf16 weights, or int8 ones (INT8) whose per-channel scales s_ptr multiply the accumulators after
         the K loop (quant_gemv.w8_gemv_triton). INT8_ROW (int8, one x row, no NORM / GATED; a config option the
-        int8 tuner weighs against the general loop): _int8_row_dot's per-lane accumulation. PDL: pdl_flags."""
-        pdl_wait(PDL)
+        int8 tuner weighs against the general loop): _int8_row_dot's per-lane accumulation."""
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
@@ -188,7 +185,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if is_interpreted():                                           # the interpreter cannot time configs
         kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=128)
     else:
-        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m, **pdl_flags(x))
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m)
     return y
 
 

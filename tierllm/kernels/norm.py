@@ -5,19 +5,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, pdl_flags, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import pdl_wait
-
     @triton.jit
     def _norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, n_cols, eps,
                      HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, IS_RMS: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-        pdl_wait(PDL)
+                     BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -50,8 +47,7 @@ def _norm_triton(x, weight, bias, eps, residual, is_rms):
     _norm_kernel[(n_rows,)](x, residual.contiguous() if residual is not None else x, weight,
                             bias if bias is not None else weight, out, res_out, n_cols, eps,
                             HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, IS_RMS=is_rms,
-                            BLOCK=triton.next_power_of_2(n_cols), num_warps=4 if n_cols <= 4096 else 8,
-                            **pdl_flags(x))
+                            BLOCK=triton.next_power_of_2(n_cols), num_warps=4 if n_cols <= 4096 else 8)
     return out, res_out
 
 

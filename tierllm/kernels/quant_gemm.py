@@ -60,28 +60,24 @@ if HAS_TRITON:
                     (64, 32, 64, 1, 4, 5, False), (64, 32, 128, 1, 4, 3, False), (64, 32, 64, 2, 4, 5, False),
                     (64, 64, 64, 2, 4, 4, False), (64, 32, 64, 4, 4, 4, False), (32, 64, 64, 4, 4, 4, False),
                     (64, 32, 128, 4, 4, 3, False), (16, 64, 64, 4, 4, 4, False),
-                    # 4096 x 4096 (o_proj) at M=64 ran at 16-20 us against cuBLAS's 9.4 on bf16 with 128 programs:
-                    # 8 splits give 4x as many, to hide the dequantizing loop's latency
-                    (64, 32, 64, 8, 4, 4, False),
                     # small M, weights as the MMA's first operand (y^T = W x^T): the dequantized tile can feed the
                     # tensor cores from registers instead of going through shared memory; at M=64 the tuner took
                     # them for int4 o_proj and down_proj (down: 37.8 against 42.5 us; quant-autotuned-h100.json)
                     (64, 64, 64, 1, 4, 4, True), (64, 128, 64, 1, 4, 4, True), (64, 64, 64, 2, 4, 4, True),
                     (64, 128, 64, 2, 4, 4, True), (64, 64, 64, 4, 4, 4, True), (32, 64, 64, 4, 4, 4, True),
-                    (64, 128, 64, 4, 8, 3, True), (64, 64, 64, 8, 4, 4, True)]]
+                    (64, 128, 64, 4, 8, 3, True)]]
     # int4 dequantized in the activation dtype, two codes per HADD2 / HFMA2 (offline SASS of the 64 x 128 split-4
-    # tile: 255 instructions per 16 weight bytes against 275, 252 against 268 with SWAP_AB;
-    # benchmarks/kernel_loop_stats.py). With bf16 activations the fp16 scales and mins are rounded to bf16 first
-    # and the min mostly cancels the product: in a CPU simulation the dequantized weight's error grew from 0.17%
-    # (fp32 path) to 0.56%, against the int4 grid's own 8.4%; with fp16 activations the path is as exact as fp32.
-    # Staged outside the tuner's list until a GPU has run and timed them: the CPU interpreter checks the fp16 path
-    # only (it mishandles bf16 storage); tests/gpu/test_quant_gpu.py runs every one (bf16 x) and
-    # benchmarks/quant_kernel_sweep.py times them.
+    # tile: 255 instructions per 16 weight bytes against 275; benchmarks/kernel_loop_stats.py). On an H100 at M=64
+    # (quant-autotuned-h100.json, 2026-11-27) they beat every fp32-dequantizing config on the wide shapes: gate/up
+    # 22016 x 4096 60.3 against 66.0 us, QKV 12288 x 4096 36.5 against 38.1 (cuBLAS bf16: 70.1, 38.1); the three
+    # SWAP_AB variants also timed did not win anywhere and were dropped. With bf16 activations the fp16 scales and
+    # mins are rounded to bf16 first and the min mostly cancels the product: the output's error against the fp32
+    # reference is 0.61% (fp32 path: bf16 rounding of the dequantized weight only; the int4 grid's own weight error
+    # is 8.4%); with fp16 activations the path is as exact as fp32. The CPU interpreter checks the fp16 path only
+    # (it mishandles bf16 storage); tests/gpu/test_quant_gpu.py runs both configs with bf16 x.
     _HALF_DEQUANT_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": sk,
                                             "SWAP_AB": swap, "HALF_DEQUANT": True}, num_warps=w, num_stages=s)
-                             for bm, bn, sk, w, s, swap in [(64, 64, 1, 4, 4, False), (64, 64, 2, 4, 4, False),
-                                                            (64, 128, 4, 4, 4, True), (64, 64, 4, 4, 4, True),
-                                                            (64, 128, 4, 8, 3, True)]]
+                             for bm, bn, sk, w, s, swap in [(64, 64, 1, 4, 4, False), (64, 64, 2, 4, 4, False)]]
     _SPLIT_TILES = tuple((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"])
                          for c in _CONFIGS + _HALF_DEQUANT_CONFIGS)
 
@@ -92,7 +88,7 @@ if HAS_TRITON:
         group = named_args.get("GROUP", kwargs.get("GROUP"))
         return [c for c in configs if c.kwargs["BLOCK_K"] <= group]
 
-    @triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "N", "K", "BITS", "GROUP"],
+    @triton.autotune(configs=_CONFIGS + _HALF_DEQUANT_CONFIGS, key=["M_BUCKET", "N", "K", "BITS", "GROUP"],
                      prune_configs_by={"early_config_prune": _prune})
     @triton.jit
     def _quant_gemm_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, M_BUCKET,

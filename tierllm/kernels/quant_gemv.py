@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_flags
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted
 from tierllm.kernels.gemv import fused_linear_ref, fused_output
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
 
@@ -23,7 +23,6 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import pdl_wait
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, rms_prologue
 
     @triton.jit
@@ -159,10 +158,9 @@ if HAS_TRITON:
     def _w4_gemv_body(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, g_ptr, y_ptr, M_BUCKET, N, K, stride_xm, stride_wn,
                       stride_sn, stride_ym, eps, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
-                      GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False, PDL: tl.constexpr = False):
+                      GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False):
         """INT4_ROW (one x row, no NORM; a config option the tuner weighs against the group-sum loop):
-        _int4_row_dot's per-lane accumulation. PDL: pdl_flags."""
-        pdl_wait(PDL)
+        _int4_row_dot's per-lane accumulation."""
         m = tl.program_id(0)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
@@ -233,7 +231,7 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         one_row = m == 1 and norm_weight is None and not gated
         kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=64, INT8_ROW=one_row)
     else:
-        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m, **pdl_flags(x))
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m)
     return y
 
 
@@ -255,7 +253,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         one_row = (m == 1 and norm_weight is None and x.data_ptr() % 4 == 0)
         kernel.fn[(m, triton.cdiv(n, 8))](*args, **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2, INT4_ROW=one_row)
     else:
-        kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags, **pdl_flags(x))
+        kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
     return y
 
 

@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON, pdl_flags, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import pdl_wait
-
     @triton.jit
-    def _add_rounded_kernel(res_ptr, sum_ptr, b_ptr, n_cols, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-                            PDL: tl.constexpr = False):
-        pdl_wait(PDL)
+    def _add_rounded_kernel(res_ptr, sum_ptr, b_ptr, n_cols, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -36,7 +32,7 @@ def add_rounded_triton(residual: torch.Tensor, summed: torch.Tensor, bias: torch
     block = min(2048, triton.next_power_of_2(cols))
     _add_rounded_kernel[(rows, triton.cdiv(cols, block))](residual, summed.contiguous(),
                                                           summed if bias is None else bias, cols,
-                                                          HAS_BIAS=bias is not None, BLOCK=block, **pdl_flags(residual))
+                                                          HAS_BIAS=bias is not None, BLOCK=block)
     return residual
 
 
