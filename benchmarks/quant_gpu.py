@@ -165,6 +165,7 @@ def main() -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list, bf16 first (the baseline)")
     parser.add_argument("--skip-w8a8", action="store_true")
     parser.add_argument("--kernels-only", action="store_true", help="only the per-shape kernel table (no JSON)")
+    parser.add_argument("--no-kernel-table", action="store_true", help="skip the per-shape kernel table")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if not (v == "w8a8" and args.skip_w8a8)]
@@ -180,7 +181,7 @@ def main() -> int:
     torch.cuda.empty_cache()
     print("ceilings:", ceilings, flush=True)
     hbm_Bps = ceilings["hbm_copy_GBps(read+write)"] * 1e9
-    kernels = _kernel_table(hbm_Bps)
+    kernels = [] if args.no_kernel_table else _kernel_table(hbm_Bps)
     if args.kernels_only:
         return 0
     settings = {"preset": PRESET, "dtype": "bfloat16", "prompt_len": args.prompt_len, "gen_len": args.gen_len,
