@@ -50,7 +50,7 @@ def kernels(args) -> dict:
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
-                                               "BLOCK_K": args.block_k, "INT8_ROW": args.row}),
+                                               "BLOCK_K": args.block_k}),
     }
 
 
@@ -88,7 +88,7 @@ def main() -> int:
     parser.add_argument("--block-n", type=int, default=8, help="w4_gemm: at least 16 (the dot's minimum)")
     parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
     parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
-    parser.add_argument("--row", action="store_true", help="the one-x-row loop (INT4_ROW / INT8_ROW)")
+    parser.add_argument("--row", action="store_true", help="w4_gemv: the one-x-row loop (INT4_ROW)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()

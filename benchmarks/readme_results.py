@@ -210,8 +210,8 @@ def quant_section(doc: dict, int4_doc: dict) -> list[str]:
              "some 300 kernels) that every variant pays. The int4 GEMV is bound by instructions: its one-row loop "
              "(`INT4_ROW`, the tuner's pick on every shape: [JSON](benchmarks/results/quant-autotuned-h100.json)) "
              "spends 7.3 SASS instructions per code (`benchmarks/kernel_loop_stats.py`), while an SM must retire a "
-             "code in about 4.4 to keep up with HBM; int8's tuner keeps the general loop (its `INT8_ROW` loop, 4.8-5.0 "
-             "instructions per byte, timed slower). Prefill (128 rows and more) dequantizes each weight once (the "
+             "code in about 4.4 to keep up with HBM; int8 runs its general loop (a one-row loop with 4.8-5.0 "
+             "instructions per byte, `INT8_ROW`, was never the tuner's pick and is removed). Prefill (128 rows and more) dequantizes each weight once (the "
              f"pass at {_span(r, 'int4_dequant_pass_fraction_of_hbm', 2048)} of the HBM copy rate on its int4 read plus "
              "bf16 write) and calls cuBLAS." +
              ("" if "w8a8" in r else " W8A8 was not run in these calls; an earlier one (commit e2b51fd, "

@@ -175,14 +175,14 @@ def test_quant_gemv_fused(dtype, quant, m, fusion):
 @pytest.mark.parametrize("m", [1, 2])
 def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion, m):
     """Through the launchers' autotune branch: tuning a RESIDUAL launch leaves the residual as it was. The one-row
-    configs (INT8_ROW, INT4_ROW) are tuned only for one x row without the norm prologue."""
+    configs (INT4_ROW) are tuned only for one x row without the norm prologue."""
     n, k = 12, 128
     w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=9)
     x = 2 * _x(m, k, torch.float16, seed=10)
     launch, ref = _fused_launchers(x, w, quant, bias.half())
     name = {8: "_w8_gemv", 4: "_w4_gemv"}[quant.bits] + ("_residual_kernel" if fusion == "residual" else "_kernel")
     kernel = getattr(quant_gemv, name)
-    row_configs = sum(bool(c.kwargs.get("INT8_ROW") or c.kwargs.get("INT4_ROW")) for c in kernel.configs)
+    row_configs = sum(bool(c.kwargs.get("INT4_ROW")) for c in kernel.configs)
     tuned = len(kernel.configs) - (row_configs if m > 1 or fusion != "residual" else 0)
     check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, quant_gemv, kernel, lambda: launch(**kw), tuned), ref,
                      m, n, _fusion_inputs(fusion, m, n, k, torch.float16, seed=11))
@@ -247,8 +247,8 @@ def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, monke
 @pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)
 @pytest.mark.parametrize("fusion", [None, "residual"])
 def test_one_row_gemvs_read_bf16_x(quant, fusion):
-    """The one-row loops (INT8_ROW / INT4_ROW, what one x row takes) on bf16 x, which the int4 loop unpacks from
-    int32 words by shifts and masks. (bf16 runs here, unlike the tensor-core kernels: no tl.dot.)"""
+    """One x row (int4: the INT4_ROW loop, what one x row takes) on bf16 x, which the int4 loop unpacks from int32
+    words by shifts and masks. (bf16 runs here, unlike the tensor-core kernels: no tl.dot.)"""
     n, k = 24, 192 if quant.bits == 4 else 160
     w, bias = _quantized(n, k, quant, seed=15)
     x = 2 * _x(1, k, torch.bfloat16, seed=16)

@@ -64,29 +64,6 @@ if HAS_TRITON:
         return (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
 
     @triton.jit
-    def int8_as_unit_interval(q):
-        """int8 q -> the fp32 1 + (q + 128) / 256 in [1, 2): q + 128 lands in the top mantissa bits of 1.0 with one
-        integer multiply-add (exact; no int->float conversion and no float subtract per weight)."""
-        return (q.to(tl.int32) * 32768 + 0x3FC00000).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _int8_row_dot(x_ptr, w_ptr, offs_n, n_mask, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """x[0, :] @ q[offs_n, :]^T for int8 weights q (before their scales) -> [BLOCK_N] fp32. Every lane of the
-        [BLOCK_N, BLOCK_K] tile accumulates its products over the whole K loop (one FMA per weight) and the tile
-        is reduced once at the end; with v = 1 + (q + 128) / 256, sum(q x) = 256 sum(v x) - 384 sum(x)."""
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        x_sum = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            q = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                        mask=n_mask[:, None] & k_mask[None, :], other=0)                 # [BLOCK_N, BLOCK_K]
-            x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)         # [BLOCK_K]
-            acc += int8_as_unit_interval(q) * x[None, :]
-            x_sum += x
-        return 256.0 * tl.sum(acc, axis=1) - 384.0 * tl.sum(x_sum, axis=0)
-
-    @triton.jit
     def _weights_to_f32(w, INT8: tl.constexpr):
         if INT8:
             return int8_to_f32(w)
@@ -95,11 +72,9 @@ if HAS_TRITON:
     @triton.jit
     def _gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
                    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-                   INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   INT8_ROW: tl.constexpr = False):
+                   INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """fp16/bf16 weights, or int8 ones (INT8) whose per-channel scales s_ptr multiply the accumulators after
-        the K loop (quant_gemv.w8_gemv_triton). INT8_ROW (int8, one x row, no NORM / GATED; a config option the
-        int8 tuner weighs against the general loop): _int8_row_dot's per-lane accumulation."""
+        the K loop (quant_gemv.w8_gemv_triton)."""
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
@@ -107,24 +82,21 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)                       # GATED: rows N + offs_n
         sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
-        if INT8_ROW:
-            acc += _int8_row_dot(x_ptr, w_ptr, offs_n, n_mask, K, stride_wn, BLOCK_N, BLOCK_K)[None, :]  # [1, BN]
-        else:
-            for k0 in range(0, K, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                k_mask = offs_k < K
-                w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                            mask=n_mask[:, None] & k_mask[None, :], other=0)                 # [BLOCK_N, BLOCK_K]
-                if GATED:
-                    w_up = tl.load(w_ptr + (offs_n + N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                                   mask=n_mask[:, None] & k_mask[None, :], other=0)
-                x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                            mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
-                if NORM:
-                    x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
-                acc += tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w, INT8)[None, :, :], axis=2)
-                if GATED:
-                    acc_up += tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w_up, INT8)[None, :, :], axis=2)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
+                        mask=n_mask[:, None] & k_mask[None, :], other=0)                 # [BLOCK_N, BLOCK_K]
+            if GATED:
+                w_up = tl.load(w_ptr + (offs_n + N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
+                               mask=n_mask[:, None] & k_mask[None, :], other=0)
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
+            if NORM:
+                x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
+            acc += tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w, INT8)[None, :, :], axis=2)
+            if GATED:
+                acc_up += tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w_up, INT8)[None, :, :], axis=2)
         if INT8:
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             if GATED:

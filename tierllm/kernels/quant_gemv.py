@@ -5,8 +5,10 @@ int8: gemv.py's kernel (INT8 set): each program streams BLOCK_N int8 rows in BLO
 the per-channel scale is applied once at the end. int4: one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the
 grid, so the M programs reading the same weight block run together and only the first reads HBM; each step
 covers GROUPS_PER_BLOCK whole groups, and the group's scale (and min) multiply the group's partial dot product
-instead of every weight. For one x row (batch-1 decode) each also has a one-row loop, INT8_ROW / INT4_ROW configs the
-tuner weighs against the loops above, in which every lane of the weight tile accumulates over the whole K loop.
+instead of every weight. For one x row (batch-1 decode) int4 also has a one-row loop, INT4_ROW configs the tuner
+weighs against the loop above, in which every lane of the weight tile accumulates over the whole K loop. (int8 had
+one too, INT8_ROW, with fewer instructions per weight byte; on an H100 the tuner never took it on the llama-7b
+shapes, benchmarks/results/quant-autotuned-h100.json, and it was removed.)
 Both take gemv.py's fusions (NORM: RMSNorm prologue, GATED: SiLU-and-mul over [gate; up] rows, RESIDUAL: add into
 the residual in place); the weight scales multiply the accumulators before the fused epilogue."""
 from __future__ import annotations
@@ -36,27 +38,10 @@ if HAS_TRITON:
                                           (2, 4096, 4, 1), (4, 2048, 8, 2), (1, 4096, 4, 2), (16, 1024, 8, 2),
                                           (4, 4096, 4, 1)]]    # the last: best on all four llama-7b shapes
                                                                # (benchmarks/results/quant-kernel-sweep-h100.json)
-    # One x row: gemv.py's INT8_ROW loop, 4.8-5.0 SASS instructions per weight byte in these configs against 7.0
-    # for the general loop's best config above, which also stages the weight tile through shared memory (12
-    # barriers per iteration; benchmarks/kernel_loop_stats.py). Timed on an H100, the tuner still took the general
-    # loop on all four llama-7b shapes (benchmarks/results/quant-autotuned-h100.json); kept for other shapes.
-    _INT8_CONFIGS += [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "INT8_ROW": True}, num_warps=w, num_stages=s)
-                      for bn, bk, w, s in [(4, 1024, 4, 2), (8, 512, 4, 3), (4, 2048, 8, 2), (8, 1024, 8, 2),
-                                           (2, 2048, 4, 2)]]
-
-    def _prune_int8(configs, named_args, **kwargs):
-        """INT8_ROW configs only where they apply: one x row, no norm prologue, no gate."""
-        flags = {**named_args, **kwargs}
-        if flags["BLOCK_M"] == 1 and not flags["NORM"] and not flags["GATED"]:
-            return configs
-        return [c for c in configs if not c.kwargs.get("INT8_ROW")]
-
     # gemv.py's kernel with INT8 set, tuned over its own configs; RESIDUAL launches tune through a twin that
     # restores the residual after every timed run (see gemv.py)
-    _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY,
-                                      prune_configs_by={"early_config_prune": _prune_int8})(_gemv_body)
-    _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY, restore_value=["y_ptr"],
-                                               prune_configs_by={"early_config_prune": _prune_int8})(_gemv_body)
+    _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY)(_gemv_body)
+    _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY, restore_value=["y_ptr"])(_gemv_body)
 
     _INT4_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb}, num_warps=w, num_stages=s)
                      for bn, gpb, w, s in [(4, 16, 4, 3), (8, 8, 4, 3), (8, 16, 8, 2), (16, 8, 8, 2),
@@ -227,9 +212,8 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
              "RESIDUAL": residual is not None, "INT8": True}
     kernel = _w8_gemv_residual_kernel if residual is not None else _w8_gemv_kernel
-    if is_interpreted():                     # one config; one x row takes the INT8_ROW loop, so both are tested
-        one_row = m == 1 and norm_weight is None and not gated
-        kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=64, INT8_ROW=one_row)
+    if is_interpreted():                                           # the interpreter cannot time configs
+        kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=64)
     else:
         kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m)
     return y
