@@ -21,11 +21,11 @@ case "$part" in
   13b)
     tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
     python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets llama-13b --skip-70b --no-fp32-reference \
-        --all-reduce "$all_reduce" 2>&1 | tee "$OUT/tp_gpu_13b.log" | grep -v "^\s*$" | tail -25
+        --all-reduce "$all_reduce" 2>&1 | tee "$OUT/tp_gpu_13b_$all_reduce.log" | grep -v "^\s*$" | tail -25
     ;;
   70b)
     python3 benchmarks/tp_gpu.py --tp-sizes 1,4 --presets none --all-reduce "$all_reduce" 2>&1 \
-        | tee "$OUT/tp_gpu_70b.log" | grep -v "^\s*$" | tail -25
+        | tee "$OUT/tp_gpu_70b_$all_reduce.log" | grep -v "^\s*$" | tail -25
     ;;
   *) echo "unknown part $part: micro, 13b or 70b" >&2; exit 2 ;;
 esac
