@@ -211,7 +211,8 @@ def quant_section(doc: dict, int4_doc: dict) -> list[str]:
              "(`INT4_ROW`, the tuner's pick on every shape: [JSON](benchmarks/results/quant-autotuned-h100.json)) "
              "spends 7.3 SASS instructions per code (`benchmarks/kernel_loop_stats.py`), while an SM must retire a "
              "code in about 4.4 to keep up with HBM; int8 runs its general loop (a one-row loop with 4.8-5.0 "
-             "instructions per byte, `INT8_ROW`, was never the tuner's pick and is removed). Prefill (128 rows and more) dequantizes each weight once (the "
+             "instructions per byte, `INT8_ROW`, was never the tuner's pick and is removed). Prefill (128 rows and "
+             "more) dequantizes each weight once (the "
              f"pass at {_span(r, 'int4_dequant_pass_fraction_of_hbm', 2048)} of the HBM copy rate on its int4 read plus "
              "bf16 write) and calls cuBLAS." +
              ("" if "w8a8" in r else " W8A8 was not run in these calls; an earlier one (commit e2b51fd, "
@@ -224,7 +225,8 @@ def quant_section(doc: dict, int4_doc: dict) -> list[str]:
              "has two configs that dequantize int4 in x's dtype, two codes per instruction (`HALF_DEQUANT`: gate/up "
              "60.5 us against cuBLAS's 71.8, QKV 36.2 against 38.1; with bf16 activations the output's error against "
              "the fp32 reference is 0.61%, against the int4 grid's own 8.4% weight error); o_proj took 16.8 us with a "
-             "config the tuner already had (its pick varies between runs on that shape). Programmatic dependent launch of every decode kernel was measured and dropped: within 2% either way "
+             "config the tuner already had (its pick varies between runs on that shape). Programmatic dependent "
+             "launch of every decode kernel was measured and dropped: within 2% either way "
              "([JSON](benchmarks/results/pdl-ab-llama-7b-h100.json), `benchmarks/notes/gpu-decode.md`)."]
     return lines
 
