@@ -48,7 +48,8 @@ def kernels(args) -> dict:
                      "SWAP_AB": args.swap_ab, "HALF_DEQUANT": args.half}),
         "w4_gemv": (quant_gemv._w4_gemv_body, w4_args,
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "BLOCK_N": args.block_n,
-                     "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row}),
+                     "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
+                     "NIBBLES": 2 if args.asm else 0, "EVEN": args.even}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k}),
     }
@@ -89,6 +90,8 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
     parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
     parser.add_argument("--row", action="store_true", help="w4_gemv: the one-x-row loop (INT4_ROW)")
+    parser.add_argument("--asm", action="store_true", help="w4_gemv --row: nibbles unpacked by inline PTX")
+    parser.add_argument("--even", action="store_true", help="w4_gemv --row: loads without masks (EVEN)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()

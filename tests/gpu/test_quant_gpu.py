@@ -113,15 +113,17 @@ def test_every_int8_gemv_config(residual):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("quant", [QuantConfig(bits=4), QuantConfig(bits=4, symmetric=True)], ids=lambda q: q.name)
 @pytest.mark.parametrize("gated", [False, True])
-def test_every_int4_gemv_config_incl_one_row(dtype, quant, gated):
+@pytest.mark.parametrize("n", [1030, 1024])                       # partial row blocks; whole ones (EVEN loads)
+def test_every_int4_gemv_config_incl_one_row(dtype, quant, gated, n):
     """Each config of the int4 GEMV the tuner may pick for one x row, the INT4_ROW loop's included (fp16 and bf16
-    x: it unpacks both from int32 words): the reference's result, SiLU(gate) * up when gated."""
+    x: it unpacks both from int32 words), and the staged NIBBLES=2 ones (inline PTX): the reference's result,
+    SiLU(gate) * up when gated; the PTX path bitwise equal to the same values from Triton integer ops (NIBBLES=1)."""
     import triton
 
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.quant.formats import dequantize_int4
 
-    n, k = 1030, 2048
+    k = 2048
     packed, bias = _weights(2 * n if gated else n, k, quant)
     x = torch.randn(1, k, device="cuda").to(dtype)
     dense = dequantize_int4(packed["qweight"], packed["scales"], packed.get("mins"), quant.group_size, torch.float32)
@@ -134,12 +136,20 @@ def test_every_int4_gemv_config_incl_one_row(dtype, quant, gated):
     configs = quant_gemv._prune_int4(quant_gemv._INT4_CONFIGS, {"x_ptr": x, "stride_xm": x.stride(0)}, M_BUCKET=1,
                                      **flags)
     assert any(c.kwargs.get("INT4_ROW") for c in configs)
-    for config in configs:
+
+    def launch(kwargs: dict, config) -> torch.Tensor:
         y = torch.empty(1, n, dtype=dtype, device="cuda")
-        quant_gemv._w4_gemv_body[(1, triton.cdiv(n, config.kwargs["BLOCK_N"]))](
+        even = quant_gemv.w4_even({"N": n, "K": k, **flags, **kwargs})
+        quant_gemv._w4_gemv_body[(1, triton.cdiv(n, kwargs["BLOCK_N"]))](
             *args, y, 1, n, k, x.stride(0), packed["qweight"].stride(0), packed["scales"].stride(0), y.stride(0), 1e-6,
-            **flags, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+            **flags, **kwargs, EVEN=even, num_warps=config.num_warps, num_stages=config.num_stages)
+        return y
+
+    for config in configs + quant_gemv._NIBBLE_CONFIGS:
+        y = launch(config.kwargs, config)
         assert _rel_err(y, ref) < 1e-2, config
+        if config.kwargs.get("NIBBLES") == 2:
+            assert torch.equal(y, launch({**config.kwargs, "NIBBLES": 1}, config)), config
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

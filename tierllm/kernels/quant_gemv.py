@@ -53,6 +53,14 @@ if HAS_TRITON:
     _INT4_CONFIGS += [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True}, num_warps=w,
                                     num_stages=s)
                       for bn, gpb, w, s in [(8, 8, 4, 2), (4, 8, 4, 2), (8, 4, 4, 3), (16, 4, 8, 2), (4, 16, 4, 2)]]
+    # The same one-row configs with the nibbles unpacked by inline PTX (NIBBLES=2: a PRMT per byte and a LOP3 per
+    # code instead of shifts, masks and byte extraction): 202 SASS instructions per 16 weight bytes against 235
+    # for bn4 gpb16, 185 with unmasked loads (EVEN; offline, benchmarks/kernel_loop_stats.py --row --asm). Staged
+    # outside the tuner's list until a GPU has run them: the CPU interpreter runs no PTX (it checks NIBBLES=1, the
+    # same values from Triton integer ops); tests/gpu/test_quant_gpu.py runs every one and
+    # benchmarks/quant_kernel_sweep.py --autotuned-only times them.
+    _NIBBLE_CONFIGS = [triton.Config({**c.kwargs, "NIBBLES": 2}, num_warps=c.num_warps, num_stages=c.num_stages)
+                       for c in _INT4_CONFIGS if c.kwargs.get("INT4_ROW")]
 
     def _prune_int4(configs, named_args, **kwargs):
         """INT4_ROW configs only where they apply: one x row, no norm prologue, x rows at 4-byte boundaries (it
@@ -96,14 +104,50 @@ if HAS_TRITON:
                 (words >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))
 
     @triton.jit
+    def nibbles_as_unit_f32(packed, ASM: tl.constexpr):
+        """uint8 bytes -> (low, high) fp32: 1 + low nibble / 128 and 1 + high nibble / 2048 (the nibble ORed into the
+        mantissa of 1.0; exact). ASM: one PRMT per byte (the byte copied into bits 8-15 and 16-23 under the sign and
+        exponent byte 0x3F) and one LOP3 per nibble (keep its bits, set the exponent's low bit), four bytes per
+        32-bit register; otherwise the same values through shifts and masks (the interpreter runs no PTX)."""
+        if ASM:
+            low, high = tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 k, t0, t1, t2, t3;
+                mov.b32 k, 0x3F000000;
+                prmt.b32 t0, $8, k, 0x7004;
+                prmt.b32 t1, $8, k, 0x7114;
+                prmt.b32 t2, $8, k, 0x7224;
+                prmt.b32 t3, $8, k, 0x7334;
+                lop3.b32 $0, t0, 0x3F0F0000, 0x00800000, 0xEA;
+                lop3.b32 $1, t1, 0x3F0F0000, 0x00800000, 0xEA;
+                lop3.b32 $2, t2, 0x3F0F0000, 0x00800000, 0xEA;
+                lop3.b32 $3, t3, 0x3F0F0000, 0x00800000, 0xEA;
+                lop3.b32 $4, t0, 0x3F00F000, 0x00800000, 0xEA;
+                lop3.b32 $5, t1, 0x3F00F000, 0x00800000, 0xEA;
+                lop3.b32 $6, t2, 0x3F00F000, 0x00800000, 0xEA;
+                lop3.b32 $7, t3, 0x3F00F000, 0x00800000, 0xEA;
+                }""",
+                constraints="=r,=r,=r,=r,=r,=r,=r,=r,r", args=[packed], dtype=(tl.float32, tl.float32),
+                is_pure=True, pack=4)
+        else:
+            codes = packed.to(tl.int32)
+            low = (((codes & 0xF) << 16) | 0x3F800000).to(tl.float32, bitcast=True)
+            high = (((codes >> 4) << 12) | 0x3F800000).to(tl.float32, bitcast=True)
+        return low, high
+
+    @triton.jit
     def _int4_row_dot(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, n_mask, K, stride_wn, stride_sn, GROUP: tl.constexpr,
-                      HAS_MINS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
+                      HAS_MINS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+                      NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32, every lane of the [BLOCK_N, GPB, half] tile
         accumulating over the whole K loop: each code becomes v = 1 + code / 16 (a shift and an and-or), one FMA
         with the group's 16 * scale and min - 16 * scale (-24 * scale when symmetric) dequantizes it, a second
         multiplies it into the lane. x is read as int32 words of two activations (k = 2j, 2j + 1: the codes of
         weight byte j) in the weight tile's own shape, every row's copy of the same words (L1 hits): nothing is
-        exchanged through shared memory, and no per-group sums are reduced inside the loop."""
+        exchanged through shared memory, and no per-group sums are reduced inside the loop. NIBBLES: 0 the shifts
+        above; 2 nibbles_as_unit_f32's PTX (1 + code / 128 and / 2048, dequantized with 128 and 2048 * scale);
+        1 the same values from Triton integer ops (what the CPU interpreter runs for 2). EVEN: the tile never
+        leaves the weight (N a multiple of BLOCK_N, the groups of GROUPS_PER_BLOCK): loads without masks."""
         half: tl.constexpr = GROUP // 2
         offs_j = tl.arange(0, half)
         num_groups = K // GROUP
@@ -114,25 +158,34 @@ if HAS_TRITON:
             offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
             g_mask = offs_g < num_groups
             byte = offs_g[:, None] * half + offs_j[None, :]                                # [GPB, half]
-            mask = n_mask[:, None, None] & g_mask[None, :, None]
+            mask = None if EVEN else n_mask[:, None, None] & g_mask[None, :, None]
+            sg_mask = None if EVEN else n_mask[:, None] & g_mask[None, :]
             packed = tl.load(w_ptr + row[:, None, None] * stride_wn + byte[None, :, :], mask=mask,
-                             other=0).to(tl.int32)                                         # [BLOCK_N, GPB, half]
+                             other=None if EVEN else 0)                                    # [BLOCK_N, GPB, half]
+            if NIBBLES == 0:
+                packed = packed.to(tl.int32)
             x_even, x_odd = halves_to_f32(tl.load(x_words + (byte[None, :, :] + 0 * row[:, None, None]), mask=mask,
-                                                  other=0), x_row_ptr.dtype.element_ty)
-            sg_mask = n_mask[:, None] & g_mask[None, :]
+                                                  other=None if EVEN else 0), x_row_ptr.dtype.element_ty)
             scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                            other=0.0).to(tl.float32)[:, :, None]                          # [BLOCK_N, GPB, 1]
+                            other=None if EVEN else 0.0).to(tl.float32)[:, :, None]        # [BLOCK_N, GPB, 1]
             if HAS_MINS:
                 low_value = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                                    other=0.0).to(tl.float32)[:, :, None]
+                                    other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
             else:
                 low_value = -8.0 * scale
-            step = 16.0 * scale
-            base = low_value - step
-            v_even = (((packed << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)   # 1 + low nibble / 16
-            v_odd = (((packed << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-            acc_even += (v_even * step + base) * x_even
-            acc_odd += (v_odd * step + base) * x_odd
+            if NIBBLES == 0:
+                step = 16.0 * scale
+                base = low_value - step
+                v_even = (((packed << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + code / 16
+                v_odd = (((packed << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+                acc_even += (v_even * step + base) * x_even
+                acc_odd += (v_odd * step + base) * x_odd
+            else:
+                v_even, v_odd = nibbles_as_unit_f32(packed, NIBBLES == 2)     # 1 + code / 128, 1 + code / 2048
+                step_even = 128.0 * scale
+                step_odd = 2048.0 * scale
+                acc_even += (v_even * step_even + (low_value - step_even)) * x_even
+                acc_odd += (v_odd * step_odd + (low_value - step_odd)) * x_odd
         return tl.sum(tl.sum(acc_even + acc_odd, axis=2), axis=1)
 
     # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
@@ -143,9 +196,10 @@ if HAS_TRITON:
     def _w4_gemv_body(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, g_ptr, y_ptr, M_BUCKET, N, K, stride_xm, stride_wn,
                       stride_sn, stride_ym, eps, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
-                      GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False):
+                      GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
+                      NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False):
         """INT4_ROW (one x row, no NORM; a config option the tuner weighs against the group-sum loop):
-        _int4_row_dot's per-lane accumulation."""
+        _int4_row_dot's per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even)."""
         m = tl.program_id(0)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
@@ -159,10 +213,10 @@ if HAS_TRITON:
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
         if INT4_ROW:
             acc += _int4_row_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, n_mask, K, stride_wn, stride_sn,
-                                 GROUP, HAS_MINS, BLOCK_N, GROUPS_PER_BLOCK)
+                                 GROUP, HAS_MINS, BLOCK_N, GROUPS_PER_BLOCK, NIBBLES, EVEN)
             if GATED:
                 acc_up += _int4_row_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row_up, n_mask, K, stride_wn,
-                                        stride_sn, GROUP, HAS_MINS, BLOCK_N, GROUPS_PER_BLOCK)
+                                        stride_sn, GROUP, HAS_MINS, BLOCK_N, GROUPS_PER_BLOCK, NIBBLES, EVEN)
         else:
             for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
                 offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
@@ -191,10 +245,15 @@ if HAS_TRITON:
             acc += tl.load(y_ptr + m * stride_ym + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
+    def w4_even(args: dict) -> bool:
+        """_w4_gemv_body's EVEN for a launch: whole BLOCK_N row blocks and whole GROUPS_PER_BLOCK group blocks."""
+        return args["N"] % args["BLOCK_N"] == 0 and (args["K"] // args["GROUP"]) % args["GROUPS_PER_BLOCK"] == 0
+
+    _w4_gemv_even = triton.heuristics({"EVEN": w4_even})(_w4_gemv_body)
     _w4_gemv_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY,
-                                      prune_configs_by={"early_config_prune": _prune_int4})(_w4_gemv_body)
+                                      prune_configs_by={"early_config_prune": _prune_int4})(_w4_gemv_even)
     _w4_gemv_residual_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY, restore_value=["y_ptr"],
-                                               prune_configs_by={"early_config_prune": _prune_int4})(_w4_gemv_body)
+                                               prune_configs_by={"early_config_prune": _prune_int4})(_w4_gemv_even)
 
 
 def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
