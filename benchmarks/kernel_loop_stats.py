@@ -47,7 +47,7 @@ def kernels(args) -> dict:
                      "BLOCK_N": args.block_n, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": args.split_k,
                      "SWAP_AB": args.swap_ab, "HALF_DEQUANT": args.half}),
         "w4_gemv": (quant_gemv._w4_gemv_body, w4_args,
-                    {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "BLOCK_N": args.block_n,
+                    {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "GATED": args.gated, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
@@ -92,6 +92,7 @@ def main() -> int:
     parser.add_argument("--row", action="store_true", help="w4_gemv: the one-x-row loop (INT4_ROW)")
     parser.add_argument("--asm", action="store_true", help="w4_gemv --row: nibbles unpacked by inline PTX")
     parser.add_argument("--even", action="store_true", help="w4_gemv --row: loads without masks (EVEN)")
+    parser.add_argument("--gated", action="store_true", help="w4_gemv: [gate; up] rows, SiLU-and-mul epilogue")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()
@@ -100,6 +101,7 @@ def main() -> int:
     fn, arguments, constexprs = kernels(args)[args.kernel]
     mix, conversions = loop_stats(fn, arguments, constexprs, args.warps, args.stages)
     weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}[args.kernel]
+    weight_bytes *= 2 if args.gated else 1                                         # the gate and the up rows
     per_thread = weight_bytes / (32 * args.warps)
     print(f"{args.kernel}: {sum(mix.values())} SASS instructions per loop iteration (per thread), "
           f"{per_thread:g} weight bytes per thread per iteration")

@@ -263,22 +263,28 @@ def test_one_row_gemvs_read_bf16_x(quant, fusion):
                          ids=lambda q: q.name)
 @pytest.mark.parametrize("n,k", [(24, 256), (19, 192)])                 # whole blocks (EVEN), partial ones
 @pytest.mark.parametrize("nibbles", [0, 1])
-def test_int4_row_loop_nibble_encodings_and_unmasked_loads(quant, n, k, nibbles):
+@pytest.mark.parametrize("gated", [False, True])
+def test_int4_row_loop_nibble_encodings_and_unmasked_loads(quant, n, k, nibbles, gated):
     """The one-row int4 loop with each nibble encoding the interpreter can run (0: 1 + code / 16 by shifts; 1: the
     inline-PTX path's 1 + code / 128 and / 2048, from Triton integer ops), its loads unmasked where w4_even
-    allows: the reference's result, the residual added in place."""
-    w, bias = _quantized(n, k, quant, seed=21)
+    allows, gate and up rows in one loop (gated: SiLU(gate) * up), else the residual added in place: the
+    reference's result."""
+    from tierllm.kernels.gemv import fused_linear_ref
+    from tierllm.quant.formats import dequantize_int4
+
+    w, bias = _quantized(2 * n if gated else n, k, quant, seed=21)
     x = 2 * _x(1, k, torch.float16, seed=22)
     start = _x(1, n, torch.float16, seed=23)
     mins = w.get("mins")
     flags = {"GROUP": quant.group_size, "HAS_MINS": mins is not None, "HAS_BIAS": True, "NORM": False,
-             "GATED": False, "RESIDUAL": True, "INT4_ROW": True, "NIBBLES": nibbles, "BLOCK_N": 8,
+             "GATED": gated, "RESIDUAL": not gated, "INT4_ROW": True, "NIBBLES": nibbles, "BLOCK_N": 8,
              "GROUPS_PER_BLOCK": 2}
     even = quant_gemv.w4_even({"N": n, "K": k, **flags})
     assert even == (n == 24)
-    y = start.clone()
+    y = start.clone() if not gated else torch.empty_like(start)
     quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 8))](
         x, w["qweight"], w["scales"], mins if mins is not None else w["scales"], bias.half(), w["scales"], y, 1, n,
         k, x.stride(0), w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, **flags, EVEN=even)
-    ref = quant_gemv.w4_linear_ref(x, w["qweight"], w["scales"], mins, quant.group_size, bias.half())
-    assert _rel_err(y, ref.float() + start.float()) < 1e-2
+    dense = dequantize_int4(w["qweight"], w["scales"], mins, quant.group_size, torch.float32)
+    ref = fused_linear_ref(x.float(), dense, bias.float(), gated=gated)
+    assert _rel_err(y, ref if gated else ref + start.float()) < 1e-2

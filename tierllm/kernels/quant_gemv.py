@@ -136,10 +136,47 @@ if HAS_TRITON:
         return low, high
 
     @triton.jit
-    def _int4_row_dot(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, n_mask, K, stride_wn, stride_sn, GROUP: tl.constexpr,
-                      HAS_MINS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
-                      NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False):
-        """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32, every lane of the [BLOCK_N, GPB, half] tile
+    def _int4_row_bytes(w_ptr, row, byte, mask, stride_wn, NIBBLES: tl.constexpr, EVEN: tl.constexpr):
+        """The weight rows' bytes of one K step of _int4_row_dot: [BLOCK_N, GPB, half]."""
+        packed = tl.load(w_ptr + row[:, None, None] * stride_wn + byte[None, :, :], mask=mask,
+                         other=None if EVEN else 0)
+        if NIBBLES == 0:
+            packed = packed.to(tl.int32)
+        return packed
+
+    @triton.jit
+    def _int4_row_step(packed, s_ptr, mn_ptr, row, offs_g, sg_mask, x_even, x_odd, acc_even, acc_odd, stride_sn,
+                       HAS_MINS: tl.constexpr, NIBBLES: tl.constexpr, EVEN: tl.constexpr):
+        """One K step of _int4_row_dot for the weight rows `row`: their bytes `packed` dequantized and multiplied
+        into the per-lane accumulators (returned)."""
+        scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                        other=None if EVEN else 0.0).to(tl.float32)[:, :, None]            # [BLOCK_N, GPB, 1]
+        if HAS_MINS:
+            low_value = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                                other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
+        else:
+            low_value = -8.0 * scale
+        if NIBBLES == 0:
+            step = 16.0 * scale
+            base = low_value - step
+            v_even = (((packed << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)      # 1 + code / 16
+            v_odd = (((packed << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+            acc_even += (v_even * step + base) * x_even
+            acc_odd += (v_odd * step + base) * x_odd
+        else:
+            v_even, v_odd = nibbles_as_unit_f32(packed, NIBBLES == 2)         # 1 + code / 128, 1 + code / 2048
+            step_even = 128.0 * scale
+            step_odd = 2048.0 * scale
+            acc_even += (v_even * step_even + (low_value - step_even)) * x_even
+            acc_odd += (v_odd * step_odd + (low_value - step_odd)) * x_odd
+        return acc_even, acc_odd
+
+    @triton.jit
+    def _int4_row_dot(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K, stride_wn, stride_sn,
+                      GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
+                      GROUPS_PER_BLOCK: tl.constexpr, NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False):
+        """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and, GATED, the up rows' `row_up` in the same loop,
+        on the same x registers; else the second result is zeros), every lane of the [BLOCK_N, GPB, half] tile
         accumulating over the whole K loop: each code becomes v = 1 + code / 16 (a shift and an and-or), one FMA
         with the group's 16 * scale and min - 16 * scale (-24 * scale when symmetric) dequantizes it, a second
         multiplies it into the lane. x is read as int32 words of two activations (k = 2j, 2j + 1: the codes of
@@ -154,39 +191,25 @@ if HAS_TRITON:
         x_words = x_row_ptr.to(tl.pointer_type(tl.int32))
         acc_even = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, half], tl.float32)
         acc_odd = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, half], tl.float32)
+        up_even = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, half], tl.float32)
+        up_odd = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, half], tl.float32)
         for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
             offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
             g_mask = offs_g < num_groups
             byte = offs_g[:, None] * half + offs_j[None, :]                                # [GPB, half]
             mask = None if EVEN else n_mask[:, None, None] & g_mask[None, :, None]
             sg_mask = None if EVEN else n_mask[:, None] & g_mask[None, :]
-            packed = tl.load(w_ptr + row[:, None, None] * stride_wn + byte[None, :, :], mask=mask,
-                             other=None if EVEN else 0)                                    # [BLOCK_N, GPB, half]
-            if NIBBLES == 0:
-                packed = packed.to(tl.int32)
+            packed = _int4_row_bytes(w_ptr, row, byte, mask, stride_wn, NIBBLES, EVEN)
             x_even, x_odd = halves_to_f32(tl.load(x_words + (byte[None, :, :] + 0 * row[:, None, None]), mask=mask,
                                                   other=None if EVEN else 0), x_row_ptr.dtype.element_ty)
-            scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                            other=None if EVEN else 0.0).to(tl.float32)[:, :, None]        # [BLOCK_N, GPB, 1]
-            if HAS_MINS:
-                low_value = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                                    other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
-            else:
-                low_value = -8.0 * scale
-            if NIBBLES == 0:
-                step = 16.0 * scale
-                base = low_value - step
-                v_even = (((packed << 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + code / 16
-                v_odd = (((packed << 15) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-                acc_even += (v_even * step + base) * x_even
-                acc_odd += (v_odd * step + base) * x_odd
-            else:
-                v_even, v_odd = nibbles_as_unit_f32(packed, NIBBLES == 2)     # 1 + code / 128, 1 + code / 2048
-                step_even = 128.0 * scale
-                step_odd = 2048.0 * scale
-                acc_even += (v_even * step_even + (low_value - step_even)) * x_even
-                acc_odd += (v_odd * step_odd + (low_value - step_odd)) * x_odd
-        return tl.sum(tl.sum(acc_even + acc_odd, axis=2), axis=1)
+            acc_even, acc_odd = _int4_row_step(packed, s_ptr, mn_ptr, row, offs_g, sg_mask, x_even, x_odd, acc_even,
+                                               acc_odd, stride_sn, HAS_MINS, NIBBLES, EVEN)
+            if GATED:
+                packed_up = _int4_row_bytes(w_ptr, row_up, byte, mask, stride_wn, NIBBLES, EVEN)
+                up_even, up_odd = _int4_row_step(packed_up, s_ptr, mn_ptr, row_up, offs_g, sg_mask, x_even, x_odd,
+                                                 up_even, up_odd, stride_sn, HAS_MINS, NIBBLES, EVEN)
+        return (tl.sum(tl.sum(acc_even + acc_odd, axis=2), axis=1),
+                tl.sum(tl.sum(up_even + up_odd, axis=2), axis=1))
 
     # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
     # and CUDA graphs capture the biggest batch first, so a key without it tunes the batch-1 launch at M=8
@@ -212,11 +235,11 @@ if HAS_TRITON:
         acc_up = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
         if INT4_ROW:
-            acc += _int4_row_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, n_mask, K, stride_wn, stride_sn,
-                                 GROUP, HAS_MINS, BLOCK_N, GROUPS_PER_BLOCK, NIBBLES, EVEN)
-            if GATED:
-                acc_up += _int4_row_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row_up, n_mask, K, stride_wn,
-                                        stride_sn, GROUP, HAS_MINS, BLOCK_N, GROUPS_PER_BLOCK, NIBBLES, EVEN)
+            dot, dot_up = _int4_row_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K,
+                                        stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N, GROUPS_PER_BLOCK,
+                                        NIBBLES, EVEN)
+            acc += dot
+            acc_up += dot_up
         else:
             for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
                 offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
