@@ -229,7 +229,8 @@ def quant_section(doc: dict, int4_doc: dict) -> list[str]:
              "launch of every decode kernel was measured and dropped: within 2% either way "
              "([JSON](benchmarks/results/pdl-ab-llama-7b-h100.json), `benchmarks/notes/gpu-decode.md`). Since these "
              "runs, not yet on a GPU: the int4 one-row GEMV loads without masks where its tiles never leave the "
-             "weight (`EVEN`, in the tuner's configs), and staged configs (`NIBBLES=2`, outside the tuner's list "
+             "weight (`EVEN`, in the tuner's configs), its gate/up launch runs both row sets in one loop on the same "
+             "x (424 SASS instructions per 32 weight bytes against 470 offline), and staged configs (`NIBBLES=2`, outside the tuner's list "
              "until the GPU test and `quant_kernel_sweep.py --autotuned-only` have run them) unpack the nibbles with "
              "inline PTX, a PRMT per byte and a LOP3 per code: offline, 185 SASS instructions per 16 weight bytes "
              "against 235."]
