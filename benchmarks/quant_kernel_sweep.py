@@ -119,8 +119,8 @@ def w8_gemv_launches(x, q8, n, k):
     return launches
 
 
-def gemm_launches(x, q, bits, n, k, staged: bool = False):
-    """The GEMM over a wide grid of configs, or (staged) over quant_gemm's HALF_DEQUANT configs alone."""
+def gemm_launches(x, q, bits, n, k, half_dequant: bool = False):
+    """The GEMM over a wide grid of configs, or over quant_gemm's HALF_DEQUANT configs alone."""
     m = x.shape[0]
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     mins = q.get("mins")
@@ -130,9 +130,9 @@ def gemm_launches(x, q, bits, n, k, staged: bool = False):
                                                                    (4, 8), (3, 5), (1, 2, 4, 8))
                     if not (bm > max(16, triton.next_power_of_2(m)) or (bits == 4 and bk > 64)
                             or (w == 8) != (bm * bn >= 8192) or bm * bn < 1024)]
-    staged_configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-                      for c in quant_gemm._HALF_DEQUANT_CONFIGS]
-    for cfg in staged_configs if staged else grid_configs:
+    half_configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+                    for c in quant_gemm._HALF_DEQUANT_CONFIGS]
+    for cfg in half_configs if half_dequant else grid_configs:
         bm, bn, bk, sk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
         w, st = cfg["num_warps"], cfg["num_stages"]
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), sk)
@@ -232,7 +232,7 @@ def main() -> int:
         ref4_m = quant_gemv.w4_linear_ref(xm, q4["qweight"], q4["scales"], q4["mins"], 64)
         if autotuned_only:               # the HALF_DEQUANT configs, each timed
             entry[f"int4_half_dequant_m{m}_top"] = sweep(f"int4 gemm half-dequant m{m} {n}x{k}",
-                                                         gemm_launches(xm, q4, 4, n, k, staged=True), ref4_m, bytes4,
+                                                         gemm_launches(xm, q4, 4, n, k, half_dequant=True), ref4_m, bytes4,
                                                          hbm_Bps, flops)
         else:
             entry[f"int4_gemm_m{m}_top"] = sweep(f"int4 gemm m{m} {n}x{k}", gemm_launches(xm, q4, 4, n, k), ref4_m,

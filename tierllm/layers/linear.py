@@ -40,11 +40,14 @@ def reduce_partial_output(y: torch.Tensor, bias: torch.Tensor | None, parallel: 
     return y if dtype is None else y.to(dtype)
 
 
-def reduce_into_residual(layer, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """The row-parallel decode epilogue: residual += the sum of the ranks' `layer.partial_output(x)` plus the
-    bias, rounded to the residual's dtype, in place (one kernel after the all-reduce); returns residual."""
-    summed = all_reduce(layer.partial_output(x), layer.parallel)        # [num_tokens, out]
-    return kernels.add_rounded_(residual, summed, layer.bias)
+def reduced_fused(layer, x: torch.Tensor, norm, gated: bool, residual: torch.Tensor | None) -> torch.Tensor:
+    """Linear.fused for a row-parallel layer: the sum must come before the residual add. Added into a residual:
+    residual += the sum of the ranks' `layer.partial_output(x)` plus the bias, rounded to the residual's dtype,
+    in place (one kernel after the all-reduce; returns residual); otherwise the separate kernels."""
+    if residual is not None and norm is None and not gated:
+        summed = all_reduce(layer.partial_output(x), layer.parallel)    # [num_tokens, out]
+        return kernels.add_rounded_(residual, summed, layer.bias)
+    return kernels.unfused_linear(x, layer, **fusion_args(norm, gated, residual))
 
 
 def partial_sum_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -89,13 +92,10 @@ class Linear(nn.Module):
         """forward() with its neighbours folded in: `norm` (an RMSNorm) applied to x first, SiLU-and-mul of the
         [gate | up] output (gated), or the output added into `residual` in place (returns `residual`). One GEMV
         kernel for decode-sized batches on CUDA (kernels.fused_linear); the separate kernels otherwise. An
-        all-reduced output is summed before the residual add: reduce_into_residual."""
-        fusions = fusion_args(norm, gated, residual)
+        all-reduced output: reduced_fused."""
         if self.reduce_output:
-            if residual is not None and norm is None and not gated:
-                return reduce_into_residual(self, x, residual)
-            return kernels.unfused_linear(x, self, **fusions)
-        return kernels.fused_linear(x, self.weight, self.bias, **fusions)
+            return reduced_fused(self, x, norm, gated, residual)
+        return kernels.fused_linear(x, self.weight, self.bias, **fusion_args(norm, gated, residual))
 
 
 def fusion_args(norm, gated: bool, residual: torch.Tensor | None) -> dict:

@@ -8,8 +8,8 @@ from torch import nn
 
 from tierllm import kernels
 from tierllm.config import QuantConfig
-from tierllm.layers.linear import (Linear, _new_param, fusion_args, load_whole, reduce_into_residual,
-                                   reduce_partial_output)
+from tierllm.layers.linear import (Linear, _new_param, fusion_args, load_whole, reduce_partial_output,
+                                   reduced_fused)
 
 
 def packed_shapes(out_features: int, in_features: int, quant: QuantConfig) -> dict[str, tuple[int, ...]]:
@@ -95,12 +95,11 @@ class QuantLinear(nn.Module):
     def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
               residual: torch.Tensor | None = None) -> torch.Tensor:
         """As Linear.fused, through kernels.fused_quant_linear (the fusions that pay inside the quantized GEMV: see
-        GEMV_FUSIONS there); W8A8 and all-reduced outputs run them as separate kernels (an all-reduced output
-        added into the residual: reduce_into_residual)."""
+        GEMV_FUSIONS there); W8A8 runs them as separate kernels, all-reduced outputs through reduced_fused."""
+        if self.reduce_output:
+            return reduced_fused(self, x, norm, gated, residual)
         fusions = fusion_args(norm, gated, residual)
-        if self.reduce_output and residual is not None and norm is None and not gated:
-            return reduce_into_residual(self, x, residual)
-        if self.reduce_output or self.quant.activations == "int8":
+        if self.quant.activations == "int8":
             return kernels.unfused_linear(x, self, **fusions)
         return kernels.fused_quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits,
                                           self.quant.group_size, self.bias, **fusions)
