@@ -85,13 +85,13 @@ def w4_gemv_launches(x, q4, n, k):
 
 
 def w4_row_launches(x, q4, n, k):
-    """quant_gemv's staged NIBBLES=2 one-row configs (inline PTX) and each one's tuner twin (NIBBLES=0), EVEN as the
-    engine's launches set it."""
+    """quant_gemv's NIBBLES=2 one-row configs (inline PTX) and each one's NIBBLES=0 twin, EVEN as the engine's
+    launches set it."""
     out = torch.empty(1, n, device=x.device, dtype=x.dtype)
     s, mn = q4["scales"], q4["mins"]
     base = dict(GROUP=64, HAS_MINS=True, HAS_BIAS=False, NORM=False, GATED=False, RESIDUAL=False)
     launches = {}
-    for config in quant_gemv._NIBBLE_CONFIGS:
+    for config in [c for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("NIBBLES") == 2]:
         for nibbles in (2, 0):
             c = {**config.kwargs, "NIBBLES": nibbles}
             even = quant_gemv.w4_even({"N": n, "K": k, **base, **c})
@@ -214,7 +214,7 @@ def main() -> int:
         err4 = rel_err(quant_gemv.w4_gemv_triton(x1, q4["qweight"], q4["scales"], q4["mins"], 64), ref4)
         err8 = rel_err(quant_gemv.w8_gemv_triton(x1, q8["qweight"], q8["scales"]), ref8)
         entry["autotuned_rel_err"] = {"int4": float(f"{err4:.2e}"), "int8": float(f"{err8:.2e}")}
-        if autotuned_only:               # the staged inline-PTX one-row configs against their NIBBLES=0 twins
+        if autotuned_only:               # the inline-PTX one-row configs against their NIBBLES=0 twins
             entry["int4_nibble_ptx_top"] = sweep(f"int4 gemv nibble-ptx {n}x{k}", w4_row_launches(x1, q4, n, k), ref4,
                                                  bytes4, hbm_Bps)
         if not autotuned_only:

@@ -49,3 +49,17 @@ def test_quantized_offload_check_takes_the_batch_closest_to_its_floor_and_record
     assert result["best_batch"] == 4 and result["most_tok_s_batch"] == 32
     result["runs"][0]["fraction_of_floor_throughput"] = 0.80
     assert not offload_bench.best_batch_check(result, "x")["passed"]                 # 0.829 at batch 8 < 0.85
+
+
+def test_busy_time_is_the_union_of_intervals():
+    from tierllm.bench.copy_overlap import busy_us
+    assert busy_us([]) == 0
+    assert busy_us([(0, 10), (5, 12), (20, 25)]) == 17           # overlap counted once, gap not at all
+    assert busy_us([(20, 25), (0, 10), (2, 3)]) == 15            # unsorted, nested
+
+
+def test_copy_overlap_profile_on_cpu_has_no_device_time():
+    from tierllm.bench.copy_overlap import profile_copy_overlap
+    out = profile_copy_overlap(lambda: torch.randn(64, 64) @ torch.randn(64, 64))
+    assert out["wall_s"] > 0
+    assert out["htod_copy_busy_s"] == out["kernel_busy_s"] == out["copy_under_kernels_s"] == 0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from tierllm.bench.copy_overlap import profile_copy_overlap
 from tierllm.bench.generate_bench import _random_prompts
 from tierllm.bench.gpu_bench import _time_ours
 from tierllm.bench.presets import build_preset_hf_model
@@ -245,6 +246,11 @@ def quant_offload_part(ceilings: dict, preset: str, quant: str, gpu_budget: str,
         row["fraction_of_floor_throughput"] = round(row["total_tok_s"] / row["pcie_floor_tok_s"], 4)
         result["runs"].append(row)
         print(f"tierllm {preset} {quant} offloaded", row, flush=True)
+    # where the prefill's time goes: one batch of the smallest size, a single step (max_new_tokens=1)
+    prompts = _random_prompts(min(batches), prompt_len, vocab, seed + 1).to(device)
+    result["prefill_profile"] = {"batch": min(batches), **profile_copy_overlap(
+        lambda: engine.generate(prompts, max_new_tokens=1, min_new_tokens=1))}
+    print("prefill profile", result["prefill_profile"], flush=True)
     _free(engine)
     return result, [best_batch_check(result, f"{preset} {quant} offloaded")]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted
 from tierllm.kernels.gemv import fused_linear_ref, fused_output
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
@@ -50,22 +51,24 @@ if HAS_TRITON:
     # memory: 10 barriers per iteration) and 7.3 SASS instructions per code against 8.4 (bn8 gpb8 w4 s2, offline:
     # benchmarks/kernel_loop_stats.py). On an H100 the tuner took it on all four llama-7b shapes (40-52% of the HBM
     # copy rate: still bound by instructions; benchmarks/results/quant-autotuned-h100.json).
-    _INT4_CONFIGS += [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True}, num_warps=w,
-                                    num_stages=s)
-                      for bn, gpb, w, s in [(8, 8, 4, 2), (4, 8, 4, 2), (8, 4, 4, 3), (16, 4, 8, 2), (4, 16, 4, 2)]]
-    # The same one-row configs with the nibbles unpacked by inline PTX (NIBBLES=2: a PRMT per byte and a LOP3 per
+    _ROW_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True}, num_warps=w,
+                                  num_stages=s)
+                    for bn, gpb, w, s in [(8, 8, 4, 2), (4, 8, 4, 2), (8, 4, 4, 3), (16, 4, 8, 2), (4, 16, 4, 2)]]
+    # Each one-row config also with the nibbles unpacked by inline PTX (NIBBLES=2: a PRMT per byte and a LOP3 per
     # code instead of shifts, masks and byte extraction): 202 SASS instructions per 16 weight bytes against 235
-    # for bn4 gpb16, 185 with unmasked loads (EVEN; offline, benchmarks/kernel_loop_stats.py --row --asm). Staged
-    # outside the tuner's list until a GPU has run them: the CPU interpreter runs no PTX (it checks NIBBLES=1, the
-    # same values from Triton integer ops); tests/gpu/test_quant_gpu.py runs every one and
-    # benchmarks/quant_kernel_sweep.py --autotuned-only times them.
-    _NIBBLE_CONFIGS = [triton.Config({**c.kwargs, "NIBBLES": 2}, num_warps=c.num_warps, num_stages=c.num_stages)
-                       for c in _INT4_CONFIGS if c.kwargs.get("INT4_ROW")]
+    # for bn4 gpb16, 185 with unmasked loads (EVEN; offline, benchmarks/kernel_loop_stats.py --row --asm). The
+    # CPU interpreter runs no PTX: it checks NIBBLES=1, the same values from Triton integer ops, and
+    # tests/gpu/test_quant_gpu.py checks NIBBLES=2 bitwise against it on a GPU.
+    _INT4_CONFIGS += _ROW_CONFIGS + [triton.Config({**c.kwargs, "NIBBLES": 2}, num_warps=c.num_warps,
+                                                   num_stages=c.num_stages) for c in _ROW_CONFIGS]
 
     def _prune_int4(configs, named_args, **kwargs):
         """INT4_ROW configs only where they apply: one x row, no norm prologue, x rows at 4-byte boundaries (it
-        reads x as int32 words)."""
+        reads x as int32 words); the inline-PTX ones (NIBBLES=2) not under the interpreter, which runs no PTX (asked
+        through the module: tests stand in for the tuner on CPU by patching this module's is_interpreted)."""
         flags = {**named_args, **kwargs}
+        if _dispatch.is_interpreted():
+            configs = [c for c in configs if c.kwargs.get("NIBBLES") != 2]
         if (flags["M_BUCKET"] == 1 and not flags["NORM"] and flags["x_ptr"].data_ptr() % 4 == 0
                 and flags["stride_xm"] % 2 == 0):
             return configs
