@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     bo.add_argument("--parts", default="cpu,nvme,kv", help="comma list of cpu | nvme | kv | q70 (llama-70b int4 "
                                                            "streamed under a 24GiB GPU budget)")
     bo.add_argument("--nvme-path", default="/root/tierllm-nvme", help="folder on the disk to test")
-    bo.add_argument("--q70-batches", type=positive_ints, default="8,16,32,64",
+    bo.add_argument("--q70-batches", type=positive_ints, default="4,8,16,32",
                     help="comma list of batch sizes for the q70 part")
     bo.add_argument("--out", default="benchmarks/results/offload-llama-7b.json")
     bo.set_defaults(func=_bench_offload)

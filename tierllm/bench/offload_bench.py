@@ -274,7 +274,7 @@ def run_offload_bench(parts, preset: str = "llama-7b", batches=(1, 16, 64),
                       peers=("deepspeed:16", "deepspeed:64", "accelerate:16"), nvme_path: str = "/root/tierllm-nvme",
                       nvme_batch: int = 16, nvme_gen_len: int = 3, kv_gpu_budget: str = "5GiB",
                       kv_host_memory: str = "24GiB", prompt_len: int = 512, gen_len: int = 32,
-                      seed: int = 0, q70_batches=(8, 16, 32, 64), on_part=lambda *_: None) -> tuple[dict, list, dict]:
+                      seed: int = 0, q70_batches=(4, 8, 16, 32), on_part=lambda *_: None) -> tuple[dict, list, dict]:
     """Run `parts` in order; `on_part(results, checks, ceilings)` after each one (the caller saves what it has,
     so a run cut short keeps the parts it finished)."""
     Path(nvme_path).mkdir(parents=True, exist_ok=True)
@@ -305,7 +305,7 @@ def run_offload_bench(parts, preset: str = "llama-7b", batches=(1, 16, 64),
     return results, checks, ceilings
 
 
-def bench_offload_command(parts: list[str], out: Path, nvme_path: str, q70_batches=(8, 16, 32, 64)) -> int:
+def bench_offload_command(parts: list[str], out: Path, nvme_path: str, q70_batches=(4, 8, 16, 32)) -> int:
     """`tierllm bench offload`: run the parts, print a table, write the JSON result."""
     from tierllm.bench.results import print_checks, write_result
 
