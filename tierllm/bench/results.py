@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import platform
 from pathlib import Path
 
@@ -48,9 +49,11 @@ def versions() -> dict:
     import transformers
 
     import tierllm
-    return {"tierllm": tierllm.__version__, "commit": _git_commit(), "source_sha256": source_digest(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    out = {"tierllm": tierllm.__version__, "commit": _git_commit(), "source_sha256": source_digest(),
+           "torch": torch.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version()}
+    flags = {k: v for k, v in os.environ.items() if k.startswith("TIERLLM_")}   # staged paths, kernel overrides
+    return {**out, "tierllm_env": flags} if flags else out
 
 
 def check(name: str, value: float, op: str, target: float) -> dict:
