@@ -41,6 +41,7 @@ from tierllm.bench.results import check, print_checks, write_result  # noqa: E40
 DTYPE = torch.bfloat16
 PROMPT_LEN, LATENCY_GEN_LEN, THROUGHPUT_GEN_LEN, THROUGHPUT_BATCH = 512, 128, 32, 64
 AGREE_PROMPTS, AGREE_PROMPT_LEN, AGREE_GEN_LEN = 4, 64, 32
+STAGED_FLAGS = ("TIERLLM_DEFER_TP_RESIDUAL", "TIERLLM_FUSE_ROTARY_DECODE")   # a run with one on: "-staged" in its name
 SPEED_PRESETS = ("llama-13b",)                           # agreement presets that also run the speed measurements
 
 
@@ -200,8 +201,9 @@ def main() -> int:
     log(f"ceilings on GPU 0: {ceilings}")
     results: dict = {"smollm2-135m_tp2_error": smollm2_135m_error()}
     checks = []
+    staged = "-staged" if any(os.environ.get(flag) == "1" for flag in STAGED_FLAGS) else ""
     name = ("tp-" + "-".join(map(str, tp_sizes)) + "-" + args.presets.replace(",", "-")
-            + ("-symm-mem" if args.all_reduce == "symm_mem" else "") + ".json")
+            + ("-symm-mem" if args.all_reduce == "symm_mem" else "") + staged + ".json")
     settings = {"dtype": "bfloat16", "tp_sizes": tp_sizes, "prompt_len": PROMPT_LEN, "latency_gen_len": LATENCY_GEN_LEN,
                 "throughput": f"batch {THROUGHPUT_BATCH} x {PROMPT_LEN} prompt + {THROUGHPUT_GEN_LEN} new",
                 "agreement": f"{AGREE_PROMPTS} prompts x {AGREE_PROMPT_LEN} tokens, {AGREE_GEN_LEN} new, greedy",

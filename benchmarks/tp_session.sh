@@ -4,10 +4,13 @@
 #   bash benchmarks/tp_session.sh micro            # the all-reduce micro-benchmark and the 2-GPU tests (~3 min)
 #   bash benchmarks/tp_session.sh 13b [ALL_REDUCE] # tp_gpu.py on llama-13b, TP=1/2(/4), no fp32 reference (~6 min)
 #   bash benchmarks/tp_session.sh 70b [ALL_REDUCE] # tp_gpu.py's llama-70b TP=4 run alone (4 GPUs)
+#   bash benchmarks/tp_session.sh staged           # the staged decode paths (TIERLLM_DEFER_TP_RESIDUAL,
+#                                                  # TIERLLM_FUSE_ROTARY_DECODE): their TP GPU test, then llama-70b
+#                                                  # TP=4 (NCCL) with both off and on (~6 min)
 # ALL_REDUCE: nccl (default) or symm_mem. The fp32-reference agreement of llama-13b (bf16's own noise floor,
 # 82.8% on 2026-11-27) is in tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
-part=${1:?part: micro, 13b or 70b}
+part=${1:?part: micro, 13b, 70b or staged}
 all_reduce=${2:-nccl}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -27,5 +30,13 @@ case "$part" in
     python3 benchmarks/tp_gpu.py --tp-sizes 1,4 --presets none --all-reduce "$all_reduce" 2>&1 \
         | tee "$OUT/tp_gpu_70b_$all_reduce.log" | grep -v "^\s*$" | tail -25
     ;;
-  *) echo "unknown part $part: micro, 13b or 70b" >&2; exit 2 ;;
+  staged)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py -k deferred 2>&1 \
+        | tee "$OUT/tp_tests_staged.log" | tail -4
+    for on in 0 1; do
+      TIERLLM_DEFER_TP_RESIDUAL=$on TIERLLM_FUSE_ROTARY_DECODE=$on python3 benchmarks/tp_gpu.py --tp-sizes 1,4 \
+          --presets none 2>&1 | tee "$OUT/tp_gpu_70b_staged_$on.log" | grep -v "^\s*$" | tail -4
+    done
+    ;;
+  *) echo "unknown part $part: micro, 13b, 70b or staged" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 """Tensor parallelism over NCCL (needs 2 GPUs): TP=2 greedy tokens equal TP=1 in fp32, the engine closes
 promptly (every rank tears its NCCL communicator down together) and a second TP engine starts in the same
-process afterwards; the same with the one-shot symmetric-memory all-reduce."""
+process afterwards; the same with the one-shot symmetric-memory all-reduce; the staged deferred residual adds in
+bf16."""
 import time
 
 import pytest
@@ -61,3 +62,23 @@ def test_a_second_symm_mem_engine_in_the_same_process_starts_on_nccl():
                              tensor_parallel={"tp_size": 2, "all_reduce": "symm_mem", "timeout_s": 120})
         assert engine.generate(prompt, max_new_tokens=12, do_sample=False).tolist() == expected, attempt
         engine.close()
+
+
+@pytest.mark.timeout(600)
+def test_tp2_deferred_residual_adds_in_bf16_graphs_equal_the_add_kernel(monkeypatch):
+    """Staged TIERLLM_DEFER_TP_RESIDUAL=1 in bf16 with CUDA graphs: the next norm GEMV adds each all-reduced sum
+    (PRE_ADD) with the residual-add kernel's rounding, so a batch of different lengths decodes to exactly the
+    tokens of the separate add kernel."""
+    model = build_hf_model("llama_gqa")                      # converted to bf16 by the engine
+    prompts = random_prompts([7, 30, 12], seed=7)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
+    tokens = []
+    for defer in ("0", "1"):
+        monkeypatch.setenv("TIERLLM_DEFER_TP_RESIDUAL", defer)
+        engine = make_engine(model, device="cuda", dtype=torch.bfloat16, tensor_parallel={"tp_size": 2})
+        assert engine.engine.runner.graphs is not None
+        tokens.append(engine.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24))
+        engine.close()
+    assert torch.equal(tokens[0], tokens[1])

@@ -53,10 +53,14 @@ def test_add_rounded_equals_rounding_then_adding(dtype, with_bias):
     residual = torch.randn(3, 2500, device=DEVICE).to(dtype)             # two column blocks, the last one partial
     summed = torch.randn(3, 2500, device=DEVICE) * 7                       # fp32, as all-reduced partial sums are
     bias = torch.randn(2500, device=DEVICE).to(dtype) if with_bias else None
-    expected = residual_add.add_rounded_ref(residual.clone(), summed, bias)
-    out = residual.clone()
-    assert residual_add.add_rounded_triton(out, summed, bias) is out
-    assert torch.equal(out, expected) and not torch.equal(out, residual)
+    expected = residual.clone()
+    residual_add.add_rounded_ref(expected, summed, bias, out=expected)
+    in_place = residual.clone()
+    assert residual_add.add_rounded_triton(in_place, summed, bias, in_place) is in_place
+    assert torch.equal(in_place, expected) and not torch.equal(in_place, residual)
+    before, out = residual.clone(), torch.empty_like(residual)           # out of place: the residual stays
+    assert residual_add.add_rounded_triton(residual, summed, bias, out) is out
+    assert torch.equal(out, expected) and torch.equal(residual, before)
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
@@ -328,6 +332,33 @@ def test_gemv_fused(dtype, rows, fusion):
         kwargs = _fusion_inputs(fusion, rows, n, k, dtype, seed=rows)
         check_fused_gemv(functools.partial(gemv.gemv_triton, x, w, bias),
                          functools.partial(gemv.fused_linear_ref, x.float(), w.float(), _float(bias)), rows, n, kwargs)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("with_bias,gated", [(False, False), (True, True)])
+def test_gemv_pre_add(rows, with_bias, gated):
+    """PRE_ADD: the GEMV (RMSNorm prologue) multiplies x + (summed + bias) rounded to x's dtype, the same values
+    as kernels/residual_add.py writes, and program 0 writes that sum out (bit for bit); fused_linear's fallback
+    (fp32, the separate kernels) gives the same result."""
+    from tierllm.kernels import gemv, residual_add
+    torch.manual_seed(11)
+    n, k = 37, 300                                                         # ragged N and K tiles, several programs
+    x = (torch.randn(rows, k, device=DEVICE) * 3).half()
+    summed = torch.randn(rows, k, device=DEVICE) * 5                       # fp32, as an all-reduced partial sum
+    pre_bias = torch.randn(k, device=DEVICE).half() if with_bias else None
+    w = (torch.randn(2 * n if gated else n, k, device=DEVICE) / 10).half()
+    g = torch.rand(k, device=DEVICE).half() + 0.5
+    expected_x = torch.empty_like(x)
+    residual_add.add_rounded_ref(x, summed, pre_bias, expected_x)
+    ref = gemv.fused_linear_ref(expected_x, w, norm_weight=g, gated=gated)
+    x_before, x_out = x.clone(), torch.full_like(x, float("nan"))
+    y = gemv.gemv_triton(x, w, norm_weight=g, gated=gated, pre_add=gemv.PreAdd(summed, pre_bias, x_out))
+    assert torch.equal(x_out, expected_x) and torch.equal(x, x_before)
+    assert _rel_err(y, ref) < 1e-2
+    out32 = torch.empty_like(x, dtype=torch.float32)
+    y32 = gemv.fused_linear(x.float(), w.float(), norm_weight=g.float(), gated=gated,
+                            pre_add=gemv.PreAdd(summed, pre_bias, out32))
+    assert _rel_err(y32, ref) < 1e-2 and _rel_err(out32, expected_x) < 1e-3
 
 
 def test_gemv_fused_rejects_unsupported_combinations():
