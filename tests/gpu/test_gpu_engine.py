@@ -49,15 +49,14 @@ def test_fused_rotary_decode_equals_separate_kernels(family, dtype, monkeypatch)
     """The staged one-kernel decode attention (rotary and cache write in the split kernel,
     TIERLLM_FUSE_ROTARY_DECODE) gives the separate kernels' tokens exactly, in CUDA graphs, over a batch of
     different lengths: the same arithmetic, and each split program sees its own cache write."""
-    from tierllm.kernels import decode_attention
     hf = copy.deepcopy(build_hf_model(family)).cuda().to(dtype)
     prompts = random_prompts([3, 17, 33, 64, 9, 80], seed=6)
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
     tokens = []
-    for fuse in (False, True):
-        monkeypatch.setattr(decode_attention, "FUSE_ROTARY_DECODE", fuse)
+    for fuse in ("0", "1"):
+        monkeypatch.setenv("TIERLLM_FUSE_ROTARY_DECODE", fuse)
         engine = tierllm.init_inference(hf, dtype=dtype, show_progress=False, max_num_seqs=16)
         assert engine.engine.runner.graphs is not None
         tokens.append(engine.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24))

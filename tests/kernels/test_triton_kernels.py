@@ -182,7 +182,7 @@ def test_decode_attention_with_rotary_and_cache_write(heads, kv_heads, window, w
 
 
 def test_rotary_decode_attention_dispatch(monkeypatch):
-    """rotary_decode_attention takes the one-kernel path only when FUSE_ROTARY_DECODE is set and Triton runs (CUDA),
+    """rotary_decode_attention takes the one-kernel path only with TIERLLM_FUSE_ROTARY_DECODE=1 and Triton (CUDA),
     else kernels/rotary.py then paged_decode_attention: on CPU tensors both give the reference's result."""
     torch.manual_seed(7)
     lens = [5, 20]
@@ -195,8 +195,8 @@ def test_rotary_decode_attention_dispatch(monkeypatch):
     ref_caches = (k_cache.clone(), v_cache.clone())
     q_ref, _ = rotary.rotary_and_cache_write_ref(q.clone(), k.clone(), v, cos, sin, *ref_caches, slots)
     ref = decode_attention.paged_decode_attention_ref(q_ref, *ref_caches, tables.long(), ctx, 0.3)
-    for fuse in (False, True):
-        monkeypatch.setattr(decode_attention, "FUSE_ROTARY_DECODE", fuse)
+    for fuse in ("0", "1"):
+        monkeypatch.setenv("TIERLLM_FUSE_ROTARY_DECODE", fuse)
         caches = (k_cache.clone(), v_cache.clone())
         out = decode_attention.rotary_decode_attention(q.clone(), k.clone(), v, cos, sin, *caches, slots, tables, ctx,
                                                        0.3)

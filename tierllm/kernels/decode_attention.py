@@ -8,8 +8,8 @@ bounds come from context_lens on the device, so the launch is CUDA-graph safe.
 rotary_decode_attention: the same kernel also applies the step's rotary embedding to q in registers and, in the
 one program whose split holds the new token, rotates the new key and writes it and the new value into the cache
 (one kernel fewer per layer than kernels/rotary.py followed by the attention). Staged: off unless
-TIERLLM_FUSE_ROTARY_DECODE=1 (FUSE_ROTARY_DECODE) until it has run on a GPU; the CPU interpreter runs the
-programs one after another, so it cannot test that the program's own cache write is seen by its loop."""
+TIERLLM_FUSE_ROTARY_DECODE=1 until it has run on a GPU; the CPU interpreter runs the programs one after another,
+so it cannot test that the program's own cache write is seen by its loop."""
 from __future__ import annotations
 
 import os
@@ -20,8 +20,11 @@ import torch.nn.functional as F
 from tierllm.kernels._dispatch import HAS_TRITON, use_triton
 from tierllm.kernels.rotary import rotary_and_cache_write
 
-# Staged (see the module docstring): rotary_decode_attention takes the one-kernel path only when this is set.
-FUSE_ROTARY_DECODE = os.environ.get("TIERLLM_FUSE_ROTARY_DECODE") == "1"
+
+def fuse_rotary_enabled() -> bool:
+    """The staged one-kernel path (module docstring); read at each call, as layers/residual_stream.py's flag."""
+    return os.environ.get("TIERLLM_FUSE_ROTARY_DECODE") == "1"
+
 
 if HAS_TRITON:
     import triton
@@ -203,9 +206,9 @@ def rotary_decode_attention(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, b
                             sliding_window=None):
     """A decode-only step: rotate q [num_seqs, H, D] and k [num_seqs, KH, D] by cos, sin [num_seqs, rot_dim],
     write k and v to their cache slots (slot_mapping [num_seqs], -1: padding row), attend. -> [num_seqs, H, D].
-    One kernel (plus the split merge) where FUSE_ROTARY_DECODE and the Triton kernel take the shapes; otherwise
+    One kernel (plus the split merge) where fuse_rotary_enabled() and the Triton kernel take the shapes; otherwise
     kernels/rotary.py, then paged_decode_attention."""
-    if (FUSE_ROTARY_DECODE and use_triton(q) and q.dtype in (torch.float16, torch.bfloat16)
+    if (fuse_rotary_enabled() and use_triton(q) and q.dtype in (torch.float16, torch.bfloat16)
             and cos.shape[-1] == q.shape[-1] and _kernel_fits(q.shape[1], k.shape[1], q.shape[2])):
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window,
                                              rotary=(k, v, cos, sin, slot_mapping))
