@@ -38,6 +38,7 @@ def test_step_timer_reports_device_time_per_step_and_restores_the_runner(monkeyp
     assert summary["steps"] == 3 and summary["step_device_ms_median"] == 20.0
     assert summary["step_device_ms_max"] == 30.0 and summary["steps_device_s"] == 0.06
     assert 4.9 < summary["host_outside_forward_s"] <= 5.0       # the fake forward passes took no host time
+    assert summary["step_device_ms"] == [30.0, 10.0, 20.0]        # in step order
 
 
 def test_quantized_offload_check_takes_the_batch_closest_to_its_floor_and_records_the_fastest():

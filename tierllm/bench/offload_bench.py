@@ -69,16 +69,22 @@ class StepTimer:
 
     def summary(self, total_s: float) -> dict:
         torch.cuda.synchronize()
-        step_ms = sorted(start.elapsed_time(end) for start, end in self.events)
+        in_order = [start.elapsed_time(end) for start, end in self.events]
+        step_ms = sorted(in_order)
         return {"steps": len(step_ms), "step_device_ms_median": round(step_ms[len(step_ms) // 2], 2),
                 "step_device_ms_max": round(step_ms[-1], 2), "steps_device_s": round(sum(step_ms) / 1e3, 3),
-                "host_outside_forward_s": round(total_s - self.host_in_forward, 3)}
+                "host_outside_forward_s": round(total_s - self.host_in_forward, 3),
+                "step_device_ms": [round(ms, 1) for ms in in_order]}        # in order: which step was slow
 
 
 def _run(engine, batch: int, prompt_len: int, gen_len: int, vocab: int, seed: int) -> dict:
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     with StepTimer(engine.engine.runner) as timer:
         row = _time_ours(engine, _random_prompts(batch, prompt_len, vocab, seed).cuda(), gen_len)
     row["step_timing"] = timer.summary(row["total_s"])
+    # the caching allocator freeing everything and retrying a cudaMalloc: a synchronizing stall inside a step
+    row["step_timing"]["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
+    row["step_timing"]["max_reserved_GiB"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
     kv = engine.engine.runner.kv_offload
     if kv is not None:
         row["kv_steps_cpu_attention"], row["kv_steps_copied"] = kv.num_cpu_steps, kv.num_copy_steps
