@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tierllm
-from conftest import build_hf_model, random_prompts
+from conftest import build_hf_model, left_pad, random_prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -33,9 +33,7 @@ def test_graphs_on_equal_graphs_off(dtype):
     hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda().to(dtype)
     engine = tierllm.init_inference(hf, dtype=dtype, show_progress=False, max_num_seqs=16)
     prompts = random_prompts([3, 17, 33, 64, 9, 80], seed=5)
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
+    ids, mask = (t.cuda() for t in left_pad(prompts, pad=0))
     with_graphs = engine.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24)
     engine.engine.runner.use_cuda_graph = False
     without = engine.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24)
@@ -51,9 +49,7 @@ def test_fused_rotary_decode_equals_separate_kernels(family, dtype, monkeypatch)
     different lengths: the same arithmetic, and each split program sees its own cache write."""
     hf = copy.deepcopy(build_hf_model(family)).cuda().to(dtype)
     prompts = random_prompts([3, 17, 33, 64, 9, 80], seed=6)
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
+    ids, mask = (t.cuda() for t in left_pad(prompts, pad=0))
     tokens = []
     for fuse in ("0", "1"):
         monkeypatch.setenv("TIERLLM_FUSE_ROTARY_DECODE", fuse)

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import build_hf_model, make_engine, random_prompts
+from conftest import build_hf_model, left_pad, make_engine, random_prompts
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
@@ -71,9 +71,7 @@ def test_tp2_deferred_residual_adds_in_bf16_graphs_equal_the_add_kernel(monkeypa
     tokens of the separate add kernel."""
     model = build_hf_model("llama_gqa")                      # converted to bf16 by the engine
     prompts = random_prompts([7, 30, 12], seed=7)
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
+    ids, mask = (t.cuda() for t in left_pad(prompts, pad=0))
     tokens = []
     for defer in ("0", "1"):
         monkeypatch.setenv("TIERLLM_DEFER_TP_RESIDUAL", defer)

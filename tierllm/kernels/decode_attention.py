@@ -134,11 +134,6 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, de
     return int(min(wanted, max(1, -(-max_len // block_n)), 32))
 
 
-def _kernel_fits(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """The split kernel pads a KV head's query heads to 16 rows and needs a power-of-two head size."""
-    return num_heads // num_kv_heads <= 16 and not head_dim & (head_dim - 1)
-
-
 def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
                                   rotary=None):
     """rotary: None, or (k, v, cos, sin, slot_mapping) of this step (k, v: [num_seqs, num_kv_heads, head_dim];
@@ -147,7 +142,7 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    if not _kernel_fits(num_heads, num_kv_heads, head_dim):
+    if group > 16 or head_dim & (head_dim - 1):           # 16 padded query rows per KV head, pow-2 head size
         if rotary is not None:
             k, v, cos, sin, slot_mapping = rotary
             q, _ = rotary_and_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
@@ -206,10 +201,11 @@ def rotary_decode_attention(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, b
                             sliding_window=None):
     """A decode-only step: rotate q [num_seqs, H, D] and k [num_seqs, KH, D] by cos, sin [num_seqs, rot_dim],
     write k and v to their cache slots (slot_mapping [num_seqs], -1: padding row), attend. -> [num_seqs, H, D].
-    One kernel (plus the split merge) where fuse_rotary_enabled() and the Triton kernel take the shapes; otherwise
-    kernels/rotary.py, then paged_decode_attention."""
+    One kernel (plus the split merge) where fuse_rotary_enabled() and the Triton kernel takes the step
+    (paged_decode_attention_triton falls back itself for shapes it cannot take); otherwise kernels/rotary.py, then
+    paged_decode_attention."""
     if (fuse_rotary_enabled() and use_triton(q) and q.dtype in (torch.float16, torch.bfloat16)
-            and cos.shape[-1] == q.shape[-1] and _kernel_fits(q.shape[1], k.shape[1], q.shape[2])):
+            and cos.shape[-1] == q.shape[-1]):
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window,
                                              rotary=(k, v, cos, sin, slot_mapping))
     q, _ = rotary_and_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
