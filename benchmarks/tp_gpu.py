@@ -41,7 +41,8 @@ from tierllm.bench.results import check, print_checks, write_result  # noqa: E40
 DTYPE = torch.bfloat16
 PROMPT_LEN, LATENCY_GEN_LEN, THROUGHPUT_GEN_LEN, THROUGHPUT_BATCH = 512, 128, 32, 64
 AGREE_PROMPTS, AGREE_PROMPT_LEN, AGREE_GEN_LEN = 4, 64, 32
-STAGED_FLAGS = ("TIERLLM_DEFER_TP_RESIDUAL", "TIERLLM_FUSE_ROTARY_DECODE")   # a run with one on: "-staged" in its name
+# a run with one of these on (not "0"): "-staged" in its name
+STAGED_FLAGS = ("TIERLLM_DEFER_TP_RESIDUAL", "TIERLLM_FUSE_ROTARY_DECODE", "TIERLLM_L2_PREFETCH_MB")
 SPEED_PRESETS = ("llama-13b",)                           # agreement presets that also run the speed measurements
 
 
@@ -166,6 +167,24 @@ def batch1_kernel_table(engine, vocab: int) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
 
 
+def parse_variant(spec: str, default_all_reduce: str) -> tuple[str, dict, str]:
+    """'NAME:KEY=VALUE,...' -> (NAME, environment, all_reduce)."""
+    name, _, pairs = spec.partition(":")
+    env = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
+    all_reduce = env.pop("all_reduce", default_all_reduce)
+    if not name or all_reduce not in ("nccl", "symm_mem"):
+        raise SystemExit(f"--variant {spec!r}: expected NAME:KEY=VALUE,... with all_reduce nccl or symm_mem")
+    return name, env, all_reduce
+
+
+def restore_env(saved: dict) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def smollm2_135m_error() -> str:
     from tierllm.bench.presets import preset_config
     from tierllm.models.llama import LlamaForCausalLM
@@ -187,6 +206,10 @@ def main() -> int:
                         help="skip the TP=1 fp32 engine that gives every bf16 engine's agreement with exact answers")
     parser.add_argument("--all-reduce", default="nccl", choices=("nccl", "symm_mem"),
                         help="the TP engines' all-reduce (tensor_parallel's all_reduce)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                        help="repeatable: one llama-13b engine per variant at each TP size > 1, with these environment "
+                             "variables (inherited by its workers) and all_reduce=nccl|symm_mem; e.g. "
+                             "pf24:TIERLLM_L2_PREFETCH_MB=24 (a second symm_mem engine in one process gets NCCL)")
     args = parser.parse_args()
     tp_sizes = [int(t) for t in args.tp_sizes.split(",")]
     if tp_sizes[0] != 1 or max(tp_sizes) > torch.cuda.device_count():
@@ -201,7 +224,7 @@ def main() -> int:
     log(f"ceilings on GPU 0: {ceilings}")
     results: dict = {"smollm2-135m_tp2_error": smollm2_135m_error()}
     checks = []
-    staged = "-staged" if any(os.environ.get(flag) == "1" for flag in STAGED_FLAGS) else ""
+    staged = "-staged" if any(os.environ.get(flag, "0") != "0" for flag in STAGED_FLAGS) or args.variant else ""
     name = ("tp-" + "-".join(map(str, tp_sizes)) + "-" + args.presets.replace(",", "-")
             + ("-symm-mem" if args.all_reduce == "symm_mem" else "") + staged + ".json")
     settings = {"dtype": "bfloat16", "tp_sizes": tp_sizes, "prompt_len": PROMPT_LEN, "latency_gen_len": LATENCY_GEN_LEN,
@@ -209,13 +232,22 @@ def main() -> int:
                 "agreement": f"{AGREE_PROMPTS} prompts x {AGREE_PROMPT_LEN} tokens, {AGREE_GEN_LEN} new, greedy",
                 "cuda_graphs": "on for the speed runs (llama-13b, llama-70b), off for agreement-only presets",
                 "max_num_seqs": THROUGHPUT_BATCH, "all_reduce": args.all_reduce}
+    variants = [parse_variant(spec, args.all_reduce) for spec in args.variant]
+    if variants:
+        settings["variants"] = {name: {**env, "all_reduce": all_reduce} for name, env, all_reduce in variants}
     for preset in [p for p in args.presets.split(",") if p != "none"]:
         reference, exact = None, None
-        for tp_size in tp_sizes:
+        runs = [(tp_size, variant) for tp_size in tp_sizes
+                for variant in (variants if tp_size > 1 and variants and preset in SPEED_PRESETS else [None])]
+        for tp_size, variant in runs:
+            name_suffix, env, all_reduce = variant or ("", {}, args.all_reduce)
+            saved_env = {key: os.environ.get(key) for key in env}
+            os.environ.update(env)
             # graph capture takes most of an engine's start; only the speed runs need it (the kernels are the same)
-            engine, init_s = open_engine(preset, tp_size, cuda_graphs=preset in SPEED_PRESETS,
-                                         all_reduce=args.all_reduce)
+            engine, init_s = open_engine(preset, tp_size, cuda_graphs=preset in SPEED_PRESETS, all_reduce=all_reduce)
             row = {"init_s": round(init_s, 1), "cuda_graphs": preset in SPEED_PRESETS}
+            if variant:
+                row["variant"] = {**env, "all_reduce": all_reduce}
             probe_out = agreement_probe(engine, engine.engine.vocab_size, reference)
             if exact is not None:
                 row["teacher_forced_agreement_vs_fp32"] = round(share_equal(probe_out["answers"], exact), 4)
@@ -231,7 +263,7 @@ def main() -> int:
                 log(f"{preset} TP={tp_size}: agreement {row}")
             if preset in SPEED_PRESETS:
                 row.update(speed(engine, preset, tp_size, hbm))
-            results[f"{preset}_tp{tp_size}"] = row
+            results[f"{preset}_tp{tp_size}{'_' + name_suffix if name_suffix else ''}"] = row
             # written after every engine, before closing it: a call cut short still returns what it measured
             write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks,
                          {**settings, "wall_s": round(time.perf_counter() - started)})
@@ -240,16 +272,18 @@ def main() -> int:
             del engine                                  # the only reference: the next engine needs its memory
             free_memory()
             log(f"{preset} TP={tp_size}: closed in {time.perf_counter() - close_started:.1f} s")
+            restore_env(saved_env)
             if tp_size == 1 and args.fp32_reference:
                 exact = fp32_answers(preset, reference["prefixes"])
                 results[f"{preset}_tp1"]["teacher_forced_agreement_vs_fp32"] = round(
                     share_equal(reference["answers"], exact), 4)
                 log(f"{preset} TP=1 fp32: bf16 TP=1 picks the fp32 token on "
                     f"{results[f'{preset}_tp1']['teacher_forced_agreement_vs_fp32']:.1%} of prefixes")
-    lat = {t: results[f"llama-13b_tp{t}"]["batch1"]["decode_ms_per_step"] for t in tp_sizes
-           if f"llama-13b_tp{t}" in results}
-    if 1 in lat and 2 in lat:
-        checks.append(check("llama-13b batch 1: time per token TP=2 / TP=1", lat[2] / lat[1], "<=", 0.58))
+    if "llama-13b_tp1" in results:
+        tp1_ms = results["llama-13b_tp1"]["batch1"]["decode_ms_per_step"]
+        for key in [k for k in results if k.startswith("llama-13b_tp2")]:
+            checks.append(check(f"llama-13b batch 1: time per token TP=2{key[len('llama-13b_tp2'):]} / TP=1",
+                                results[key]["batch1"]["decode_ms_per_step"] / tp1_ms, "<=", 0.58))
     if 4 in tp_sizes and not args.skip_70b:
         engine, init_s = open_engine("llama-70b", 4, all_reduce=args.all_reduce)
         results["llama-70b_tp4"] = {"init_s": round(init_s, 1), **speed(engine, "llama-70b", 4, hbm)}

@@ -195,3 +195,30 @@ def test_fp32_steps_with_prompt_tokens_stay_eager():
         with torch.inference_mode():
             ref = hf.generate(ids, max_new_tokens=16, do_sample=False)
         assert engine.generate(ids, max_new_tokens=16, do_sample=False).tolist() == ref.tolist()
+
+
+def test_l2_prefetch_leaves_its_tensor_and_the_stream_order_intact():
+    """kernels/l2_prefetch.py on a GPU: the prefetch kernel runs (inline PTX, every line of a tensor whose size is
+    no multiple of a program's lines, and a head of it), changes nothing, and its fork and join are captured into a
+    CUDA graph around work that must still come out right."""
+    from tierllm.kernels.l2_prefetch import can_prefetch, l2_prefetch, prefetching_during
+    weight = torch.randn(3001, 1027, device="cuda", dtype=torch.bfloat16)
+    before = weight.clone()
+    assert can_prefetch(weight)
+    l2_prefetch(weight, 2**40)
+    l2_prefetch(weight, 5000)
+    x = torch.randn(64, 1027, device="cuda")
+    out = torch.empty(64, 1027, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            with prefetching_during(weight, 2**20):
+                torch.mul(x, 3.0, out=out)
+            out.add_(1.0)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(weight, before)
+    assert torch.equal(out, x * 3.0 + 1.0)

@@ -1,7 +1,7 @@
 """Tensor parallelism over NCCL (needs 2 GPUs): TP=2 greedy tokens equal TP=1 in fp32, the engine closes
 promptly (every rank tears its NCCL communicator down together) and a second TP engine starts in the same
 process afterwards; the same with the one-shot symmetric-memory all-reduce; the staged deferred residual adds in
-bf16."""
+bf16 and the staged L2 prefetch during all-reduces."""
 import time
 
 import pytest
@@ -80,3 +80,21 @@ def test_tp2_deferred_residual_adds_in_bf16_graphs_equal_the_add_kernel(monkeypa
         tokens.append(engine.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24))
         engine.close()
     assert torch.equal(tokens[0], tokens[1])
+
+
+def test_tp2_l2_prefetch_during_all_reduces_keeps_the_tokens(monkeypatch):
+    """Staged TIERLLM_L2_PREFETCH_MB: a side stream prefetches the next GEMV's weight into L2 during each
+    row-parallel all-reduce, forked and joined inside the CUDA graphs. A prefetch only moves bytes into a cache, so
+    the tokens must be exactly those without it, with and without the deferred residual add."""
+    model = build_hf_model("llama_gqa")
+    prompts = random_prompts([9, 26, 14], seed=11)
+    ids, mask = (t.cuda() for t in left_pad(prompts, pad=0))
+    tokens = []
+    for defer, megabytes in (("0", "0"), ("0", "1"), ("1", "1")):
+        monkeypatch.setenv("TIERLLM_DEFER_TP_RESIDUAL", defer)
+        monkeypatch.setenv("TIERLLM_L2_PREFETCH_MB", megabytes)
+        engine = make_engine(model, device="cuda", dtype=torch.bfloat16, tensor_parallel={"tp_size": 2})
+        assert engine.engine.runner.graphs is not None
+        tokens.append(engine.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24))
+        engine.close()
+    assert torch.equal(tokens[0], tokens[1]) and torch.equal(tokens[0], tokens[2])

@@ -85,13 +85,16 @@ class LlamaDecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
-    def forward_decode(self, cos_sin, stream: ResidualStream, meta) -> None:
+    def forward_decode(self, cos_sin, stream: ResidualStream, meta, next_layer=None) -> None:
         """The same layer for decode-sized steps, on the residual stream: each norm runs inside the GEMV after it,
         the SiLU-and-mul inside gate/up's, each residual add inside o_proj's and down's (three kernels fewer per
-        layer; kernels.fused_linear), or in the next GEMV for row-parallel outputs (ResidualStream)."""
+        layer; kernels.fused_linear), or after the all-reduce for row-parallel outputs (ResidualStream), which
+        prefetches the next GEMV's weight meanwhile (next_layer's QKV after down_proj, when given)."""
         attn, mlp = self.self_attn, self.mlp
-        stream.add(attn.o_proj, attn.attend(cos_sin, stream.through_norm(attn.qkv_proj, self.input_layernorm), meta))
-        stream.add(mlp.down_proj, stream.through_norm(mlp.gate_up_proj, self.post_attention_layernorm, gated=True))
+        stream.add(attn.o_proj, attn.attend(cos_sin, stream.through_norm(attn.qkv_proj, self.input_layernorm), meta),
+                   then=mlp.gate_up_proj)
+        stream.add(mlp.down_proj, stream.through_norm(mlp.gate_up_proj, self.post_attention_layernorm, gated=True),
+                   then=None if next_layer is None else next_layer.self_attn.qkv_proj)
 
 
 class LlamaModel(nn.Module):
@@ -110,10 +113,12 @@ class LlamaModel(nn.Module):
         # GPTQ's calibration hooks watch)
         stream = ResidualStream(hidden) if meta.num_decode_tokens == hidden.shape[0] <= kernels.MAX_GEMV_ROWS \
             else None
+        resident = getattr(streamer, "holds_every_layer", False)
         for i, layer in enumerate(self.layers):
             streamer.before_layer(i)
             if stream is not None:
-                layer.forward_decode(cos_sin, stream, meta)
+                next_layer = self.layers[i + 1] if resident and i + 1 < len(self.layers) else None
+                layer.forward_decode(cos_sin, stream, meta, next_layer)
             else:
                 hidden, residual = layer(cos_sin, hidden, residual, meta)
             streamer.after_layer(i)
