@@ -247,8 +247,13 @@ def quant_offload_part(ceilings: dict, preset: str, quant: str, gpu_budget: str,
     vocab = engine.engine.vocab_size
     for batch in batches:
         # warm-up at the timed shapes: on 2026-11-27 the first batch-4 prefill of 512-token prompts after a
-        # 64-token warm-up took 1.11 s on the device, the same prefill profiled after the sweep 0.62 s
-        _time_ours(engine, _random_prompts(batch, prompt_len, vocab, seed + 7).to(device), 2)
+        # 64-token warm-up took 1.11 s on the device, the same prefill profiled after the sweep 0.62 s. Enough new
+        # tokens that every row decodes together at least once: the chunked prefill of batch x prompt_len tokens
+        # takes several steps, and rows finished early decode inside them, so with 2 new tokens a batch-32 warm-up
+        # never ran a 32-row decode step, and the timed run's first one took 10.8 s (in two runs; new shapes to tune)
+        step_tokens = engine.engine.scheduler.config.max_num_batched_tokens
+        _time_ours(engine, _random_prompts(batch, prompt_len, vocab, seed + 7).to(device),
+                   -(-batch * prompt_len // step_tokens) + 2)                     # prefill steps + 2
         row = _run(engine, batch, prompt_len, gen_len, vocab, seed + batch)
         row["pcie_floor_tok_s"] = round(batch / floor_s, 2)           # batch x gen_len tokens in gen_len passes
         row["fraction_of_floor_throughput"] = round(row["total_tok_s"] / row["pcie_floor_tok_s"], 4)
