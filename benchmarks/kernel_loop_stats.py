@@ -36,8 +36,7 @@ def kernels(args) -> dict:
                ("stride_xm", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"), ("stride_ym", "i32"), ("eps", "fp32")]
     w8_args = [("x_ptr", "*bf16"), ("w_ptr", "*i8"), ("s_ptr", "*fp16"), ("b_ptr", "*fp16"), ("g_ptr", "*fp16"),
                ("y_ptr", "*bf16"), ("M", "i32"), ("N", "i32"), ("K", "i32"), ("stride_xm", "i32"),
-               ("stride_wn", "i32"), ("stride_ym", "i32"), ("eps", "fp32"), ("pre_ptr", "*fp32"),
-               ("pre_b_ptr", "*bf16"), ("x_out_ptr", "*bf16")]
+               ("stride_wn", "i32"), ("stride_ym", "i32"), ("eps", "fp32")]
     gemm_args = [("x_ptr", "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*bf16"),
                  ("y_ptr", "*bf16"), ("ws_ptr", "*fp32"), ("count_ptr", "*i32"), ("M", "i32"), ("N", "i32"),
                  ("K", "i32"), ("M_BUCKET", "i32"), ("stride_xm", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"),

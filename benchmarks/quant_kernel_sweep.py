@@ -114,7 +114,7 @@ def w8_gemv_launches(x, q8, n, k):
             continue
         launches[f"bn{bn} bk{bk} w{w} s{st}"] = (lambda c=dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st):
             (gemv._gemv_body[(triton.cdiv(n, c["BLOCK_N"]),)](
-                x, qw, s, s, s, out, m, n, k, x.stride(0), qw.stride(0), out.stride(0), 1e-6, x, x, x, HAS_BIAS=False,
+                x, qw, s, s, s, out, m, n, k, x.stride(0), qw.stride(0), out.stride(0), 1e-6, HAS_BIAS=False,
                 NORM=False, GATED=False, RESIDUAL=False, INT8=True, BLOCK_M=1, **c), out)[1])
     return launches
 

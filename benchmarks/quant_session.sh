@@ -7,10 +7,8 @@
 #                                            # HALF_DEQUANT GEMM config (about 2 minutes)
 #   bash benchmarks/quant_session.sh bench   # quant_gpu.py: bf16 / int8 / int4 decode and prefill (about 5 minutes
 #                                            # without the kernel table)
-#   bash benchmarks/quant_session.sh rotary  # the staged one-kernel decode attention (TIERLLM_FUSE_ROTARY_DECODE):
-#                                            # its GPU tests, then bf16 decode with it off and on (~7 minutes)
 set -uo pipefail
-part=${1:?part: tests, probe, bench or rotary}
+part=${1:?part: tests, probe or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$part" in
@@ -28,13 +26,5 @@ case "$part" in
     timeout 560 python3 benchmarks/quant_gpu.py --variants bf16,int8,int4 --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  rotary)
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_engine.py tests/kernels/test_triton_kernels.py \
-        -k "rotary or decode_attention" 2>&1 | tee "$OUT/gpu-tests-rotary.log" | tail -4
-    for fuse in 0 1; do
-      TIERLLM_FUSE_ROTARY_DECODE=$fuse timeout 220 python3 benchmarks/quant_gpu.py --variants bf16 --no-kernel-table \
-          --out "$OUT/quant-llama-7b-fuse-rotary-$fuse.json" 2>&1 | tee "$OUT/quant-fuse-rotary-$fuse.log" | tail -6
-    done
-    ;;
-  *) echo "unknown part $part: tests, probe, bench or rotary" >&2; exit 2 ;;
+  *) echo "unknown part $part: tests, probe or bench" >&2; exit 2 ;;
 esac

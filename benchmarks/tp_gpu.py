@@ -4,6 +4,7 @@ itself), one full measurement per call, JSON under $OUT:
   python benchmarks/tp_gpu.py --tp-sizes 1,2        # nvidia-h100-x2
   python benchmarks/tp_gpu.py --tp-sizes 1,2,4      # nvidia-h100-x4 (adds TP=4 and the llama-70b run)
   ... --all-reduce symm_mem                         # the one-shot symmetric-memory all-reduce (distributed/)
+  ... --variant a:ENV=1 --variant b:ENV=0           # A/B: one llama-13b engine per variant at each TP size > 1
 
 (a) agreement: TP=N greedy tokens vs TP=1 on the smollm2-1.7b and llama-13b presets. Random weights give flat
     logits, so a free-running comparison diverges for good after the first near-tie; the check is teacher-forced:
@@ -41,8 +42,6 @@ from tierllm.bench.results import check, print_checks, write_result  # noqa: E40
 DTYPE = torch.bfloat16
 PROMPT_LEN, LATENCY_GEN_LEN, THROUGHPUT_GEN_LEN, THROUGHPUT_BATCH = 512, 128, 32, 64
 AGREE_PROMPTS, AGREE_PROMPT_LEN, AGREE_GEN_LEN = 4, 64, 32
-# a run with one of these on (not "0"): "-staged" in its name
-STAGED_FLAGS = ("TIERLLM_DEFER_TP_RESIDUAL", "TIERLLM_FUSE_ROTARY_DECODE", "TIERLLM_L2_PREFETCH_MB")
 SPEED_PRESETS = ("llama-13b",)                           # agreement presets that also run the speed measurements
 
 
@@ -209,7 +208,7 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="repeatable: one llama-13b engine per variant at each TP size > 1, with these environment "
                              "variables (inherited by its workers) and all_reduce=nccl|symm_mem; e.g. "
-                             "pf24:TIERLLM_L2_PREFETCH_MB=24 (a second symm_mem engine in one process gets NCCL)")
+                             "sm:all_reduce=symm_mem (a second symm_mem engine in one process gets NCCL)")
     args = parser.parse_args()
     tp_sizes = [int(t) for t in args.tp_sizes.split(",")]
     if tp_sizes[0] != 1 or max(tp_sizes) > torch.cuda.device_count():
@@ -224,9 +223,8 @@ def main() -> int:
     log(f"ceilings on GPU 0: {ceilings}")
     results: dict = {"smollm2-135m_tp2_error": smollm2_135m_error()}
     checks = []
-    staged = "-staged" if any(os.environ.get(flag, "0") != "0" for flag in STAGED_FLAGS) or args.variant else ""
     name = ("tp-" + "-".join(map(str, tp_sizes)) + "-" + args.presets.replace(",", "-")
-            + ("-symm-mem" if args.all_reduce == "symm_mem" else "") + staged + ".json")
+            + ("-symm-mem" if args.all_reduce == "symm_mem" else "") + ("-variants" if args.variant else "") + ".json")
     settings = {"dtype": "bfloat16", "tp_sizes": tp_sizes, "prompt_len": PROMPT_LEN, "latency_gen_len": LATENCY_GEN_LEN,
                 "throughput": f"batch {THROUGHPUT_BATCH} x {PROMPT_LEN} prompt + {THROUGHPUT_GEN_LEN} new",
                 "agreement": f"{AGREE_PROMPTS} prompts x {AGREE_PROMPT_LEN} tokens, {AGREE_GEN_LEN} new, greedy",

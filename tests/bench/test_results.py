@@ -8,12 +8,12 @@ from tierllm.bench import results
 
 def test_result_file_carries_versions_and_a_source_digest(tmp_path, monkeypatch):
     out = tmp_path / "r.json"
-    monkeypatch.delenv("TIERLLM_FUSE_ROTARY_DECODE", raising=False)
+    monkeypatch.delenv("TIERLLM_EXAMPLE_FLAG", raising=False)
     results.write_result(out, "unit", torch.device("cpu"), {"x": 1.0}, {}, {"y": 2}, [], {"s": 3})
     doc = json.loads(out.read_text())
-    assert "TIERLLM_FUSE_ROTARY_DECODE" not in doc["versions"].get("tierllm_env", {})
-    monkeypatch.setenv("TIERLLM_FUSE_ROTARY_DECODE", "1")                 # a staged path is named in the result
-    assert results.versions()["tierllm_env"]["TIERLLM_FUSE_ROTARY_DECODE"] == "1"
+    assert "TIERLLM_EXAMPLE_FLAG" not in doc["versions"].get("tierllm_env", {})
+    monkeypatch.setenv("TIERLLM_EXAMPLE_FLAG", "1")                 # any TIERLLM_* variable is named in the result
+    assert results.versions()["tierllm_env"]["TIERLLM_EXAMPLE_FLAG"] == "1"
     digest = doc["versions"]["source_sha256"]
     assert len(digest) == 16 and int(digest, 16) >= 0
     assert digest == results.source_digest()                     # stable for the same sources

@@ -119,26 +119,6 @@ def test_tp2_combined_with_offload_or_quantized_weights_equals_tp1(combined):
     assert _tp_children() == []
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("quant", [None, "int8"])
-def test_tp2_deferred_residual_adds_equal_tp1(quant, monkeypatch):
-    """Staged TIERLLM_DEFER_TP_RESIDUAL=1 (read by the spawned worker too): each row-parallel output's all-reduced
-    sum waits and is added by the next norm GEMV (on CPU its fallback: the residual-add kernel into the other
-    stream buffer) or, for int8 layers, before their launch; decode steps give TP=1's tokens (fp32)."""
-    model = build_hf_model("llama_gqa")
-    options = {"quant": quant} if quant else {}
-    prompts = random_prompts([9, 14], seed=4)
-    expected = [make_engine(model, **options).generate(torch.tensor([p]), max_new_tokens=16).tolist()
-                for p in prompts]
-    monkeypatch.setenv("TIERLLM_DEFER_TP_RESIDUAL", "1")
-    engine = make_engine(model, tensor_parallel=TP2, **options)
-    try:
-        assert [engine.generate(torch.tensor([p]), max_new_tokens=16).tolist() for p in prompts] == expected
-    finally:
-        engine.close()
-    assert _tp_children() == []
-
-
 @pytest.mark.timeout(60)
 def test_int4_group_size_that_splits_a_row_parallel_slice_is_refused():
     with pytest.raises(ValueError, match="does not divide 32, the input size of this rank's slice of a row-parallel "

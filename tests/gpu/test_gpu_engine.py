@@ -41,25 +41,6 @@ def test_graphs_on_equal_graphs_off(dtype):
     assert torch.equal(with_graphs, without)
 
 
-@pytest.mark.parametrize("family", ["llama_gqa", "mistral_swa"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fused_rotary_decode_equals_separate_kernels(family, dtype, monkeypatch):
-    """The staged one-kernel decode attention (rotary and cache write in the split kernel,
-    TIERLLM_FUSE_ROTARY_DECODE) gives the separate kernels' tokens exactly, in CUDA graphs, over a batch of
-    different lengths: the same arithmetic, and each split program sees its own cache write."""
-    hf = copy.deepcopy(build_hf_model(family)).cuda().to(dtype)
-    prompts = random_prompts([3, 17, 33, 64, 9, 80], seed=6)
-    ids, mask = (t.cuda() for t in left_pad(prompts, pad=0))
-    tokens = []
-    for fuse in ("0", "1"):
-        monkeypatch.setenv("TIERLLM_FUSE_ROTARY_DECODE", fuse)
-        engine = tierllm.init_inference(hf, dtype=dtype, show_progress=False, max_num_seqs=16)
-        assert engine.engine.runner.graphs is not None
-        tokens.append(engine.generate(ids, attention_mask=mask, max_new_tokens=24, min_new_tokens=24))
-        engine.close()
-    assert torch.equal(tokens[0], tokens[1])
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_overlapped_steps_equal_waiting_steps_without_host_syncs(dtype):
     """Overlapped decode steps (graphs, batch of different lengths and max_tokens, seeded sampling in one row) give
@@ -195,30 +176,3 @@ def test_fp32_steps_with_prompt_tokens_stay_eager():
         with torch.inference_mode():
             ref = hf.generate(ids, max_new_tokens=16, do_sample=False)
         assert engine.generate(ids, max_new_tokens=16, do_sample=False).tolist() == ref.tolist()
-
-
-def test_l2_prefetch_leaves_its_tensor_and_the_stream_order_intact():
-    """kernels/l2_prefetch.py on a GPU: the prefetch kernel runs (inline PTX, every line of a tensor whose size is
-    no multiple of a program's lines, and a head of it), changes nothing, and its fork and join are captured into a
-    CUDA graph around work that must still come out right."""
-    from tierllm.kernels.l2_prefetch import can_prefetch, l2_prefetch, prefetching_during
-    weight = torch.randn(3001, 1027, device="cuda", dtype=torch.bfloat16)
-    before = weight.clone()
-    assert can_prefetch(weight)
-    l2_prefetch(weight, 2**40)
-    l2_prefetch(weight, 5000)
-    x = torch.randn(64, 1027, device="cuda")
-    out = torch.empty(64, 1027, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            with prefetching_during(weight, 2**20):
-                torch.mul(x, 3.0, out=out)
-            out.add_(1.0)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(weight, before)
-    assert torch.equal(out, x * 3.0 + 1.0)

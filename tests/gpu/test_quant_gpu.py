@@ -105,8 +105,8 @@ def test_every_int8_gemv_config(residual):
         y = start.clone() if residual else torch.empty(1, n, dtype=x.dtype, device="cuda")
         quant_gemv._gemv_body[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](
             x, packed["qweight"], packed["scales"], bias.to(x.dtype), packed["scales"], y, 1, n, k, x.stride(0),
-            packed["qweight"].stride(0), y.stride(0), 1e-6, x, x, x, **flags, **config.kwargs,
-            num_warps=config.num_warps, num_stages=config.num_stages)
+            packed["qweight"].stride(0), y.stride(0), 1e-6, **flags, **config.kwargs, num_warps=config.num_warps,
+            num_stages=config.num_stages)
         assert _rel_err(y, ref + start.float() if residual else ref) < 1e-2, config
 
 

@@ -3,49 +3,24 @@
 Triton version: flash-decoding. Programs = (sequence, KV head, split of the context); each walks its split
 in BLOCK_N-token tiles gathered through the block table, keeps an online softmax for the query heads that
 share the KV head (padded to 16 rows for tensor-core dots), and a second kernel merges the splits. Loop
-bounds come from context_lens on the device, so the launch is CUDA-graph safe.
-
-rotary_decode_attention: the same kernel also applies the step's rotary embedding to q in registers and, in the
-one program whose split holds the new token, rotates the new key and writes it and the new value into the cache
-(one kernel fewer per layer than kernels/rotary.py followed by the attention). Staged: off unless
-TIERLLM_FUSE_ROTARY_DECODE=1 until it has run on a GPU; the CPU interpreter runs the programs one after another,
-so it cannot test that the program's own cache write is seen by its loop."""
+bounds come from context_lens on the device, so the launch is CUDA-graph safe."""
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, use_triton
-from tierllm.kernels.rotary import rotary_and_cache_write
-
-
-def fuse_rotary_enabled() -> bool:
-    """The staged one-kernel path (module docstring); read at each call, as layers/residual_stream.py's flag."""
-    return os.environ.get("TIERLLM_FUSE_ROTARY_DECODE") == "1"
-
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     @triton.jit
-    def _rotate(x, x_partner, c, s, sign):
-        """x * cos + rotate_half(x) * sin, rounded where HF rounds (as kernels/rotary.py: each product in the
-        model dtype, then the sum); x_partner: x[(d + HEAD_DIM / 2) % HEAD_DIM], sign: -1 on the first half."""
-        dtype = x.dtype
-        return ((x.to(tl.float32) * c).to(dtype).to(tl.float32)
-                + (sign * x_partner.to(tl.float32) * s).to(dtype).to(tl.float32)).to(dtype)
-
-    @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
                              out_ptr, part_acc_ptr, part_ml_ptr, stride_qs, stride_qh, stride_bt, stride_os,
-                             stride_oh, scale, num_kv_heads, window,
-                             k_new_ptr, v_new_ptr, cos_ptr, sin_ptr, slot_ptr, stride_ks, stride_kh, stride_vs,
-                             stride_vh, stride_cs, GROUP: tl.constexpr,
+                             stride_oh, scale, num_kv_heads, window, GROUP: tl.constexpr,
                              HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, ROTARY: tl.constexpr = False):
+                             NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr):
         seq = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -61,23 +36,8 @@ if HAS_TRITON:
         dims = tl.arange(0, HEAD_DIM)
         row_mask = rows < GROUP
         heads = kv_head * GROUP + rows
-        q_rows = q_ptr + seq * stride_qs + heads[:, None] * stride_qh
-        q = tl.load(q_rows + dims[None, :], mask=row_mask[:, None], other=0.0)            # [16, HEAD_DIM]
-        if ROTARY:                 # q and the new k are not rotated yet; the new k and v are not in the cache
-            partner = (dims + HEAD_DIM // 2) % HEAD_DIM
-            sign = tl.where(dims < HEAD_DIM // 2, -1.0, 1.0)
-            cos_row = tl.load(cos_ptr + seq * stride_cs + dims).to(tl.float32)             # [HEAD_DIM]
-            sin_row = tl.load(sin_ptr + seq * stride_cs + dims).to(tl.float32)
-            q = _rotate(q, tl.load(q_rows + partner[None, :], mask=row_mask[:, None], other=0.0), cos_row[None, :],
-                        sin_row[None, :], sign[None, :])
-            new_slot = tl.load(slot_ptr + seq).to(tl.int64)
-            if (new_slot >= 0) & (start <= context_len - 1) & (context_len - 1 < end):   # split of the new token
-                k_new = k_new_ptr + seq * stride_ks + kv_head * stride_kh
-                new_row = new_slot * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims
-                tl.store(k_cache_ptr + new_row, _rotate(tl.load(k_new + dims), tl.load(k_new + partner), cos_row,
-                                                        sin_row, sign))
-                tl.store(v_cache_ptr + new_row, tl.load(v_new_ptr + seq * stride_vs + kv_head * stride_vh + dims))
-            tl.debug_barrier()     # the stores above are seen by every thread of this program before its loop
+        q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
+                    mask=row_mask[:, None], other=0.0)            # [16, HEAD_DIM]
         m = tl.full([16], float("-inf"), tl.float32)
         l = tl.zeros([16], tl.float32)
         acc = tl.zeros([16, HEAD_DIM], tl.float32)
@@ -134,18 +94,11 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, de
     return int(min(wanted, max(1, -(-max_len // block_n)), 32))
 
 
-def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
-                                  rotary=None):
-    """rotary: None, or (k, v, cos, sin, slot_mapping) of this step (k, v: [num_seqs, num_kv_heads, head_dim];
-    cos, sin: [num_seqs, head_dim]): q and k are not rotated yet and the new k, v not in the cache (see
-    rotary_decode_attention)."""
+def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    if group > 16 or head_dim & (head_dim - 1):           # 16 padded query rows per KV head, pow-2 head size
-        if rotary is not None:
-            k, v, cos, sin, slot_mapping = rotary
-            q, _ = rotary_and_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    if group > 16 or head_dim & (head_dim - 1):
         return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
     out = torch.empty_like(q)
     block_n = 64 if block_size <= 64 else block_size
@@ -155,13 +108,11 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     if num_splits > 1:
         part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
-    k, v, cos, sin, slot_mapping = rotary if rotary is not None else (q, q, q, q, context_lens)   # unused if None
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, q.stride(0), q.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
-        k, v, cos, sin, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        HAS_WINDOW=sliding_window is not None, ROTARY=rotary is not None, num_warps=4)
+        HAS_WINDOW=sliding_window is not None, num_warps=4)
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
                                                     HEAD_DIM=head_dim, NUM_SPLITS=num_splits)
@@ -195,18 +146,3 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     if use_triton(q) and q.dtype in (torch.float16, torch.bfloat16):
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
-
-
-def rotary_decode_attention(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, block_tables, context_lens, scale,
-                            sliding_window=None):
-    """A decode-only step: rotate q [num_seqs, H, D] and k [num_seqs, KH, D] by cos, sin [num_seqs, rot_dim],
-    write k and v to their cache slots (slot_mapping [num_seqs], -1: padding row), attend. -> [num_seqs, H, D].
-    One kernel (plus the split merge) where fuse_rotary_enabled() and the Triton kernel takes the step
-    (paged_decode_attention_triton falls back itself for shapes it cannot take); otherwise kernels/rotary.py, then
-    paged_decode_attention."""
-    if (fuse_rotary_enabled() and use_triton(q) and q.dtype in (torch.float16, torch.bfloat16)
-            and cos.shape[-1] == q.shape[-1]):
-        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window,
-                                             rotary=(k, v, cos, sin, slot_mapping))
-    q, _ = rotary_and_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
-    return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)

@@ -5,13 +5,10 @@ round trip of the activations per decode layer:
   NORM      RMSNorm prologue: x is the raw residual stream, y = rms_norm(x) @ W^T, in the same single pass over x
   GATED     SiLU-and-mul epilogue: W = [gate; up] with 2N rows, y = silu(x @ gate^T) * (x @ up^T)
   RESIDUAL  residual-add epilogue: r += x @ W^T (+ b), written in place into r
-  PRE_ADD   a row-parallel output's all-reduced sum (fp32) added to x first, rounded as add_rounded does; program 0
-            writes the new x out (layers/residual_stream.py: the add that would have been a kernel of its own)
 `fused_linear` dispatches them (or composes the unfused kernels where the GEMV does not apply)."""
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -19,17 +16,8 @@ import torch.nn.functional as F
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.activation import silu_and_mul
 from tierllm.kernels.norm import rms_norm
-from tierllm.kernels.residual_add import add_rounded
 
 MAX_GEMV_ROWS = 8
-
-
-class PreAdd(NamedTuple):
-    """What a GEMV multiplies is x + (summed + bias) rounded to x's dtype, and that sum is also written to `out`:
-    a row-parallel layer's all-reduced output not yet added into the residual stream x."""
-    summed: torch.Tensor               # [M, K] fp32 (fp16/bf16 layers) or x's dtype, contiguous
-    bias: torch.Tensor | None          # [K] or None
-    out: torch.Tensor                  # [M, K] in x's dtype, contiguous, not x
 
 if HAS_TRITON:
     import triton
@@ -67,7 +55,7 @@ if HAS_TRITON:
                 for bn, bk, w, s in [(4, 512, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 2), (16, 512, 8, 2),
                                      (1, 4096, 4, 1), (2, 4096, 4, 1), (2, 2048, 4, 2), (4, 2048, 8, 2),
                                      (4, 4096, 8, 1), (1, 2048, 4, 2)]]
-    _KEY = ["N", "K", "BLOCK_M", "NORM", "GATED", "RESIDUAL", "PRE_ADD"]
+    _KEY = ["N", "K", "BLOCK_M", "NORM", "GATED", "RESIDUAL"]
 
     @triton.jit
     def int8_to_f32(q):
@@ -83,12 +71,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
-                   pre_ptr, pre_b_ptr, x_out_ptr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                   RESIDUAL: tl.constexpr, INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PRE_ADD: tl.constexpr = False, PRE_BIAS: tl.constexpr = False):
+                   HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                   INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """fp16/bf16 weights, or int8 ones (INT8) whose per-channel scales s_ptr multiply the accumulators after
-        the K loop (quant_gemv.w8_gemv_triton). PRE_ADD: pre_ptr [M, K] (+ pre_b_ptr [K]) is added to x, and
-        x_out_ptr [M, K] (x's row stride) receives the sum; unused pointers may be any tensor."""
+        the K loop (quant_gemv.w8_gemv_triton)."""
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
@@ -104,16 +90,8 @@ if HAS_TRITON:
             if GATED:
                 w_up = tl.load(w_ptr + (offs_n + N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
                                mask=n_mask[:, None] & k_mask[None, :], other=0)
-            x_offs = offs_m[:, None] * stride_xm + offs_k[None, :]
-            x_mask = m_mask[:, None] & k_mask[None, :]
-            x = tl.load(x_ptr + x_offs, mask=x_mask, other=0.0)                       # [BLOCK_M, BLOCK_K]
-            if PRE_ADD:                   # the same rounding as kernels/residual_add.py, then program 0 writes it
-                added = tl.load(pre_ptr + x_offs, mask=x_mask, other=0.0)
-                if PRE_BIAS:
-                    added = added + tl.load(pre_b_ptr + offs_k, mask=k_mask, other=0.0)[None, :]
-                x = (x + added.to(x_ptr.dtype.element_ty)).to(x_ptr.dtype.element_ty)
-                if tl.program_id(0) == 0:
-                    tl.store(x_out_ptr + x_offs, x, mask=x_mask)
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
             if NORM:
                 x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
             acc += tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w, INT8)[None, :, :], axis=2)
@@ -160,28 +138,21 @@ def fused_output(x: torch.Tensor, rows: int, out_dtype: torch.dtype | None, norm
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 out_dtype: torch.dtype | None = None, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                gated: bool = False, residual: torch.Tensor | None = None,
-                pre_add: PreAdd | None = None) -> torch.Tensor:
+                gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x: [M, K] with M <= 8 (last dim contiguous); weight: [N, K] contiguous -> [M, N] in out_dtype (x's dtype
     by default; the accumulator is fp32 either way). Fusions (semantics: fused_linear_ref): norm_weight [K]
     RMSNorms x first; gated: weight is [gate; up], [2N, K] (bias [2N]), y = silu(gate) * up; residual [M, N]
-    (not aliasing x): y is added into it in place and it is returned; pre_add: x + (summed + bias), rounded, is
-    what is multiplied (and normed), written to pre_add.out (x's strides). gated + residual and
-    out_dtype != x.dtype with any fusion are not supported (ValueError)."""
+    (not aliasing x): y is added into it in place and it is returned. gated + residual and out_dtype != x.dtype
+    with any fusion are not supported (ValueError)."""
     m, k = x.shape
     y = fused_output(x, weight.shape[0], out_dtype, norm_weight, gated, residual)
     n = y.shape[1]
     block_m = max(1, triton.next_power_of_2(m))
-    if pre_add is not None and not (x.is_contiguous() and pre_add.summed.is_contiguous()
-                                    and pre_add.out.is_contiguous() and pre_add.out.shape == x.shape):
-        raise ValueError("pre_add needs x, summed and out contiguous and of x's shape")
-    pre = pre_add or PreAdd(x, None, x)                                  # unused pointers when there is none
     args = (x, weight, weight, bias if bias is not None else weight,
             norm_weight if norm_weight is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-            eps, pre.summed, pre.bias if pre.bias is not None else x, pre.out)
+            eps)
     flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
-             "RESIDUAL": residual is not None, "INT8": False, "PRE_ADD": pre_add is not None,
-             "PRE_BIAS": pre.bias is not None}
+             "RESIDUAL": residual is not None, "INT8": False}
     kernel = _gemv_residual_kernel if residual is not None else _gemv_kernel
     if is_interpreted():                                           # the interpreter cannot time configs
         kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=128)
@@ -254,14 +225,10 @@ def unfused_linear(x: torch.Tensor, project, norm_weight: torch.Tensor | None, e
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
-                 residual: torch.Tensor | None = None, pre_add: PreAdd | None = None) -> torch.Tensor:
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
     """`linear` with the decode fusions (see gemv_triton; semantics: fused_linear_ref, except that residual is
-    updated in place and returned, and pre_add's sum lands in pre_add.out): one GEMV launch where `linear` would
-    take the GEMV, the separate kernels otherwise."""
-    if (_takes_gemv(x, weight) and (residual is None or residual.stride(-1) == 1)
-            and (pre_add is None or x.is_contiguous())):
-        return gemv_triton(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual,
-                           pre_add=pre_add)
-    if pre_add is not None:
-        x = add_rounded(x, pre_add.summed, pre_add.bias, pre_add.out)
+    updated in place and returned): one GEMV launch where `linear` would take the GEMV, the separate kernels
+    otherwise."""
+    if _takes_gemv(x, weight) and (residual is None or residual.stride(-1) == 1):
+        return gemv_triton(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual)
     return unfused_linear(x, lambda h: linear(h, weight, bias), norm_weight, eps, gated, residual)

@@ -293,9 +293,9 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     block_m = max(1, triton.next_power_of_2(m))
     args = (x, qweight, scales, bias if bias is not None else scales,
             norm_weight if norm_weight is not None else scales, y, m, n, k, x.stride(0), qweight.stride(0),
-            y.stride(0), eps, x, x, x)                                   # no PRE_ADD: its pointers unused
+            y.stride(0), eps)
     flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
-             "RESIDUAL": residual is not None, "INT8": True, "PRE_ADD": False}
+             "RESIDUAL": residual is not None, "INT8": True}
     kernel = _w8_gemv_residual_kernel if residual is not None else _w8_gemv_kernel
     if is_interpreted():                                           # the interpreter cannot time configs
         kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=64)

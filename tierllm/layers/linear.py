@@ -87,20 +87,15 @@ class Linear(nn.Module):
         """This rank's share of a row-parallel output, before the all-reduce and the bias (fp32 for fp16/bf16)."""
         return kernels.linear(x, self.weight, out_dtype=partial_sum_dtype(x.dtype))
 
-    fuses_pre_add = True              # fused() takes pre_add (layers/residual_stream.py)
-
-    def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False, residual: torch.Tensor | None = None,
-              pre_add: kernels.PreAdd | None = None) -> torch.Tensor:
+    def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
         """forward() with its neighbours folded in: `norm` (an RMSNorm) applied to x first, SiLU-and-mul of the
-        [gate | up] output (gated), or the output added into `residual` in place (returns `residual`); pre_add: a
-        pending all-reduced sum added to x before all that (the new x written to pre_add.out). One GEMV kernel
-        for decode-sized batches on CUDA (kernels.fused_linear); the separate kernels otherwise. An all-reduced
-        output: reduced_fused."""
+        [gate | up] output (gated), or the output added into `residual` in place (returns `residual`). One GEMV
+        kernel for decode-sized batches on CUDA (kernels.fused_linear); the separate kernels otherwise. An
+        all-reduced output: reduced_fused."""
         if self.reduce_output:
-            if pre_add is not None:
-                raise ValueError("a row-parallel layer's input is not the residual stream: no pre_add")
             return reduced_fused(self, x, norm, gated, residual)
-        return kernels.fused_linear(x, self.weight, self.bias, **fusion_args(norm, gated, residual), pre_add=pre_add)
+        return kernels.fused_linear(x, self.weight, self.bias, **fusion_args(norm, gated, residual))
 
 
 def fusion_args(norm, gated: bool, residual: torch.Tensor | None) -> dict:

@@ -11,7 +11,6 @@ from tierllm.layers.attention import Attention, AttentionMetadata
 from tierllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from tierllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tierllm.layers.norm import RMSNorm
-from tierllm.layers.residual_stream import ResidualStream
 from tierllm.layers.rotary import RotaryEmbedding
 from tierllm.models.base import NativeModel, head_dim_of
 
@@ -43,17 +42,17 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
                               _sliding_window(config, layer_idx))
 
-    def forward(self, cos_sin, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """hidden: [num_tokens, hidden] (normalized) -> [num_tokens, hidden]."""
-        return self.o_proj(self.attend(cos_sin, self.qkv_proj(hidden), meta))
-
-    def attend(self, cos_sin, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """qkv: [num_tokens, (H + 2 KV) * head_dim] -> the attention output [num_tokens, H * head_dim]."""
-        n = qkv.shape[0]
+    def forward(self, cos_sin, hidden: torch.Tensor, meta: AttentionMetadata, norm: RMSNorm | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: [num_tokens, hidden] -> [num_tokens, hidden]. The decode form (LlamaDecoderLayer.forward_decode)
+        passes the un-normalized stream with its `norm`, and `residual` to add the output into (returned)."""
+        n = hidden.shape[0]
+        qkv = self.qkv_proj(hidden) if norm is None else self.qkv_proj.fused(hidden, norm=norm)
         q, k, v = self.qkv_proj.split(qkv)
         q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
-        return self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta, cos_sin)
+        out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta, cos_sin)
+        return self.o_proj(out) if residual is None else self.o_proj.fused(out, residual=residual)
 
 
 class LlamaMLP(nn.Module):
@@ -85,16 +84,14 @@ class LlamaDecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
-    def forward_decode(self, cos_sin, stream: ResidualStream, meta, next_layer=None) -> None:
-        """The same layer for decode-sized steps, on the residual stream: each norm runs inside the GEMV after it,
-        the SiLU-and-mul inside gate/up's, each residual add inside o_proj's and down's (three kernels fewer per
-        layer; kernels.fused_linear), or after the all-reduce for row-parallel outputs (ResidualStream), which
-        prefetches the next GEMV's weight meanwhile (next_layer's QKV after down_proj, when given)."""
-        attn, mlp = self.self_attn, self.mlp
-        stream.add(attn.o_proj, attn.attend(cos_sin, stream.through_norm(attn.qkv_proj, self.input_layernorm), meta),
-                   then=mlp.gate_up_proj)
-        stream.add(mlp.down_proj, stream.through_norm(mlp.gate_up_proj, self.post_attention_layernorm, gated=True),
-                   then=None if next_layer is None else next_layer.self_attn.qkv_proj)
+    def forward_decode(self, cos_sin, stream: torch.Tensor, meta) -> None:
+        """The same layer for decode-sized steps, on the residual stream [num_tokens, hidden], updated in place:
+        each norm runs inside the GEMV after it, the SiLU-and-mul inside gate/up's, each residual add inside
+        o_proj's and down's (three kernels fewer per layer; kernels.fused_linear)."""
+        self.self_attn(cos_sin, stream, meta, norm=self.input_layernorm, residual=stream)
+        mlp = self.mlp
+        mlp.down_proj.fused(mlp.gate_up_proj.fused(stream, norm=self.post_attention_layernorm, gated=True),
+                            residual=stream)
 
 
 class LlamaModel(nn.Module):
@@ -111,18 +108,15 @@ class LlamaModel(nn.Module):
         cos_sin = self.rotary.lookup(positions)
         # pure decode steps of up to MAX_GEMV_ROWS tokens; prefills run layer by layer (module calls, which
         # GPTQ's calibration hooks watch)
-        stream = ResidualStream(hidden) if meta.num_decode_tokens == hidden.shape[0] <= kernels.MAX_GEMV_ROWS \
-            else None
-        resident = getattr(streamer, "holds_every_layer", False)
+        decode_form = meta.num_decode_tokens == hidden.shape[0] <= kernels.MAX_GEMV_ROWS
         for i, layer in enumerate(self.layers):
             streamer.before_layer(i)
-            if stream is not None:
-                next_layer = self.layers[i + 1] if resident and i + 1 < len(self.layers) else None
-                layer.forward_decode(cos_sin, stream, meta, next_layer)
+            if decode_form:
+                layer.forward_decode(cos_sin, hidden, meta)            # hidden is the residual stream
             else:
                 hidden, residual = layer(cos_sin, hidden, residual, meta)
             streamer.after_layer(i)
-        return self.norm(hidden if stream is None else stream.settled(), residual)[0]
+        return self.norm(hidden, residual)[0]
 
 
 class LlamaForCausalLM(NativeModel):

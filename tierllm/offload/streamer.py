@@ -16,7 +16,6 @@ from tierllm.offload.nvme_store import NvmeLayerStore
 
 class ResidentLayers:
     """Every layer's weights stay where they are: nothing to wait for."""
-    holds_every_layer = True          # a layer may read (e.g. prefetch) the next layer's weights
 
     def before_layer(self, index: int) -> None:
         pass
