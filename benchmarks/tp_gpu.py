@@ -232,7 +232,7 @@ def main() -> int:
                 "max_num_seqs": THROUGHPUT_BATCH, "all_reduce": args.all_reduce}
     variants = [parse_variant(spec, args.all_reduce) for spec in args.variant]
     if variants:
-        settings["variants"] = {name: {**env, "all_reduce": all_reduce} for name, env, all_reduce in variants}
+        settings["variants"] = {label: {**env, "all_reduce": all_reduce} for label, env, all_reduce in variants}
     for preset in [p for p in args.presets.split(",") if p != "none"]:
         reference, exact = None, None
         runs = [(tp_size, variant) for tp_size in tp_sizes
@@ -256,7 +256,8 @@ def main() -> int:
             else:
                 row["free_running_agreement"] = round(probe_out["free_running_agreement"], 4)
                 row["teacher_forced_agreement"] = round(probe_out["teacher_forced_agreement"], 4)
-                checks.append(check(f"{preset} TP={tp_size} vs TP=1: teacher-forced greedy agreement (bf16)",
+                checks.append(check(f"{preset} TP={tp_size}{' ' + name_suffix if name_suffix else ''} vs TP=1: "
+                                    "teacher-forced greedy agreement (bf16)",
                                     probe_out["teacher_forced_agreement"], ">=", 0.95))
                 log(f"{preset} TP={tp_size}: agreement {row}")
             if preset in SPEED_PRESETS:

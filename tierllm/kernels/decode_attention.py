@@ -98,7 +98,7 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    if group > 16 or head_dim & (head_dim - 1):
+    if group > 16 or head_dim & (head_dim - 1):           # 16 padded query rows per KV head, pow-2 head size
         return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
     out = torch.empty_like(q)
     block_n = 64 if block_size <= 64 else block_size
