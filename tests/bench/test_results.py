@@ -24,3 +24,8 @@ def test_result_file_carries_versions_and_a_source_digest(tmp_path, monkeypatch)
     before = results.source_digest()
     (package / "a.py").write_text("x = 2\n")
     assert results.source_digest() != before                     # any source change shows
+
+
+def test_print_checks_of_a_run_without_checks_prints_nothing(capsys):
+    results.print_checks([])                       # e.g. quant_gpu.py --variants bf16: no ratio to check
+    assert capsys.readouterr().out == ""

@@ -76,7 +76,7 @@ def write_result(path: Path, benchmark: str, device: torch.device, ceilings: dic
 
 
 def print_checks(checks: list[dict]) -> None:
-    width = max(len(c["name"]) for c in checks)
+    width = max((len(c["name"]) for c in checks), default=0)        # a run with nothing to check prints nothing
     for c in checks:
         mark = "PASS" if c["passed"] else "FAIL"
         print(f"  {mark}  {c['name']:<{width}}  {c['value']:>10.3f} {c['op']} {c['target']}")
