@@ -169,11 +169,15 @@ def offload_section(doc: dict, rerun: dict, kv_alone: dict, profile: dict) -> li
     return lines
 
 
-def _span(results: dict, key: str, rows: int = 1) -> str:
-    """min-max percentage of `key` (a share of the HBM copy rate) over the kernel-table entries of `rows` rows of x,
-    e.g. '26-38%'."""
-    shares = [k[key] * 100 for k in results["batch1_kernels"] if k["shape"][0] == rows and key in k]
+def _percent_range(shares) -> str:
+    """Shares (fractions, e.g. of the HBM copy rate) -> their min-max in percent, e.g. '26-38%'."""
+    shares = [share * 100 for share in shares]
     return f"{min(shares):.0f}-{max(shares):.0f}%"
+
+
+def _span(results: dict, key: str, rows: int = 1) -> str:
+    """_percent_range of `key` over the kernel-table entries of `rows` rows of x."""
+    return _percent_range(k[key] for k in results["batch1_kernels"] if k["shape"][0] == rows and key in k)
 
 
 def quant_section(doc: dict, autotuned: dict, kernels: dict) -> list[str]:
@@ -185,8 +189,7 @@ def quant_section(doc: dict, autotuned: dict, kernels: dict) -> list[str]:
     rows = autotuned["rows"]                                                  # one per linear shape [N, K]
 
     def share(key: str) -> str:
-        shares = [row[key] * 100 for row in rows]
-        return f"{min(shares):.0f}-{max(shares):.0f}%"
+        return _percent_range(row[key] for row in rows)
 
     ptx = [f"{row['shape'][0]} x {row['shape'][1]}: {row['int4_nibble_ptx_top'][0]['us']} us against "
            + str(min(t["us"] for t in row["int4_nibble_ptx_top"] if "nibbles0" in t["config"])) + " us"
