@@ -5,6 +5,7 @@ itself), one full measurement per call, JSON under $OUT:
   python benchmarks/tp_gpu.py --tp-sizes 1,2,4      # nvidia-h100-x4 (adds TP=4 and the llama-70b run)
   ... --all-reduce symm_mem                         # the one-shot symmetric-memory all-reduce (distributed/)
   ... --variant a:ENV=1 --variant b:ENV=0           # A/B: one llama-13b engine per variant at each TP size > 1
+  ... --invariant --skip-70b                        # agreement only, tensor_parallel invariant=True at every TP
 
 (a) agreement: TP=N greedy tokens vs TP=1 on the smollm2-1.7b and llama-13b presets. Random weights give flat
     logits, so a free-running comparison diverges for good after the first near-tie; the check is teacher-forced:
@@ -50,12 +51,13 @@ def log(message: str) -> None:
 
 
 def open_engine(preset: str, tp_size: int, cuda_graphs: bool = True, dtype: torch.dtype = DTYPE,
-                all_reduce: str = "nccl"):
+                all_reduce: str = "nccl", invariant: bool = False):
     """The preset's bf16 weights (dtype=torch.float32: the same values, computed in fp32)."""
     start = time.perf_counter()
     engine = tierllm.init_inference(PresetSource(preset, DTYPE), dtype=dtype, device="cuda",
                                     enable_cuda_graph=cuda_graphs,
-                                    tensor_parallel={"tp_size": tp_size, "timeout_s": 300, "all_reduce": all_reduce},
+                                    tensor_parallel={"tp_size": tp_size, "timeout_s": 300, "all_reduce": all_reduce,
+                                                     "invariant": invariant},
                                     max_model_len=1024,
                                     max_num_seqs=THROUGHPUT_BATCH, max_num_batched_tokens=4096, show_progress=False,
                                     gpu_memory_utilization=0.9)
@@ -106,10 +108,10 @@ def agreement_probe(engine, vocab: int, reference: dict | None) -> dict:
     return out
 
 
-def fp32_answers(preset: str, prefixes: list[list[int]]) -> list[int]:
+def fp32_answers(preset: str, prefixes: list[list[int]], invariant: bool = False) -> list[int]:
     """TP=1 in fp32 on the same (bf16-valued) weights: the exact answers both bf16 engines are measured against. On
     near-flat random logits, how often bf16 TP=1 itself misses them is the noise any bf16 engine has."""
-    engine, _ = open_engine(preset, 1, cuda_graphs=False, dtype=torch.float32)
+    engine, _ = open_engine(preset, 1, cuda_graphs=False, dtype=torch.float32, invariant=invariant)
     answers = next_tokens(engine, prefixes)
     engine.close()
     del engine
@@ -209,6 +211,9 @@ def main() -> int:
                         help="repeatable: one llama-13b engine per variant at each TP size > 1, with these environment "
                              "variables (inherited by its workers) and all_reduce=nccl|symm_mem; e.g. "
                              "sm:all_reduce=symm_mem (a second symm_mem engine in one process gets NCCL)")
+    parser.add_argument("--invariant", action="store_true",
+                        help="every engine with tensor_parallel invariant=True (TP=1 included): agreement only, no "
+                             "speed runs")
     args = parser.parse_args()
     tp_sizes = [int(t) for t in args.tp_sizes.split(",")]
     if tp_sizes[0] != 1 or max(tp_sizes) > torch.cuda.device_count():
@@ -224,26 +229,29 @@ def main() -> int:
     results: dict = {"smollm2-135m_tp2_error": smollm2_135m_error()}
     checks = []
     name = ("tp-" + "-".join(map(str, tp_sizes)) + "-" + args.presets.replace(",", "-")
-            + ("-symm-mem" if args.all_reduce == "symm_mem" else "") + ("-variants" if args.variant else "") + ".json")
+            + ("-symm-mem" if args.all_reduce == "symm_mem" else "") + ("-variants" if args.variant else "")
+            + ("-invariant" if args.invariant else "") + ".json")
     settings = {"dtype": "bfloat16", "tp_sizes": tp_sizes, "prompt_len": PROMPT_LEN, "latency_gen_len": LATENCY_GEN_LEN,
                 "throughput": f"batch {THROUGHPUT_BATCH} x {PROMPT_LEN} prompt + {THROUGHPUT_GEN_LEN} new",
                 "agreement": f"{AGREE_PROMPTS} prompts x {AGREE_PROMPT_LEN} tokens, {AGREE_GEN_LEN} new, greedy",
                 "cuda_graphs": "on for the speed runs (llama-13b, llama-70b), off for agreement-only presets",
-                "max_num_seqs": THROUGHPUT_BATCH, "all_reduce": args.all_reduce}
+                "max_num_seqs": THROUGHPUT_BATCH, "all_reduce": args.all_reduce, "invariant": args.invariant}
+    speed_presets = () if args.invariant else SPEED_PRESETS
     variants = [parse_variant(spec, args.all_reduce) for spec in args.variant]
     if variants:
         settings["variants"] = {label: {**env, "all_reduce": all_reduce} for label, env, all_reduce in variants}
     for preset in [p for p in args.presets.split(",") if p != "none"]:
         reference, exact = None, None
         runs = [(tp_size, variant) for tp_size in tp_sizes
-                for variant in (variants if tp_size > 1 and variants and preset in SPEED_PRESETS else [None])]
+                for variant in (variants if tp_size > 1 and variants and preset in speed_presets else [None])]
         for tp_size, variant in runs:
             name_suffix, env, all_reduce = variant or ("", {}, args.all_reduce)
             saved_env = {key: os.environ.get(key) for key in env}
             os.environ.update(env)
             # graph capture takes most of an engine's start; only the speed runs need it (the kernels are the same)
-            engine, init_s = open_engine(preset, tp_size, cuda_graphs=preset in SPEED_PRESETS, all_reduce=all_reduce)
-            row = {"init_s": round(init_s, 1), "cuda_graphs": preset in SPEED_PRESETS}
+            engine, init_s = open_engine(preset, tp_size, cuda_graphs=preset in speed_presets, all_reduce=all_reduce,
+                                         invariant=args.invariant)
+            row = {"init_s": round(init_s, 1), "cuda_graphs": preset in speed_presets}
             if variant:
                 row["variant"] = {**env, "all_reduce": all_reduce}
             probe_out = agreement_probe(engine, engine.engine.vocab_size, reference)
@@ -257,10 +265,10 @@ def main() -> int:
                 row["free_running_agreement"] = round(probe_out["free_running_agreement"], 4)
                 row["teacher_forced_agreement"] = round(probe_out["teacher_forced_agreement"], 4)
                 checks.append(check(f"{preset} TP={tp_size}{' ' + name_suffix if name_suffix else ''} vs TP=1: "
-                                    "teacher-forced greedy agreement (bf16)",
+                                    f"teacher-forced greedy agreement (bf16{', invariant' if args.invariant else ''})",
                                     probe_out["teacher_forced_agreement"], ">=", 0.95))
                 log(f"{preset} TP={tp_size}: agreement {row}")
-            if preset in SPEED_PRESETS:
+            if preset in speed_presets:
                 row.update(speed(engine, preset, tp_size, hbm))
             results[f"{preset}_tp{tp_size}{'_' + name_suffix if name_suffix else ''}"] = row
             # written after every engine, before closing it: a call cut short still returns what it measured
@@ -273,12 +281,12 @@ def main() -> int:
             log(f"{preset} TP={tp_size}: closed in {time.perf_counter() - close_started:.1f} s")
             restore_env(saved_env)
             if tp_size == 1 and args.fp32_reference:
-                exact = fp32_answers(preset, reference["prefixes"])
+                exact = fp32_answers(preset, reference["prefixes"], args.invariant)
                 results[f"{preset}_tp1"]["teacher_forced_agreement_vs_fp32"] = round(
                     share_equal(reference["answers"], exact), 4)
                 log(f"{preset} TP=1 fp32: bf16 TP=1 picks the fp32 token on "
                     f"{results[f'{preset}_tp1']['teacher_forced_agreement_vs_fp32']:.1%} of prefixes")
-    if "llama-13b_tp1" in results:
+    if "batch1" in results.get("llama-13b_tp1", {}):
         tp1_ms = results["llama-13b_tp1"]["batch1"]["decode_ms_per_step"]
         for key in [k for k in results if k.startswith("llama-13b_tp2")]:
             checks.append(check(f"llama-13b batch 1: time per token TP=2{key[len('llama-13b_tp2'):]} / TP=1",

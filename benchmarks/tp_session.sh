@@ -4,10 +4,12 @@
 #   bash benchmarks/tp_session.sh micro            # the all-reduce micro-benchmark and the 2-GPU tests (~3 min)
 #   bash benchmarks/tp_session.sh 13b [ALL_REDUCE] # tp_gpu.py on llama-13b, TP=1/2(/4), no fp32 reference (~6 min)
 #   bash benchmarks/tp_session.sh 70b [ALL_REDUCE] # tp_gpu.py's llama-70b TP=4 run alone (4 GPUs)
+#   bash benchmarks/tp_session.sh invariant        # invariant mode: its GPU tests, then agreement on smollm2-1.7b
+#                                                  # and llama-13b at TP=1/2(/4), no speed runs (~8 min)
 # ALL_REDUCE: nccl (default) or symm_mem. The fp32-reference agreement of llama-13b (bf16's own noise floor,
 # 82.8% on 2026-11-27) is in tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
-part=${1:?part: micro, 13b or 70b}
+part=${1:?part: micro, 13b, 70b or invariant}
 all_reduce=${2:-nccl}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -27,5 +29,12 @@ case "$part" in
     python3 benchmarks/tp_gpu.py --tp-sizes 1,4 --presets none --all-reduce "$all_reduce" 2>&1 \
         | tee "$OUT/tp_gpu_70b_$all_reduce.log" | grep -v "^\s*$" | tail -25
     ;;
-  *) echo "unknown part $part: micro, 13b or 70b" >&2; exit 2 ;;
+  invariant)
+    tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py \
+        tests/kernels/test_triton_kernels.py -k invariant 2>&1 | tee "$OUT/invariant_tests.log" | tail -8
+    python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets smollm2-1.7b,llama-13b --skip-70b --no-fp32-reference \
+        --invariant 2>&1 | tee "$OUT/tp_gpu_invariant.log" | grep -v "^\s*$" | tail -25
+    ;;
+  *) echo "unknown part $part: micro, 13b, 70b or invariant" >&2; exit 2 ;;
 esac

@@ -267,7 +267,8 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
     for small budgets; 0 (default): they run eagerly. `tierllm serve` uses 512.
     tensor_parallel: {"tp_size": N} splits every layer over N processes (N GPUs): under torchrun each rank joins
     the job (ranks > 0 then serve rank 0's steps inside this call and exit when it shuts down, never returning);
-    otherwise this process is rank 0 and spawns N-1 workers. See tierllm/distributed/launch.py.
+    otherwise this process is rank 0 and spawns N-1 workers. See tierllm/distributed/launch.py. {"tp_size": N,
+    "invariant": True}: bitwise the same outputs at tp sizes 1, 2, 4 and 8 (kernels/invariant_linear.py; slower).
     max_num_batched_tokens: token budget per step (default 2048; with offload, as many as the GPU budget's
     activations allow, so one pass over the streamed layers serves a whole batch of prompts).
     offload: an OffloadConfig (or its fields as a dict) to stream decoder layers from pinned CPU memory or NVMe.
@@ -302,6 +303,9 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
         offload = OffloadConfig(**offload) if isinstance(offload, dict) else offload
         native = _load_native_model(checkpoint, model_cls, max_len, torch_dtype, parallel, device,
                                     is_offloaded=offload is not None, quant=quant, show_progress=show_progress)
+        if parallel.invariant_parts and any(hasattr(m, "qweight") for m in native.modules()):
+            raise ValueError("tensor_parallel invariant=True computes with unquantized weights only: drop quant "
+                             "(or load the unquantized checkpoint), or drop invariant")
         block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
         # with KV offload the GPU holds two layers' working buffers of the pool, not every layer's blocks
         gpu_block_bytes = 2 * block_bytes // len(native.attention_layers()) if kv_offload else block_bytes

@@ -119,6 +119,36 @@ def test_tp2_combined_with_offload_or_quantized_weights_equals_tp1(combined):
     assert _tp_children() == []
 
 
+def _tokens_and_logprobs(model, tensor_parallel) -> list:
+    params = tierllm.SamplingParams(max_tokens=12, temperature=0.0, logprobs=3)
+    llm = tierllm.LLM(model, show_progress=False, num_kv_blocks=64, tensor_parallel=tensor_parallel)
+    try:
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(random_prompts([6, 19], 5),
+                                                                                         params)]
+    finally:
+        llm.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("family", ["llama_gqa", "gpt2"])
+def test_invariant_mode_tp2_log_probs_are_tp1_bits(family):
+    """tensor_parallel invariant=True: TP=2's log-probs equal TP=1's bit for bit (fp32; prefill and decode), where
+    the default mode's row-parallel sums (another order of fp32 additions) change their last bits."""
+    model = build_hf_model(family)
+    tp1 = _tokens_and_logprobs(model, {"tp_size": 1, "invariant": True})
+    assert _tokens_and_logprobs(model, {**TP2, "invariant": True}) == tp1
+    if family == "llama_gqa":
+        assert _tokens_and_logprobs(model, TP2) != _tokens_and_logprobs(model, 1)
+    assert _tp_children() == []
+
+
+def test_invariant_mode_errors_say_what_works():
+    with pytest.raises(ValueError, match="invariant=True covers tp sizes 1, 2, 4, 8, got tp_size=3"):
+        ParallelConfig.from_any({"tp_size": 3, "invariant": True})
+    with pytest.raises(ValueError, match="invariant=True computes with unquantized weights only"):
+        make_engine(build_hf_model("llama"), quant="int8", tensor_parallel={"tp_size": 1, "invariant": True})
+
+
 @pytest.mark.timeout(60)
 def test_int4_group_size_that_splits_a_row_parallel_slice_is_refused():
     with pytest.raises(ValueError, match="does not divide 32, the input size of this rank's slice of a row-parallel "

@@ -61,3 +61,22 @@ def test_a_second_symm_mem_engine_in_the_same_process_starts_on_nccl():
                              tensor_parallel={"tp_size": 2, "all_reduce": "symm_mem", "timeout_s": 120})
         assert engine.generate(prompt, max_new_tokens=12, do_sample=False).tolist() == expected, attempt
         engine.close()
+
+
+@pytest.mark.timeout(600)
+def test_invariant_mode_log_probs_are_tp1_bits_in_bf16_with_cuda_graphs():
+    """tensor_parallel invariant=True on GPUs, bf16, prefill and graph-replayed decode: TP=2 (and TP=4 with 4
+    GPUs) give TP=1's tokens and log-probs bit for bit."""
+    import tierllm
+
+    model = build_hf_model("llama_gqa")
+    params = tierllm.SamplingParams(max_tokens=16, temperature=0.0, logprobs=3)
+    prompts = random_prompts([7, 30, 12], seed=8)
+    results = {}
+    for tp_size in [1, 2] + ([4] if torch.cuda.device_count() >= 4 else []):
+        llm = tierllm.LLM(model, device="cuda", dtype=torch.bfloat16, show_progress=False, num_kv_blocks=64,
+                          tensor_parallel={"tp_size": tp_size, "invariant": True})
+        assert llm.engine.runner.graphs is not None
+        results[tp_size] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params)]
+        llm.close()
+    assert all(result == results[1] for result in results.values())

@@ -10,6 +10,7 @@ from tierllm.kernels import activation, cache_write, decode_attention, norm, res
 from tierllm.kernels._dispatch import HAS_TRITON
 
 prefill_attention = importlib.import_module("tierllm.kernels.prefill_attention")
+invariant_linear = importlib.import_module("tierllm.kernels.invariant_linear")
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The Triton interpreter (CPU) mishandles bf16 storage (it returns garbage even for a plain copy), so bf16
@@ -323,3 +324,32 @@ def test_gemv_fused_autotuned(monkeypatch, fusion):
     kernel = gemv._gemv_residual_kernel if fusion == "residual" else gemv._gemv_kernel
     check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, gemv, kernel, lambda: gemv.gemv_triton(x, w, **kw)),
                      functools.partial(gemv.fused_linear_ref, x.float(), w.float()), rows, n, kwargs)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION + [torch.float32])
+@pytest.mark.parametrize("rows", [3, 40])
+def test_invariant_linear_matches_reference_and_is_split_invariant(dtype, rows):
+    """Close to the torch reference; bitwise the same for a column shard (other N) and for K halves of half the
+    parts added afterwards (a TP=2 row-parallel split), in the kernel and in the reference alike."""
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=gen).to(DEVICE, dtype)
+    w = torch.randn(72, 96, generator=gen).to(DEVICE, dtype)
+    bias = torch.randn(72, generator=gen).to(DEVICE, dtype)
+    for parts in (1, 2, 4, 8):
+        out = invariant_linear.invariant_linear_triton(x, w, bias, parts)
+        assert _rel_err(out, invariant_linear.invariant_linear_ref(x, w, bias, parts)) < 1e-2
+    for fn in (invariant_linear.invariant_linear_triton, invariant_linear.invariant_linear_ref):
+        whole = fn(x, w, None, 4, torch.float32)
+        assert torch.equal(whole[:, 17:61], fn(x, w[17:61].contiguous(), None, 4, torch.float32))
+        halves = [fn(x[:, k].contiguous(), w[:, k].contiguous(), None, 2, torch.float32)
+                  for k in (slice(0, 48), slice(48, 96))]
+        assert torch.equal(whole, halves[0] + halves[1])
+        assert not torch.equal(whole, fn(x, w, None, 1, torch.float32))      # the parts change the order
+
+
+def test_invariant_linear_refuses_parts_that_do_not_divide_k():
+    x, w = torch.randn(2, 36), torch.randn(8, 36)
+    with pytest.raises(ValueError, match="K cut into 8 equal parts"):
+        invariant_linear.invariant_linear_ref(x, w, None, 8)
+    with pytest.raises(ValueError, match="parts must be 1, 2, 4 or 8, got 3"):
+        invariant_linear.invariant_linear_ref(x, w, None, 3)

@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from tierllm.distributed.parallel_state import ParallelState
+from tierllm.kernels.invariant_linear import tree_sum
 
 # torch >= 2.13 renamed all_gather_into_tensor (deprecated there; the device machines run 2.11)
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -15,12 +16,27 @@ def all_reduce(x: torch.Tensor, state: ParallelState) -> torch.Tensor:
     symmetric-memory all-reduce when it is on and x is decode-sized (both are captured into CUDA graphs)."""
     if state.tp_size == 1:
         return x
+    if state.invariant_parts:
+        return ordered_all_reduce(x, state)
     if state.symm_all_reduce is not None:
         summed = state.symm_all_reduce(x)
         if summed is not None:
             return summed
     dist.all_reduce(x, group=state.group)
     return x
+
+
+def ordered_all_reduce(x: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """The sum of x over the ranks in a fixed order, the same on every rank and for every group size: the ranks'
+    tensors are gathered and added in a pairwise tree ((x0 + x1) + (x2 + x3)), the order in which
+    kernels/invariant_linear.py adds the K parts of a row-parallel layer (tensor_parallel invariant mode; NCCL's
+    ring adds in an order that depends on the rank and the chunk)."""
+    if state.tp_size == 1:
+        return x
+    x = x.contiguous()
+    gathered = torch.empty((state.tp_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    _all_gather_single(gathered, x, group=state.group)                                 # [tp * rows, ...]
+    return tree_sum(list(gathered.view(state.tp_size, *x.shape).unbind(0)))
 
 
 def all_gather_last_dim(x: torch.Tensor, state: ParallelState) -> torch.Tensor:

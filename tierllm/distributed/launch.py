@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from tierllm.distributed.parallel_state import (
+    INVARIANT_PARTS,
     ParallelConfig,
     ParallelState,
     destroy_parallel_state,
@@ -88,7 +89,8 @@ def _free_port() -> int:
 
 def start_tensor_parallel(tensor_parallel, device: torch.device, source, engine_args: dict):
     """-> (this rank's ParallelState, the model source to open on this rank).
-    tensor_parallel: None / 1 (single process), {"tp_size": N, "timeout_s": s, "all_reduce": "nccl"} /
+    tensor_parallel: None / 1 (single process), {"tp_size": N, "timeout_s": s, "all_reduce": "nccl",
+    "invariant": False} /
     ParallelConfig, or the ParallelState of a worker this module spawned. Under torchrun (RANK/WORLD_SIZE set)
     every rank joins the job's group; otherwise this process becomes rank 0 and spawns N-1 workers, which rebuild
     the engine from engine_args (their own shard) and serve rank 0's steps."""
@@ -96,12 +98,13 @@ def start_tensor_parallel(tensor_parallel, device: torch.device, source, engine_
         return tensor_parallel, open_source(source, tensor_parallel.device)
     config = ParallelConfig.from_any(tensor_parallel)
     if config.tp_size == 1:
-        return ParallelState(device=device), open_source(source, device)
+        state = ParallelState(device=device, invariant_parts=INVARIANT_PARTS if config.invariant else 0)
+        return state, open_source(source, device)
     env = torchrun_env()
     if env is not None:
         rank, _, local_rank = env
         state = init_parallel_state(rank, config.tp_size, rank_device(device, local_rank), config.timeout_s,
-                                    all_reduce=config.all_reduce)
+                                    all_reduce=config.all_reduce, invariant=config.invariant)
         return state, open_source(source, state.device)
     if dist.is_initialized():
         raise ValueError("torch.distributed is already initialized in this process (another tensor-parallel engine "
@@ -113,10 +116,11 @@ def start_tensor_parallel(tensor_parallel, device: torch.device, source, engine_
     worker_args = {**engine_args, "model": _portable(source), "show_progress": False}
     threads = torch.get_num_threads() if device.type == "cuda" else max(1, torch.get_num_threads() // config.tp_size)
     workers = WorkerProcesses([WorkerSpec(rank, config.tp_size, init_method, str(device), config.timeout_s, threads,
-                                          worker_args, config.all_reduce) for rank in range(1, config.tp_size)])
+                                          worker_args, config.all_reduce, config.invariant)
+                                for rank in range(1, config.tp_size)])
     try:
         state = init_parallel_state(0, config.tp_size, rank_device(device, 0), config.timeout_s, init_method,
-                                    config.all_reduce)
+                                    config.all_reduce, config.invariant)
     except BaseException:
         workers.stop(timeout_s=0.5)
         raise

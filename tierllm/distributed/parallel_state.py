@@ -21,6 +21,9 @@ NCCL_ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST"
 _PLAN_WAIT_TIMEOUT = datetime.timedelta(days=7)
 
 ALL_REDUCE_KINDS = ("nccl", "symm_mem")
+# Invariant mode cuts every row-parallel sum into this many K parts (kernels/invariant_linear.py): TP sizes 1, 2, 4
+# and 8 then add the same parts in the same tree, and give the same bits.
+INVARIANT_PARTS = 8
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class ParallelConfig:
     timeout_s: float = 300.0                  # a collective (all-reduce, all-gather) slower than this is an error
     all_reduce: str = "nccl"                  # "symm_mem": one-shot all-reduce of decode-sized tensors on GPUs
                                               # (distributed/symm_all_reduce.py: faster, but a dead rank hangs the rest)
+    invariant: bool = False                   # every TP size dividing INVARIANT_PARTS computes TP=1's bits
+                                              # (kernels/invariant_linear.py; slower: no fused GEMVs, no cuBLAS)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
@@ -39,6 +44,9 @@ class ParallelConfig:
         if self.all_reduce not in ALL_REDUCE_KINDS:
             raise ValueError(f"tensor_parallel all_reduce must be one of {', '.join(ALL_REDUCE_KINDS)}, got "
                              f"{self.all_reduce!r}")
+        if self.invariant and INVARIANT_PARTS % self.tp_size:
+            sizes = ", ".join(str(n) for n in range(1, INVARIANT_PARTS + 1) if INVARIANT_PARTS % n == 0)
+            raise ValueError(f"tensor_parallel invariant=True covers tp sizes {sizes}, got tp_size={self.tp_size}")
 
     @classmethod
     def from_any(cls, value) -> ParallelConfig:
@@ -50,9 +58,10 @@ class ParallelConfig:
         if isinstance(value, int):
             return cls(tp_size=value)
         if isinstance(value, dict):
-            unknown = set(value) - {"tp_size", "timeout_s", "all_reduce"}
+            unknown = set(value) - {"tp_size", "timeout_s", "all_reduce", "invariant"}
             if unknown:
-                raise ValueError(f"unknown tensor_parallel keys {sorted(unknown)}; use tp_size, timeout_s, all_reduce")
+                raise ValueError(f"unknown tensor_parallel keys {sorted(unknown)}; use tp_size, timeout_s, all_reduce, "
+                                 "invariant")
             return cls(**value)
         raise ValueError(f"cannot read {value!r} as tensor_parallel: pass {{'tp_size': N}}, an int or a "
                          "ParallelConfig")
@@ -69,6 +78,7 @@ class ParallelState:
     owns_default_group: bool = False          # we called init_process_group, so we destroy it on shutdown
     workers: object | None = None             # WorkerProcesses that rank 0 spawned (spawn launch only)
     symm_all_reduce: object | None = None     # SymmetricAllReduce for small tensors (all_reduce="symm_mem")
+    invariant_parts: int = 0               # invariant mode: INVARIANT_PARTS K parts per row-parallel sum; 0 off
 
     @property
     def is_driver(self) -> bool:
@@ -95,10 +105,12 @@ def rank_device(base: torch.device, local_rank: int) -> torch.device:
 
 
 def init_parallel_state(rank: int, tp_size: int, device: torch.device, timeout_s: float,
-                        init_method: str | None = None, all_reduce: str = "nccl") -> ParallelState:
+                        init_method: str | None = None, all_reduce: str = "nccl",
+                        invariant: bool = False) -> ParallelState:
     """Join (or create) the process group of tp_size ranks. init_method None = torchrun's env:// rendezvous;
     an existing default group (the user's own init_process_group) is reused and left to its owner.
-    all_reduce="symm_mem" sets up the one-shot all-reduce on GPUs (a warning and NCCL's where it cannot run)."""
+    all_reduce="symm_mem" sets up the one-shot all-reduce on GPUs (a warning and NCCL's where it cannot run).
+    invariant: ParallelConfig.invariant."""
     if device.type == "cuda":
         for key, value in NCCL_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
@@ -114,7 +126,8 @@ def init_parallel_state(rank: int, tp_size: int, device: torch.device, timeout_s
         raise ValueError(f"tensor_parallel tp_size={tp_size} but the process group has {dist.get_world_size()} "
                          "ranks: start as many processes as tp_size (torchrun --nproc-per-node, times --nnodes)")
     cpu_group = dist.new_group(backend="gloo", timeout=_PLAN_WAIT_TIMEOUT)
-    state = ParallelState(dist.get_rank(), tp_size, device, dist.group.WORLD, cpu_group, owns)
+    state = ParallelState(dist.get_rank(), tp_size, device, dist.group.WORLD, cpu_group, owns,
+                          invariant_parts=INVARIANT_PARTS if invariant else 0)
     if all_reduce == "symm_mem":
         if device.type == "cuda":
             from tierllm.distributed.symm_all_reduce import create_symm_all_reduce

@@ -29,6 +29,7 @@ class WorkerSpec:
     num_threads: int                # torch CPU threads
     engine_args: dict               # build_engine's arguments, the model as a source workers can open
     all_reduce: str = "nccl"        # ParallelConfig.all_reduce
+    invariant: bool = False         # ParallelConfig.invariant
 
 
 def worker_main(spec: WorkerSpec) -> None:
@@ -40,7 +41,7 @@ def worker_main(spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C reaches the whole process group: rank 0 decides
     torch.set_num_threads(spec.num_threads)
     state = init_parallel_state(spec.rank, spec.tp_size, rank_device(torch.device(spec.device), spec.rank),
-                                spec.timeout_s, spec.init_method, spec.all_reduce)
+                                spec.timeout_s, spec.init_method, spec.all_reduce, spec.invariant)
     build_engine(**{**spec.engine_args, "tensor_parallel": state})
 
 

@@ -94,7 +94,9 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, de
     return int(min(wanted, max(1, -(-max_len // block_n)), 32))
 
 
-def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
+def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
+                                  split_kv_heads=None):
+    """split_kv_heads: the KV head count the split count is computed from (None: the cache's)."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -103,7 +105,8 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     out = torch.empty_like(q)
     block_n = 64 if block_size <= 64 else block_size
     max_len = block_tables.shape[1] * block_size
-    num_splits = triton.next_power_of_2(_num_splits(num_seqs, num_kv_heads, max_len, block_n, q.device))
+    num_splits = triton.next_power_of_2(_num_splits(num_seqs, split_kv_heads or num_kv_heads, max_len, block_n,
+                                                    q.device))
     part_acc = part_ml = out
     if num_splits > 1:
         part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -142,7 +145,9 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
+                           split_kv_heads=None):
     if use_triton(q) and q.dtype in (torch.float16, torch.bfloat16):
-        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window,
+                                             split_kv_heads)
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)

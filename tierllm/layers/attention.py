@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from tierllm import kernels
+from tierllm.distributed.parallel_state import ParallelState
 from tierllm.kernels import PrefillPlan
 
 
@@ -22,9 +23,14 @@ class AttentionMetadata:
     prefill_plan: PrefillPlan | None = None   # device-side tiling for the Triton prefill kernel (CUDA only)
 
 
+def invariant_split_heads(total_kv_heads: int, parallel: ParallelState) -> int | None:
+    """Attention's split_kv_heads: the model's KV head count in tensor_parallel invariant mode, else None."""
+    return total_kv_heads if parallel.invariant_parts else None
+
+
 class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: int | None = None):
+                 sliding_window: int | None = None, split_kv_heads: int | None = None):
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads "
@@ -32,6 +38,9 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        # decode attention cuts each sequence's keys into splits as if this many KV heads ran (tensor_parallel
+        # invariant mode: the model's total, so every TP size merges the same partial softmaxes); None: this rank's
+        self.split_kv_heads = split_kv_heads
         self.k_cache: torch.Tensor | None = None   # [num_blocks, block_size, num_kv_heads, head_dim], bound by runner
         self.v_cache: torch.Tensor | None = None
         self.cpu_attention = None                  # KV offload, on steps it attends on the CPU (see offload/kv_offload)
@@ -49,7 +58,8 @@ class Attention(nn.Module):
         num_decode = meta.num_decode_tokens
         if num_decode == q.shape[0]:
             out = kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
-                                                 meta.decode_context_lens, self.scale, self.sliding_window)
+                                                 meta.decode_context_lens, self.scale, self.sliding_window,
+                                                 self.split_kv_heads)
         elif num_decode == 0:
             out = kernels.paged_prefill_attention(q, k, v, self.k_cache, self.v_cache, meta.prefill_block_tables,
                                             meta.prefill_query_lens, meta.prefill_context_lens, self.scale,
@@ -57,7 +67,7 @@ class Attention(nn.Module):
         else:
             decode_out = kernels.paged_decode_attention(q[:num_decode], self.k_cache, self.v_cache,
                                                         meta.decode_block_tables, meta.decode_context_lens,
-                                                        self.scale, self.sliding_window)
+                                                        self.scale, self.sliding_window, self.split_kv_heads)
             prefill_out = kernels.paged_prefill_attention(q[num_decode:], k[num_decode:], v[num_decode:], self.k_cache,
                                                     self.v_cache, meta.prefill_block_tables,
                                                     meta.prefill_query_lens, meta.prefill_context_lens,

@@ -68,9 +68,12 @@ class LMHead(nn.Module):
         if tied_embedding is None:
             self.weight = _new_param(vocab_size, hidden_size, dtype=dtype, device=device)
             self.weight.weight_loader = load_whole
+        self.invariant = False                    # kernels.invariant_linear (tensor_parallel invariant mode)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
         weight = self.tied_embedding.weight if self.tied_embedding is not None else self.weight
+        if self.invariant:
+            return kernels.invariant_linear(hidden, weight)
         return kernels.linear(hidden, weight)
 
 
@@ -83,6 +86,7 @@ class ParallelLMHead(LMHead):
         num_local = padded_vocab_size(vocab_size, parallel.tp_size) // parallel.tp_size
         super().__init__(hidden_size, num_local, dtype, device, tied_embedding)
         self.parallel = parallel
+        self.invariant = bool(parallel.invariant_parts)
         self.vocab_size = vocab_size
         self.vocab_start = parallel.tp_rank * num_local         # first token id held here
         if tied_embedding is None:

@@ -77,15 +77,22 @@ class Linear(nn.Module):
             self.bias.weight_loader = load_whole
         self.parallel: ParallelState | None = None       # the tensor-parallel group (parallel subclasses)
         self.reduce_output = False                        # all-reduce y over `parallel` (row-parallel)
+        self.invariant_parts = 0                          # K parts of kernels.invariant_linear; 0: the fast kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:    # [num_tokens, in] -> [num_tokens, out]
         if self.reduce_output:
             return reduce_partial_output(self.partial_output(x), self.bias, self.parallel, x.dtype)
-        return kernels.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        if self.invariant_parts:
+            return kernels.invariant_linear(x, self.weight, bias, self.invariant_parts, out_dtype)
+        return kernels.linear(x, self.weight, bias, out_dtype)
 
     def partial_output(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's share of a row-parallel output, before the all-reduce and the bias (fp32 for fp16/bf16)."""
-        return kernels.linear(x, self.weight, out_dtype=partial_sum_dtype(x.dtype))
+        return self.matmul(x, None, partial_sum_dtype(x.dtype))
 
     def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
               residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,6 +102,8 @@ class Linear(nn.Module):
         all-reduced output: reduced_fused."""
         if self.reduce_output:
             return reduced_fused(self, x, norm, gated, residual)
+        if self.invariant_parts:
+            return kernels.unfused_linear(x, self, **fusion_args(norm, gated, residual))
         return kernels.fused_linear(x, self.weight, self.bias, **fusion_args(norm, gated, residual))
 
 
@@ -102,6 +111,23 @@ def fusion_args(norm, gated: bool, residual: torch.Tensor | None) -> dict:
     """The keyword arguments of kernels.fused_linear / unfused_linear for Linear.fused's options."""
     return {"norm_weight": None if norm is None else norm.weight, "eps": 1e-6 if norm is None else norm.eps,
             "gated": gated, "residual": residual}
+
+
+def invariant_column_parts(parallel: ParallelState) -> int:
+    """Column-parallel layers in invariant mode: the whole K in one part (only N is split over the ranks)."""
+    return 1 if parallel.invariant_parts else 0
+
+
+def invariant_row_parts(in_features: int, parallel: ParallelState) -> int:
+    """Row-parallel layers in invariant mode: this rank's share of the K parts (distributed/parallel_state.py's
+    INVARIANT_PARTS over tp_size), which need in_features to split evenly."""
+    if not parallel.invariant_parts:
+        return 0
+    if in_features % parallel.invariant_parts:
+        raise ValueError(f"tensor_parallel invariant=True cuts each row-parallel layer's {in_features} input "
+                         f"features into {parallel.invariant_parts} equal parts, and they do not divide: run this "
+                         "model without invariant")
+    return parallel.invariant_parts // parallel.tp_size
 
 
 class ColumnParallelLinear(Linear):
@@ -114,6 +140,7 @@ class ColumnParallelLinear(Linear):
         super().__init__(in_features, out_slice.rows, bias, dtype, device)
         self.out_slice = out_slice                                 # rows of the checkpoint tensor held here
         self.parallel = parallel
+        self.invariant_parts = invariant_column_parts(parallel)
         for param in (self.weight, self.bias):
             if param is not None:
                 param.weight_loader = self._load_rows
@@ -132,7 +159,9 @@ class RowParallelLinear(Linear):
         super().__init__(in_slice.rows, out_features, bias, dtype, device)
         self.in_slice = in_slice                                   # columns of the checkpoint tensor held here
         self.parallel = parallel
-        self.reduce_output = parallel.tp_size > 1
+        # invariant mode: TP=1 too sums fp32 parts and rounds once after the (no-op) reduce, as TP=N does
+        self.reduce_output = parallel.tp_size > 1 or bool(parallel.invariant_parts)
+        self.invariant_parts = invariant_row_parts(in_features, parallel)
         self.weight.weight_loader = self._load_columns            # the bias is whole on every rank
 
     def _load_columns(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
@@ -193,6 +222,7 @@ class MergedColumnParallelLinear(MergedLinear):
         slices = {k: even_slice(n, parallel.tp_rank, parallel.tp_size) for k, n in full_sizes.items()}
         super().__init__(in_features, {k: s.rows for k, s in slices.items()}, bias, dtype, device, slices)
         self.parallel = parallel
+        self.invariant_parts = invariant_column_parts(parallel)
 
 
 class QKVParallelLinear(MergedLinear):
@@ -208,5 +238,6 @@ class QKVParallelLinear(MergedLinear):
                   "v": head_slice(num_kv_heads, head_dim, rank, size)}
         super().__init__(hidden_size, {k: s.rows for k, s in slices.items()}, bias, dtype, device, slices, is_packed)
         self.parallel = parallel
+        self.invariant_parts = invariant_column_parts(parallel)
         self.num_local_heads = slices["q"].rows // head_dim          # query heads on this rank
         self.num_local_kv_heads = slices["k"].rows // head_dim       # KV heads on this rank

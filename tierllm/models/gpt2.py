@@ -9,7 +9,7 @@ from torch import nn
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.distributed.sharding import check_tp_size
 from tierllm.layers.activation import get_activation
-from tierllm.layers.attention import Attention, AttentionMetadata
+from tierllm.layers.attention import Attention, AttentionMetadata, invariant_split_heads
 from tierllm.layers.embedding import Embedding, ParallelLMHead, VocabParallelEmbedding
 from tierllm.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tierllm.layers.norm import LayerNorm
@@ -29,7 +29,8 @@ class GPT2Attention(nn.Module):
                                         is_packed=True)                # one [3 * hidden, hidden] tensor
         self.num_heads = self.c_attn.num_local_heads                 # this rank's heads
         self.c_proj = RowParallelLinear(hidden, hidden, True, dtype, device, parallel)
-        self.attn = Attention(self.num_heads, self.num_heads, self.head_dim, scale)
+        self.attn = Attention(self.num_heads, self.num_heads, self.head_dim, scale,
+                              split_kv_heads=invariant_split_heads(num_heads, parallel))
 
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         n = hidden.shape[0]

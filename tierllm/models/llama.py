@@ -7,7 +7,7 @@ from torch import nn
 from tierllm import kernels
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.distributed.sharding import check_tp_size
-from tierllm.layers.attention import Attention, AttentionMetadata
+from tierllm.layers.attention import Attention, AttentionMetadata, invariant_split_heads
 from tierllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from tierllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tierllm.layers.norm import RMSNorm
@@ -40,7 +40,7 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = self.qkv_proj.num_local_kv_heads
         self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden, o_bias, dtype, device, parallel)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
-                              _sliding_window(config, layer_idx))
+                              _sliding_window(config, layer_idx), invariant_split_heads(num_kv_heads, parallel))
 
     def forward(self, cos_sin, hidden: torch.Tensor, meta: AttentionMetadata, norm: RMSNorm | None = None,
                 residual: torch.Tensor | None = None) -> torch.Tensor:

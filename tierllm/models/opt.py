@@ -7,7 +7,7 @@ from torch import nn
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.distributed.sharding import check_tp_size
 from tierllm.layers.activation import get_activation
-from tierllm.layers.attention import Attention, AttentionMetadata
+from tierllm.layers.attention import Attention, AttentionMetadata, invariant_split_heads
 from tierllm.layers.embedding import Embedding, ParallelLMHead, VocabParallelEmbedding
 from tierllm.layers.linear import ColumnParallelLinear, Linear, QKVParallelLinear, RowParallelLinear
 from tierllm.layers.norm import LayerNorm
@@ -25,7 +25,8 @@ class OPTAttention(nn.Module):
         self.qkv_proj = QKVParallelLinear(hidden, num_heads, num_heads, self.head_dim, bias, dtype, device, parallel)
         self.num_heads = self.qkv_proj.num_local_heads               # this rank's heads
         self.out_proj = RowParallelLinear(hidden, hidden, bias, dtype, device, parallel)
-        self.attn = Attention(self.num_heads, self.num_heads, self.head_dim, self.head_dim ** -0.5)
+        self.attn = Attention(self.num_heads, self.num_heads, self.head_dim, self.head_dim ** -0.5,
+                              split_kv_heads=invariant_split_heads(num_heads, parallel))
 
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         n = hidden.shape[0]
