@@ -205,6 +205,18 @@ def test_engine_left_open_is_shut_down_at_interpreter_exit():
     assert not any(_pid_alive(pid) for pid in pids)
 
 
+@pytest.mark.timeout(120)
+def test_worker_that_dies_while_starting_ends_the_wait_with_a_clear_error():
+    """No main guard: the worker dies in its bootstrap. Rank 0 reports it within seconds (not after the 120 s
+    rendezvous timeout) and says what to change."""
+    start = time.perf_counter()
+    result = _run([sys.executable, str(HERE / "tp_no_main_guard.py")], timeout=100)
+    assert result.returncode != 0
+    assert "TensorParallelError: tensor-parallel worker rank 1" in result.stderr, result.stderr[-3000:]
+    assert 'if __name__ == "__main__":' in result.stderr
+    assert time.perf_counter() - start < 60
+
+
 @pytest.mark.timeout(180)
 def test_torchrun_launch_every_rank_runs_the_same_script():
     result = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",

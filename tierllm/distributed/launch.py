@@ -6,6 +6,7 @@ import contextlib
 
 import os
 import socket
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from tierllm.distributed.parallel_state import (
     rank_device,
     torchrun_env,
 )
+from tierllm.distributed.driver import TensorParallelError
 from tierllm.distributed.workers import WorkerProcesses, WorkerSpec
 
 
@@ -119,13 +121,44 @@ def start_tensor_parallel(tensor_parallel, device: torch.device, source, engine_
                                           worker_args, config.all_reduce, config.invariant)
                                 for rank in range(1, config.tp_size)])
     try:
-        state = init_parallel_state(0, config.tp_size, rank_device(device, 0), config.timeout_s, init_method,
-                                    config.all_reduce, config.invariant)
+        state = _join_watching_workers(workers, lambda: init_parallel_state(
+            0, config.tp_size, rank_device(device, 0), config.timeout_s, init_method, config.all_reduce,
+            config.invariant))
     except BaseException:
         workers.stop(timeout_s=0.5)
         raise
     state.workers = workers
     return state, open_source(source, state.device)
+
+
+def _join_watching_workers(workers: WorkerProcesses, join) -> ParallelState:
+    """Rank 0 joins the group (join()) in a helper thread while this one watches the workers: a worker that dies
+    before it joins ends the wait at once with its exit, where the rendezvous would wait out the whole timeout.
+    (The helper thread is left to that timeout; it holds nothing the next engine needs.)"""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["state"] = join()
+        except BaseException as exc:              # handed to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="tierllm-tp-join", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+        message = workers.death_message() if thread.is_alive() else None
+        if message:
+            raise TensorParallelError(f"{message} while the tensor-parallel group was starting (its error is above "
+                                      "in the output). A script that starts a tensor-parallel engine at import "
+                                      "time must keep that code under `if __name__ == \"__main__\":`: each "
+                                      "worker re-imports the main module")
+    if "error" in outcome:
+        raise outcome["error"]
+    state = outcome["state"]
+    if state.device.type == "cuda":
+        torch.cuda.set_device(state.device)       # the current device is per thread: set it here too
+    return state
 
 
 @contextlib.contextmanager
