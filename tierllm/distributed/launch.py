@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tierllm.distributed.driver import TensorParallelError
 from tierllm.distributed.parallel_state import (
     INVARIANT_PARTS,
     ParallelConfig,
@@ -21,7 +22,6 @@ from tierllm.distributed.parallel_state import (
     rank_device,
     torchrun_env,
 )
-from tierllm.distributed.driver import TensorParallelError
 from tierllm.distributed.workers import WorkerProcesses, WorkerSpec
 
 

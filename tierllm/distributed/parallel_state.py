@@ -78,7 +78,7 @@ class ParallelState:
     owns_default_group: bool = False          # we called init_process_group, so we destroy it on shutdown
     workers: object | None = None             # WorkerProcesses that rank 0 spawned (spawn launch only)
     symm_all_reduce: object | None = None     # SymmetricAllReduce for small tensors (all_reduce="symm_mem")
-    invariant_parts: int = 0               # invariant mode: INVARIANT_PARTS K parts per row-parallel sum; 0 off
+    invariant_parts: int = 0                  # invariant mode: INVARIANT_PARTS K parts per row-parallel sum; 0 off
 
     @property
     def is_driver(self) -> bool:
