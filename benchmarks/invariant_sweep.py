@@ -3,7 +3,7 @@ llama-13b's TP=1 linear shapes in bf16: each config timed inside a CUDA graph (l
 the HBM copy rate (decode-sized M) or the bf16 matmul rate and cuBLAS (prefill-sized M). A config must be a
 function of M only, so one config per M bucket serves every shape; the table says which to take.
 
-    python benchmarks/invariant_sweep.py            # JSON to $OUT/invariant-sweep.json (or benchmarks/results)"""
+    python benchmarks/invariant_sweep.py [--prefill-only]   # JSON to $OUT/invariant-sweep.json (or benchmarks/results)"""
 from __future__ import annotations
 
 import importlib
@@ -27,7 +27,8 @@ inv = importlib.import_module("tierllm.kernels.invariant_linear")      # the pac
 SHAPES = [(15360, 5120, 1), (5120, 5120, 8), (27648, 5120, 1), (5120, 13824, 8)]
 DECODE = [(16, bn, bk, w, s) for bn, bk, w, s in [(32, 128, 4, 4), (16, 128, 4, 4), (16, 256, 4, 3), (32, 256, 4, 3),
                                                     (64, 64, 4, 4), (16, 64, 2, 4), (64, 128, 4, 3)]]
-PREFILL = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4)]
+PREFILL = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4),
+           (64, 128, 64, 8, 3), (64, 64, 64, 4, 3), (128, 64, 64, 8, 3), (64, 128, 32, 8, 4)]
 
 
 def timed(x, w, parts, config) -> float:
@@ -43,10 +44,11 @@ def timed(x, w, parts, config) -> float:
 
 def main() -> int:
     hbm, tflops = hbm_copy_GBps(), matmul_TFLOPs()
+    buckets = [(2048, PREFILL)] if "--prefill-only" in sys.argv else [(1, DECODE), (2048, PREFILL)]
     rows = []
     for n, k, parts in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        for m, configs in [(1, DECODE), (2048, PREFILL)]:
+        for m, configs in buckets:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             row = {"shape": [n, k], "parts": parts, "m": m}
             if m > 16:
@@ -60,7 +62,7 @@ def main() -> int:
             rows.append(row)
             print(row, flush=True)
     totals = {}
-    for m, configs in [(1, DECODE), (2048, PREFILL)]:
+    for m, configs in buckets:
         for config in configs:
             label = "bm{} bn{} bk{} w{} s{}".format(*config)
             totals[f"m{m} {label}"] = round(sum(r[label]["us"] for r in rows if r["m"] == m), 2)
