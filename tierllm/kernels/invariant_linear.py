@@ -9,8 +9,10 @@ y[M, N] = x[M, K] @ W[N, K]^T (+ b), fp32 accumulation, for `tensor_parallel={"i
   parts [r * S / t, (r + 1) * S / t) of a TP=t split computes the subtree of its parts; the ranks' partials,
   gathered and added in the same tree (distributed/comm.ordered_all_reduce), are the whole tree: TP=1's bits.
 
-The Triton kernel runs on CUDA; the torch reference (fp32 dot products per part, the same tree) is the CPU path
-and the test oracle. Each is invariant on its own; they do not match each other bitwise."""
+On CUDA one Triton program per (tile, part) writes the parts' fp32 sums and a second kernel adds them (eight K
+loops in one program ran 5-8x slower than cuBLAS at prefill sizes: benchmarks/results/invariant-sweep*.json); the
+torch reference (fp32 dot products per part, the same tree) is the CPU path and the test oracle. Each is
+invariant on its own; they do not match each other bitwise."""
 from __future__ import annotations
 
 import torch
@@ -18,21 +20,29 @@ import torch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 
 MAX_PARTS = 8
+PARTIAL_ROWS = 1024          # rows per launch of a multi-part matmul: bounds its fp32 partials to parts x 1024 x N
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     @triton.jit
-    def _part_sum(x_ptr, w_ptr, offs_m, offs_n, m_mask, n_mask, k_start, part_len, stride_xm, stride_wn,
-                  IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """sum over k in [k_start, k_start + part_len) of x[m, k] * W[n, k] -> [BLOCK_M, BLOCK_N] fp32, in
-        BLOCK_K steps from k_start (the masked last step is the same wherever the part lies in K)."""
+    def _part_kernel(x_ptr, w_ptr, out_ptr, b_ptr, M, N, K, stride_xm, stride_wn, stride_om, stride_op,
+                     PARTS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Program (m tile, n tile, part p): sum over k in part p = [p * K / PARTS, (p + 1) * K / PARTS) of
+        x[m, k] * W[n, k], in BLOCK_K steps from the part's start (the masked last step is the same wherever the
+        part lies in K) -> out[p, m, n]: fp32 partials (PARTS > 1), or y itself (one part: + bias, y's dtype)."""
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        part = tl.program_id(2)
+        m_mask, n_mask = offs_m < M, offs_n < N
+        part_len = K // PARTS
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         offs_kb = tl.arange(0, BLOCK_K)
         for k0 in range(0, part_len, BLOCK_K):
             k_mask = k0 + offs_kb < part_len
-            offs_k = k_start + k0 + offs_kb
+            offs_k = part * part_len + k0 + offs_kb
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)                # [BLOCK_M, BLOCK_K]
             w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
@@ -41,42 +51,27 @@ if HAS_TRITON:
                 acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
             else:
                 acc = tl.dot(x, tl.trans(w), acc)
-        return acc
-
-    @triton.jit
-    def _invariant_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                                 PARTS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_mask, n_mask = offs_m < M, offs_n < N
-        part = K // PARTS
-        # the pairwise tree over the parts, spelled out for 1, 2, 4 and 8 (MAX_PARTS)
-        acc = _part_sum(x_ptr, w_ptr, offs_m, offs_n, m_mask, n_mask, 0, part, stride_xm, stride_wn, IEEE,
-                        BLOCK_M, BLOCK_N, BLOCK_K)
-        if PARTS >= 2:
-            acc += _part_sum(x_ptr, w_ptr, offs_m, offs_n, m_mask, n_mask, part, part, stride_xm, stride_wn, IEEE,
-                             BLOCK_M, BLOCK_N, BLOCK_K)
-        if PARTS >= 4:
-            right = _part_sum(x_ptr, w_ptr, offs_m, offs_n, m_mask, n_mask, 2 * part, part, stride_xm, stride_wn,
-                              IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-            right += _part_sum(x_ptr, w_ptr, offs_m, offs_n, m_mask, n_mask, 3 * part, part, stride_xm, stride_wn,
-                               IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-            acc += right
-        if PARTS == 8:
-            left = _part_sum(x_ptr, w_ptr, offs_m, offs_n, m_mask, n_mask, 4 * part, part, stride_xm, stride_wn,
-                             IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-            left += _part_sum(x_ptr, w_ptr, offs_m, offs_n, m_mask, n_mask, 5 * part, part, stride_xm, stride_wn,
-                              IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-            right = _part_sum(x_ptr, w_ptr, offs_m, offs_n, m_mask, n_mask, 6 * part, part, stride_xm, stride_wn,
-                              IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-            right += _part_sum(x_ptr, w_ptr, offs_m, offs_n, m_mask, n_mask, 7 * part, part, stride_xm, stride_wn,
-                               IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-            acc += left + right
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        tl.store(out_ptr + part.to(tl.int64) * stride_op + offs_m[:, None] * stride_om + offs_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+    @triton.jit
+    def _tree_kernel(parts_ptr, b_ptr, y_ptr, numel, N, stride_p, PARTS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     BLOCK: tl.constexpr):
+        """y = tree_sum(parts[0..PARTS)) (+ bias) in y's dtype, pairwise as tree_sum, for PARTS of 2, 4 or 8."""
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < numel
+        p = parts_ptr + offs
+        acc = tl.load(p, mask=mask) + tl.load(p + stride_p, mask=mask)
+        if PARTS >= 4:
+            acc += tl.load(p + 2 * stride_p, mask=mask) + tl.load(p + 3 * stride_p, mask=mask)
+        if PARTS == 8:
+            acc += ((tl.load(p + 4 * stride_p, mask=mask) + tl.load(p + 5 * stride_p, mask=mask))
+                    + (tl.load(p + 6 * stride_p, mask=mask) + tl.load(p + 7 * stride_p, mask=mask)))
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _tile_config(m: int, dtype: torch.dtype) -> dict:
@@ -101,17 +96,37 @@ def _check(x: torch.Tensor, weight: torch.Tensor, parts: int) -> None:
 
 def invariant_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int,
                             out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x: [M, K] (last dim contiguous); weight: [N, K] contiguous -> [M, N] in out_dtype (x's dtype)."""
+    """x: [M, K] (last dim contiguous); weight: [N, K] contiguous -> [M, N] in out_dtype (x's dtype). One part: one
+    launch; more: one program per tile and part writes fp32 partials [parts, rows, N], a second kernel adds them,
+    PARTIAL_ROWS rows at a time (rows are independent: the chunking changes no bits)."""
     _check(x, weight, parts)
     m, k = x.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
-    config = _tile_config(m, x.dtype)
-    grid = (triton.cdiv(m, config["BLOCK_M"]), triton.cdiv(n, config["BLOCK_N"]))
-    _invariant_linear_kernel[grid](x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0),
-                                   weight.stride(0), y.stride(0), PARTS=parts, HAS_BIAS=bias is not None,
-                                   IEEE=x.dtype == torch.float32, **config)
+    bias_arg = bias if bias is not None else weight
+    if parts == 1:
+        _launch_parts(x, weight, y, bias_arg, 1, bias is not None)
+        return y
+    for row in range(0, m, PARTIAL_ROWS):
+        x_rows, y_rows = x[row:row + PARTIAL_ROWS], y[row:row + PARTIAL_ROWS]
+        partials = torch.empty(parts, x_rows.shape[0], n, dtype=torch.float32, device=x.device)   # [parts, rows, N]
+        _launch_parts(x_rows, weight, partials, bias_arg, parts, False)
+        block = 1024
+        _tree_kernel[(triton.cdiv(y_rows.numel(), block),)](partials, bias_arg, y_rows, y_rows.numel(), n,
+                                                             partials.stride(0), PARTS=parts,
+                                                             HAS_BIAS=bias is not None, BLOCK=block)
     return y
+
+
+def _launch_parts(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, bias: torch.Tensor, parts: int,
+                  has_bias: bool) -> None:
+    """_part_kernel over x's rows: out is y [M, N] (one part) or the partials [parts, M, N]."""
+    m, k = x.shape
+    config = _tile_config(m, x.dtype)
+    grid = (triton.cdiv(m, config["BLOCK_M"]), triton.cdiv(weight.shape[0], config["BLOCK_N"]), parts)
+    _part_kernel[grid](x, weight, out, bias, m, weight.shape[0], k, x.stride(0), weight.stride(0), out.stride(-2),
+                       out.stride(0) if parts > 1 else 0, PARTS=parts, HAS_BIAS=has_bias,
+                       IEEE=x.dtype == torch.float32, **config)
 
 
 def tree_sum(parts: list[torch.Tensor]) -> torch.Tensor:
