@@ -3,7 +3,7 @@ llama-13b's TP=1 linear shapes in bf16: each config timed inside a CUDA graph (l
 the HBM copy rate (decode-sized M) or the bf16 matmul rate and cuBLAS (prefill-sized M). A config must be a
 function of M only, so one config per M bucket serves every shape; the table says which to take.
 
-    python benchmarks/invariant_sweep.py [--prefill-only]   # JSON to $OUT/invariant-sweep.json (or benchmarks/results)"""
+    python benchmarks/invariant_sweep.py [--prefill-only]   # JSON: $OUT/invariant-sweep.json (or benchmarks/results)"""
 from __future__ import annotations
 
 import importlib

@@ -81,9 +81,11 @@ def _tile_config(m: int, dtype: torch.dtype) -> dict:
     if is_interpreted():
         return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4}
     wide = dtype == torch.float32
-    if m <= 16:          # the fastest of 7 on llama-13b's shapes (benchmarks/results/invariant-sweep-h100.json)
+    # the fastest of 7 decode tiles on llama-13b's shapes (benchmarks/results/invariant-sweep-two-kernel-h100.json)
+    if m <= 16:
         return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2 if wide else 3}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8,         # within 1% of the best of 8
+            "num_stages": 2 if wide else 3}
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, parts: int) -> None:
