@@ -251,6 +251,10 @@ def _load_native_model(checkpoint, model_cls, max_len: int, dtype: torch.dtype, 
     return native.eval()
 
 
+_INVARIANT_QUANT_ERROR = ("tensor_parallel invariant=True computes with unquantized weights only: drop quant (or load "
+                          "the unquantized checkpoint), or drop invariant")
+
+
 def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory: int | str | None = None,
@@ -285,6 +289,9 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
             and ParallelConfig.from_any(tensor_parallel).tp_size > 1):
         raise ValueError("quant method 'gptq' does not support tensor parallelism: use method 'rtn' (each rank "
                          "quantizes its own shard), or run GPTQ without tensor_parallel")
+    if (quant is not None and tensor_parallel is not None and not isinstance(tensor_parallel, ParallelState)
+            and ParallelConfig.from_any(tensor_parallel).invariant):
+        raise ValueError(_INVARIANT_QUANT_ERROR)
     source = default_model_path() if model is None else model
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     parallel, source = start_tensor_parallel(tensor_parallel, device, source, engine_args)
@@ -304,8 +311,7 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
         native = _load_native_model(checkpoint, model_cls, max_len, torch_dtype, parallel, device,
                                     is_offloaded=offload is not None, quant=quant, show_progress=show_progress)
         if parallel.invariant_parts and any(hasattr(m, "qweight") for m in native.modules()):
-            raise ValueError("tensor_parallel invariant=True computes with unquantized weights only: drop quant "
-                             "(or load the unquantized checkpoint), or drop invariant")
+            raise ValueError(_INVARIANT_QUANT_ERROR)                 # a folder saved by `tierllm quantize`
         block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
         # with KV offload the GPU holds two layers' working buffers of the pool, not every layer's blocks
         gpu_block_bytes = 2 * block_bytes // len(native.attention_layers()) if kv_offload else block_bytes

@@ -15,9 +15,12 @@ import torch
 from conftest import build_hf_model, left_pad, make_engine, random_prompts
 
 import tierllm
+from tierllm.config import QuantConfig
 from tierllm.distributed.driver import TensorParallelError
 from tierllm.distributed.parallel_state import ParallelConfig
 from tierllm.distributed.sharding import check_tp_size, head_slice
+from tierllm.quant.saved import save_quantized
+from tierllm.weights.checkpoint import open_checkpoint
 
 HERE = Path(__file__).parent
 TP2 = {"tp_size": 2, "timeout_s": 60}
@@ -142,11 +145,18 @@ def test_invariant_mode_tp2_log_probs_are_tp1_bits(family):
     assert _tp_children() == []
 
 
-def test_invariant_mode_errors_say_what_works():
+def test_invariant_mode_errors_say_what_works(tmp_path):
+    """tp sizes that 8 does not divide; quantized weights, asked for (refused before loading) or saved by
+    `tierllm quantize` (refused once the folder shows them)."""
     with pytest.raises(ValueError, match="invariant=True covers tp sizes 1, 2, 4, 8, got tp_size=3"):
         ParallelConfig.from_any({"tp_size": 3, "invariant": True})
+    invariant = {"tp_size": 1, "invariant": True}
     with pytest.raises(ValueError, match="invariant=True computes with unquantized weights only"):
-        make_engine(build_hf_model("llama"), quant="int8", tensor_parallel={"tp_size": 1, "invariant": True})
+        make_engine(build_hf_model("llama"), quant="int8", tensor_parallel=invariant)
+    model = build_hf_model("llama")
+    save_quantized(make_engine(model, quant="int8").model, QuantConfig(bits=8), open_checkpoint(model), None, tmp_path)
+    with pytest.raises(ValueError, match="invariant=True computes with unquantized weights only"):
+        make_engine(tmp_path, tensor_parallel=invariant)
 
 
 @pytest.mark.timeout(60)
