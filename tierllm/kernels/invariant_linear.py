@@ -19,7 +19,7 @@ import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 
-MAX_PARTS = 8
+SUPPORTED_PARTS = (1, 2, 4, 8)  # the pairwise trees _tree_kernel spells out
 PARTIAL_ROWS = 1024          # rows per launch of a multi-part matmul: bounds its fp32 partials to parts x 1024 x N
 
 if HAS_TRITON:
@@ -89,8 +89,9 @@ def _tile_config(m: int, dtype: torch.dtype) -> dict:
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, parts: int) -> None:
-    if parts not in (1, 2, 4, 8):
-        raise ValueError(f"invariant_linear: parts must be 1, 2, 4 or {MAX_PARTS}, got {parts}")
+    if parts not in SUPPORTED_PARTS:
+        choices = ", ".join(map(str, SUPPORTED_PARTS[:-1]))
+        raise ValueError(f"invariant_linear: parts must be {choices} or {SUPPORTED_PARTS[-1]}, got {parts}")
     if x.shape[-1] != weight.shape[1] or weight.shape[1] % parts:
         raise ValueError(f"invariant_linear: x [..., {x.shape[-1]}] @ weight {tuple(weight.shape)}^T with K cut "
                          f"into {parts} equal parts")

@@ -11,7 +11,7 @@ from tierllm import kernels
 from tierllm.distributed.comm import all_gather_last_dim, all_reduce
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.distributed.sharding import padded_vocab_size
-from tierllm.layers.linear import _new_param, load_whole
+from tierllm.layers.linear import _new_param, invariant_column_parts, load_whole
 
 
 def load_vocab_rows(param: nn.Parameter, loaded: torch.Tensor, vocab_size: int, vocab_start: int) -> None:
@@ -68,12 +68,12 @@ class LMHead(nn.Module):
         if tied_embedding is None:
             self.weight = _new_param(vocab_size, hidden_size, dtype=dtype, device=device)
             self.weight.weight_loader = load_whole
-        self.invariant = False                    # kernels.invariant_linear (tensor_parallel invariant mode)
+        self.invariant_parts = 0                  # as Linear's: kernels.invariant_linear in invariant mode
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
         weight = self.tied_embedding.weight if self.tied_embedding is not None else self.weight
-        if self.invariant:
-            return kernels.invariant_linear(hidden, weight)
+        if self.invariant_parts:
+            return kernels.invariant_linear(hidden, weight, parts=self.invariant_parts)
         return kernels.linear(hidden, weight)
 
 
@@ -86,7 +86,7 @@ class ParallelLMHead(LMHead):
         num_local = padded_vocab_size(vocab_size, parallel.tp_size) // parallel.tp_size
         super().__init__(hidden_size, num_local, dtype, device, tied_embedding)
         self.parallel = parallel
-        self.invariant = bool(parallel.invariant_parts)
+        self.invariant_parts = invariant_column_parts(parallel)      # vocab-parallel: a column-parallel matmul
         self.vocab_size = vocab_size
         self.vocab_start = parallel.tp_rank * num_local         # first token id held here
         if tied_embedding is None:
