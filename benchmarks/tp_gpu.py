@@ -4,6 +4,7 @@ itself), one full measurement per call, JSON under $OUT:
   python benchmarks/tp_gpu.py --tp-sizes 1,2        # nvidia-h100-x2
   python benchmarks/tp_gpu.py --tp-sizes 1,2,4      # nvidia-h100-x4 (adds TP=4 and the llama-70b run)
   ... --all-reduce symm_mem                         # the one-shot symmetric-memory all-reduce (distributed/)
+  ... --all-reduce fused                            # decode's row-parallel all-reduce inside the GEMV
   ... --variant a:ENV=1 --variant b:ENV=0           # A/B: one llama-13b engine per variant at each TP size > 1
   ... --invariant --skip-70b                        # agreement only, tensor_parallel invariant=True at every TP
 
@@ -39,6 +40,7 @@ from tierllm.bench.gpu_bench import _kv_bytes_per_token_of_context, _time_ours  
 from tierllm.bench.presets import PresetSource  # noqa: E402
 from tierllm.bench.probe import hbm_copy_GBps, matmul_TFLOPs  # noqa: E402
 from tierllm.bench.results import check, print_checks, write_result  # noqa: E402
+from tierllm.distributed.parallel_state import ALL_REDUCE_KINDS  # noqa: E402
 
 DTYPE = torch.bfloat16
 PROMPT_LEN, LATENCY_GEN_LEN, THROUGHPUT_GEN_LEN, THROUGHPUT_BATCH = 512, 128, 32, 64
@@ -173,9 +175,18 @@ def parse_variant(spec: str, default_all_reduce: str) -> tuple[str, dict, str]:
     name, _, pairs = spec.partition(":")
     env = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
     all_reduce = env.pop("all_reduce", default_all_reduce)
-    if not name or all_reduce not in ("nccl", "symm_mem"):
-        raise SystemExit(f"--variant {spec!r}: expected NAME:KEY=VALUE,... with all_reduce nccl or symm_mem")
+    if not name or all_reduce not in ALL_REDUCE_KINDS:
+        raise SystemExit(f"--variant {spec!r}: expected NAME:KEY=VALUE,... with all_reduce one of "
+                         f"{', '.join(ALL_REDUCE_KINDS)}")
     return name, env, all_reduce
+
+
+def all_reduce_running(engine) -> str:
+    """The all-reduce rank 0 really has (symm_mem and fused fall back to NCCL's, with a warning, where they fail)."""
+    parallel = engine.engine.runner.parallel
+    if parallel.fused_all_reduce is not None:
+        return "fused"
+    return "symm_mem" if parallel.symm_all_reduce is not None else "nccl"
 
 
 def restore_env(saved: dict) -> None:
@@ -205,11 +216,11 @@ def main() -> int:
                              "per call keeps a call inside the device's 10-minute limit; 'none': only the llama-70b run")
     parser.add_argument("--no-fp32-reference", dest="fp32_reference", action="store_false",
                         help="skip the TP=1 fp32 engine that gives every bf16 engine's agreement with exact answers")
-    parser.add_argument("--all-reduce", default="nccl", choices=("nccl", "symm_mem"),
+    parser.add_argument("--all-reduce", default="nccl", choices=ALL_REDUCE_KINDS,
                         help="the TP engines' all-reduce (tensor_parallel's all_reduce)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="repeatable: one llama-13b engine per variant at each TP size > 1, with these environment "
-                             "variables (inherited by its workers) and all_reduce=nccl|symm_mem; e.g. "
+                             "variables (inherited by its workers) and all_reduce=nccl|symm_mem|fused; e.g. "
                              "sm:all_reduce=symm_mem (a second symm_mem engine in one process gets NCCL)")
     parser.add_argument("--invariant", action="store_true",
                         help="every engine with tensor_parallel invariant=True (TP=1 included): agreement only, no "
@@ -229,7 +240,7 @@ def main() -> int:
     results: dict = {"smollm2-135m_tp2_error": smollm2_135m_error()}
     checks = []
     name = ("tp-" + "-".join(map(str, tp_sizes)) + "-" + args.presets.replace(",", "-")
-            + ("-symm-mem" if args.all_reduce == "symm_mem" else "") + ("-variants" if args.variant else "")
+            + ("" if args.all_reduce == "nccl" else "-" + args.all_reduce.replace("_", "-")) + ("-variants" if args.variant else "")
             + ("-invariant" if args.invariant else "") + ".json")
     settings = {"dtype": "bfloat16", "tp_sizes": tp_sizes, "prompt_len": PROMPT_LEN, "latency_gen_len": LATENCY_GEN_LEN,
                 "throughput": f"batch {THROUGHPUT_BATCH} x {PROMPT_LEN} prompt + {THROUGHPUT_GEN_LEN} new",
@@ -251,7 +262,8 @@ def main() -> int:
             # graph capture takes most of an engine's start; only the speed runs need it (the kernels are the same)
             engine, init_s = open_engine(preset, tp_size, cuda_graphs=preset in speed_presets, all_reduce=all_reduce,
                                          invariant=args.invariant)
-            row = {"init_s": round(init_s, 1), "cuda_graphs": preset in speed_presets}
+            row = {"init_s": round(init_s, 1), "cuda_graphs": preset in speed_presets,
+                   "all_reduce_running": all_reduce_running(engine)}
             if variant:
                 row["variant"] = {**env, "all_reduce": all_reduce}
             probe_out = agreement_probe(engine, engine.engine.vocab_size, reference)
@@ -293,7 +305,8 @@ def main() -> int:
                                 results[key]["batch1"]["decode_ms_per_step"] / tp1_ms, "<=", 0.58))
     if 4 in tp_sizes and not args.skip_70b:
         engine, init_s = open_engine("llama-70b", 4, all_reduce=args.all_reduce)
-        results["llama-70b_tp4"] = {"init_s": round(init_s, 1), **speed(engine, "llama-70b", 4, hbm)}
+        results["llama-70b_tp4"] = {"init_s": round(init_s, 1), "all_reduce_running": all_reduce_running(engine),
+                                    **speed(engine, "llama-70b", 4, hbm)}
         checks.append(check("llama-70b TP=4 batch 1: fraction of the aggregate HBM roofline (4 GPUs)",
                             results["llama-70b_tp4"]["batch1"]["fraction_of_aggregate_roofline"], ">=", 0.75))
         write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks,

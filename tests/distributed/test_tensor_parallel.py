@@ -56,20 +56,22 @@ def test_indivisible_head_count_names_the_tp_sizes_that_work():
 
 
 def test_unknown_all_reduce_kind_lists_the_kinds():
-    with pytest.raises(ValueError, match="all_reduce must be one of nccl, symm_mem, got 'nvls'"):
+    with pytest.raises(ValueError, match="all_reduce must be one of nccl, symm_mem, fused, got 'nvls'"):
         ParallelConfig.from_any({"tp_size": 2, "all_reduce": "nvls"})
     assert ParallelConfig.from_any({"tp_size": 2, "all_reduce": "symm_mem"}).all_reduce == "symm_mem"
 
 
 @pytest.mark.timeout(120)
-def test_symm_mem_all_reduce_on_cpu_warns_and_runs_gloo(family_engine, caplog):
-    """The one-shot all-reduce is GPU-only: asked for on CPU, every rank keeps gloo's and the tokens are TP=1's
-    (tests/gpu/test_tp_gpu.py runs it on GPUs)."""
+@pytest.mark.parametrize("kind", ["symm_mem", "fused"])
+def test_gpu_all_reduce_on_cpu_warns_and_runs_gloo(family_engine, caplog, kind):
+    """The one-shot and the fused all-reduce are GPU-only: asked for on CPU, every rank keeps gloo's and the
+    tokens are TP=1's (tests/gpu/test_tp_gpu.py runs them on GPUs)."""
     prompt = torch.tensor(random_prompts([9], seed=2))
     expected = family_engine("llama").generate(prompt, max_new_tokens=8).tolist()
-    engine = make_engine(build_hf_model("llama"), tensor_parallel={**TP2, "all_reduce": "symm_mem"})
+    engine = make_engine(build_hf_model("llama"), tensor_parallel={**TP2, "all_reduce": kind})
     try:
-        assert engine.engine.runner.parallel.symm_all_reduce is None
+        parallel = engine.engine.runner.parallel
+        assert parallel.symm_all_reduce is None and parallel.fused_all_reduce is None
         assert engine.generate(prompt, max_new_tokens=8).tolist() == expected
     finally:
         engine.close()

@@ -1,6 +1,6 @@
 """Tensor parallelism over NCCL (needs 2 GPUs): TP=2 greedy tokens equal TP=1 in fp32, the engine closes
 promptly (every rank tears its NCCL communicator down together) and a second TP engine starts in the same
-process afterwards; the same with the one-shot symmetric-memory all-reduce."""
+process afterwards; the same with the one-shot symmetric-memory all-reduce and the fused GEMV all-reduce."""
 import time
 
 import pytest
@@ -80,3 +80,38 @@ def test_invariant_mode_log_probs_are_tp1_bits_in_bf16_with_cuda_graphs():
         results[tp_size] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params)]
         llm.close()
     assert all(result == results[1] for result in results.values())
+
+
+def _run_script(args: list[str], timeout: float):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here.parents[1])])}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=here)
+
+
+@pytest.mark.timeout(300)
+def test_fused_gemv_all_reduce_on_real_ranks_eager_and_in_a_cuda_graph():
+    """kernels/gemv_all_reduce.py on 2 GPUs (and 4 when there are 4): close to the GEMV + NCCL + residual add,
+    the same bits on every rank, eager and over graph replays (fused_all_reduce_ranks.py)."""
+    for world in [2] + ([4] if torch.cuda.device_count() >= 4 else []):
+        done = _run_script(["-m", "torch.distributed.run", "--nproc-per-node", str(world),
+                            "fused_all_reduce_ranks.py"], timeout=240)
+        assert done.returncode == 0 and done.stdout.count("FUSED_OK") == world, done.stdout + done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_fused_all_reduce_engine_gives_nccls_tokens_in_bf16():
+    done = _run_script(["fused_all_reduce_engine.py", "tokens"], timeout=240)
+    assert done.returncode == 0 and "FUSED_TOKENS_OK" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_killed_worker_mid_decode_with_the_fused_all_reduce_is_reported_not_hung():
+    """The dead rank's peer kernels wait on the GPU; the watchdog's abort ends them and rank 0 names the rank."""
+    done = _run_script(["fused_all_reduce_engine.py", "kill"], timeout=240)
+    assert done.returncode == 0 and "KILL_REPORTED" in done.stdout, done.stdout + done.stderr

@@ -94,6 +94,8 @@ class TensorParallelDriver:
         collective returns instead of waiting for the timeout (gloo notices the closed sockets by itself)."""
         self.status.failure = self.status.failure or message
         logger.error("tierllm: %s", message)
+        if self.state.fused_all_reduce is not None:   # its kernels wait on the GPU: tell them to give up
+            self.state.fused_all_reduce.abort()
         if self.state.device.type == "cuda":
             with contextlib.suppress(Exception):
                 dist.distributed_c10d._abort_process_group(self.state.group)
@@ -130,6 +132,9 @@ class TensorParallelDriver:
         except BaseException as exc:                    # Ctrl-C mid-step: the workers may wait in a collective
             self._fail(f"a tensor-parallel step was interrupted on rank 0 ({type(exc).__name__})")
             raise
+        fused = self.state.fused_all_reduce
+        if self.status.failure is None and fused is not None:
+            self.status.failure = fused.failure()       # a kernel gave up waiting for a peer (torchrun: no watchdog)
         if self.status.failure is not None:             # the watchdog saw a death while the step ran
             raise self._fail(self.status.failure)
 

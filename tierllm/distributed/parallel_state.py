@@ -20,7 +20,7 @@ NCCL_ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST"
 # days); a dead peer still ends that wait at once (its sockets close).
 _PLAN_WAIT_TIMEOUT = datetime.timedelta(days=7)
 
-ALL_REDUCE_KINDS = ("nccl", "symm_mem")
+ALL_REDUCE_KINDS = ("nccl", "symm_mem", "fused")
 # Invariant mode cuts every row-parallel sum into this many K parts (kernels/invariant_linear.py): TP sizes 1, 2, 4
 # and 8 then add the same parts in the same tree, and give the same bits.
 INVARIANT_PARTS = 8
@@ -31,8 +31,10 @@ class ParallelConfig:
     """What the user asks for: tensor_parallel={"tp_size": 2} or ParallelConfig(tp_size=2)."""
     tp_size: int = 1                          # ranks that split every layer; 1 = no tensor parallelism
     timeout_s: float = 300.0                  # a collective (all-reduce, all-gather) slower than this is an error
-    all_reduce: str = "nccl"                  # "symm_mem": one-shot all-reduce of decode-sized tensors on GPUs
-                                              # (distributed/symm_all_reduce.py: faster, but a dead rank hangs the rest)
+    all_reduce: str = "nccl"                  # "fused": decode's row-parallel all-reduce inside the GEMV, over
+                                              # symmetric memory (distributed/fused_all_reduce.py); "symm_mem": a
+                                              # one-shot all-reduce kernel (symm_all_reduce.py: a dead rank hangs the
+                                              # rest); NCCL's for everything else either way
     invariant: bool = False                   # every TP size dividing INVARIANT_PARTS computes TP=1's bits
                                               # (kernels/invariant_linear.py; slower: no fused GEMVs, no cuBLAS)
 
@@ -78,6 +80,7 @@ class ParallelState:
     owns_default_group: bool = False          # we called init_process_group, so we destroy it on shutdown
     workers: object | None = None             # WorkerProcesses that rank 0 spawned (spawn launch only)
     symm_all_reduce: object | None = None     # SymmetricAllReduce for small tensors (all_reduce="symm_mem")
+    fused_all_reduce: object | None = None    # FusedAllReduce for decode's row-parallel layers (all_reduce="fused")
     invariant_parts: int = 0                  # invariant mode: INVARIANT_PARTS K parts per row-parallel sum; 0 off
 
     @property
@@ -109,7 +112,7 @@ def init_parallel_state(rank: int, tp_size: int, device: torch.device, timeout_s
                         invariant: bool = False) -> ParallelState:
     """Join (or create) the process group of tp_size ranks. init_method None = torchrun's env:// rendezvous;
     an existing default group (the user's own init_process_group) is reused and left to its owner.
-    all_reduce="symm_mem" sets up the one-shot all-reduce on GPUs (a warning and NCCL's where it cannot run).
+    all_reduce="fused" / "symm_mem" set their all-reduce up on GPUs (a warning and NCCL's where it cannot run).
     invariant: ParallelConfig.invariant."""
     if device.type == "cuda":
         for key, value in NCCL_ENV_DEFAULTS.items():
@@ -128,18 +131,21 @@ def init_parallel_state(rank: int, tp_size: int, device: torch.device, timeout_s
     cpu_group = dist.new_group(backend="gloo", timeout=_PLAN_WAIT_TIMEOUT)
     state = ParallelState(dist.get_rank(), tp_size, device, dist.group.WORLD, cpu_group, owns,
                           invariant_parts=INVARIANT_PARTS if invariant else 0)
-    if all_reduce == "symm_mem":
-        if device.type == "cuda":
-            from tierllm.distributed.symm_all_reduce import create_symm_all_reduce
-            state.symm_all_reduce = create_symm_all_reduce(state.group, cpu_group, device)
-        else:
-            logger.warning("tierllm: all_reduce='symm_mem' needs CUDA GPUs; on %s the gloo all-reduce runs", device)
+    if all_reduce != "nccl" and device.type != "cuda":
+        logger.warning("tierllm: all_reduce=%r needs CUDA GPUs; on %s the gloo all-reduce runs", all_reduce, device)
+    elif all_reduce == "symm_mem":
+        from tierllm.distributed.symm_all_reduce import create_symm_all_reduce
+        state.symm_all_reduce = create_symm_all_reduce(state.group, cpu_group, device)
+    elif all_reduce == "fused" and not invariant:
+        from tierllm.distributed.fused_all_reduce import create_fused_all_reduce
+        state.fused_all_reduce = create_fused_all_reduce(state.group, cpu_group, device, timeout_s)
     return state
 
 
 def destroy_parallel_state(state: ParallelState) -> None:
     """Release the process groups this state created (safe to call twice, and after a peer died)."""
-    state.symm_all_reduce = None              # its buffer maps the peers' memory: unmapped with the groups
+    state.symm_all_reduce = None              # their buffers map the peers' memory: unmapped with the groups
+    state.fused_all_reduce = None
     if state.tp_size == 1 or not dist.is_initialized():
         return
     try:

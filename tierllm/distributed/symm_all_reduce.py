@@ -56,20 +56,27 @@ class SymmetricAllReduce:
 _SET_UP_GROUP_NAMES: set[str] = set()
 
 
-def create_symm_all_reduce(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup,
-                           device: torch.device) -> SymmetricAllReduce | None:
-    """Set up the one-shot all-reduce on every rank and check it against NCCL once; None on every rank (with a
-    warning) if it fails on any: all ranks must take the same path, or the collectives would not pair up. Only
-    the first group of a process with a given name gets it (see _SET_UP_GROUP_NAMES): every rank agrees on that
-    before any rendezvous, since the fresh workers of a second engine cannot know rank 0's history."""
+def claim_group_for_symm_mem(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup) -> bool:
+    """Whether this group may set symmetric memory up: only the first group of a process with a given name (see
+    _SET_UP_GROUP_NAMES). Every rank agrees on it before any rendezvous, since the fresh workers of a second
+    engine cannot know rank 0's history."""
     fresh = torch.tensor([0 if group.group_name in _SET_UP_GROUP_NAMES else 1], dtype=torch.int32)
     dist.all_reduce(fresh, op=dist.ReduceOp.MIN, group=cpu_group)
     if fresh.item() == 0:
-        logger.warning("tierllm: the symmetric-memory all-reduce is set up once per process and process-group "
-                       "name (%s); this tensor-parallel engine uses NCCL's. Start it in a new process to use "
-                       "symm_mem", group.group_name)
-        return None
+        logger.warning("tierllm: symmetric memory is set up once per process and process-group name (%s); this "
+                       "tensor-parallel engine uses NCCL's all-reduce. Start it in a new process for symm_mem or "
+                       "fused", group.group_name)
+        return False
     _SET_UP_GROUP_NAMES.add(group.group_name)
+    return True
+
+
+def create_symm_all_reduce(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup,
+                           device: torch.device) -> SymmetricAllReduce | None:
+    """Set up the one-shot all-reduce on every rank and check it against NCCL once; None on every rank (with a
+    warning) if it fails on any: all ranks must take the same path, or the collectives would not pair up."""
+    if not claim_group_for_symm_mem(group, cpu_group):
+        return None
     reducer, error = None, None
     try:
         reducer = SymmetricAllReduce(group, device)

@@ -70,6 +70,11 @@ if HAS_TRITON:
         return w.to(tl.float32)
 
     @triton.jit
+    def dot_chunk(x, w, INT8: tl.constexpr):
+        """One K chunk of the GEMV: x [BLOCK_M, BLOCK_K] . w [BLOCK_N, BLOCK_K] -> [BLOCK_M, BLOCK_N] fp32."""
+        return tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w, INT8)[None, :, :], axis=2)
+
+    @triton.jit
     def _gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
                    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                    INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -94,9 +99,9 @@ if HAS_TRITON:
                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
             if NORM:
                 x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
-            acc += tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w, INT8)[None, :, :], axis=2)
+            acc += dot_chunk(x, w, INT8)
             if GATED:
-                acc_up += tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w_up, INT8)[None, :, :], axis=2)
+                acc_up += dot_chunk(x, w_up, INT8)
         if INT8:
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             if GATED:
@@ -191,7 +196,7 @@ def fused_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return y.to(x.dtype)
 
 
-def _takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (os.environ.get("TIERLLM_GEMV", "1") != "0" and x.shape[0] <= MAX_GEMV_ROWS
             and x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
             and weight.is_contiguous())
@@ -204,7 +209,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     are all-reduced before rounding). TIERLLM_GEMV=0 sends everything to cuBLAS (for A/B runs). A tensor-core
     variant (x padded to 16 rows, pipelined weight tiles) measured 2-6% slower than this one on an H100 and was
     dropped."""
-    if _takes_gemv(x, weight):
+    if takes_gemv(x, weight):
         return gemv_triton(x, weight, bias, out_dtype)
     return linear_ref(x, weight, bias, out_dtype)
 
@@ -229,6 +234,6 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """`linear` with the decode fusions (see gemv_triton; semantics: fused_linear_ref, except that residual is
     updated in place and returned): one GEMV launch where `linear` would take the GEMV, the separate kernels
     otherwise."""
-    if _takes_gemv(x, weight) and (residual is None or residual.stride(-1) == 1):
+    if takes_gemv(x, weight) and (residual is None or residual.stride(-1) == 1):
         return gemv_triton(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual)
     return unfused_linear(x, lambda h: linear(h, weight, bias), norm_weight, eps, gated, residual)

@@ -43,8 +43,15 @@ def reduce_partial_output(y: torch.Tensor, bias: torch.Tensor | None, parallel: 
 def reduced_fused(layer, x: torch.Tensor, norm, gated: bool, residual: torch.Tensor | None) -> torch.Tensor:
     """Linear.fused for a row-parallel layer: the sum must come before the residual add. Added into a residual:
     residual += the sum of the ranks' `layer.partial_output(x)` plus the bias, rounded to the residual's dtype,
-    in place (one kernel after the all-reduce; returns residual); otherwise the separate kernels."""
+    in place (returns residual): one kernel for the GEMV, the all-reduce and the add where the fused all-reduce
+    is on and takes the call (distributed/fused_all_reduce.py), else one kernel after the all-reduce; otherwise
+    the separate kernels."""
     if residual is not None and norm is None and not gated:
+        fused = layer.parallel.fused_all_reduce
+        if fused is not None and isinstance(layer, Linear) and not layer.invariant_parts:
+            done = fused(x, layer.weight, layer.bias, residual)
+            if done is not None:
+                return done
         summed = all_reduce(layer.partial_output(x), layer.parallel)    # [num_tokens, out]
         return kernels.add_rounded_(residual, summed, layer.bias)
     return kernels.unfused_linear(x, layer, **fusion_args(norm, gated, residual))

@@ -1,0 +1,63 @@
+"""Run by tests/gpu/test_tp_gpu.py in a fresh interpreter (symmetric memory is set up once per process and group
+name): `tokens` compares a TP=2 bf16 engine with the fused all-reduce against one on NCCL's; `kill` kills a
+worker in the middle of decoding and expects rank 0's error, not a hang."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+from conftest import build_hf_model, random_prompts
+
+import tierllm
+from tierllm.distributed.driver import TensorParallelError
+
+OPTIONS = {"device": "cuda", "dtype": torch.bfloat16, "show_progress": False, "num_kv_blocks": 64}
+
+
+def _generate(llm, prompts) -> list:
+    params = tierllm.SamplingParams(max_tokens=24, temperature=0.0, logprobs=1)
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params)]
+
+
+def tokens() -> None:
+    model = build_hf_model("llama_gqa")
+    prompts = random_prompts([7, 30, 12], seed=3)
+    nccl = tierllm.LLM(model, tensor_parallel={"tp_size": 2, "all_reduce": "nccl"}, **OPTIONS)
+    expected = _generate(nccl, prompts)
+    nccl.close()
+    llm = tierllm.LLM(model, tensor_parallel={"tp_size": 2, "all_reduce": "fused"}, **OPTIONS)
+    assert llm.engine.runner.parallel.fused_all_reduce is not None, "fell back to NCCL (see the warning)"
+    assert llm.engine.runner.graphs is not None
+    got = _generate(llm, prompts)
+    assert [t for t, _ in got] == [t for t, _ in expected], (got, expected)
+    start = time.monotonic()
+    llm.close()
+    assert time.monotonic() - start < 30
+    print("FUSED_TOKENS_OK", flush=True)
+
+
+def kill() -> None:
+    llm = tierllm.LLM(build_hf_model("llama_gqa"), tensor_parallel={"tp_size": 2, "all_reduce": "fused",
+                                                                   "timeout_s": 120}, **OPTIONS)
+    assert llm.engine.runner.parallel.fused_all_reduce is not None
+    prompts = random_prompts([9] * 8, seed=4)
+    params = tierllm.SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, params)
+    worker = llm.engine.runner.parallel.workers.processes[1]
+    killed = threading.Event()
+    threading.Timer(0.5, lambda: (os.kill(worker.pid, signal.SIGKILL), killed.set())).start()
+    try:
+        while True:
+            llm.generate(prompts, params)
+    except TensorParallelError as exc:
+        assert killed.is_set() and "worker rank 1" in str(exc), exc
+        print("KILL_REPORTED", exc, flush=True)
+    llm.close()
+
+
+if __name__ == "__main__":
+    {"tokens": tokens, "kill": kill}[sys.argv[1]]()

@@ -1,0 +1,79 @@
+"""Run by tests/gpu/test_tp_gpu.py under `torchrun --nproc-per-node N` (N GPUs): the fused GEMV + all-reduce
+(kernels/gemv_all_reduce.py) on real ranks against the GEMV, NCCL's all-reduce and the residual add, eager and
+replayed in a CUDA graph; every rank must get the same bits. Prints FUSED_OK on success."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from tierllm.distributed.parallel_state import destroy_parallel_state, init_parallel_state
+from tierllm.kernels import gemv
+from tierllm.kernels.residual_add import add_rounded_
+
+
+def _inputs(rank: int, m: int, n: int, k: int, dtype, with_bias: bool, seed: int):
+    """This rank's x and weight shard; the bias and residual are the same on every rank."""
+    own = torch.Generator("cuda").manual_seed(seed * 100 + rank)
+    shared = torch.Generator("cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", generator=own).to(dtype)
+    weight = (torch.randn(n, k, device="cuda", generator=own) / k ** 0.5).to(dtype)
+    bias = torch.randn(n, device="cuda", generator=shared).to(dtype) if with_bias else None
+    residual = torch.randn(m, n, device="cuda", generator=shared).to(dtype)
+    return x, weight, bias, residual
+
+
+def _reference(x, weight, bias, residual, group):
+    summed = gemv.linear(x, weight, None, torch.float32)                    # [m, n] fp32 partial
+    dist.all_reduce(summed, group=group)
+    return add_rounded_(residual.clone(), summed, bias)
+
+
+def _check(got, expected, group, what: str) -> None:
+    tolerance = 4 * expected.float().abs().max().item() * torch.finfo(expected.dtype).eps
+    error = (got.float() - expected.float()).abs().max().item()
+    assert error <= tolerance, f"{what}: max error {error} > {tolerance}"
+    copies = [torch.empty_like(got) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(copies, got.contiguous(), group=group)
+    assert all(torch.equal(c, copies[0]) for c in copies), f"{what}: ranks differ"
+
+
+def main() -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    state = init_parallel_state(rank, world, torch.device("cuda", int(os.environ["LOCAL_RANK"])), 60.0,
+                                all_reduce="fused")
+    fused = state.fused_all_reduce
+    assert fused is not None, "the fused all-reduce fell back to NCCL (see the warning)"
+    shapes = [(1, 5120, 2560, False), (3, 4096, 1376, True), (8, 100, 72, True), (1, 8192, 7168, False)]
+    for dtype in (torch.bfloat16, torch.float16):
+        for seed, (m, n, k, with_bias) in enumerate(shapes):
+            x, weight, bias, residual = _inputs(rank, m, n, k, dtype, with_bias, seed)
+            expected = _reference(x, weight, bias, residual, state.group)
+            got = fused(x, weight, bias, residual.clone())
+            _check(got, expected, state.group, f"eager {dtype} {(m, n, k)}")
+    # Two layers captured in one CUDA graph and replayed: the parity flips on the device across replays.
+    x, weight, bias, residual = _inputs(rank, 2, 4096, 1024, torch.bfloat16, True, 7)
+    static = residual.clone()
+    fused(x, weight, bias, static)                                            # tuned and warm before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused(x, weight, bias, static)
+        fused(x, weight, bias, static)
+    start = residual.clone()
+    for replay in range(5):
+        static.copy_(start)
+        graph.replay()
+        expected = _reference(x, weight, bias, _reference(x, weight, bias, start, state.group), state.group)
+        _check(static, expected, state.group, f"graph replay {replay}")
+        start = static.clone()
+    assert fused.failure() is None
+    torch.cuda.synchronize()
+    dist.barrier()
+    destroy_parallel_state(state)
+    print("FUSED_OK", rank, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The fused row-parallel GEMV + all-reduce kernel (kernels/gemv_all_reduce.py) on one device, one rank at a time:
+the peers are simulated by buffers prepared as their kernels would leave them (their partials in this rank's
+slots, their signals raised). On CPU through the Triton interpreter; on one GPU natively. Two real ranks on two
+GPUs: tests/gpu/test_tp_gpu.py."""
+import pytest
+import torch
+
+from tierllm.kernels._dispatch import HAS_TRITON
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+LOW_PRECISION = [torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])   # interpreter: no bf16
+
+
+class SimulatedGroup:
+    """Every rank's buffer in this process, and rank `rank`'s kernel state."""
+
+    def __init__(self, world: int, rank: int):
+        from tierllm.kernels import gemv_all_reduce as g
+
+        self.g, self.world, self.rank = g, world, rank
+        self.data, cells = g.buffer_elements(world)
+        self.buffers = [torch.zeros(self.data + cells, device=DEVICE) for _ in range(world)]
+        self.state = {"bases": torch.tensor([b.data_ptr() for b in self.buffers], dtype=torch.int64, device=DEVICE),
+                      "counter": torch.zeros(2, dtype=torch.int32, device=DEVICE),
+                      "status": torch.zeros(1, dtype=torch.int32), "rank": rank, "world": world,
+                      "timeout_ns": 10 ** 10, "configs": {}}
+
+    def slot(self, owner: int, parity: int, sender: int, m: int, n: int) -> torch.Tensor:
+        """Rank `owner`'s slot for `sender`'s partial: [m, n] fp32 (a view)."""
+        slots = self.buffers[owner][:self.data].view(2, self.world, self.g.MAX_ROWS, self.g.MAX_COLS)
+        return slots[parity, sender, :m, :n]
+
+    def cells(self, owner: int, sender: int) -> torch.Tensor:
+        """Rank `owner`'s signal cells from `sender`: [MAX_TILES] int32 (a view)."""
+        return self.buffers[owner][self.data:].view(torch.int32).view(self.world, self.g.MAX_TILES)[sender]
+
+    def peers_arrive(self, parity: int, partials: list, tiles: int) -> None:
+        """What the peers' kernels do before this rank looks: their partials in its slots, their signals raised;
+        and they took this rank's previous signals."""
+        for peer in range(self.world):
+            if peer != self.rank:
+                self.slot(self.rank, parity, peer, *partials[peer].shape).copy_(partials[peer])
+                self.cells(self.rank, peer)[:tiles] = 1
+                self.cells(peer, self.rank).zero_()
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("world,rank", [(2, 0), (2, 1), (4, 2)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_rank_adds_its_peers_partials_signals_them_and_flips_parity(dtype, world, rank, with_bias):
+    from tierllm.kernels.gemv_all_reduce import BLOCK_N, gemv_all_reduce_, gemv_all_reduce_ref
+
+    group = SimulatedGroup(world, rank)
+    m, n, k = 3, 42, 160                                    # a partial last tile, a partial last K chunk
+    torch.manual_seed(world * 10 + rank)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    weight = (torch.randn(n, k, device=DEVICE) / 8).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
+    residual = torch.randn(m, n, device=DEVICE).to(dtype)
+    tiles = -(-n // BLOCK_N)
+    mine = x.float() @ weight.float().t()                                   # [m, n]: this rank's partial
+    for call in range(3):                                                   # parities 0, 1, 0
+        parity = call % 2
+        partials = [torch.randn(m, n, device=DEVICE) * 4 for _ in range(world)]
+        partials[rank] = mine
+        group.peers_arrive(parity, partials, tiles)
+        before = residual.clone()
+        assert gemv_all_reduce_(x, weight, bias, residual, **group.state) is residual
+        expected = gemv_all_reduce_ref(partials, bias, before)
+        tolerance = 2 * expected.float().abs().max().item() * torch.finfo(dtype).eps   # an ulp or two
+        assert (residual.float() - expected.float()).abs().max().item() <= tolerance
+        for peer in range(world):
+            if peer != rank:
+                assert torch.allclose(group.slot(peer, parity, rank, m, n), mine, rtol=1e-5, atol=1e-5)
+                assert group.cells(peer, rank)[:tiles].tolist() == [1] * tiles          # signalled
+                assert group.cells(rank, peer)[:tiles].tolist() == [0] * tiles          # theirs taken
+        assert group.state["counter"].tolist() == [call + 1, 0]
+        assert group.state["status"].item() == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_never_signals_ends_the_wait_once_the_status_is_raised():
+    """The watchdog's abort (distributed/driver.py): kernels waiting for a dead rank give up and return."""
+    from tierllm.kernels.gemv_all_reduce import STATUS_ABORTED, gemv_all_reduce_
+
+    group = SimulatedGroup(2, 0)
+    x = torch.randn(1, 64, device=DEVICE).half()
+    weight = torch.randn(8, 64, device=DEVICE).half()
+    residual = torch.zeros(1, 8, device=DEVICE).half()
+    group.state["status"][0] = STATUS_ABORTED                      # raised before the peer's signals came
+    gemv_all_reduce_(x, weight, None, residual, **group.state)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    assert group.state["status"].item() == STATUS_ABORTED
