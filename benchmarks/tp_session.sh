@@ -5,15 +5,17 @@
 #   bash benchmarks/tp_session.sh 13b [ALL_REDUCE] # tp_gpu.py on llama-13b, TP=1/2(/4), no fp32 reference (~6 min)
 #   bash benchmarks/tp_session.sh 70b [ALL_REDUCE] # tp_gpu.py's llama-70b TP=4 run alone (4 GPUs)
 #   bash benchmarks/tp_session.sh fused-tests      # the fused GEMV all-reduce: kernel tests on one GPU, then on 2
-#                                                  # (and 4) ranks, the engine's tokens and a killed worker (~3 min)
-#   bash benchmarks/tp_session.sh fused-13b        # llama-13b TP=1, then TP=2 with NCCL's and the fused all-reduce
-#                                                  # (an A/B on one machine, no fp32 reference; ~5 min)
+#                                                  # (and 4) ranks, the engine's tokens and a killed worker (~4 min;
+#                                                  # FUSED_TESTS="and not killed" leaves the last out)
+#   bash benchmarks/tp_session.sh fused-ab         # llama-13b TP=1, then TP=2 (and 4) with NCCL's and the fused
+#                                                  # all-reduce (an A/B on one machine, no fp32 reference); with 4
+#                                                  # GPUs then llama-70b TP=4 fused and NCCL (~8 min)
 #   bash benchmarks/tp_session.sh invariant        # invariant mode: its GPU tests, then agreement on smollm2-1.7b
 #                                                  # and llama-13b at TP=1/2(/4), no speed runs (~8 min)
 # ALL_REDUCE: nccl (default), symm_mem or fused. The fp32-reference agreement of llama-13b (bf16's own noise floor,
 # 82.8% on 2026-11-27) is in tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
-part=${1:?part: micro, 13b, 70b, fused-tests, fused-13b or invariant}
+part=${1:?part: micro, 13b, 70b, fused-tests, fused-ab or invariant}
 all_reduce=${2:-nccl}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -36,13 +38,20 @@ case "$part" in
   fused-tests)
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv_all_reduce.py 2>&1 \
         | tee "$OUT/fused_kernel_tests.log" | tail -8
-    timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py -k fused 2>&1 \
+    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py -k "fused ${FUSED_TESTS:-}" 2>&1 \
         | tee "$OUT/fused_tp_tests.log" | tail -30
     ;;
-  fused-13b)
-    python3 benchmarks/tp_gpu.py --tp-sizes 1,2 --presets llama-13b --skip-70b --no-fp32-reference \
+  fused-ab)
+    tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
+    python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets llama-13b --skip-70b --no-fp32-reference \
         --variant nccl:all_reduce=nccl --variant fused:all_reduce=fused 2>&1 | tee "$OUT/tp_gpu_13b_fused_ab.log" \
-        | grep -v "^\s*$" | tail -25
+        | grep -v "^\s*$" | tail -12
+    if [ "$gpus" -ge 4 ]; then
+      for kind in fused nccl; do
+        python3 benchmarks/tp_gpu.py --tp-sizes 1,4 --presets none --all-reduce $kind 2>&1 \
+            | tee "$OUT/tp_gpu_70b_$kind.log" | grep -v "^\s*$" | tail -6
+      done
+    fi
     ;;
   invariant)
     tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
@@ -51,5 +60,5 @@ case "$part" in
     python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets smollm2-1.7b,llama-13b --skip-70b --no-fp32-reference \
         --invariant 2>&1 | tee "$OUT/tp_gpu_invariant.log" | grep -v "^\s*$" | tail -25
     ;;
-  *) echo "unknown part $part: micro, 13b, 70b, fused-tests, fused-13b or invariant" >&2; exit 2 ;;
+  *) echo "unknown part $part: micro, 13b, 70b, fused-tests, fused-ab or invariant" >&2; exit 2 ;;
 esac

@@ -19,37 +19,31 @@ class SimulatedGroup:
         from tierllm.kernels import gemv_all_reduce as g
 
         self.g, self.world, self.rank = g, world, rank
-        self.data, cells = g.buffer_elements(world)
-        self.buffers = [torch.zeros(self.data + cells, device=DEVICE) for _ in range(world)]
+        self.buffers = [torch.zeros(g.buffer_words(world), dtype=torch.int64, device=DEVICE) for _ in range(world)]
+        status = torch.zeros(1, dtype=torch.int32)
         self.state = {"bases": torch.tensor([b.data_ptr() for b in self.buffers], dtype=torch.int64, device=DEVICE),
                       "counter": torch.zeros(2, dtype=torch.int32, device=DEVICE),
-                      "status": torch.zeros(1, dtype=torch.int32), "rank": rank, "world": world,
+                      "status": status.pin_memory() if DEVICE == "cuda" else status, "rank": rank, "world": world,
                       "timeout_ns": 10 ** 10, "configs": {}}
 
     def slot(self, owner: int, parity: int, sender: int, m: int, n: int) -> torch.Tensor:
-        """Rank `owner`'s slot for `sender`'s partial: [m, n] fp32 (a view)."""
-        slots = self.buffers[owner][:self.data].view(2, self.world, self.g.MAX_ROWS, self.g.MAX_COLS)
+        """Rank `owner`'s slot for `sender`'s part: [m, n] flagged words (a view)."""
+        slots = self.buffers[owner].view(2, self.world, self.g.MAX_ROWS, self.g.MAX_COLS)
         return slots[parity, sender, :m, :n]
 
-    def cells(self, owner: int, sender: int) -> torch.Tensor:
-        """Rank `owner`'s signal cells from `sender`: [MAX_TILES] int32 (a view)."""
-        return self.buffers[owner][self.data:].view(torch.int32).view(self.world, self.g.MAX_TILES)[sender]
-
-    def peers_arrive(self, parity: int, partials: list, tiles: int) -> None:
-        """What the peers' kernels do before this rank looks: their partials in its slots, their signals raised;
-        and they took this rank's previous signals."""
+    def peers_send(self, call: int, partials: list) -> None:
+        """What the peers' kernels do before this rank looks: their parts of call `call`, flagged, in its slots."""
         for peer in range(self.world):
             if peer != self.rank:
-                self.slot(self.rank, parity, peer, *partials[peer].shape).copy_(partials[peer])
-                self.cells(self.rank, peer)[:tiles] = 1
-                self.cells(peer, self.rank).zero_()
+                self.slot(self.rank, call % 2, peer, *partials[peer].shape).copy_(
+                    self.g.flagged(partials[peer], call + 1))
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("world,rank", [(2, 0), (2, 1), (4, 2)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_rank_adds_its_peers_partials_signals_them_and_flips_parity(dtype, world, rank, with_bias):
-    from tierllm.kernels.gemv_all_reduce import BLOCK_N, gemv_all_reduce_, gemv_all_reduce_ref
+def test_rank_adds_its_peers_parts_sends_its_own_and_flips_parity(dtype, world, rank, with_bias):
+    from tierllm.kernels.gemv_all_reduce import flagged, gemv_all_reduce_, gemv_all_reduce_ref
 
     group = SimulatedGroup(world, rank)
     m, n, k = 3, 42, 160                                    # a partial last tile, a partial last K chunk
@@ -58,29 +52,26 @@ def test_rank_adds_its_peers_partials_signals_them_and_flips_parity(dtype, world
     weight = (torch.randn(n, k, device=DEVICE) / 8).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
     residual = torch.randn(m, n, device=DEVICE).to(dtype)
-    tiles = -(-n // BLOCK_N)
     mine = x.float() @ weight.float().t()                                   # [m, n]: this rank's partial
     for call in range(3):                                                   # parities 0, 1, 0
-        parity = call % 2
         partials = [torch.randn(m, n, device=DEVICE) * 4 for _ in range(world)]
         partials[rank] = mine
-        group.peers_arrive(parity, partials, tiles)
+        group.peers_send(call, partials)
         before = residual.clone()
         assert gemv_all_reduce_(x, weight, bias, residual, **group.state) is residual
         expected = gemv_all_reduce_ref(partials, bias, before)
         tolerance = 2 * expected.float().abs().max().item() * torch.finfo(dtype).eps   # an ulp or two
         assert (residual.float() - expected.float()).abs().max().item() <= tolerance
-        for peer in range(world):
-            if peer != rank:
-                assert torch.allclose(group.slot(peer, parity, rank, m, n), mine, rtol=1e-5, atol=1e-5)
-                assert group.cells(peer, rank)[:tiles].tolist() == [1] * tiles          # signalled
-                assert group.cells(rank, peer)[:tiles].tolist() == [0] * tiles          # theirs taken
+        for dest in range(world):                                           # its part reached every rank
+            sent = group.slot(dest, call % 2, rank, m, n)
+            assert torch.equal(sent >> 32, torch.full_like(sent, call + 1))                 # this call's flag
+            assert torch.allclose(sent.to(torch.int32).view(torch.float32), mine, rtol=1e-5, atol=1e-5)
         assert group.state["counter"].tolist() == [call + 1, 0]
         assert group.state["status"].item() == 0
 
 
 @pytest.mark.timeout(60)
-def test_a_peer_that_never_signals_ends_the_wait_once_the_status_is_raised():
+def test_a_peer_that_never_sends_ends_the_wait_once_the_status_is_raised():
     """The watchdog's abort (distributed/driver.py): kernels waiting for a dead rank give up and return."""
     from tierllm.kernels.gemv_all_reduce import STATUS_ABORTED, gemv_all_reduce_
 
@@ -88,8 +79,17 @@ def test_a_peer_that_never_signals_ends_the_wait_once_the_status_is_raised():
     x = torch.randn(1, 64, device=DEVICE).half()
     weight = torch.randn(8, 64, device=DEVICE).half()
     residual = torch.zeros(1, 8, device=DEVICE).half()
-    group.state["status"][0] = STATUS_ABORTED                      # raised before the peer's signals came
+    group.state["status"][0] = STATUS_ABORTED                      # raised before the peer's part came
     gemv_all_reduce_(x, weight, None, residual, **group.state)
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     assert group.state["status"].item() == STATUS_ABORTED
+
+
+def test_flagged_words_carry_the_value_bits_under_the_epoch():
+    from tierllm.kernels.gemv_all_reduce import flagged
+
+    values = torch.tensor([1.5, -2.25, 0.0, -0.0, 3e38])
+    words = flagged(values, 7)
+    assert torch.equal(words >> 32, torch.full_like(words, 7))
+    assert torch.equal(words.to(torch.int32).view(torch.float32).view(torch.int32), values.view(torch.int32))

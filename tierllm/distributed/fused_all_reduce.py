@@ -2,11 +2,11 @@
 the state kernels/gemv_all_reduce.py needs on each rank, and the check that it works before the engine uses it.
 
 Each rank allocates one buffer in PyTorch's symmetric memory (CUDA virtual memory that every rank of the host maps,
-peer to peer; no NVLink multicast, which the device machines forbid) holding the exchange slots and the signal
-cells, plus a call counter of its own and a status word in pinned host memory. Prefill-sized calls, quantized
+peer to peer; no NVLink multicast, which the device machines forbid) holding the exchange slots, plus a call
+counter of its own and a status word in pinned host memory. Prefill-sized calls, quantized
 weights other than int8, and layers whose output is too wide for the buffer take NCCL's all-reduce as before.
 
-A rank that dies mid-step leaves the others' kernels waiting for its signals. The spawn launcher's watchdog
+A rank that dies mid-step leaves the others' kernels waiting for its parts. The spawn launcher's watchdog
 (distributed/driver.py) raises the status word, the kernels give up, and rank 0 reports the dead rank; without a
 watchdog (torchrun) the waits give up after the group's timeout_s and record it in the status word, which the
 next step's check turns into an error."""
@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from tierllm.kernels import gemv
-from tierllm.kernels.gemv_all_reduce import (MAX_COLS, STATUS_ABORTED, STATUS_OK, STATUS_TIMED_OUT,
-                                             buffer_elements, gemv_all_reduce_)
+from tierllm.kernels.gemv_all_reduce import (MAX_COLS, STATUS_ABORTED, STATUS_OK, STATUS_TIMED_OUT, buffer_words,
+                                             gemv_all_reduce_)
 
 logger = logging.getLogger("tierllm")
 
@@ -31,9 +31,8 @@ class FusedAllReduce:
     def __init__(self, group: dist.ProcessGroup, device: torch.device, timeout_s: float):
         import torch.distributed._symmetric_memory as symm_mem
 
-        data, cells = buffer_elements(dist.get_world_size(group))
-        self.buffer = symm_mem.empty(data + cells, dtype=torch.float32, device=device)      # [slots | cells]
-        self.buffer.view(torch.int32)[data:].zero_()                                        # no signal pending
+        self.buffer = symm_mem.empty(buffer_words(dist.get_world_size(group)), dtype=torch.int64, device=device)
+        self.buffer.zero_()                                   # flag 0: nothing sent yet (epochs start at 1)
         handle = symm_mem.rendezvous(self.buffer, group)                                    # collective
         self.rank, self.world = handle.rank, handle.world_size
         self.bases = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)    # [world] addresses
@@ -42,7 +41,7 @@ class FusedAllReduce:
         self.timeout_ns = int(timeout_s * 1e9)
         self.configs: dict = {}                                                            # tuned per shape
         torch.cuda.synchronize(device)
-        dist.barrier(group)                                   # every rank's cells are zero before anyone signals
+        dist.barrier(group)                                   # every rank's buffer is zero before anyone sends
 
     def accepts(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> bool:
         return (gemv.takes_gemv(x, weight) and weight.dtype == x.dtype and weight.shape[0] <= MAX_COLS
