@@ -40,13 +40,13 @@ class SimulatedGroup:
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
-@pytest.mark.parametrize("world,rank", [(2, 0), (2, 1), (4, 2)])
+@pytest.mark.parametrize("world,rank", [(2, 0), (2, 1), (3, 1), (4, 2)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_rank_adds_its_peers_parts_sends_its_own_and_flips_parity(dtype, world, rank, with_bias):
-    from tierllm.kernels.gemv_all_reduce import flagged, gemv_all_reduce_, gemv_all_reduce_ref
+@pytest.mark.parametrize("m,n,k", [(3, 42, 160), (1, 300, 64)])    # partial tiles and K chunks; 3 gathering programs
+def test_rank_adds_its_peers_parts_sends_its_own_and_flips_parity(dtype, world, rank, with_bias, m, n, k):
+    from tierllm.kernels.gemv_all_reduce import gemv_all_reduce_, gemv_all_reduce_ref
 
     group = SimulatedGroup(world, rank)
-    m, n, k = 3, 42, 160                                    # a partial last tile, a partial last K chunk
     torch.manual_seed(world * 10 + rank)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     weight = (torch.randn(n, k, device=DEVICE) / 8).to(dtype)
