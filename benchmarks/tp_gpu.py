@@ -53,7 +53,7 @@ def log(message: str) -> None:
 
 
 def open_engine(preset: str, tp_size: int, cuda_graphs: bool = True, dtype: torch.dtype = DTYPE,
-                all_reduce: str = "nccl", invariant: bool = False):
+                all_reduce: str = "auto", invariant: bool = False):
     """The preset's bf16 weights (dtype=torch.float32: the same values, computed in fp32)."""
     start = time.perf_counter()
     engine = tierllm.init_inference(PresetSource(preset, DTYPE), dtype=dtype, device="cuda",
@@ -216,7 +216,7 @@ def main() -> int:
                              "per call keeps a call inside the device's 10-minute limit; 'none': only the llama-70b run")
     parser.add_argument("--no-fp32-reference", dest="fp32_reference", action="store_false",
                         help="skip the TP=1 fp32 engine that gives every bf16 engine's agreement with exact answers")
-    parser.add_argument("--all-reduce", default="nccl", choices=ALL_REDUCE_KINDS,
+    parser.add_argument("--all-reduce", default="auto", choices=ALL_REDUCE_KINDS,
                         help="the TP engines' all-reduce (tensor_parallel's all_reduce)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="repeatable: one llama-13b engine per variant at each TP size > 1, with these environment "
@@ -240,7 +240,7 @@ def main() -> int:
     results: dict = {"smollm2-135m_tp2_error": smollm2_135m_error()}
     checks = []
     name = ("tp-" + "-".join(map(str, tp_sizes)) + "-" + args.presets.replace(",", "-")
-            + ("" if args.all_reduce == "nccl" else "-" + args.all_reduce.replace("_", "-")) + ("-variants" if args.variant else "")
+            + ("" if args.all_reduce == "auto" else "-" + args.all_reduce.replace("_", "-")) + ("-variants" if args.variant else "")
             + ("-invariant" if args.invariant else "") + ".json")
     settings = {"dtype": "bfloat16", "tp_sizes": tp_sizes, "prompt_len": PROMPT_LEN, "latency_gen_len": LATENCY_GEN_LEN,
                 "throughput": f"batch {THROUGHPUT_BATCH} x {PROMPT_LEN} prompt + {THROUGHPUT_GEN_LEN} new",

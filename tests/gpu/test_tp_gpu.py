@@ -20,7 +20,8 @@ def test_tp2_on_nccl_equals_tp1_closes_promptly_and_restarts():
     expected = [reference.generate(p, max_new_tokens=16, do_sample=False).tolist() for p in prompts]
     reference.close()
     for attempt in range(2):                                    # the second start follows a full teardown
-        engine = make_engine(model, device="cuda", dtype=torch.float32, tensor_parallel={"tp_size": 2})
+        engine = make_engine(model, device="cuda", dtype=torch.float32,
+                             tensor_parallel={"tp_size": 2, "all_reduce": "nccl"})
         assert [engine.generate(p, max_new_tokens=16, do_sample=False).tolist() for p in prompts] == expected
         start = time.monotonic()
         engine.close()

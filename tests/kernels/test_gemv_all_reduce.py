@@ -42,7 +42,7 @@ class SimulatedGroup:
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("world,rank", [(2, 0), (2, 1), (3, 1), (4, 2)])
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("m,n,k", [(3, 42, 160), (1, 300, 64)])    # partial tiles and K chunks; 3 gathering programs
+@pytest.mark.parametrize("m,n,k", [(3, 42, 160), (1, 300, 64)])    # partial last tiles and K chunks
 def test_rank_adds_its_peers_parts_sends_its_own_and_flips_parity(dtype, world, rank, with_bias, m, n, k):
     from tierllm.kernels.gemv_all_reduce import gemv_all_reduce_, gemv_all_reduce_ref
 

@@ -20,7 +20,7 @@ NCCL_ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST"
 # days); a dead peer still ends that wait at once (its sockets close).
 _PLAN_WAIT_TIMEOUT = datetime.timedelta(days=7)
 
-ALL_REDUCE_KINDS = ("nccl", "symm_mem", "fused")
+ALL_REDUCE_KINDS = ("auto", "nccl", "symm_mem", "fused")
 # Invariant mode cuts every row-parallel sum into this many K parts (kernels/invariant_linear.py): TP sizes 1, 2, 4
 # and 8 then add the same parts in the same tree, and give the same bits.
 INVARIANT_PARTS = 8
@@ -31,10 +31,11 @@ class ParallelConfig:
     """What the user asks for: tensor_parallel={"tp_size": 2} or ParallelConfig(tp_size=2)."""
     tp_size: int = 1                          # ranks that split every layer; 1 = no tensor parallelism
     timeout_s: float = 300.0                  # a collective (all-reduce, all-gather) slower than this is an error
-    all_reduce: str = "nccl"                  # "fused": decode's row-parallel all-reduce inside the GEMV, over
+    all_reduce: str = "auto"                  # "fused": decode's row-parallel all-reduce inside the GEMV, over
                                               # symmetric memory (distributed/fused_all_reduce.py); "symm_mem": a
                                               # one-shot all-reduce kernel (symm_all_reduce.py: a dead rank hangs the
-                                              # rest); NCCL's for everything else either way
+                                              # rest); NCCL's (gloo's on CPU) for everything else either way. "auto":
+                                              # fused on GPUs, except in invariant mode; "nccl": NCCL's alone
     invariant: bool = False                   # every TP size dividing INVARIANT_PARTS computes TP=1's bits
                                               # (kernels/invariant_linear.py; slower: no fused GEMVs, no cuBLAS)
 
@@ -46,6 +47,9 @@ class ParallelConfig:
         if self.all_reduce not in ALL_REDUCE_KINDS:
             raise ValueError(f"tensor_parallel all_reduce must be one of {', '.join(ALL_REDUCE_KINDS)}, got "
                              f"{self.all_reduce!r}")
+        if self.invariant and self.all_reduce in ("symm_mem", "fused"):
+            raise ValueError(f"tensor_parallel invariant=True adds the ranks' partial sums in a fixed order of its own; "
+                             f"leave all_reduce at 'auto' (or 'nccl'), got {self.all_reduce!r}")
         if self.invariant and INVARIANT_PARTS % self.tp_size:
             sizes = ", ".join(str(n) for n in range(1, INVARIANT_PARTS + 1) if INVARIANT_PARTS % n == 0)
             raise ValueError(f"tensor_parallel invariant=True covers tp sizes {sizes}, got tp_size={self.tp_size}")
@@ -108,11 +112,12 @@ def rank_device(base: torch.device, local_rank: int) -> torch.device:
 
 
 def init_parallel_state(rank: int, tp_size: int, device: torch.device, timeout_s: float,
-                        init_method: str | None = None, all_reduce: str = "nccl",
+                        init_method: str | None = None, all_reduce: str = "auto",
                         invariant: bool = False) -> ParallelState:
     """Join (or create) the process group of tp_size ranks. init_method None = torchrun's env:// rendezvous;
     an existing default group (the user's own init_process_group) is reused and left to its owner.
-    all_reduce="fused" / "symm_mem" set their all-reduce up on GPUs (a warning and NCCL's where it cannot run).
+    all_reduce="fused" / "symm_mem" set their all-reduce up on GPUs (a warning and NCCL's where it cannot run);
+    "auto" is "fused" on GPUs outside invariant mode, else NCCL's / gloo's with no warning.
     invariant: ParallelConfig.invariant."""
     if device.type == "cuda":
         for key, value in NCCL_ENV_DEFAULTS.items():
@@ -131,12 +136,14 @@ def init_parallel_state(rank: int, tp_size: int, device: torch.device, timeout_s
     cpu_group = dist.new_group(backend="gloo", timeout=_PLAN_WAIT_TIMEOUT)
     state = ParallelState(dist.get_rank(), tp_size, device, dist.group.WORLD, cpu_group, owns,
                           invariant_parts=INVARIANT_PARTS if invariant else 0)
+    if all_reduce == "auto":
+        all_reduce = "fused" if device.type == "cuda" and not invariant else "nccl"
     if all_reduce != "nccl" and device.type != "cuda":
         logger.warning("tierllm: all_reduce=%r needs CUDA GPUs; on %s the gloo all-reduce runs", all_reduce, device)
     elif all_reduce == "symm_mem":
         from tierllm.distributed.symm_all_reduce import create_symm_all_reduce
         state.symm_all_reduce = create_symm_all_reduce(state.group, cpu_group, device)
-    elif all_reduce == "fused" and not invariant:
+    elif all_reduce == "fused":
         from tierllm.distributed.fused_all_reduce import create_fused_all_reduce
         state.fused_all_reduce = create_fused_all_reduce(state.group, cpu_group, device, timeout_s)
     return state
