@@ -12,11 +12,12 @@
 #                                                  # GPUs then llama-70b TP=4 fused and NCCL (~8 min)
 #   bash benchmarks/tp_session.sh invariant        # invariant mode: its GPU tests, then agreement on smollm2-1.7b
 #                                                  # and llama-13b at TP=1/2(/4), no speed runs (~8 min)
-# ALL_REDUCE: nccl (default), symm_mem or fused. The fp32-reference agreement of llama-13b (bf16's own noise floor,
-# 82.8% on 2026-11-27) is in tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
+# ALL_REDUCE: auto (default: the engine's own, fused on GPUs), nccl, symm_mem or fused. The fp32-reference
+# agreement of llama-13b (bf16's own noise floor, 82.8% on 2026-11-27) is in
+# tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
 part=${1:?part: micro, 13b, 70b, fused-tests, fused-ab or invariant}
-all_reduce=${2:-nccl}
+all_reduce=${2:-auto}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 gpus=$(nvidia-smi -L | wc -l)
