@@ -240,7 +240,8 @@ def main() -> int:
     results: dict = {"smollm2-135m_tp2_error": smollm2_135m_error()}
     checks = []
     name = ("tp-" + "-".join(map(str, tp_sizes)) + "-" + args.presets.replace(",", "-")
-            + ("" if args.all_reduce == "auto" else "-" + args.all_reduce.replace("_", "-")) + ("-variants" if args.variant else "")
+            + ("" if args.all_reduce == "auto" else "-" + args.all_reduce.replace("_", "-"))
+            + ("-variants" if args.variant else "")
             + ("-invariant" if args.invariant else "") + ".json")
     settings = {"dtype": "bfloat16", "tp_sizes": tp_sizes, "prompt_len": PROMPT_LEN, "latency_gen_len": LATENCY_GEN_LEN,
                 "throughput": f"batch {THROUGHPUT_BATCH} x {PROMPT_LEN} prompt + {THROUGHPUT_GEN_LEN} new",

@@ -3,8 +3,8 @@ the state kernels/gemv_all_reduce.py needs on each rank, and the check that it w
 
 Each rank allocates one buffer in PyTorch's symmetric memory (CUDA virtual memory that every rank of the host maps,
 peer to peer; no NVLink multicast, which the device machines forbid) holding the exchange slots, plus a call
-counter of its own and a status word in pinned host memory. Prefill-sized calls, quantized
-weights other than int8, and layers whose output is too wide for the buffer take NCCL's all-reduce as before.
+counter of its own and a status word in pinned host memory. Prefill-sized calls, quantized weights and layers whose
+output is too wide for the buffer take NCCL's all-reduce as before.
 
 A rank that dies mid-step leaves the others' kernels waiting for its parts. The spawn launcher's watchdog
 (distributed/driver.py) raises the status word, the kernels give up, and rank 0 reports the dead rank; without a
@@ -12,16 +12,13 @@ watchdog (torchrun) the waits give up after the group's timeout_s and record it 
 next step's check turns into an error."""
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.distributed as dist
 
+from tierllm.distributed.symm_all_reduce import set_up_on_every_rank
 from tierllm.kernels import gemv
 from tierllm.kernels.gemv_all_reduce import (MAX_COLS, STATUS_ABORTED, STATUS_OK, STATUS_TIMED_OUT, buffer_words,
                                              gemv_all_reduce_)
-
-logger = logging.getLogger("tierllm")
 
 
 class FusedAllReduce:
@@ -73,25 +70,13 @@ class FusedAllReduce:
 
 def create_fused_all_reduce(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup, device: torch.device,
                             timeout_s: float) -> FusedAllReduce | None:
-    """Set the fused all-reduce up on every rank and check one call against NCCL; None on every rank (with a
-    warning) if it fails on any: all ranks must take the same path."""
-    from tierllm.distributed.symm_all_reduce import claim_group_for_symm_mem
-
-    if not claim_group_for_symm_mem(group, cpu_group):
-        return None
-    fused, error = None, None
-    try:
+    """Set the fused all-reduce up on every rank and check it against NCCL (symm_all_reduce.set_up_on_every_rank:
+    None on every rank, with a warning, if it fails on any)."""
+    def build():
         fused = FusedAllReduce(group, device, timeout_s)
-        error = _check_against_nccl(fused, group, device)
-    except Exception as exc:                  # no P2P between the GPUs, a torch without symmetric memory, ...
-        error = f"{type(exc).__name__}: {exc}"
-    ok = torch.tensor([0 if error else 1], dtype=torch.int32)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=cpu_group)
-    if ok.item() == 1:
-        return fused
-    logger.warning("tierllm: the fused GEMV all-reduce is unavailable (%s); tensor parallelism uses NCCL's",
-                   error or "it failed on another rank")
-    return None
+        return fused, _check_against_nccl(fused, group, device)
+
+    return set_up_on_every_rank(group, cpu_group, "fused GEMV all-reduce", build)
 
 
 def _check_against_nccl(fused: FusedAllReduce, group: dist.ProcessGroup, device: torch.device) -> str | None:

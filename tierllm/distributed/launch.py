@@ -92,9 +92,9 @@ def _free_port() -> int:
 def start_tensor_parallel(tensor_parallel, device: torch.device, source, engine_args: dict):
     """-> (this rank's ParallelState, the model source to open on this rank).
     tensor_parallel: None / 1 (single process), {"tp_size": N, "timeout_s": s, "all_reduce": "auto",
-    "invariant": False} / ParallelConfig, or the ParallelState of a worker this module spawned. Under torchrun (RANK/WORLD_SIZE set)
-    every rank joins the job's group; otherwise this process becomes rank 0 and spawns N-1 workers, which rebuild
-    the engine from engine_args (their own shard) and serve rank 0's steps."""
+    "invariant": False} / ParallelConfig, or the ParallelState of a worker this module spawned. Under torchrun
+    (RANK/WORLD_SIZE set) every rank joins the job's group; otherwise this process becomes rank 0 and spawns N-1
+    workers, which rebuild the engine from engine_args (their own shard) and serve rank 0's steps."""
     if isinstance(tensor_parallel, ParallelState):
         return tensor_parallel, open_source(source, tensor_parallel.device)
     config = ParallelConfig.from_any(tensor_parallel)

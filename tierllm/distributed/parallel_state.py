@@ -48,8 +48,8 @@ class ParallelConfig:
             raise ValueError(f"tensor_parallel all_reduce must be one of {', '.join(ALL_REDUCE_KINDS)}, got "
                              f"{self.all_reduce!r}")
         if self.invariant and self.all_reduce in ("symm_mem", "fused"):
-            raise ValueError(f"tensor_parallel invariant=True adds the ranks' partial sums in a fixed order of its own; "
-                             f"leave all_reduce at 'auto' (or 'nccl'), got {self.all_reduce!r}")
+            raise ValueError("tensor_parallel invariant=True adds the ranks' partial sums in a fixed order of its "
+                             f"own; leave all_reduce at 'auto' (or 'nccl'), got {self.all_reduce!r}")
         if self.invariant and INVARIANT_PARTS % self.tp_size:
             sizes = ", ".join(str(n) for n in range(1, INVARIANT_PARTS + 1) if INVARIANT_PARTS % n == 0)
             raise ValueError(f"tensor_parallel invariant=True covers tp sizes {sizes}, got tp_size={self.tp_size}")

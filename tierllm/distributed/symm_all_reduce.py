@@ -71,27 +71,37 @@ def claim_group_for_symm_mem(group: dist.ProcessGroup, cpu_group: dist.ProcessGr
     return True
 
 
-def create_symm_all_reduce(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup,
-                           device: torch.device) -> SymmetricAllReduce | None:
-    """Set up the one-shot all-reduce on every rank and check it against NCCL once; None on every rank (with a
-    warning) if it fails on any: all ranks must take the same path, or the collectives would not pair up."""
+def set_up_on_every_rank(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup, what: str, build):
+    """build() -> (the object, None) or (anything, why it failed), on every rank; the object on every rank, or None
+    on every rank (with a warning naming `what`) if it failed on any: all ranks must take the same path, or the
+    collectives would not pair up. Only a group that may set symmetric memory up gets that far."""
     if not claim_group_for_symm_mem(group, cpu_group):
         return None
-    reducer, error = None, None
+    made, error = None, None
     try:
+        made, error = build()
+    except Exception as exc:                  # no P2P between the GPUs, a torch without symmetric memory, ...
+        error = f"{type(exc).__name__}: {exc}"
+    ok = torch.tensor([0 if error else 1], dtype=torch.int32)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=cpu_group)
+    if ok.item() == 1:
+        return made
+    logger.warning("tierllm: the %s is unavailable (%s); tensor parallelism uses NCCL's", what,
+                   error or "it failed on another rank")
+    return None
+
+
+def create_symm_all_reduce(group: dist.ProcessGroup, cpu_group: dist.ProcessGroup,
+                           device: torch.device) -> SymmetricAllReduce | None:
+    """Set up the one-shot all-reduce on every rank and check it against NCCL once (set_up_on_every_rank)."""
+    def build():
         reducer = SymmetricAllReduce(group, device)
         probe = torch.randn(8, 1024, device=device, generator=torch.Generator(device).manual_seed(dist.get_rank()))
         expected = probe.clone()
         dist.all_reduce(expected, group=group)
         got = reducer(probe)
         if got is None or not torch.allclose(got, expected, rtol=1e-5, atol=1e-5):
-            error = "its sum differs from NCCL's"
-    except Exception as exc:                  # no P2P between the GPUs, a torch without symmetric memory, ...
-        error = f"{type(exc).__name__}: {exc}"
-    ok = torch.tensor([0 if error else 1], dtype=torch.int32)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=cpu_group)
-    if ok.item() == 1:
-        return reducer
-    logger.warning("tierllm: the symmetric-memory all-reduce is unavailable (%s); tensor parallelism uses NCCL's",
-                   error or "it failed on another rank")
-    return None
+            return reducer, "its sum differs from NCCL's"
+        return reducer, None
+
+    return set_up_on_every_rank(group, cpu_group, "symmetric-memory all-reduce", build)

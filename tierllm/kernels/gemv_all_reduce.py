@@ -78,8 +78,8 @@ if HAS_TRITON:
         return words.to(tl.int32).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _tile_partial(x_ptr, w_ptr, s_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, INT8: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """This rank's partial of one tile: x [M, K] @ W[offs_n, :]^T -> [BLOCK_M, BLOCK_N] fp32 (gemv.py's loop)."""
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -88,9 +88,7 @@ if HAS_TRITON:
                         mask=(offs_n < N)[:, None] & (offs_k < K)[None, :], other=0)         # [BLOCK_N, BLOCK_K]
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                         mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)       # [BLOCK_M, BLOCK_K]
-            acc += dot_chunk(x, w, INT8)
-        if INT8:
-            acc *= tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            acc += dot_chunk(x, w, False)
         return acc
 
     @triton.jit
@@ -104,10 +102,10 @@ if HAS_TRITON:
         tl.store(res_ptrs, (residual + y).to(res_ptr.dtype.element_ty), mask=mn_mask)
 
     @triton.jit
-    def _gemv_all_reduce_kernel(x_ptr, w_ptr, s_ptr, b_ptr, res_ptr, bases_ptr, counter_ptr, status_ptr,
+    def _gemv_all_reduce_kernel(x_ptr, w_ptr, b_ptr, res_ptr, bases_ptr, counter_ptr, status_ptr,
                                 M, N, K, stride_xm, stride_wn, stride_rm, rank, timeout_ns,
                                 WORLD: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
-                                HAS_BIAS: tl.constexpr, INT8: tl.constexpr, EXCHANGE: tl.constexpr,
+                                HAS_BIAS: tl.constexpr, EXCHANGE: tl.constexpr,
                                 TIMED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 BLOCK_K: tl.constexpr):
         """bases_ptr: int64 [WORLD], every rank's buffer address in this process; counter_ptr: int32 [2] (calls,
@@ -127,8 +125,8 @@ if HAS_TRITON:
             parity_slots = (calls % 2) * (WORLD * rank_words)
             epoch = calls % 1073741824 + 1                     # never 0, the flag of a buffer never written
             if pid < tiles:                                    # first half: compute this rank's part, send it
-                acc = _tile_partial(x_ptr, w_ptr, s_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, INT8,
-                                    BLOCK_M, BLOCK_N, BLOCK_K)
+                acc = _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
+                                    BLOCK_K)
                 words = (acc.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (epoch.to(tl.int64) << 32)
                 for dest in tl.static_range(WORLD):                                   # every rank, this one too
                     base = tl.load(bases_ptr + dest).to(tl.pointer_type(tl.int64))
@@ -147,8 +145,8 @@ if HAS_TRITON:
                 tl.store(counter_ptr + 1, 0)
                 tl.store(counter_ptr, calls + 1)
         else:
-            acc = _tile_partial(x_ptr, w_ptr, s_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, INT8,
-                                BLOCK_M, BLOCK_N, BLOCK_K)
+            acc = _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
+                                BLOCK_K)
             _finish_tile(acc, b_ptr, res_ptr, offs_m, offs_n, mn_mask, N, stride_rm, HAS_BIAS)
 
     # Tuned per shape on the EXCHANGE=False twin, each rank for itself (the ranks' tiles need not match: a part is
@@ -156,7 +154,7 @@ if HAS_TRITON:
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                 for bn, bk, w, s in [(4, 512, 4, 3), (4, 1024, 4, 2), (8, 512, 4, 3), (8, 1024, 8, 2),
                                      (2, 2048, 4, 2), (4, 2048, 8, 2), (2, 4096, 4, 1), (4, 4096, 4, 1)]]
-    _tuner = triton.autotune(configs=_CONFIGS, key=["N", "K", "BLOCK_M", "INT8"])(_gemv_all_reduce_kernel)
+    _tuner = triton.autotune(configs=_CONFIGS, key=["N", "K", "BLOCK_M"])(_gemv_all_reduce_kernel)
 
 
 def gemv_all_reduce_ref(partials: list[torch.Tensor], bias: torch.Tensor | None,
@@ -171,30 +169,32 @@ def gemv_all_reduce_ref(partials: list[torch.Tensor], bias: torch.Tensor | None,
 
 def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor, *,
                      bases: torch.Tensor, counter: torch.Tensor, status: torch.Tensor, rank: int, world: int,
-                     timeout_ns: int, configs: dict, scales: torch.Tensor | None = None) -> torch.Tensor:
+                     timeout_ns: int, configs: dict) -> torch.Tensor:
     """residual [M, N] += sum over the group's ranks of x [M, K_r] @ weight [N, K_r]^T, plus bias [N], in place;
-    returns residual. weight: fp16/bf16 (or int8 with per-channel `scales` [N]); M <= MAX_ROWS, N <= MAX_COLS.
+    returns residual. x, weight, residual: fp16/bf16, one dtype; M <= MAX_ROWS, N <= MAX_COLS.
     bases, counter, status, rank, world: distributed/fused_all_reduce.py's state; configs: its per-shape cache of
     tuned launch configs (filled here on a shape's first call, on the EXCHANGE=False twin: tuning must not
     communicate, the peers would not time the same runs)."""
     m, k = x.shape
     n = weight.shape[0]
-    int8 = scales is not None
-    args = (x, weight, scales if int8 else weight, bias if bias is not None else weight, residual, bases, counter,
-            status, m, n, k, x.stride(0), weight.stride(0), residual.stride(0), rank, timeout_ns)
-    flags = {"WORLD": world, "ROWS": MAX_ROWS, "COLS": MAX_COLS, "HAS_BIAS": bias is not None, "INT8": int8,
+
+    def args(out: torch.Tensor) -> tuple:
+        return (x, weight, bias if bias is not None else weight, out, bases, counter, status, m, n, k, x.stride(0),
+                weight.stride(0), out.stride(0), rank, timeout_ns)
+
+    flags = {"WORLD": world, "ROWS": MAX_ROWS, "COLS": MAX_COLS, "HAS_BIAS": bias is not None,
              "BLOCK_M": max(1, triton.next_power_of_2(m))}
     if is_interpreted():                                           # the interpreter cannot time configs
-        _gemv_all_reduce_kernel[(2 * triton.cdiv(n, 4),)](*args, **flags, EXCHANGE=True, TIMED=False, BLOCK_N=4,
-                                                          BLOCK_K=128)
+        _gemv_all_reduce_kernel[(2 * triton.cdiv(n, 4),)](*args(residual), **flags, EXCHANGE=True, TIMED=False,
+                                                          BLOCK_N=4, BLOCK_K=128)
         return residual
-    key = (n, k, flags["BLOCK_M"], int8, x.dtype)
+    key = (n, k, flags["BLOCK_M"], x.dtype)
     if key not in configs:
-        scratch = args[:4] + (residual.clone(),) + args[5:]
-        _tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*scratch, **flags, EXCHANGE=False, TIMED=False)
+        _tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(residual.clone()), **flags, EXCHANGE=False,
+                                                                 TIMED=False)                  # on a scratch copy
         configs[key] = _tuner.best_config
     config = configs[key]
     grid = (2 * triton.cdiv(n, config.kwargs["BLOCK_N"]),)                     # compute half, gather half
-    _gemv_all_reduce_kernel[grid](*args, **flags, EXCHANGE=True, TIMED=True, **config.kwargs,
+    _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, **config.kwargs,
                                   num_warps=config.num_warps, num_stages=config.num_stages)
     return residual
