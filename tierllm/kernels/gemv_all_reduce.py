@@ -11,8 +11,9 @@ The grid has two halves of `tiles` programs each (a tile: BLOCK_N output columns
     [parity][this rank][rows][the tile's columns], and ends: it never waits, so the GEMV streams at full speed;
   - program tiles + t waits until every rank's part of tile t is in this rank's buffer, adds them in rank order
     (every rank gets the same bits), adds the bias, rounds, and adds into the residual.
-The second half is dispatched after the first (programs start in grid order), so by the time it runs the first
-tiles have long arrived: only the last tiles' flight time and the ranks' skew show.
+The second half is dispatched after the first (programs start in grid order, as the GPU schedules them; the waits
+rely on it, since a wait that held every SM slot before the first half started would never end), so by the time
+it runs the first tiles have long arrived: only the last tiles' flight time and the ranks' skew show.
 Each value travels as one 8-byte word: its fp32 bits and, in the high half, the call's epoch (NCCL's LL protocol):
 a store of 8 aligned bytes lands whole, so a flag that reads the epoch vouches for its value, with no fence and no
 signal. The epoch and the parity come from a call counter on the device (the grid's last program advances it),
