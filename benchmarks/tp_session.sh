@@ -7,9 +7,10 @@
 #   bash benchmarks/tp_session.sh fused-tests      # the fused GEMV all-reduce: kernel tests on one GPU, then on 2
 #                                                  # (and 4) ranks, the engine's tokens and a killed worker (~4 min;
 #                                                  # FUSED_TESTS="and not killed" leaves the last out)
-#   bash benchmarks/tp_session.sh fused-ab         # llama-13b TP=1, then TP=2 (and 4) with NCCL's and the fused
-#                                                  # all-reduce (an A/B on one machine, no fp32 reference); with 4
-#                                                  # GPUs then llama-70b TP=4 fused and NCCL (~8 min)
+#   bash benchmarks/tp_session.sh fused-ab         # llama-13b TP=1, then TP=2 with the fused all-reduce and
+#                                                  # NCCL's (an A/B on one machine, no fp32 reference); with 4 GPUs
+#                                                  # the same at TP=4 in a second process, then llama-70b TP=4 fused
+#                                                  # and NCCL (~10 min)
 #   bash benchmarks/tp_session.sh invariant        # invariant mode: its GPU tests, then agreement on smollm2-1.7b
 #                                                  # and llama-13b at TP=1/2(/4), no speed runs (~8 min)
 # ALL_REDUCE: auto (default: the engine's own, fused on GPUs), nccl, symm_mem or fused. The fp32-reference
@@ -43,10 +44,12 @@ case "$part" in
         | tee "$OUT/fused_tp_tests.log" | tail -30
     ;;
   fused-ab)
-    tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
-    python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets llama-13b --skip-70b --no-fp32-reference \
-        --variant nccl:all_reduce=nccl --variant fused:all_reduce=fused 2>&1 | tee "$OUT/tp_gpu_13b_fused_ab.log" \
-        | grep -v "^\s*$" | tail -12
+    # one process per TP size: a process sets symmetric memory up for its first group only
+    for n in 2 $([ "$gpus" -ge 4 ] && echo 4); do
+      python3 benchmarks/tp_gpu.py --tp-sizes "1,$n" --presets llama-13b --skip-70b --no-fp32-reference \
+          --variant fused:all_reduce=fused --variant nccl:all_reduce=nccl 2>&1 \
+          | tee "$OUT/tp_gpu_13b_fused_ab_tp$n.log" | grep -v "^\s*$" | tail -8
+    done
     if [ "$gpus" -ge 4 ]; then
       for kind in fused nccl; do
         python3 benchmarks/tp_gpu.py --tp-sizes 1,4 --presets none --all-reduce $kind 2>&1 \
