@@ -280,3 +280,36 @@ def test_failed_group_is_released_with_a_time_limit(monkeypatch, caplog):
     assert "were not released" in caplog.text
     driver._shutdown(state, driver._GroupStatus(failure="rank 1 died"))
     assert calls == [("stop", 0.5)] and time.monotonic() - start < 2
+
+
+def test_fused_all_reduce_failures_reach_the_driver():
+    """The fused all-reduce's kernels wait on the GPU (distributed/fused_all_reduce.py): the watchdog's report of a
+    dead worker raises their status word, and a wait that gave up (status word set by a kernel) fails the step with
+    the reason, without touching a GPU."""
+    from tierllm.distributed.driver import TensorParallelDriver
+    from tierllm.distributed.parallel_state import ParallelState
+
+    class FusedStub:
+        def __init__(self):
+            self.aborted, self.reason = False, None
+
+        def abort(self):
+            self.aborted = True
+
+        def failure(self):
+            return self.reason
+
+    stub = FusedStub()
+    state = ParallelState(fused_all_reduce=stub)                  # tp_size 1 on CPU: no group to release
+    driver = TensorParallelDriver(state)
+    with driver.guard():
+        pass                                                      # healthy: nothing raised
+    driver._on_worker_death("tensor-parallel worker rank 1 (pid 7) was killed by SIGKILL")
+    assert stub.aborted
+    with pytest.raises(TensorParallelError, match="worker rank 1 .* cannot continue"):
+        with driver.guard():
+            pass
+    stub.reason = "the fused all-reduce waited longer than timeout_s=300 s for a peer rank"
+    with pytest.raises(TensorParallelError, match="waited longer than timeout_s=300 s"):
+        with TensorParallelDriver(ParallelState(fused_all_reduce=stub)).guard():   # the first one is closed
+            pass
