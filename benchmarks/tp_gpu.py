@@ -221,7 +221,8 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="repeatable: one llama-13b engine per variant at each TP size > 1, with these environment "
                              "variables (inherited by its workers) and all_reduce=nccl|symm_mem|fused; e.g. "
-                             "sm:all_reduce=symm_mem (a second symm_mem engine in one process gets NCCL)")
+                             "sm:all_reduce=symm_mem (a second symm_mem or fused engine in one process gets NCCL: "
+                             "the row's all_reduce_running says which one ran)")
     parser.add_argument("--invariant", action="store_true",
                         help="every engine with tensor_parallel invariant=True (TP=1 included): agreement only, no "
                              "speed runs")

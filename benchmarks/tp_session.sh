@@ -29,9 +29,11 @@ case "$part" in
     timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py 2>&1 | tee "$OUT/tp_tests.log" | tail -8
     ;;
   13b)
-    tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
-    python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets llama-13b --skip-70b --no-fp32-reference \
-        --all-reduce "$all_reduce" 2>&1 | tee "$OUT/tp_gpu_13b_$all_reduce.log" | grep -v "^\s*$" | tail -25
+    # one process per TP size: a process sets symmetric memory (fused, symm_mem) up for its first group only
+    for n in 2 $([ "$gpus" -ge 4 ] && echo 4); do
+      python3 benchmarks/tp_gpu.py --tp-sizes "1,$n" --presets llama-13b --skip-70b --no-fp32-reference \
+          --all-reduce "$all_reduce" 2>&1 | tee "$OUT/tp_gpu_13b_${all_reduce}_tp$n.log" | grep -v "^\s*$" | tail -12
+    done
     ;;
   70b)
     python3 benchmarks/tp_gpu.py --tp-sizes 1,4 --presets none --all-reduce "$all_reduce" 2>&1 \
@@ -44,8 +46,7 @@ case "$part" in
         | tee "$OUT/fused_tp_tests.log" | tail -30
     ;;
   fused-ab)
-    # one process per TP size: a process sets symmetric memory up for its first group only
-    for n in 2 $([ "$gpus" -ge 4 ] && echo 4); do
+    for n in 2 $([ "$gpus" -ge 4 ] && echo 4); do                   # one process per TP size, as above
       python3 benchmarks/tp_gpu.py --tp-sizes "1,$n" --presets llama-13b --skip-70b --no-fp32-reference \
           --variant fused:all_reduce=fused --variant nccl:all_reduce=nccl 2>&1 \
           | tee "$OUT/tp_gpu_13b_fused_ab_tp$n.log" | grep -v "^\s*$" | tail -8
