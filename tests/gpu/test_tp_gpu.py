@@ -1,7 +1,11 @@
 """Tensor parallelism over NCCL (needs 2 GPUs): TP=2 greedy tokens equal TP=1 in fp32, the engine closes
 promptly (every rank tears its NCCL communicator down together) and a second TP engine starts in the same
 process afterwards; the same with the one-shot symmetric-memory all-reduce and the fused GEMV all-reduce."""
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,12 +87,8 @@ def test_invariant_mode_log_probs_are_tp1_bits_in_bf16_with_cuda_graphs():
     assert all(result == results[1] for result in results.values())
 
 
-def _run_script(args: list[str], timeout: float):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def _run_script(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """A script of this folder in a fresh interpreter (symmetric memory is set up once per process)."""
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here.parents[1])])}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env,
