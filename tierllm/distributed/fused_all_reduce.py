@@ -19,6 +19,7 @@ from tierllm.distributed.symm_all_reduce import set_up_on_every_rank
 from tierllm.kernels import gemv
 from tierllm.kernels.gemv_all_reduce import (MAX_COLS, STATUS_ABORTED, STATUS_OK, STATUS_TIMED_OUT, buffer_words,
                                              gemv_all_reduce_)
+from tierllm.kernels.residual_add import add_rounded_
 
 
 class FusedAllReduce:
@@ -35,6 +36,7 @@ class FusedAllReduce:
         self.bases = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)    # [world] addresses
         self.counter = torch.zeros(2, dtype=torch.int32, device=device)                    # calls, programs done
         self.status = torch.zeros(1, dtype=torch.int32).pin_memory()                       # read by the kernels
+        self._status_word = self.status.numpy()               # the host's view: checked after every step, cheaply
         self.timeout_ns = int(timeout_s * 1e9)
         self.configs: dict = {}                                                            # tuned per shape
         torch.cuda.synchronize(device)
@@ -55,11 +57,11 @@ class FusedAllReduce:
 
     def abort(self) -> None:
         """Make every kernel waiting for a peer give up (the watchdog saw a rank die)."""
-        self.status[0] = STATUS_ABORTED
+        self._status_word[0] = STATUS_ABORTED
 
     def failure(self) -> str | None:
         """Why a kernel gave up, or None."""
-        code = int(self.status[0])
+        code = int(self._status_word[0])
         if code == STATUS_OK:
             return None
         if code == STATUS_TIMED_OUT:
@@ -81,8 +83,6 @@ def create_fused_all_reduce(group: dist.ProcessGroup, cpu_group: dist.ProcessGro
 
 def _check_against_nccl(fused: FusedAllReduce, group: dist.ProcessGroup, device: torch.device) -> str | None:
     """One bf16 call on random inputs (twice: both parities) against the GEMV, NCCL and the residual add."""
-    from tierllm.kernels.residual_add import add_rounded_
-
     generator = torch.Generator(device).manual_seed(1234 + fused.rank)
     x = torch.randn(2, 256, device=device, generator=generator).to(torch.bfloat16)
     weight = (torch.randn(96, 256, device=device, generator=generator) / 16).to(torch.bfloat16)

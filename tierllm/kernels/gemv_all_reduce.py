@@ -28,9 +28,10 @@ from __future__ import annotations
 import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted
+from tierllm.kernels.gemv import MAX_GEMV_ROWS
 
 # Buffer geometry shared with distributed/fused_all_reduce.py
-MAX_ROWS = 8                 # decode-sized calls only (kernels.MAX_GEMV_ROWS)
+MAX_ROWS = MAX_GEMV_ROWS     # decode-sized calls only: the ones the GEMV takes
 MAX_COLS = 16384             # output features of a row-parallel layer (the model's hidden size)
 STATUS_OK, STATUS_ABORTED, STATUS_TIMED_OUT = 0, 1, 2
 
