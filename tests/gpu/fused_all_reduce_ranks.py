@@ -52,21 +52,36 @@ def main() -> None:
         expected = _reference(x, weight, bias, residual, state.group)
         got = fused(x, weight, bias, residual.clone())
         _check(got, expected, state.group, f"eager {dtype} {(m, n, k)}")
-    # Two layers captured in one CUDA graph and replayed: the parity flips on the device across replays.
+    # Two layers captured in one CUDA graph and replayed: the parity flips on the device across replays. Each is
+    # followed by a norm GEMV launched with programmatic dependent launch, as in the engine: it must read the
+    # residual the fused kernel wrote.
     x, weight, bias, residual = _inputs(rank, 2, 4096, 1024, torch.bfloat16, True, 7)
-    static = residual.clone()
-    fused(x, weight, bias, static)                                            # tuned and warm before capture
+    w_next = (torch.randn(1536, 4096, device="cuda", generator=torch.Generator("cuda").manual_seed(8)) / 64).to(
+        torch.bfloat16)
+    norm_weight = torch.rand(4096, device="cuda", generator=torch.Generator("cuda").manual_seed(9)).to(
+        torch.bfloat16) + 0.5
+
+    def layer(static):
+        fused(x, weight, bias, static)
+        return gemv.gemv_triton(static, w_next, norm_weight=norm_weight, pdl=True)
+
+    static, between = residual.clone(), torch.empty_like(residual)
+    layer(static)                                                             # tuned and warm before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fused(x, weight, bias, static)
-        fused(x, weight, bias, static)
+        first = layer(static)
+        between.copy_(static)                                                 # the residual the first GEMV read
+        second = layer(static)
     start = residual.clone()
     for replay in range(5):
         static.copy_(start)
         graph.replay()
         expected = _reference(x, weight, bias, _reference(x, weight, bias, start, state.group), state.group)
         _check(static, expected, state.group, f"graph replay {replay}")
+        for got, value in ((first, between), (second, static)):
+            want = gemv.gemv_triton(value, w_next, norm_weight=norm_weight)
+            assert torch.equal(got, want), f"replay {replay}: the PDL GEMV did not read the fused kernel's result"
         start = static.clone()
     assert fused.failure() is None
     torch.cuda.synchronize()

@@ -93,3 +93,45 @@ def test_flagged_words_carry_the_value_bits_under_the_epoch():
     words = flagged(values, 7)
     assert torch.equal(words >> 32, torch.full_like(words, 7))
     assert torch.equal(words.to(torch.int32).view(torch.float32).view(torch.int32), values.view(torch.int32))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch needs a GPU (the interpreter runs none)")
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_pdl_gemv_after_the_fused_kernel_reads_its_results_in_a_cuda_graph(gated):
+    """The fused kernel lets the next kernel start early (TRIGGER); a norm GEMV launched with PDL prefetches its
+    weights, then waits: its output must be the plain GEMV's on the residual the fused kernel wrote, bit for bit.
+    One rank (world 1: it sends to itself and gathers), replayed in a CUDA graph with fresh inputs each time."""
+    from tierllm.kernels._dispatch import pdl_launch
+    from tierllm.kernels.gemv import gemv_triton
+    from tierllm.kernels.gemv_all_reduce import gemv_all_reduce_
+
+    torch.manual_seed(5)
+    assert pdl_launch(torch.empty(1, device=DEVICE)), "this GPU or Triton has no programmatic dependent launch"
+    group = SimulatedGroup(1, 0)
+    m, n, k, n_next = 2, 4096, 2048, 3072
+    x = torch.randn(m, k, device=DEVICE).bfloat16()
+    weight = (torch.randn(n, k, device=DEVICE) / k ** 0.5).bfloat16()
+    residual = torch.randn(m, n, device=DEVICE).bfloat16()
+    w_next = (torch.randn(2 * n_next if gated else n_next, n, device=DEVICE) / n ** 0.5).bfloat16()
+    norm_weight = torch.rand(n, device=DEVICE).bfloat16() + 0.5
+
+    def step():
+        gemv_all_reduce_(x, weight, None, residual, **group.state)
+        return gemv_triton(residual, w_next, norm_weight=norm_weight, gated=gated, pdl=True)
+
+    step()                                                                   # tuned before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(10):
+        x.copy_(torch.randn(m, k, device=DEVICE).bfloat16())
+        start = residual.clone()
+        graph.replay()
+        expected_residual = start.clone()
+        gemv_all_reduce_(x, weight, None, expected_residual, **group.state)  # eager, the same kernel
+        expected = gemv_triton(expected_residual, w_next, norm_weight=norm_weight, gated=gated)
+        torch.cuda.synchronize()
+        assert torch.equal(residual, expected_residual)
+        assert torch.equal(out, expected)
+    assert group.state["status"].item() == 0

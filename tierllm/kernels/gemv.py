@@ -5,6 +5,9 @@ round trip of the activations per decode layer:
   NORM      RMSNorm prologue: x is the raw residual stream, y = rms_norm(x) @ W^T, in the same single pass over x
   GATED     SiLU-and-mul epilogue: W = [gate; up] with 2N rows, y = silu(x @ gate^T) * (x @ up^T)
   RESIDUAL  residual-add epilogue: r += x @ W^T (+ b), written in place into r
+and PDL: launched with programmatic dependent launch (kernels/_dispatch.py) behind a kernel that lets it start
+early (the fused all-reduce, gemv_all_reduce.py), each program starts pulling its weight rows into L2 before it
+waits for that kernel's results, so HBM streams this GEMV's weights while that kernel's tail runs.
 `fused_linear` dispatches them (or composes the unfused kernels where the GEMV does not apply)."""
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_launch, use_triton
 from tierllm.kernels.activation import silu_and_mul
 from tierllm.kernels.norm import rms_norm
 
@@ -22,6 +25,21 @@ MAX_GEMV_ROWS = 8
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from tierllm.kernels._dispatch import gdc_wait
+
+    @triton.jit
+    def prefetch_rows_l2(w_ptr, rows, row_mask, K, stride_wn):
+        """Start pulling weight rows `rows` [BLOCK_N] (all K columns) into L2: one prefetch per 128-byte line, which
+        returns at once and holds no register. Masked-off rows prefetch the first line instead."""
+        LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth        # elements per 128 bytes
+        LINES: tl.constexpr = 32
+        for k0 in range(0, K, LINE * LINES):
+            offs_k = k0 + tl.arange(0, LINES) * LINE
+            ok = row_mask[:, None] & (offs_k < K)[None, :]
+            ptrs = tl.where(ok, w_ptr + rows[:, None].to(tl.int64) * stride_wn + offs_k[None, :], w_ptr)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                      is_pure=False, pack=1)
 
     @triton.jit
     def rms_prologue(x, g, sumsq):
@@ -77,13 +95,19 @@ if HAS_TRITON:
     @triton.jit
     def _gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
                    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-                   INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr = False):
         """fp16/bf16 weights, or int8 ones (INT8) whose per-channel scales s_ptr multiply the accumulators after
-        the K loop (quant_gemv.w8_gemv_triton)."""
+        the K loop (quant_gemv.w8_gemv_triton). PDL: launched with programmatic dependent launch (module doc)."""
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
         m_mask = offs_m < M
+        if PDL:                                          # weights first: nothing before the wait reads x or y
+            prefetch_rows_l2(w_ptr, offs_n, n_mask, K, stride_wn)
+            if GATED:
+                prefetch_rows_l2(w_ptr, offs_n + N, n_mask, K, stride_wn)
+            gdc_wait()
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)                       # GATED: rows N + offs_n
         sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
@@ -143,12 +167,13 @@ def fused_output(x: torch.Tensor, rows: int, out_dtype: torch.dtype | None, norm
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 out_dtype: torch.dtype | None = None, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+                gated: bool = False, residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """x: [M, K] with M <= 8 (last dim contiguous); weight: [N, K] contiguous -> [M, N] in out_dtype (x's dtype
     by default; the accumulator is fp32 either way). Fusions (semantics: fused_linear_ref): norm_weight [K]
     RMSNorms x first; gated: weight is [gate; up], [2N, K] (bias [2N]), y = silu(gate) * up; residual [M, N]
     (not aliasing x): y is added into it in place and it is returned. gated + residual and out_dtype != x.dtype
-    with any fusion are not supported (ValueError)."""
+    with any fusion are not supported (ValueError). pdl: launch with programmatic dependent launch where the GPU
+    has it (module doc); the result is the same either way."""
     m, k = x.shape
     y = fused_output(x, weight.shape[0], out_dtype, norm_weight, gated, residual)
     n = y.shape[1]
@@ -162,7 +187,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if is_interpreted():                                           # the interpreter cannot time configs
         kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=128)
     else:
-        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m)
+        launch = {"PDL": True, "launch_pdl": True} if pdl and pdl_launch(x) else {}
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m, **launch)
     return y
 
 
@@ -230,10 +256,11 @@ def unfused_linear(x: torch.Tensor, project, norm_weight: torch.Tensor | None, e
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
-                 residual: torch.Tensor | None = None) -> torch.Tensor:
+                 residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """`linear` with the decode fusions (see gemv_triton; semantics: fused_linear_ref, except that residual is
     updated in place and returned): one GEMV launch where `linear` would take the GEMV, the separate kernels
-    otherwise."""
+    otherwise. pdl: gemv_triton's."""
     if takes_gemv(x, weight) and (residual is None or residual.stride(-1) == 1):
-        return gemv_triton(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual)
+        return gemv_triton(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual,
+                           pdl=pdl)
     return unfused_linear(x, lambda h: linear(h, weight, bias), norm_weight, eps, gated, residual)

@@ -5,21 +5,28 @@ rounded as kernels.add_rounded_ rounds (one rounding of the fp32 sum, then the a
 Why: at decode sizes an NCCL all-reduce of one token's hidden state is a latency-bound kernel of its own (7.4 us
 per call on 2 H100s, twice per layer), followed by the residual-add kernel. Here the exchange rides on the GEMV.
 
-The grid has two halves of `tiles` programs each (a tile: BLOCK_N output columns, all M rows):
-  - program t < tiles computes tile t of this rank's fp32 partial and writes it, flagged, into every rank's buffer
-    (symmetric memory, distributed/fused_all_reduce.py: peer-to-peer stores, no NVLink multicast), slot
+The grid has `tiles` computing programs (a tile: BLOCK_N output columns, all M rows), then gathering programs of
+GATHER_N columns each:
+  - computing program t computes tile t of this rank's fp32 partial and writes it, flagged, into every rank's
+    buffer (symmetric memory, distributed/fused_all_reduce.py: peer-to-peer stores, no NVLink multicast), slot
     [parity][this rank][rows][the tile's columns], and ends: it never waits, so the GEMV streams at full speed;
-  - program tiles + t waits until every rank's part of tile t is in this rank's buffer, adds them in rank order
-    (every rank gets the same bits), adds the bias, rounds, and adds into the residual.
-The second half is dispatched after the first (programs start in grid order, as the GPU schedules them; the waits
-rely on it, since a wait that held every SM slot before the first half started would never end), so by the time
-it runs the first tiles have long arrived: only the last tiles' flight time and the ranks' skew show.
+  - gathering program g waits until every rank's part of its GATHER_N columns is in this rank's buffer (one load of
+    all of them per try), adds them in rank order (every rank gets the same bits), adds the bias, rounds, and adds
+    into the residual.
+The gathering programs are dispatched after the computing ones (programs start in grid order, as the GPU schedules
+them; the waits rely on it, since waits that held every SM slot before the computing programs started would never
+end), so by the time they run the first tiles have long arrived: only the last tiles' flight time and the ranks'
+skew show. There are few of them (N / GATHER_N), so few SM slots spin and few atomics hit the call counter.
 Each value travels as one 8-byte word: its fp32 bits and, in the high half, the call's epoch (NCCL's LL protocol):
 a store of 8 aligned bytes lands whole, so a flag that reads the epoch vouches for its value, with no fence and no
-signal. The epoch and the parity come from a call counter on the device (the grid's last program advances it),
-the same on every rank. The parity keeps a rank that runs ahead from overwriting a slot its peer still reads: the
-slot of the same parity comes back two calls later, and a rank finishes the call in between only with its peers'
-parts of it, which they send only once they have finished this one.
+signal. The epoch and the parity come from a call counter on the device (the last gathering program advances it,
+once every program of the call has read it), the same on every rank. The parity keeps a rank that runs ahead from
+overwriting a slot its peer still reads: the slot of the same parity comes back two calls later, and a rank
+finishes the call in between only with its peers' parts of it, which they send only once they have finished this
+one.
+TRIGGER (programmatic dependent launch, kernels/_dispatch.py): every program lets the next kernel launch as it
+starts, so a next kernel launched with PDL (the column-parallel GEMV after it, gemv.py) starts pulling its weights
+while this one's last tiles fly and gather; it reads this kernel's results only after griddepcontrol.wait.
 A rank that never sends (its process died) leaves the others waiting: the waits give up when the driver raises
 `status` (a pinned host word) or after `timeout_ns`, and record why in `status`; the step's result is then
 garbage and the driver fails the engine (distributed/driver.py)."""
@@ -27,12 +34,13 @@ from __future__ import annotations
 
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_launch
 from tierllm.kernels.gemv import MAX_GEMV_ROWS
 
 # Buffer geometry shared with distributed/fused_all_reduce.py
 MAX_ROWS = MAX_GEMV_ROWS     # decode-sized calls only: the ones the GEMV takes
 MAX_COLS = 16384             # output features of a row-parallel layer (the model's hidden size)
+GATHER_N = 128               # columns each gathering program finishes
 STATUS_OK, STATUS_ABORTED, STATUS_TIMED_OUT = 0, 1, 2
 
 
@@ -50,6 +58,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from tierllm.kernels._dispatch import gdc_launch_dependents
     from tierllm.kernels.gemv import dot_chunk
 
     @triton.jit
@@ -58,18 +67,23 @@ if HAS_TRITON:
                                          pack=1)
 
     @triton.jit
-    def _wait_for_part(ptrs, mask, epoch, status_ptr, deadline, TIMED: tl.constexpr):
-        """Read the flagged words at `ptrs` (this rank's buffer) until every one carries `epoch`; their fp32 values.
-        Gives up once `status` is raised (every 256 tries: a host read) or, TIMED, past `deadline` (globaltimer
-        ns), which it records in status."""
-        arrived = (epoch.to(tl.int64) << 32)
-        words = tl.load(ptrs, mask=mask, other=arrived, volatile=True)
-        waiting = tl.max(((words >> 32).to(tl.int32) != epoch).to(tl.int32))
+    def _gather_parts(own, offs_m, offs_g, M, N, epoch, status_ptr, deadline, WORLD: tl.constexpr,
+                      WORLD_P2: tl.constexpr, RANK_WORDS: tl.constexpr, COLS: tl.constexpr, TIMED: tl.constexpr):
+        """Every rank's part of columns offs_g, read from this rank's buffer (`own`: this call's parity slots) once
+        all of its words carry `epoch`: their sum in rank order, [BLOCK_M, GATHER_N] fp32. Gives up once `status`
+        is raised (every 256 tries: a host read) or, TIMED, past `deadline` (globaltimer ns), which it records in
+        status."""
+        senders = tl.arange(0, WORLD_P2)[:, None, None]
+        ptrs = own + senders * RANK_WORDS + offs_m[None, :, None] * COLS + offs_g[None, None, :]
+        mask = (senders < WORLD) & (offs_m < M)[None, :, None] & (offs_g < N)[None, None, :]
+        arrived = epoch.to(tl.int64) << 32
+        words = tl.load(ptrs, mask=mask, other=arrived, volatile=True)       # [WORLD_P2, BLOCK_M, GATHER_N]
+        waiting = tl.max(tl.max(tl.max(((words >> 32).to(tl.int32) != epoch).to(tl.int32), axis=2), axis=1))
         status = tl.full([], 0, tl.int32)
         tries = tl.full([], 0, tl.int32)
         while (waiting != 0) & (status == 0):
             words = tl.load(ptrs, mask=mask, other=arrived, volatile=True)
-            waiting = tl.max(((words >> 32).to(tl.int32) != epoch).to(tl.int32))
+            waiting = tl.max(tl.max(tl.max(((words >> 32).to(tl.int32) != epoch).to(tl.int32), axis=2), axis=1))
             tries += 1
             if tries % 256 == 0:
                 status = tl.load(status_ptr, volatile=True)
@@ -77,7 +91,11 @@ if HAS_TRITON:
                     if _globaltimer() > deadline:
                         status = tl.full([], 2, tl.int32)                    # STATUS_TIMED_OUT
                         tl.store(status_ptr, status)
-        return words.to(tl.int32).to(tl.float32, bitcast=True)
+        values = words.to(tl.int32).to(tl.float32, bitcast=True)
+        total = tl.sum(tl.where(senders == 0, values, 0.0), axis=0)          # one rank's part, exactly
+        for sender in tl.static_range(1, WORLD):
+            total += tl.sum(tl.where(senders == sender, values, 0.0), axis=0)
+        return total
 
     @triton.jit
     def _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
@@ -94,8 +112,10 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
-    def _finish_tile(total, b_ptr, res_ptr, offs_m, offs_n, mn_mask, N, stride_rm, HAS_BIAS: tl.constexpr):
-        """residual[tile] += (total + bias) rounded to the residual's dtype (kernels.add_rounded_)."""
+    def _finish_tile(total, b_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, HAS_BIAS: tl.constexpr):
+        """residual[rows offs_m, columns offs_n] += (total + bias) rounded to the residual's dtype
+        (kernels.add_rounded_)."""
+        mn_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
         if HAS_BIAS:
             total += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         y = total.to(res_ptr.dtype.element_ty)
@@ -106,50 +126,54 @@ if HAS_TRITON:
     @triton.jit
     def _gemv_all_reduce_kernel(x_ptr, w_ptr, b_ptr, res_ptr, bases_ptr, counter_ptr, status_ptr,
                                 M, N, K, stride_xm, stride_wn, stride_rm, rank, timeout_ns,
-                                WORLD: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
-                                HAS_BIAS: tl.constexpr, EXCHANGE: tl.constexpr,
-                                TIMED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                BLOCK_K: tl.constexpr):
+                                WORLD: tl.constexpr, WORLD_P2: tl.constexpr, ROWS: tl.constexpr,
+                                COLS: tl.constexpr, HAS_BIAS: tl.constexpr, EXCHANGE: tl.constexpr,
+                                TIMED: tl.constexpr, TRIGGER: tl.constexpr, BLOCK_M: tl.constexpr,
+                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATHER_N: tl.constexpr):
         """bases_ptr: int64 [WORLD], every rank's buffer address in this process; counter_ptr: int32 [2] (calls,
-        programs done), this rank's own; ROWS, COLS: the buffer geometry (MAX_ROWS, MAX_COLS). EXCHANGE=False: no
-        communication, one program per tile finishing it with this rank's partial as the sum (the autotuner's
-        twin)."""
-        tiles = tl.cdiv(N, BLOCK_N)
+        gathering programs done), this rank's own; WORLD_P2: WORLD rounded up to a power of 2; ROWS, COLS: the
+        buffer geometry (MAX_ROWS, MAX_COLS). EXCHANGE=False: no communication, one program per tile finishing it
+        with this rank's partial as the sum (the autotuner's twin)."""
+        if TRIGGER:
+            gdc_launch_dependents()
         pid = tl.program_id(0)
-        tile = pid % tiles
-        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        tiles = tl.cdiv(N, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
-        mn_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
         if EXCHANGE:
             rank_words: tl.constexpr = ROWS * COLS
-            slot = offs_m[:, None] * COLS + offs_n[None, :]                             # [BLOCK_M, BLOCK_N]
             calls = tl.load(counter_ptr, volatile=True)
             parity_slots = (calls % 2) * (WORLD * rank_words)
             epoch = calls % 1073741824 + 1                     # never 0, the flag of a buffer never written
-            if pid < tiles:                                    # first half: compute this rank's part, send it
+            if pid < tiles:                                    # compute this rank's part of the tile, send it
+                offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
                 acc = _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
                                     BLOCK_K)
                 words = (acc.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (epoch.to(tl.int64) << 32)
+                slot = rank * rank_words + offs_m[:, None] * COLS + offs_n[None, :]       # [BLOCK_M, BLOCK_N]
+                mn_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
                 for dest in tl.static_range(WORLD):                                   # every rank, this one too
                     base = tl.load(bases_ptr + dest).to(tl.pointer_type(tl.int64))
-                    tl.store(base + parity_slots + rank * rank_words + slot, words, mask=mn_mask)
-            else:                                              # second half: gather the tile, finish it
-                own = tl.load(bases_ptr + rank).to(tl.pointer_type(tl.int64)) + parity_slots + slot
+                    tl.store(base + parity_slots + slot, words, mask=mn_mask)
+            else:                                              # gather GATHER_N columns, finish them
+                offs_g = (pid - tiles) * GATHER_N + tl.arange(0, GATHER_N)
+                own = tl.load(bases_ptr + rank).to(tl.pointer_type(tl.int64)) + parity_slots
                 deadline = 0
                 if TIMED:
                     deadline = _globaltimer() + timeout_ns
-                total = _wait_for_part(own, mn_mask, epoch, status_ptr, deadline, TIMED)
-                for sender in tl.static_range(1, WORLD):
-                    total += _wait_for_part(own + sender * rank_words, mn_mask, epoch, status_ptr, deadline, TIMED)
-                _finish_tile(total, b_ptr, res_ptr, offs_m, offs_n, mn_mask, N, stride_rm, HAS_BIAS)
-            done = tl.atomic_add(counter_ptr + 1, 1, sem="acq_rel", scope="gpu")   # the last program moves on
-            if done == 2 * tiles - 1:
-                tl.store(counter_ptr + 1, 0)
-                tl.store(counter_ptr, calls + 1)
+                total = _gather_parts(own, offs_m, offs_g, M, N, epoch, status_ptr, deadline, WORLD, WORLD_P2,
+                                      rank_words, COLS, TIMED)
+                _finish_tile(total, b_ptr, res_ptr, offs_m, offs_g, M, N, stride_rm, HAS_BIAS)
+                # The last gathering program moves the call counter on: every program of this call has read it by
+                # then (each word gathered was stored by a program that had read it).
+                done = tl.atomic_add(counter_ptr + 1, 1, sem="acq_rel", scope="gpu")
+                if done == tl.num_programs(0) - tiles - 1:
+                    tl.store(counter_ptr + 1, 0)
+                    tl.store(counter_ptr, calls + 1)
         else:
+            offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
             acc = _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
                                 BLOCK_K)
-            _finish_tile(acc, b_ptr, res_ptr, offs_m, offs_n, mn_mask, N, stride_rm, HAS_BIAS)
+            _finish_tile(acc, b_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, HAS_BIAS)
 
     # Tuned per shape on the EXCHANGE=False twin, each rank for itself (the ranks' tiles need not match: a part is
     # found by its columns), on a scratch copy of the residual.
@@ -184,19 +208,20 @@ def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         return (x, weight, bias if bias is not None else weight, out, bases, counter, status, m, n, k, x.stride(0),
                 weight.stride(0), out.stride(0), rank, timeout_ns)
 
-    flags = {"WORLD": world, "ROWS": MAX_ROWS, "COLS": MAX_COLS, "HAS_BIAS": bias is not None,
-             "BLOCK_M": max(1, triton.next_power_of_2(m))}
+    flags = {"WORLD": world, "WORLD_P2": triton.next_power_of_2(world), "ROWS": MAX_ROWS, "COLS": MAX_COLS,
+             "HAS_BIAS": bias is not None, "BLOCK_M": max(1, triton.next_power_of_2(m)), "GATHER_N": GATHER_N}
     if is_interpreted():                                           # the interpreter cannot time configs
-        _gemv_all_reduce_kernel[(2 * triton.cdiv(n, 4),)](*args(residual), **flags, EXCHANGE=True, TIMED=False,
-                                                          BLOCK_N=4, BLOCK_K=128)
+        grid = (triton.cdiv(n, 4) + triton.cdiv(n, GATHER_N),)
+        _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=False, TRIGGER=False,
+                                      BLOCK_N=4, BLOCK_K=128)
         return residual
     key = (n, k, flags["BLOCK_M"], x.dtype)
     if key not in configs:
         _tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(residual.clone()), **flags, EXCHANGE=False,
-                                                                 TIMED=False)                  # on a scratch copy
+                                                                 TIMED=False, TRIGGER=False)   # on a scratch copy
         configs[key] = _tuner.best_config
     config = configs[key]
-    grid = (2 * triton.cdiv(n, config.kwargs["BLOCK_N"]),)                     # compute half, gather half
-    _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, **config.kwargs,
-                                  num_warps=config.num_warps, num_stages=config.num_stages)
+    grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]) + triton.cdiv(n, GATHER_N),)   # compute tiles, then gather
+    _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, TRIGGER=pdl_launch(x),
+                                  **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     return residual
