@@ -6,8 +6,8 @@ round trip of the activations per decode layer:
   GATED     SiLU-and-mul epilogue: W = [gate; up] with 2N rows, y = silu(x @ gate^T) * (x @ up^T)
   RESIDUAL  residual-add epilogue: r += x @ W^T (+ b), written in place into r
 and PDL: launched with programmatic dependent launch (kernels/_dispatch.py) behind a kernel that lets it start
-early (the fused all-reduce, gemv_all_reduce.py), each program starts pulling its weight rows into L2 before it
-waits for that kernel's results, so HBM streams this GEMV's weights while that kernel's tail runs.
+early (the fused all-reduce, gemv_all_reduce.py), each program loads its first weight chunk before it waits for
+that kernel's results, so HBM streams this GEMV's weights while that kernel's tail runs.
 `fused_linear` dispatches them (or composes the unfused kernels where the GEMV does not apply)."""
 from __future__ import annotations
 
@@ -27,19 +27,6 @@ if HAS_TRITON:
     import triton.language as tl
 
     from tierllm.kernels._dispatch import gdc_wait
-
-    @triton.jit
-    def prefetch_rows_l2(w_ptr, rows, row_mask, K, stride_wn):
-        """Start pulling weight rows `rows` [BLOCK_N] (all K columns) into L2: one prefetch per 128-byte line, which
-        returns at once and holds no register. Masked-off rows prefetch the first line instead."""
-        LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth        # elements per 128 bytes
-        LINES: tl.constexpr = 32
-        for k0 in range(0, K, LINE * LINES):
-            offs_k = k0 + tl.arange(0, LINES) * LINE
-            ok = row_mask[:, None] & (offs_k < K)[None, :]
-            ptrs = tl.where(ok, w_ptr + rows[:, None].to(tl.int64) * stride_wn + offs_k[None, :], w_ptr)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                      is_pure=False, pack=1)
 
     @triton.jit
     def rms_prologue(x, g, sumsq):
@@ -93,6 +80,34 @@ if HAS_TRITON:
         return tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w, INT8)[None, :, :], axis=2)
 
     @triton.jit
+    def _weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Weight rows offs_n, columns [k0, k0 + BLOCK_K): [BLOCK_N, BLOCK_K], and GATED the up rows N + offs_n."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask = n_mask[:, None] & (offs_k < K)[None, :]
+        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=mask, other=0)
+        w_up = w
+        if GATED:
+            w_up = tl.load(w_ptr + (offs_n + N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :], mask=mask,
+                           other=0)
+        return w, w_up
+
+    @triton.jit
+    def _gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K, stride_xm, NORM: tl.constexpr,
+                    GATED: tl.constexpr, INT8: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One K chunk of the GEMV on its weight chunk(s): the x chunk (RMSNorm-prologued with NORM) times w, and
+        GATED w_up, added into the fp32 accumulators [BLOCK_M, BLOCK_N]."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)                  # [BLOCK_M, BLOCK_K]
+        if NORM:
+            x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
+        acc += dot_chunk(x, w, INT8)
+        if GATED:
+            acc_up += dot_chunk(x, w_up, INT8)
+        return acc, acc_up, sumsq
+
+    @triton.jit
     def _gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
                    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                    INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -103,29 +118,20 @@ if HAS_TRITON:
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
         m_mask = offs_m < M
-        if PDL:                                          # weights first: nothing before the wait reads x or y
-            prefetch_rows_l2(w_ptr, offs_n, n_mask, K, stride_wn)
-            if GATED:
-                prefetch_rows_l2(w_ptr, offs_n + N, n_mask, K, stride_wn)
-            gdc_wait()
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)                       # GATED: rows N + offs_n
         sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                        mask=n_mask[:, None] & k_mask[None, :], other=0)                 # [BLOCK_N, BLOCK_K]
-            if GATED:
-                w_up = tl.load(w_ptr + (offs_n + N)[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                               mask=n_mask[:, None] & k_mask[None, :], other=0)
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)              # [BLOCK_M, BLOCK_K]
-            if NORM:
-                x, sumsq = rms_prologue(x, tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)[None, :], sumsq)
-            acc += dot_chunk(x, w, INT8)
-            if GATED:
-                acc_up += dot_chunk(x, w_up, INT8)
+        k_start = 0
+        if PDL:                # the first weight chunk is loaded before the wait: nothing before it reads x or y
+            w, w_up = _weight_chunk(w_ptr, offs_n, n_mask, 0, N, K, stride_wn, GATED, BLOCK_K)
+            gdc_wait()
+            acc, acc_up, sumsq = _gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, 0, K,
+                                             stride_xm, NORM, GATED, INT8, BLOCK_K)
+            k_start = BLOCK_K
+        for k0 in range(k_start, K, BLOCK_K):
+            w, w_up = _weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED, BLOCK_K)
+            acc, acc_up, sumsq = _gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K,
+                                             stride_xm, NORM, GATED, INT8, BLOCK_K)
         if INT8:
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             if GATED:
