@@ -83,6 +83,7 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...")
     parser.add_argument("--no-reverse", action="store_true", help="run the variants once, not there and back")
     parser.add_argument("--timeout", type=int, default=400, help="seconds per engine process")
+    parser.add_argument("--no-tp1", action="store_true", help="leave the TP=1 engine out (no ratios)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--hbm", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
@@ -107,12 +108,12 @@ def main() -> int:
     hbm = ceilings["hbm_copy_GBps(read+write)"]
     settings = {"preset": PRESET, "dtype": "bfloat16", "batch": 1, "prompt_len": PROMPT_LEN, "gen_len": GEN_LEN,
                 "tp": args.tp, "order": [name for name, _ in order], "variants": dict(variants)}
-    results = {"tp1": run_child(1, "tp1", {}, hbm, out_dir, args.timeout)}
+    results = {} if args.no_tp1 else {"tp1": run_child(1, "tp1", {}, hbm, out_dir, args.timeout)}
     checks: list[dict] = []
     for i, (name, env) in enumerate(order):
         row = run_child(args.tp, name, env, hbm, out_dir, args.timeout)
         results[f"{name}_tp{args.tp}_run{1 if i < len(variants) else 2}"] = row
-        if "error" not in row and "error" not in results["tp1"]:
+        if "error" not in row and "error" not in results.get("tp1", {"error": "left out"}):
             ratio = row["decode_ms_per_step"] / results["tp1"]["decode_ms_per_step"]
             row["ratio_to_tp1"] = round(ratio, 4)
             if args.tp == 2:
