@@ -45,7 +45,8 @@ def measure_engine(tp_size: int, hbm_GBps: float) -> dict:
     traffic = decode_bytes(PRESET, tp_size)
     roofline_ms = (traffic["weight_bytes_per_rank"] + traffic["kv_bytes_per_rank"]) / (hbm_GBps * 1e9) * 1e3
     parallel = engine.engine.runner.parallel
-    row = {"tierllm": str(Path(tierllm.__file__).parent), "init_s": round(init_s, 1), "decode_ms_per_step_runs": runs, "decode_ms_per_step": min(runs),
+    row = {"tierllm": str(Path(tierllm.__file__).parent), "init_s": round(init_s, 1),
+           "decode_ms_per_step_runs": runs, "decode_ms_per_step": min(runs),
            "roofline_ms_per_token": round(roofline_ms, 3),
            "fraction_of_aggregate_roofline": round(roofline_ms / min(runs), 4),
            "all_reduce_running": "fused" if getattr(parallel, "fused_all_reduce", None) is not None else "nccl",
@@ -112,13 +113,14 @@ def main() -> int:
     checks: list[dict] = []
     for i, (name, env) in enumerate(order):
         row = run_child(args.tp, name, env, hbm, out_dir, args.timeout)
-        results[f"{name}_tp{args.tp}_run{1 if i < len(variants) else 2}"] = row
+        run = 1 if i < len(variants) else 2
+        results[f"{name}_tp{args.tp}_run{run}"] = row
         if "error" not in row and "error" not in results.get("tp1", {"error": "left out"}):
             ratio = row["decode_ms_per_step"] / results["tp1"]["decode_ms_per_step"]
             row["ratio_to_tp1"] = round(ratio, 4)
             if args.tp == 2:
-                checks.append(check(f"{PRESET} batch 1: time per token TP=2 {name} (run {1 if i < len(variants) else 2})"
-                                    " / TP=1", ratio, "<=", 0.58))
+                checks.append(check(f"{PRESET} batch 1: time per token TP=2 {name} (run {run}) / TP=1", ratio, "<=",
+                                    0.58))
         write_result(out, "fused_ab", torch.device("cuda"), ceilings, {}, results, checks,
                      {**settings, "wall_s": round(time.perf_counter() - started)})
     print_checks(checks)

@@ -98,9 +98,9 @@ def test_flagged_words_carry_the_value_bits_under_the_epoch():
 @pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch needs a GPU (the interpreter runs none)")
 @pytest.mark.parametrize("gated", [False, True])
 def test_a_pdl_gemv_after_the_fused_kernel_reads_its_results_in_a_cuda_graph(gated):
-    """The fused kernel lets the next kernel start early (TRIGGER); a norm GEMV launched with PDL prefetches its
-    weights, then waits: its output must be the plain GEMV's on the residual the fused kernel wrote, bit for bit.
-    One rank (world 1: it sends to itself and gathers), replayed in a CUDA graph with fresh inputs each time."""
+    """The fused kernel lets the next kernel start early (TRIGGER); a norm GEMV launched with PDL loads its first
+    weight chunk, then waits: its output must be the plain GEMV's on the residual the fused kernel wrote, bit for
+    bit. One rank (world 1: it sends to itself and gathers), replayed in a CUDA graph with fresh inputs each time."""
     from tierllm.kernels._dispatch import pdl_launch
     from tierllm.kernels.gemv import gemv_triton
     from tierllm.kernels.gemv_all_reduce import gemv_all_reduce_
