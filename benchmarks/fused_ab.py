@@ -32,7 +32,7 @@ PRESET, PROMPT_LEN, GEN_LEN = "llama-13b", 512, 128
 def measure_engine(tp_size: int, hbm_GBps: float) -> dict:
     """One engine in this process: batch-1 decode twice (after a warm-up), and rank 0's kernel table."""
     import tierllm                      # from the variant's root, before tp_gpu puts this checkout first on the path
-    from tp_gpu import batch1_kernel_table, decode_bytes, open_engine
+    from tp_gpu import all_reduce_running, batch1_kernel_table, decode_bytes, open_engine
 
     from tierllm.bench.generate_bench import _random_prompts
     from tierllm.bench.gpu_bench import _time_ours
@@ -44,12 +44,11 @@ def measure_engine(tp_size: int, hbm_GBps: float) -> dict:
             for seed in (1, 3)]
     traffic = decode_bytes(PRESET, tp_size)
     roofline_ms = (traffic["weight_bytes_per_rank"] + traffic["kv_bytes_per_rank"]) / (hbm_GBps * 1e9) * 1e3
-    parallel = engine.engine.runner.parallel
     row = {"tierllm": str(Path(tierllm.__file__).parent), "init_s": round(init_s, 1),
            "decode_ms_per_step_runs": runs, "decode_ms_per_step": min(runs),
            "roofline_ms_per_token": round(roofline_ms, 3),
            "fraction_of_aggregate_roofline": round(roofline_ms / min(runs), 4),
-           "all_reduce_running": "fused" if getattr(parallel, "fused_all_reduce", None) is not None else "nccl",
+           "all_reduce_running": all_reduce_running(engine),
            "batch1_kernel_table_rank0": batch1_kernel_table(engine, vocab)}
     engine.close()
     return row

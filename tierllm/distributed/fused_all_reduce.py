@@ -34,7 +34,7 @@ class FusedAllReduce:
         handle = symm_mem.rendezvous(self.buffer, group)                                    # collective
         self.rank, self.world = handle.rank, handle.world_size
         self.bases = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)    # [world] addresses
-        self.counter = torch.zeros(2, dtype=torch.int32, device=device)                    # calls, programs done
+        self.counter = torch.zeros(2, dtype=torch.int32, device=device)                    # calls, gatherers done
         self.status = torch.zeros(1, dtype=torch.int32).pin_memory()                       # read by the kernels
         self._status_word = self.status.numpy()               # the host's view: checked after every step, cheaply
         self.timeout_ns = int(timeout_s * 1e9)
