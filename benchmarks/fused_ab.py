@@ -3,7 +3,8 @@ engine, then one engine per variant at TP=N, each in a process of its own (a pro
 its first group only), with the variant's environment; ROOT=path runs a variant from another checkout's tierllm
 (e.g. an older commit's, unpacked with `git archive`). The variants run in the order given, then again in reverse,
 so drift over the run shows. JSON under $OUT (benchmarks/results by default): each engine's batch-1 ms/token, its
-fraction of the aggregate HBM roofline and TP=N / TP=1.
+fraction of the aggregate HBM roofline and TP=N / TP=1, rank 0's kernel table and its decode timeline per kernel
+(the raw kernel lists: timeline-VARIANT-tpN.json beside it).
 
   python benchmarks/fused_ab.py --tp 2 --variant new: --variant no-pdl:TIERLLM_PDL=0 --variant base:ROOT=/tmp/base
 """
@@ -29,8 +30,9 @@ import torch  # noqa: E402
 PRESET, PROMPT_LEN, GEN_LEN = "llama-13b", 512, 128
 
 
-def measure_engine(tp_size: int, hbm_GBps: float) -> dict:
-    """One engine in this process: batch-1 decode twice (after a warm-up), and rank 0's kernel table."""
+def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path | None) -> dict:
+    """One engine in this process: batch-1 decode twice (after a warm-up), and rank 0's kernel table and (with
+    trace_path) its decode timeline."""
     import tierllm                      # from the variant's root, before tp_gpu puts this checkout first on the path
     from tp_gpu import all_reduce_running, batch1_kernel_table, decode_bytes, open_engine
 
@@ -50,8 +52,52 @@ def measure_engine(tp_size: int, hbm_GBps: float) -> dict:
            "fraction_of_aggregate_roofline": round(roofline_ms / min(runs), 4),
            "all_reduce_running": all_reduce_running(engine),
            "batch1_kernel_table_rank0": batch1_kernel_table(engine, vocab)}
+    if trace_path is not None:
+        try:
+            row["timeline_rank0"] = batch1_kernel_timeline(engine, vocab, trace_path)
+        except Exception as error:          # a diagnostic: the measured row is kept without it
+            row["timeline_rank0"] = {"error": repr(error)}
     engine.close()
     return row
+
+
+def batch1_kernel_timeline(engine, vocab: int, trace_path: Path) -> dict:
+    """Rank 0's GPU timeline of 8 batch-1 decode steps (kernels inside the CUDA graphs included): per kernel name,
+    the calls per step, the mean duration and the mean gap since the previous kernel ended (negative: it overlapped
+    it, as programmatic dependent launch allows). Steps end at the sampling's argmax (`reduce_kernel`). The raw
+    kernel list goes to trace_path."""
+    import statistics
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from tierllm.bench.generate_bench import _random_prompts
+
+    prompt = _random_prompts(1, 16, vocab, 5).cuda()
+    engine.generate(prompt, max_new_tokens=4, min_new_tokens=4)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.generate(prompt, max_new_tokens=10, min_new_tokens=10)
+    prof.export_chrome_trace(str(trace_path))
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    kernels = sorted((e["ts"], e["dur"], e["name"][:48]) for e in events if e.get("cat") == "kernel")
+    trace_path.write_text(json.dumps(kernels))
+    ends = [i for i, (_, _, name) in enumerate(kernels) if name.startswith("void at::native::reduce_kernel")]
+    steps = [kernels[a + 1:b + 1] for a, b in zip(ends[1:], ends[2:])]          # whole decode steps only
+    by_name: dict[str, dict] = {}
+    for step in steps:
+        last_end = step[0][0]
+        for ts, dur, name in step:
+            entry = by_name.setdefault(name, {"calls": 0, "dur": 0.0, "gap": 0.0})
+            entry["calls"] += 1
+            entry["dur"] += dur
+            entry["gap"] += ts - last_end
+            last_end = max(last_end, ts + dur)
+    table = {name: {"per_step": round(e["calls"] / len(steps), 1), "dur_us": round(e["dur"] / e["calls"], 2),
+                    "gap_before_us": round(e["gap"] / e["calls"], 2)}
+             for name, e in sorted(by_name.items(), key=lambda item: -item[1]["dur"])}
+    spans = [step[-1][0] + step[-1][1] - step[0][0] for step in steps]
+    busy = [sum(dur for _, dur, _ in step) for step in steps]
+    return {"steps": len(steps), "step_span_us_median": round(statistics.median(spans), 1),
+            "kernel_us_sum_median": round(statistics.median(busy), 1), "by_kernel": table}
 
 
 def run_child(tp_size: int, label: str, env: dict, hbm_GBps: float, out_dir: Path, timeout: int) -> dict:
@@ -63,7 +109,8 @@ def run_child(tp_size: int, label: str, env: dict, hbm_GBps: float, out_dir: Pat
         child_env["TIERLLM_AB_ROOT"] = str(Path(root).resolve())
         child_env["PYTHONPATH"] = str(Path(root).resolve())       # spawned workers import the same tierllm
     result = out_dir / f"fused-ab-{label}-tp{tp_size}.row.json"
-    command = [sys.executable, __file__, "--child", str(tp_size), "--hbm", str(hbm_GBps), "--row", str(result)]
+    command = [sys.executable, __file__, "--child", str(tp_size), "--hbm", str(hbm_GBps), "--row", str(result),
+               "--trace", str(out_dir / f"timeline-{label}-tp{tp_size}.json")]
     started = time.perf_counter()
     done = subprocess.run(command, env=child_env, timeout=timeout, capture_output=True, text=True)
     sys.stderr.write(done.stderr[-3000:])
@@ -87,9 +134,10 @@ def main() -> int:
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--hbm", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
+    parser.add_argument("--trace", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        Path(args.row).write_text(json.dumps(measure_engine(args.child, args.hbm)))
+        Path(args.row).write_text(json.dumps(measure_engine(args.child, args.hbm, Path(args.trace))))
         return 0
 
     from tierllm.bench.probe import hbm_copy_GBps

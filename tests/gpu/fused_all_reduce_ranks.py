@@ -52,36 +52,48 @@ def main() -> None:
         expected = _reference(x, weight, bias, residual, state.group)
         got = fused(x, weight, bias, residual.clone())
         _check(got, expected, state.group, f"eager {dtype} {(m, n, k)}")
-    # Two layers captured in one CUDA graph and replayed: the parity flips on the device across replays. Each is
-    # followed by a norm GEMV launched with programmatic dependent launch, as in the engine: it must read the
-    # residual the fused kernel wrote.
+    # Two layers captured in one CUDA graph and replayed: the parity flips on the device across replays. As in the
+    # engine, programmatic dependent launch chains each layer's kernels: the fused o_proj, a norm gate/up GEMV
+    # launched early behind it (it lets the next kernel in early in turn), the fused down_proj launched early behind
+    # that, and the next norm GEMV. The replays must equal the same kernels launched plainly (TIERLLM_PDL=0), bit
+    # for bit, on every rank (the eager cases above check the fused kernel against NCCL's all-reduce).
     x, weight, bias, residual = _inputs(rank, 2, 4096, 1024, torch.bfloat16, True, 7)
-    w_next = (torch.randn(1536, 4096, device="cuda", generator=torch.Generator("cuda").manual_seed(8)) / 64).to(
-        torch.bfloat16)
-    norm_weight = torch.rand(4096, device="cuda", generator=torch.Generator("cuda").manual_seed(9)).to(
-        torch.bfloat16) + 0.5
+    shared = torch.Generator("cuda").manual_seed(8)
+    w_gate_up = (torch.randn(2 * 1536, 4096, device="cuda", generator=shared) / 64).to(torch.bfloat16)
+    w_next = (torch.randn(1024, 4096, device="cuda", generator=shared) / 64).to(torch.bfloat16)
+    w_down = (torch.randn(4096, 1536, device="cuda", generator=torch.Generator("cuda").manual_seed(9 + rank))
+              / 40).to(torch.bfloat16)
+    norm_weight = torch.rand(4096, device="cuda", generator=shared).to(torch.bfloat16) + 0.5
 
     def layer(static):
         fused(x, weight, bias, static)
-        return gemv.gemv_triton(static, w_next, norm_weight=norm_weight, pdl=True)
+        hidden = gemv.gemv_triton(static, w_gate_up, norm_weight=norm_weight, gated=True, pdl=True)
+        fused(hidden, w_down, None, static)
+        return hidden, gemv.gemv_triton(static, w_next, norm_weight=norm_weight, pdl=True)
 
-    static, between = residual.clone(), torch.empty_like(residual)
+    def plain_layers(start):
+        os.environ["TIERLLM_PDL"] = "0"
+        try:
+            plain = start.clone()
+            return plain, layer(plain) + layer(plain)
+        finally:
+            del os.environ["TIERLLM_PDL"]
+
+    static = residual.clone()
     layer(static)                                                             # tuned and warm before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        first = layer(static)
-        between.copy_(static)                                                 # the residual the first GEMV read
-        second = layer(static)
+        outputs = layer(static) + layer(static)
     start = residual.clone()
     for replay in range(5):
         static.copy_(start)
         graph.replay()
-        expected = _reference(x, weight, bias, _reference(x, weight, bias, start, state.group), state.group)
-        _check(static, expected, state.group, f"graph replay {replay}")
-        for got, value in ((first, between), (second, static)):
-            want = gemv.gemv_triton(value, w_next, norm_weight=norm_weight)
-            assert torch.equal(got, want), f"replay {replay}: the PDL GEMV did not read the fused kernel's result"
+        plain, expected = plain_layers(start)
+        assert torch.equal(static, plain), f"replay {replay}: the residual differs from plain launches'"
+        for got, want in zip(outputs, expected):
+            assert torch.equal(got, want), f"replay {replay}: a PDL kernel did not read its producer's result"
+        _check(static, plain, state.group, f"graph replay {replay}")               # and every rank's bits agree
         start = static.clone()
     assert fused.failure() is None
     torch.cuda.synchronize()

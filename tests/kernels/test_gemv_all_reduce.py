@@ -96,42 +96,60 @@ def test_flagged_words_carry_the_value_bits_under_the_epoch():
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch needs a GPU (the interpreter runs none)")
-@pytest.mark.parametrize("gated", [False, True])
-def test_a_pdl_gemv_after_the_fused_kernel_reads_its_results_in_a_cuda_graph(gated):
-    """The fused kernel lets the next kernel start early (TRIGGER); a norm GEMV launched with PDL loads its first
-    weight chunk, then waits: its output must be the plain GEMV's on the residual the fused kernel wrote, bit for
-    bit. One rank (world 1: it sends to itself and gathers), replayed in a CUDA graph with fresh inputs each time."""
+@pytest.mark.parametrize("splits", ["many", "one"])
+def test_a_decode_layer_chained_by_pdl_in_a_cuda_graph_equals_its_plain_launches(splits, monkeypatch):
+    """A tensor-parallel decode layer's kernels as the engine chains them with programmatic dependent launch: the
+    attention (its last kernel lets o_proj in early), o_proj's fused all-reduce (launched early: first weight chunk,
+    wait, then x), the norm gate/up GEMV (launched early behind it, letting the next one in), down_proj's fused
+    all-reduce, the next layer's norm QKV GEMV. Replayed in a CUDA graph with fresh inputs, every output must be
+    bit for bit the same kernels' launched one after the other without PDL: a kernel that read its input before its
+    producer finished would differ. One rank (world 1: it sends to itself and gathers). `splits`: the attention
+    ends with its merge kernel, or with the split kernel alone (block tables one tile long)."""
     from tierllm.kernels._dispatch import pdl_launch
+    from tierllm.kernels.decode_attention import paged_decode_attention_triton
     from tierllm.kernels.gemv import gemv_triton
     from tierllm.kernels.gemv_all_reduce import gemv_all_reduce_
 
     torch.manual_seed(5)
     assert pdl_launch(torch.empty(1, device=DEVICE)), "this GPU or Triton has no programmatic dependent launch"
     group = SimulatedGroup(1, 0)
-    m, n, k, n_next = 2, 4096, 2048, 3072
-    x = torch.randn(m, k, device=DEVICE).bfloat16()
-    weight = (torch.randn(n, k, device=DEVICE) / k ** 0.5).bfloat16()
-    residual = torch.randn(m, n, device=DEVICE).bfloat16()
-    w_next = (torch.randn(2 * n_next if gated else n_next, n, device=DEVICE) / n ** 0.5).bfloat16()
-    norm_weight = torch.rand(n, device=DEVICE).bfloat16() + 0.5
+    heads, head_dim, block_size, blocks = 16, 128, 16, 64
+    n, inter, n_qkv = heads * head_dim, 3072, 3 * heads * head_dim
+    width, context = (32, 300) if splits == "many" else (4, 50)         # blocks per table: 4 x 16 = one tile
+    k_cache = torch.randn(blocks, block_size, heads, head_dim, device=DEVICE).bfloat16()
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(blocks, device=DEVICE)[None, :width].int()          # [1, width]
+    context_lens = torch.tensor([context], device=DEVICE)
+    q = torch.randn(1, heads, head_dim, device=DEVICE).bfloat16()
+    w_o = (torch.randn(n, n, device=DEVICE) / n ** 0.5).bfloat16()
+    w_gate_up = (torch.randn(2 * inter, n, device=DEVICE) / n ** 0.5).bfloat16()
+    w_down = (torch.randn(n, inter, device=DEVICE) / inter ** 0.5).bfloat16()
+    w_qkv = (torch.randn(n_qkv, n, device=DEVICE) / n ** 0.5).bfloat16()
+    norms = [torch.rand(n, device=DEVICE).bfloat16() + 0.5 for _ in range(2)]
+    residual = torch.randn(1, n, device=DEVICE).bfloat16()
 
-    def step():
-        gemv_all_reduce_(x, weight, None, residual, **group.state)
-        return gemv_triton(residual, w_next, norm_weight=norm_weight, gated=gated, pdl=True)
+    def layer(res):
+        attention = paged_decode_attention_triton(q, k_cache, v_cache, tables, context_lens, 0.1)
+        gemv_all_reduce_(attention.view(1, n), w_o, None, res, **group.state)
+        hidden = gemv_triton(res, w_gate_up, norm_weight=norms[0], gated=True, pdl=True)
+        gemv_all_reduce_(hidden, w_down, None, res, **group.state)
+        return attention, hidden, gemv_triton(res, w_qkv, norm_weight=norms[1], pdl=True)
 
-    step()                                                                   # tuned before capture
+    layer(residual.clone())                                                  # tuned before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = step()
-    for _ in range(10):
-        x.copy_(torch.randn(m, k, device=DEVICE).bfloat16())
+        outputs = layer(residual)
+    for _ in range(6):
+        q.copy_(torch.randn_like(q))
         start = residual.clone()
         graph.replay()
         expected_residual = start.clone()
-        gemv_all_reduce_(x, weight, None, expected_residual, **group.state)  # eager, the same kernel
-        expected = gemv_triton(expected_residual, w_next, norm_weight=norm_weight, gated=gated)
+        with monkeypatch.context() as plain:
+            plain.setenv("TIERLLM_PDL", "0")
+            expected = layer(expected_residual)
         torch.cuda.synchronize()
         assert torch.equal(residual, expected_residual)
-        assert torch.equal(out, expected)
+        for got, want in zip(outputs, expected):
+            assert torch.equal(got, want)
     assert group.state["status"].item() == 0

@@ -7,7 +7,8 @@ round trip of the activations per decode layer:
   RESIDUAL  residual-add epilogue: r += x @ W^T (+ b), written in place into r
 and PDL: launched with programmatic dependent launch (kernels/_dispatch.py) behind a kernel that lets it start
 early (the fused all-reduce, gemv_all_reduce.py), each program loads its first weight chunk before it waits for
-that kernel's results, so HBM streams this GEMV's weights while that kernel's tail runs.
+that kernel's results, so HBM streams this GEMV's weights while that kernel's tail runs; it lets the kernel after
+it (the next fused all-reduce, after the gate/up GEMV) start early in turn.
 `fused_linear` dispatches them (or composes the unfused kernels where the GEMV does not apply)."""
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import gdc_wait
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def rms_prologue(x, g, sumsq):
@@ -80,7 +81,7 @@ if HAS_TRITON:
         return tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w, INT8)[None, :, :], axis=2)
 
     @triton.jit
-    def _weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED: tl.constexpr, BLOCK_K: tl.constexpr):
+    def weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED: tl.constexpr, BLOCK_K: tl.constexpr):
         """Weight rows offs_n, columns [k0, k0 + BLOCK_K): [BLOCK_N, BLOCK_K], and GATED the up rows N + offs_n."""
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask = n_mask[:, None] & (offs_k < K)[None, :]
@@ -123,13 +124,14 @@ if HAS_TRITON:
         sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
         k_start = 0
         if PDL:                # the first weight chunk is loaded before the wait: nothing before it reads x or y
-            w, w_up = _weight_chunk(w_ptr, offs_n, n_mask, 0, N, K, stride_wn, GATED, BLOCK_K)
+            gdc_launch_dependents()
+            w, w_up = weight_chunk(w_ptr, offs_n, n_mask, 0, N, K, stride_wn, GATED, BLOCK_K)
             gdc_wait()
             acc, acc_up, sumsq = _gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, 0, K,
                                              stride_xm, NORM, GATED, INT8, BLOCK_K)
             k_start = BLOCK_K
         for k0 in range(k_start, K, BLOCK_K):
-            w, w_up = _weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED, BLOCK_K)
+            w, w_up = weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED, BLOCK_K)
             acc, acc_up, sumsq = _gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K,
                                              stride_xm, NORM, GATED, INT8, BLOCK_K)
         if INT8:

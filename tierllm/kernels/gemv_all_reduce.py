@@ -24,9 +24,13 @@ once every program of the call has read it), the same on every rank. The parity 
 overwriting a slot its peer still reads: the slot of the same parity comes back two calls later, and a rank
 finishes the call in between only with its peers' parts of it, which they send only once they have finished this
 one.
-TRIGGER (programmatic dependent launch, kernels/_dispatch.py): every program lets the next kernel launch as it
-starts, so a next kernel launched with PDL (the column-parallel GEMV after it, gemv.py) starts pulling its weights
-while this one's last tiles fly and gather; it reads this kernel's results only after griddepcontrol.wait.
+Programmatic dependent launch (kernels/_dispatch.py), both ways:
+  - TRIGGER: every program lets the next kernel launch as it starts, so a next kernel launched with PDL (the
+    column-parallel GEMV after it, gemv.py) starts pulling its weights while this one's last tiles fly and gather;
+    it reads this kernel's results only after griddepcontrol.wait;
+  - PDL: launched that way itself behind a kernel that lets it in early (the gate/up GEMV, the attention's last
+    kernel), each computing program loads its first weight chunk, then waits, and only then reads x and the call
+    counter (the previous call may still have been running before the wait); gathering programs wait first.
 A rank that never sends (its process died) leaves the others waiting: the waits give up when the driver raises
 `status` (a pinned host word) or after `timeout_ns`, and record why in `status`; the step's result is then
 garbage and the driver fails the engine (distributed/driver.py)."""
@@ -58,8 +62,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import gdc_launch_dependents
-    from tierllm.kernels.gemv import dot_chunk
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+    from tierllm.kernels.gemv import dot_chunk, weight_chunk
 
     @triton.jit
     def _globaltimer():
@@ -98,17 +102,21 @@ if HAS_TRITON:
         return total
 
     @triton.jit
-    def _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """This rank's partial of one tile: x [M, K] @ W[offs_n, :]^T -> [BLOCK_M, BLOCK_N] fp32 (gemv.py's loop)."""
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                        mask=(offs_n < N)[:, None] & (offs_k < K)[None, :], other=0)         # [BLOCK_N, BLOCK_K]
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                        mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)       # [BLOCK_M, BLOCK_K]
-            acc += dot_chunk(x, w, False)
+    def _tile_chunk(acc, w, x_ptr, offs_m, k0, M, K, stride_xm, BLOCK_K: tl.constexpr):
+        """acc [BLOCK_M, BLOCK_N] + x[:, k0:k0 + BLOCK_K] . w (the tile's weight chunk)^T."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)           # [BLOCK_M, BLOCK_K]
+        return acc + dot_chunk(x, w, False)
+
+    @triton.jit
+    def _tile_partial(acc, k_start, x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn,
+                      BLOCK_K: tl.constexpr):
+        """acc [BLOCK_M, BLOCK_N] + this rank's partial of one tile from column k_start on: x [M, K] @
+        W[offs_n, :]^T in fp32 (gemv.py's loop)."""
+        for k0 in range(k_start, K, BLOCK_K):
+            w, _ = weight_chunk(w_ptr, offs_n, offs_n < N, k0, N, K, stride_wn, False, BLOCK_K)  # [BLOCK_N, BLOCK_K]
+            acc = _tile_chunk(acc, w, x_ptr, offs_m, k0, M, K, stride_xm, BLOCK_K)
         return acc
 
     @triton.jit
@@ -128,12 +136,14 @@ if HAS_TRITON:
                                 M, N, K, stride_xm, stride_wn, stride_rm, rank, timeout_ns,
                                 WORLD: tl.constexpr, WORLD_P2: tl.constexpr, ROWS: tl.constexpr,
                                 COLS: tl.constexpr, HAS_BIAS: tl.constexpr, EXCHANGE: tl.constexpr,
-                                TIMED: tl.constexpr, TRIGGER: tl.constexpr, BLOCK_M: tl.constexpr,
-                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATHER_N: tl.constexpr):
+                                TIMED: tl.constexpr, TRIGGER: tl.constexpr, PDL: tl.constexpr,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                GATHER_N: tl.constexpr):
         """bases_ptr: int64 [WORLD], every rank's buffer address in this process; counter_ptr: int32 [2] (calls,
         gathering programs done), this rank's own; WORLD_P2: WORLD rounded up to a power of 2; ROWS, COLS: the
         buffer geometry (MAX_ROWS, MAX_COLS). EXCHANGE=False: no communication, one program per tile finishing it
-        with this rank's partial as the sum (the autotuner's twin)."""
+        with this rank's partial as the sum (the autotuner's twin). PDL: launched with programmatic dependent
+        launch (module doc)."""
         if TRIGGER:
             gdc_launch_dependents()
         pid = tl.program_id(0)
@@ -141,13 +151,22 @@ if HAS_TRITON:
         offs_m = tl.arange(0, BLOCK_M)
         if EXCHANGE:
             rank_words: tl.constexpr = ROWS * COLS
-            calls = tl.load(counter_ptr, volatile=True)
-            parity_slots = (calls % 2) * (WORLD * rank_words)
-            epoch = calls % 1073741824 + 1                     # never 0, the flag of a buffer never written
             if pid < tiles:                                    # compute this rank's part of the tile, send it
                 offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-                acc = _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                k_start = 0
+                if PDL:                                        # the first weight chunk comes before the wait
+                    w, _ = weight_chunk(w_ptr, offs_n, offs_n < N, 0, N, K, stride_wn, False, BLOCK_K)
+                    gdc_wait()
+                # Read after the wait: with PDL the previous call may still have been running before it.
+                calls = tl.load(counter_ptr, volatile=True)
+                if PDL:
+                    acc = _tile_chunk(acc, w, x_ptr, offs_m, 0, M, K, stride_xm, BLOCK_K)
+                    k_start = BLOCK_K
+                acc = _tile_partial(acc, k_start, x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn,
                                     BLOCK_K)
+                parity_slots = (calls % 2) * (WORLD * rank_words)
+                epoch = calls % 1073741824 + 1                 # never 0, the flag of a buffer never written
                 words = (acc.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (epoch.to(tl.int64) << 32)
                 slot = rank * rank_words + offs_m[:, None] * COLS + offs_n[None, :]       # [BLOCK_M, BLOCK_N]
                 mn_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -155,6 +174,11 @@ if HAS_TRITON:
                     base = tl.load(bases_ptr + dest).to(tl.pointer_type(tl.int64))
                     tl.store(base + parity_slots + slot, words, mask=mn_mask)
             else:                                              # gather GATHER_N columns, finish them
+                if PDL:
+                    gdc_wait()
+                calls = tl.load(counter_ptr, volatile=True)
+                parity_slots = (calls % 2) * (WORLD * rank_words)
+                epoch = calls % 1073741824 + 1
                 offs_g = (pid - tiles) * GATHER_N + tl.arange(0, GATHER_N)
                 own = tl.load(bases_ptr + rank).to(tl.pointer_type(tl.int64)) + parity_slots
                 deadline = 0
@@ -171,8 +195,8 @@ if HAS_TRITON:
                     tl.store(counter_ptr, calls + 1)
         else:
             offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-            acc = _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
-                                BLOCK_K)
+            acc = _tile_partial(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), 0, x_ptr, w_ptr, offs_m, offs_n, M, N, K,
+                                stride_xm, stride_wn, BLOCK_K)
             _finish_tile(acc, b_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, HAS_BIAS)
 
     # Tuned per shape on the EXCHANGE=False twin, each rank for itself (the ranks' tiles need not match: a part is
@@ -213,15 +237,17 @@ def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if is_interpreted():                                           # the interpreter cannot time configs
         grid = (triton.cdiv(n, 4) + triton.cdiv(n, GATHER_N),)
         _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=False, TRIGGER=False,
-                                      BLOCK_N=4, BLOCK_K=128)
+                                      PDL=False, BLOCK_N=4, BLOCK_K=128)
         return residual
     key = (n, k, flags["BLOCK_M"], x.dtype)
     if key not in configs:
         _tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(residual.clone()), **flags, EXCHANGE=False,
-                                                                 TIMED=False, TRIGGER=False)   # on a scratch copy
+                                                                 TIMED=False, TRIGGER=False, PDL=False)   # scratch
         configs[key] = _tuner.best_config
     config = configs[key]
     grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]) + triton.cdiv(n, GATHER_N),)   # compute tiles, then gather
-    _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, TRIGGER=pdl_launch(x),
-                                  **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+    pdl = pdl_launch(x)
+    _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, TRIGGER=pdl, PDL=pdl,
+                                  launch_pdl=pdl, **config.kwargs, num_warps=config.num_warps,
+                                  num_stages=config.num_stages)
     return residual
