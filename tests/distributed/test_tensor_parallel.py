@@ -313,22 +313,3 @@ def test_fused_all_reduce_failures_reach_the_driver():
     with pytest.raises(TensorParallelError, match="waited longer than timeout_s=300 s"):
         with TensorParallelDriver(ParallelState(fused_all_reduce=stub)).guard():   # the first one is closed
             pass
-
-
-def test_only_a_norm_gemv_after_the_fused_all_reduce_asks_for_programmatic_dependent_launch(monkeypatch):
-    """Linear.fused's wiring (the launch itself needs a GPU: tests/kernels/test_gemv_all_reduce.py): a norm GEMV of a
-    layer whose group runs the fused all-reduce is launched with pdl=True; without a norm, or without the fused
-    all-reduce (NCCL, or TP=1), it is not."""
-    from types import SimpleNamespace
-
-    from tierllm.layers import linear
-
-    asked = []
-    monkeypatch.setattr(linear.kernels, "fused_linear", lambda x, *args, pdl, **kwargs: asked.append(pdl) or x)
-    layer = linear.Linear(8, 4, False, torch.float32)
-    x, norm = torch.randn(1, 8), SimpleNamespace(weight=torch.ones(8), eps=1e-6)
-    for parallel in (SimpleNamespace(fused_all_reduce=object()), SimpleNamespace(fused_all_reduce=None), None):
-        layer.parallel = parallel
-        layer.fused(x, norm=norm, gated=False)
-        layer.fused(x)
-    assert asked == [True, False, False, False, False, False]

@@ -98,58 +98,63 @@ def test_flagged_words_carry_the_value_bits_under_the_epoch():
 @pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch needs a GPU (the interpreter runs none)")
 @pytest.mark.parametrize("splits", ["many", "one"])
 def test_a_decode_layer_chained_by_pdl_in_a_cuda_graph_equals_its_plain_launches(splits, monkeypatch):
-    """A tensor-parallel decode layer's kernels as the engine chains them with programmatic dependent launch: the
-    attention (its last kernel lets o_proj in early), o_proj's fused all-reduce (launched early: first weight chunk,
-    wait, then x), the norm gate/up GEMV (launched early behind it, letting the next one in), down_proj's fused
-    all-reduce, the next layer's norm QKV GEMV. Replayed in a CUDA graph with fresh inputs, every output must be
-    bit for bit the same kernels' launched one after the other without PDL: a kernel that read its input before its
-    producer finished would differ. One rank (world 1: it sends to itself and gathers). `splits`: the attention
-    ends with its merge kernel, or with the split kernel alone (block tables one tile long)."""
+    """A tensor-parallel decode layer's kernels as the engine chains them with programmatic dependent launch (each
+    lets the next launch as it starts and waits for its predecessor before reading): the norm QKV GEMV, rotary with
+    the cache write, the decode attention (split kernel, merge kernel), o_proj's fused all-reduce (its programs
+    load their first weight chunk before they wait), the norm gate/up GEMV and down_proj's fused all-reduce.
+    Replayed in a CUDA graph with a fresh residual each time, every output (and the caches) must be bit for bit
+    the same kernels' launched one after the other without PDL: a kernel that read its input before its producer
+    finished would differ. One rank (world 1: it sends to itself and gathers). `splits`: the attention ends with
+    its merge kernel, or with the split kernel alone (block tables one tile long)."""
     from tierllm.kernels._dispatch import pdl_launch
     from tierllm.kernels.decode_attention import paged_decode_attention_triton
     from tierllm.kernels.gemv import gemv_triton
     from tierllm.kernels.gemv_all_reduce import gemv_all_reduce_
+    from tierllm.kernels.rotary import rotary_and_cache_write_triton
 
     torch.manual_seed(5)
     assert pdl_launch(torch.empty(1, device=DEVICE)), "this GPU or Triton has no programmatic dependent launch"
     group = SimulatedGroup(1, 0)
     heads, head_dim, block_size, blocks = 16, 128, 16, 64
-    n, inter, n_qkv = heads * head_dim, 3072, 3 * heads * head_dim
+    n, inter = heads * head_dim, 3072
     width, context = (32, 300) if splits == "many" else (4, 50)         # blocks per table: 4 x 16 = one tile
-    k_cache = torch.randn(blocks, block_size, heads, head_dim, device=DEVICE).bfloat16()
-    v_cache = torch.randn_like(k_cache)
+    caches = [torch.randn(blocks, block_size, heads, head_dim, device=DEVICE).bfloat16() for _ in range(2)]
     tables = torch.randperm(blocks, device=DEVICE)[None, :width].int()          # [1, width]
     context_lens = torch.tensor([context], device=DEVICE)
-    q = torch.randn(1, heads, head_dim, device=DEVICE).bfloat16()
+    slot = (tables[0, (context - 1) // block_size].long() * block_size + (context - 1) % block_size).view(1)
+    angles = torch.rand(1, head_dim // 2, device=DEVICE) * 6
+    cos, sin = (f(torch.cat([angles, angles], dim=-1)).bfloat16() for f in (torch.cos, torch.sin))   # [1, d]
+    w_qkv = (torch.randn(3 * n, n, device=DEVICE) / n ** 0.5).bfloat16()
     w_o = (torch.randn(n, n, device=DEVICE) / n ** 0.5).bfloat16()
     w_gate_up = (torch.randn(2 * inter, n, device=DEVICE) / n ** 0.5).bfloat16()
     w_down = (torch.randn(n, inter, device=DEVICE) / inter ** 0.5).bfloat16()
-    w_qkv = (torch.randn(n_qkv, n, device=DEVICE) / n ** 0.5).bfloat16()
     norms = [torch.rand(n, device=DEVICE).bfloat16() + 0.5 for _ in range(2)]
     residual = torch.randn(1, n, device=DEVICE).bfloat16()
 
-    def layer(res):
+    def layer(res, k_cache, v_cache):
+        qkv = gemv_triton(res, w_qkv, norm_weight=norms[0], pdl=True)             # [1, 3n]
+        q, k, v = (part.view(1, heads, head_dim) for part in qkv.split(n, dim=1))
+        rotary_and_cache_write_triton(q, k, v, cos, sin, k_cache, v_cache, slot)
         attention = paged_decode_attention_triton(q, k_cache, v_cache, tables, context_lens, 0.1)
         gemv_all_reduce_(attention.view(1, n), w_o, None, res, **group.state)
-        hidden = gemv_triton(res, w_gate_up, norm_weight=norms[0], gated=True, pdl=True)
+        hidden = gemv_triton(res, w_gate_up, norm_weight=norms[1], gated=True, pdl=True)
         gemv_all_reduce_(hidden, w_down, None, res, **group.state)
-        return attention, hidden, gemv_triton(res, w_qkv, norm_weight=norms[1], pdl=True)
+        return qkv, attention, hidden
 
-    layer(residual.clone())                                                  # tuned before capture
+    layer(residual.clone(), *(c.clone() for c in caches))                  # tuned before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outputs = layer(residual)
+        outputs = layer(residual, *caches)
     for _ in range(6):
-        q.copy_(torch.randn_like(q))
-        start = residual.clone()
+        residual.copy_(torch.randn_like(residual))
+        plain_residual, plain_caches = residual.clone(), [c.clone() for c in caches]
         graph.replay()
-        expected_residual = start.clone()
         with monkeypatch.context() as plain:
             plain.setenv("TIERLLM_PDL", "0")
-            expected = layer(expected_residual)
+            expected = layer(plain_residual, *plain_caches)
         torch.cuda.synchronize()
-        assert torch.equal(residual, expected_residual)
-        for got, want in zip(outputs, expected):
+        assert torch.equal(residual, plain_residual)
+        for got, want in zip(outputs + tuple(caches), expected + tuple(plain_caches)):
             assert torch.equal(got, want)
     assert group.state["status"].item() == 0

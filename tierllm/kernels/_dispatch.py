@@ -62,3 +62,10 @@ def pdl_launch(t: torch.Tensor) -> bool:
     return (HAS_TRITON and HAS_GDC and t.is_cuda and not is_interpreted()
             and os.environ.get("TIERLLM_PDL", "1") != "0"
             and _pdl_device(t.device.index if t.device.index is not None else torch.cuda.current_device()))
+
+
+def pdl_options(t: torch.Tensor, enabled: bool = True) -> dict:
+    """The launch arguments of a kernel with a `PDL` constexpr (it lets the next kernel launch as it starts and
+    waits for its predecessor before reading its results) working on `t`: launched with programmatic dependent
+    launch where pdl_launch(t) allows it and `enabled`."""
+    return {"PDL": True, "launch_pdl": True} if enabled and pdl_launch(t) else {"PDL": False}

@@ -3,30 +3,32 @@
 Triton version: flash-decoding. Programs = (sequence, KV head, split of the context); each walks its split
 in BLOCK_N-token tiles gathered through the block table, keeps an online softmax for the query heads that
 share the KV head (padded to 16 rows for tensor-core dots), and a second kernel merges the splits. Loop
-bounds come from context_lens on the device, so the launch is CUDA-graph safe. The last of the two kernels lets
-the next one launch early (TRIGGER, programmatic dependent launch: kernels/_dispatch.py), so a tensor-parallel
-o_proj launched that way (kernels/gemv_all_reduce.py) loads its first weights while the attention finishes."""
+bounds come from context_lens on the device, so the launch is CUDA-graph safe. On GPUs with programmatic dependent
+launch (kernels/_dispatch.py) both kernels are launched with it (PDL): each lets the next kernel launch as it
+starts and waits for its predecessor before it reads anything, so the chain from the rotary kernel to o_proj
+launches early and o_proj (gemv.py, gemv_all_reduce.py) loads its first weights while the attention runs."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, pdl_launch, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import gdc_launch_dependents
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
                              out_ptr, part_acc_ptr, part_ml_ptr, stride_qs, stride_qh, stride_bt, stride_os,
                              stride_oh, scale, num_kv_heads, window, GROUP: tl.constexpr,
                              HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, TRIGGER: tl.constexpr):
-        if TRIGGER and NUM_SPLITS == 1:                           # the last kernel of the attention
+                             NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
             gdc_launch_dependents()
+            gdc_wait()
         seq = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -76,9 +78,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_os, stride_oh, num_heads,
-                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, TRIGGER: tl.constexpr):
-        if TRIGGER:
+                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
             gdc_launch_dependents()
+            gdc_wait()
         seq = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         splits = tl.arange(0, NUM_SPLITS)
@@ -116,7 +119,7 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     num_splits = triton.next_power_of_2(_num_splits(num_seqs, split_kv_heads or num_kv_heads, max_len, block_n,
                                                     q.device))
     part_acc = part_ml = out
-    trigger = pdl_launch(q)
+    pdl = pdl_options(q)
     if num_splits > 1:
         part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
@@ -124,10 +127,10 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, q.stride(0), q.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        HAS_WINDOW=sliding_window is not None, TRIGGER=trigger, num_warps=4)
+        HAS_WINDOW=sliding_window is not None, **pdl, num_warps=4)
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
-                                                    HEAD_DIM=head_dim, NUM_SPLITS=num_splits, TRIGGER=trigger)
+                                                    HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl)
     return out
 
 

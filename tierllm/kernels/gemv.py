@@ -5,10 +5,9 @@ round trip of the activations per decode layer:
   NORM      RMSNorm prologue: x is the raw residual stream, y = rms_norm(x) @ W^T, in the same single pass over x
   GATED     SiLU-and-mul epilogue: W = [gate; up] with 2N rows, y = silu(x @ gate^T) * (x @ up^T)
   RESIDUAL  residual-add epilogue: r += x @ W^T (+ b), written in place into r
-and PDL: launched with programmatic dependent launch (kernels/_dispatch.py) behind a kernel that lets it start
-early (the fused all-reduce, gemv_all_reduce.py), each program loads its first weight chunk before it waits for
-that kernel's results, so HBM streams this GEMV's weights while that kernel's tail runs; it lets the kernel after
-it (the next fused all-reduce, after the gate/up GEMV) start early in turn.
+and PDL: launched with programmatic dependent launch (kernels/_dispatch.py; decode's GEMVs are, on Hopper), each
+program lets the next kernel launch as it starts, loads its first weight chunk, and only then waits for the kernel
+before it (whose results it reads), so HBM streams this GEMV's weights while that kernel's tail runs.
 `fused_linear` dispatches them (or composes the unfused kernels where the GEMV does not apply)."""
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_launch, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options, use_triton
 from tierllm.kernels.activation import silu_and_mul
 from tierllm.kernels.norm import rms_norm
 
@@ -195,8 +194,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if is_interpreted():                                           # the interpreter cannot time configs
         kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=128)
     else:
-        launch = {"PDL": True, "launch_pdl": True} if pdl and pdl_launch(x) else {}
-        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m, **launch)
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m, **pdl_options(x, pdl))
     return y
 
 

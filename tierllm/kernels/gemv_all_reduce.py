@@ -31,20 +31,25 @@ Programmatic dependent launch (kernels/_dispatch.py), both ways:
   - PDL: launched that way itself behind a kernel that lets it in early (the gate/up GEMV, the attention's last
     kernel), each computing program loads its first weight chunk, then waits, and only then reads x and the call
     counter (the previous call may still have been running before the wait); gathering programs wait first.
+    Where K <= WHOLE_K the tuner picks among configs whose first chunk is the whole tile: o_proj's programs that
+    start during the attention then hold their weights before they wait.
 A rank that never sends (its process died) leaves the others waiting: the waits give up when the driver raises
 `status` (a pinned host word) or after `timeout_ns`, and record why in `status`; the step's result is then
 garbage and the driver fails the engine (distributed/driver.py)."""
 from __future__ import annotations
 
+import os
+
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_launch
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import MAX_GEMV_ROWS
 
 # Buffer geometry shared with distributed/fused_all_reduce.py
 MAX_ROWS = MAX_GEMV_ROWS     # decode-sized calls only: the ones the GEMV takes
 MAX_COLS = 16384             # output features of a row-parallel layer (the model's hidden size)
 GATHER_N = 128               # columns each gathering program finishes
+WHOLE_K = 4096               # K up to which a program's first weight chunk is its whole tile
 STATUS_OK, STATUS_ABORTED, STATUS_TIMED_OUT = 0, 1, 2
 
 
@@ -205,6 +210,9 @@ if HAS_TRITON:
                 for bn, bk, w, s in [(4, 512, 4, 3), (4, 1024, 4, 2), (8, 512, 4, 3), (8, 1024, 8, 2),
                                      (2, 2048, 4, 2), (4, 2048, 8, 2), (2, 4096, 4, 1), (4, 4096, 4, 1)]]
     _tuner = triton.autotune(configs=_CONFIGS, key=["N", "K", "BLOCK_M"])(_gemv_all_reduce_kernel)
+    _WHOLE_K_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": WHOLE_K}, num_warps=w, num_stages=1)
+                        for bn, w in [(1, 4), (2, 4), (4, 4), (4, 8), (8, 8)]]
+    _whole_k_tuner = triton.autotune(configs=_WHOLE_K_CONFIGS, key=["N", "K", "BLOCK_M"])(_gemv_all_reduce_kernel)
 
 
 def gemv_all_reduce_ref(partials: list[torch.Tensor], bias: torch.Tensor | None,
@@ -241,13 +249,13 @@ def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         return residual
     key = (n, k, flags["BLOCK_M"], x.dtype)
     if key not in configs:
-        _tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(residual.clone()), **flags, EXCHANGE=False,
-                                                                 TIMED=False, TRIGGER=False, PDL=False)   # scratch
-        configs[key] = _tuner.best_config
+        tuner = _whole_k_tuner if k <= WHOLE_K and os.environ.get("TIERLLM_FUSED_WHOLE_K", "1") != "0" else _tuner
+        tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(residual.clone()), **flags, EXCHANGE=False,
+                                                                TIMED=False, TRIGGER=False, PDL=False)   # scratch
+        configs[key] = tuner.best_config
     config = configs[key]
     grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]) + triton.cdiv(n, GATHER_N),)   # compute tiles, then gather
-    pdl = pdl_launch(x)
-    _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, TRIGGER=pdl, PDL=pdl,
-                                  launch_pdl=pdl, **config.kwargs, num_warps=config.num_warps,
-                                  num_stages=config.num_stages)
+    pdl = pdl_options(x)
+    _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, TRIGGER=pdl["PDL"], **pdl,
+                                  **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     return residual

@@ -1,14 +1,18 @@
-"""Rotary position embedding (NeoX / HF "rotate half" layout) on q and k, fused with the KV-cache write."""
+"""Rotary position embedding (NeoX / HF "rotate half" layout) on q and k, fused with the KV-cache write.
+On GPUs with programmatic dependent launch (kernels/_dispatch.py) the kernel is launched with it: it lets the
+decode attention after it launch early and waits for the QKV projection before it reads anything."""
 from __future__ import annotations
 
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
 from tierllm.kernels.cache_write import write_kv_cache_ref
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def _rotate_heads(ptr, token, stride_t, stride_h, num_heads, c, s, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -32,7 +36,10 @@ if HAS_TRITON:
     def _rotary_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
                              num_heads, num_kv_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                             BLOCK_KH: tl.constexpr, WRITE_CACHE: tl.constexpr):
+                             BLOCK_KH: tl.constexpr, WRITE_CACHE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         token = tl.program_id(0).to(tl.int64)
         dims = tl.arange(0, HALF)[None, :]
         c = tl.load(cos_ptr + token * stride_cs + dims).to(tl.float32)       # cos/sin halves are equal
@@ -60,7 +67,7 @@ def rotary_and_cache_write_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapp
         q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
         num_heads, num_kv_heads, HALF=head_dim // 2, BLOCK_H=triton.next_power_of_2(num_heads),
-        BLOCK_KH=triton.next_power_of_2(num_kv_heads), WRITE_CACHE=k_cache is not None)
+        BLOCK_KH=triton.next_power_of_2(num_kv_heads), WRITE_CACHE=k_cache is not None, **pdl_options(q))
     return q, k
 
 

@@ -111,10 +111,9 @@ class Linear(nn.Module):
             return reduced_fused(self, x, norm, gated, residual)
         if self.invariant_parts:
             return kernels.unfused_linear(x, self, **fusion_args(norm, gated, residual))
-        # A norm GEMV comes right after a row-parallel layer's: where that is the fused all-reduce, which lets the
-        # next kernel start early, this one pulls its weights in during that kernel's tail (kernels/gemv.py).
-        after_fused = norm is not None and self.parallel is not None and self.parallel.fused_all_reduce is not None
-        return kernels.fused_linear(x, self.weight, self.bias, **fusion_args(norm, gated, residual), pdl=after_fused)
+        # Decode's GEMVs are chained by programmatic dependent launch where the GPU has it: each loads its first
+        # weights while the kernel before it finishes (kernels/gemv.py).
+        return kernels.fused_linear(x, self.weight, self.bias, **fusion_args(norm, gated, residual), pdl=True)
 
 
 def fusion_args(norm, gated: bool, residual: torch.Tensor | None) -> dict:
