@@ -38,8 +38,6 @@ A rank that never sends (its process died) leaves the others waiting: the waits 
 garbage and the driver fails the engine (distributed/driver.py)."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
@@ -249,7 +247,7 @@ def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         return residual
     key = (n, k, flags["BLOCK_M"], x.dtype)
     if key not in configs:
-        tuner = _whole_k_tuner if k <= WHOLE_K and os.environ.get("TIERLLM_FUSED_WHOLE_K", "1") != "0" else _tuner
+        tuner = _whole_k_tuner if k <= WHOLE_K else _tuner
         tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(residual.clone()), **flags, EXCHANGE=False,
                                                                 TIMED=False, TRIGGER=False, PDL=False)   # scratch
         configs[key] = tuner.best_config
