@@ -3,8 +3,8 @@ engine, then one engine per variant at TP=N, each in a process of its own (a pro
 its first group only), with the variant's environment; ROOT=path runs a variant from another checkout's tierllm
 (e.g. an older commit's, unpacked with `git archive`). The variants run in the order given, then again in reverse,
 so drift over the run shows. JSON under $OUT (benchmarks/results by default): each engine's batch-1 ms/token, its
-fraction of the aggregate HBM roofline and TP=N / TP=1, rank 0's kernel table and its decode timeline per kernel
-(the raw kernel lists: timeline-VARIANT-tpN.json beside it).
+fraction of the aggregate HBM roofline and TP=N / TP=1, rank 0's kernel table, its tuned launch configs and its
+decode timeline per kernel (the raw kernel lists: timeline-VARIANT-tpN.json beside it).
 
   python benchmarks/fused_ab.py --tp 2 --variant new: --variant no-pdl:TIERLLM_PDL=0 --variant base:ROOT=/tmp/base
 """
@@ -52,6 +52,7 @@ def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path | None) -> di
            "fraction_of_aggregate_roofline": round(roofline_ms / min(runs), 4),
            "all_reduce_running": all_reduce_running(engine),
            "batch1_kernel_table_rank0": batch1_kernel_table(engine, vocab)}
+    row["tuned_configs_rank0"] = tuned_configs(engine)
     if trace_path is not None:
         try:
             row["timeline_rank0"] = batch1_kernel_timeline(engine, vocab, trace_path)
@@ -59,6 +60,21 @@ def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path | None) -> di
             row["timeline_rank0"] = {"error": repr(error)}
     engine.close()
     return row
+
+
+def tuned_configs(engine) -> dict:
+    """Rank 0's autotuned launch configs, by tuning key: the decode GEMVs' (key: N, K, BLOCK_M, NORM, GATED,
+    RESIDUAL, then the argument dtypes) and the fused all-reduce's (key: N, K, BLOCK_M, dtype)."""
+    from tierllm.kernels import gemv
+
+    picks = {}
+    for name, tuner in (("gemv", gemv._gemv_kernel), ("gemv_residual", gemv._gemv_residual_kernel)):
+        for key, config in getattr(tuner, "cache", {}).items():
+            picks[f"{name}{key}"] = str(config)
+    fused = engine.engine.runner.parallel.fused_all_reduce
+    for key, config in (fused.configs.items() if fused is not None else ()):
+        picks[f"fused{key}"] = str(config)
+    return picks
 
 
 def batch1_kernel_timeline(engine, vocab: int, trace_path: Path) -> dict:
