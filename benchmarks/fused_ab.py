@@ -30,9 +30,9 @@ import torch  # noqa: E402
 PRESET, PROMPT_LEN, GEN_LEN = "llama-13b", 512, 128
 
 
-def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path | None) -> dict:
-    """One engine in this process: batch-1 decode twice (after a warm-up), and rank 0's kernel table and (with
-    trace_path) its decode timeline."""
+def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path) -> dict:
+    """One engine in this process: batch-1 decode twice (after a warm-up), rank 0's kernel table, tuned configs
+    and decode timeline (its raw kernel list goes to trace_path)."""
     import tierllm                      # from the variant's root, before tp_gpu puts this checkout first on the path
     from tp_gpu import all_reduce_running, batch1_kernel_table, decode_bytes, open_engine
 
@@ -53,11 +53,10 @@ def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path | None) -> di
            "all_reduce_running": all_reduce_running(engine),
            "batch1_kernel_table_rank0": batch1_kernel_table(engine, vocab)}
     row["tuned_configs_rank0"] = tuned_configs(engine)
-    if trace_path is not None:
-        try:
-            row["timeline_rank0"] = batch1_kernel_timeline(engine, vocab, trace_path)
-        except Exception as error:          # a diagnostic: the measured row is kept without it
-            row["timeline_rank0"] = {"error": repr(error)}
+    try:
+        row["timeline_rank0"] = batch1_kernel_timeline(engine, vocab, trace_path)
+    except Exception as error:              # a diagnostic: the measured row is kept without it
+        row["timeline_rank0"] = {"error": repr(error)}
     engine.close()
     return row
 

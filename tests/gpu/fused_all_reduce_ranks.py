@@ -72,12 +72,16 @@ def main() -> None:
         return hidden, gemv.gemv_triton(static, w_next, norm_weight=norm_weight, pdl=True)
 
     def plain_layers(start):
+        saved = os.environ.get("TIERLLM_PDL")
         os.environ["TIERLLM_PDL"] = "0"
         try:
             plain = start.clone()
             return plain, layer(plain) + layer(plain)
         finally:
-            del os.environ["TIERLLM_PDL"]
+            if saved is None:
+                del os.environ["TIERLLM_PDL"]
+            else:
+                os.environ["TIERLLM_PDL"] = saved
 
     static = residual.clone()
     layer(static)                                                             # tuned and warm before capture

@@ -92,7 +92,7 @@ if HAS_TRITON:
         return w, w_up
 
     @triton.jit
-    def _gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K, stride_xm, NORM: tl.constexpr,
+    def gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K, stride_xm, NORM: tl.constexpr,
                     GATED: tl.constexpr, INT8: tl.constexpr, BLOCK_K: tl.constexpr):
         """One K chunk of the GEMV on its weight chunk(s): the x chunk (RMSNorm-prologued with NORM) times w, and
         GATED w_up, added into the fp32 accumulators [BLOCK_M, BLOCK_N]."""
@@ -126,12 +126,12 @@ if HAS_TRITON:
             gdc_launch_dependents()
             w, w_up = weight_chunk(w_ptr, offs_n, n_mask, 0, N, K, stride_wn, GATED, BLOCK_K)
             gdc_wait()
-            acc, acc_up, sumsq = _gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, 0, K,
+            acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, 0, K,
                                              stride_xm, NORM, GATED, INT8, BLOCK_K)
             k_start = BLOCK_K
         for k0 in range(k_start, K, BLOCK_K):
             w, w_up = weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED, BLOCK_K)
-            acc, acc_up, sumsq = _gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K,
+            acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K,
                                              stride_xm, NORM, GATED, INT8, BLOCK_K)
         if INT8:
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]

@@ -24,11 +24,11 @@ once every program of the call has read it), the same on every rank. The parity 
 overwriting a slot its peer still reads: the slot of the same parity comes back two calls later, and a rank
 finishes the call in between only with its peers' parts of it, which they send only once they have finished this
 one.
-Programmatic dependent launch (kernels/_dispatch.py), both ways:
-  - TRIGGER: every program lets the next kernel launch as it starts, so a next kernel launched with PDL (the
+PDL, programmatic dependent launch (kernels/_dispatch.py), both ways:
+  - every program lets the next kernel launch as it starts, so a next kernel launched with PDL (the
     column-parallel GEMV after it, gemv.py) starts pulling its weights while this one's last tiles fly and gather;
     it reads this kernel's results only after griddepcontrol.wait;
-  - PDL: launched that way itself behind a kernel that lets it in early (the gate/up GEMV, the attention's last
+  - launched that way itself behind a kernel that lets it in early (the gate/up GEMV, the attention's last
     kernel), each computing program loads its first weight chunk, then waits, and only then reads x and the call
     counter (the previous call may still have been running before the wait); gathering programs wait first.
     Where K <= WHOLE_K the tuner picks among configs whose first chunk is the whole tile: o_proj's programs that
@@ -66,7 +66,7 @@ if HAS_TRITON:
     import triton.language as tl
 
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
-    from tierllm.kernels.gemv import dot_chunk, weight_chunk
+    from tierllm.kernels.gemv import gemv_chunk, weight_chunk
 
     @triton.jit
     def _globaltimer():
@@ -106,11 +106,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _tile_chunk(acc, w, x_ptr, offs_m, k0, M, K, stride_xm, BLOCK_K: tl.constexpr):
-        """acc [BLOCK_M, BLOCK_N] + x[:, k0:k0 + BLOCK_K] . w (the tile's weight chunk)^T."""
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)           # [BLOCK_M, BLOCK_K]
-        return acc + dot_chunk(x, w, False)
+        """acc [BLOCK_M, BLOCK_N] + x[:, k0:k0 + BLOCK_K] . w (the tile's weight chunk)^T: gemv.py's chunk, plain."""
+        acc, _, _ = gemv_chunk(acc, acc, acc, w, w, x_ptr, x_ptr, offs_m, offs_m < M, k0, K, stride_xm, False, False,
+                               False, BLOCK_K)
+        return acc
 
     @triton.jit
     def _tile_partial(acc, k_start, x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn,
@@ -139,7 +138,7 @@ if HAS_TRITON:
                                 M, N, K, stride_xm, stride_wn, stride_rm, rank, timeout_ns,
                                 WORLD: tl.constexpr, WORLD_P2: tl.constexpr, ROWS: tl.constexpr,
                                 COLS: tl.constexpr, HAS_BIAS: tl.constexpr, EXCHANGE: tl.constexpr,
-                                TIMED: tl.constexpr, TRIGGER: tl.constexpr, PDL: tl.constexpr,
+                                TIMED: tl.constexpr, PDL: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                 GATHER_N: tl.constexpr):
         """bases_ptr: int64 [WORLD], every rank's buffer address in this process; counter_ptr: int32 [2] (calls,
@@ -147,7 +146,7 @@ if HAS_TRITON:
         buffer geometry (MAX_ROWS, MAX_COLS). EXCHANGE=False: no communication, one program per tile finishing it
         with this rank's partial as the sum (the autotuner's twin). PDL: launched with programmatic dependent
         launch (module doc)."""
-        if TRIGGER:
+        if PDL:
             gdc_launch_dependents()
         pid = tl.program_id(0)
         tiles = tl.cdiv(N, BLOCK_N)
@@ -242,18 +241,17 @@ def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
              "HAS_BIAS": bias is not None, "BLOCK_M": max(1, triton.next_power_of_2(m)), "GATHER_N": GATHER_N}
     if is_interpreted():                                           # the interpreter cannot time configs
         grid = (triton.cdiv(n, 4) + triton.cdiv(n, GATHER_N),)
-        _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=False, TRIGGER=False,
-                                      PDL=False, BLOCK_N=4, BLOCK_K=128)
+        _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=False, PDL=False,
+                                      BLOCK_N=4, BLOCK_K=128)
         return residual
     key = (n, k, flags["BLOCK_M"], x.dtype)
     if key not in configs:
         tuner = _whole_k_tuner if k <= WHOLE_K else _tuner
         tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(residual.clone()), **flags, EXCHANGE=False,
-                                                                TIMED=False, TRIGGER=False, PDL=False)   # scratch
+                                                                TIMED=False, PDL=False)   # on a scratch copy
         configs[key] = tuner.best_config
     config = configs[key]
     grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]) + triton.cdiv(n, GATHER_N),)   # compute tiles, then gather
-    pdl = pdl_options(x)
-    _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, TRIGGER=pdl["PDL"], **pdl,
+    _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, **pdl_options(x),
                                   **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     return residual
