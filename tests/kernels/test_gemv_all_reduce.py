@@ -70,6 +70,29 @@ def test_rank_adds_its_peers_parts_sends_its_own_and_flips_parity(dtype, world, 
         assert group.state["status"].item() == 0
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="compiles each of the tuner's configs: GPU only")
+@pytest.mark.parametrize("k", [2000, 5000])                 # whole-K configs (K <= WHOLE_K), then chunked ones
+def test_every_tuning_config_sums_the_ranks_parts(k):
+    """Each config the fused kernel's tuners may pick, forced through the per-shape config cache, on rank 1 of 2."""
+    from tierllm.kernels import gemv_all_reduce as g
+
+    m, n = 1, 300
+    torch.manual_seed(k)
+    x = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
+    weight = (torch.randn(n, k, device=DEVICE) / 8).to(torch.bfloat16)
+    configs = g._WHOLE_K_CONFIGS if k <= g.WHOLE_K else g._CONFIGS
+    for config in configs:
+        group = SimulatedGroup(2, 1)
+        group.state["configs"][(n, k, 1, x.dtype)] = config
+        partials = [torch.randn(m, n, device=DEVICE) * 4, x.float() @ weight.float().t()]
+        group.peers_send(0, partials)
+        residual = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+        expected = g.gemv_all_reduce_ref(partials, None, residual)
+        g.gemv_all_reduce_(x, weight, None, residual, **group.state)
+        tolerance = 2 * expected.float().abs().max().item() * torch.finfo(torch.bfloat16).eps
+        assert (residual.float() - expected.float()).abs().max().item() <= tolerance, config
+
+
 @pytest.mark.timeout(60)
 def test_a_peer_that_never_sends_ends_the_wait_once_the_status_is_raised():
     """The watchdog's abort (distributed/driver.py): kernels waiting for a dead rank give up and return."""

@@ -326,6 +326,26 @@ def test_gemv_fused_autotuned(monkeypatch, fusion):
                      functools.partial(gemv.fused_linear_ref, x.float(), w.float()), rows, n, kwargs)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="compiles each of the tuner's configs: GPU only")
+@pytest.mark.parametrize("fusion,rows", [("norm_gated", 1), ("residual", 3)])
+def test_gemv_every_tuning_config(monkeypatch, fusion, rows):
+    """Each config the GEMV tuner may pick, alone in the tuner's list, against the reference: ragged N tiles, K
+    over every BLOCK_K and not a multiple of any."""
+    from tierllm.kernels import gemv
+    torch.manual_seed(11)
+    n, k = 100, 4200
+    gated = FUSIONS[fusion].get("gated", False)
+    w = (torch.randn(2 * n if gated else n, k, device=DEVICE) / 8).to(torch.bfloat16)
+    x = (2 * torch.randn(rows, k, device=DEVICE)).to(torch.bfloat16)
+    kernel = gemv._gemv_residual_kernel if fusion == "residual" else gemv._gemv_kernel
+    for config in gemv._CONFIGS:
+        monkeypatch.setattr(kernel, "configs", [config])
+        monkeypatch.setattr(kernel, "cache", {})
+        kwargs = _fusion_inputs(fusion, rows, n, k, torch.bfloat16, seed=4)
+        check_fused_gemv(functools.partial(gemv.gemv_triton, x, w, pdl=True),
+                         functools.partial(gemv.fused_linear_ref, x.float(), w.float()), rows, n, kwargs)
+
+
 @pytest.mark.parametrize("dtype", LOW_PRECISION + [torch.float32])
 @pytest.mark.parametrize("rows", [3, 40])
 def test_invariant_linear_matches_reference_and_is_split_invariant(dtype, rows, monkeypatch):

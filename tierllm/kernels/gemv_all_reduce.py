@@ -205,10 +205,11 @@ if HAS_TRITON:
     # found by its columns), on a scratch copy of the residual.
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                 for bn, bk, w, s in [(4, 512, 4, 3), (4, 1024, 4, 2), (8, 512, 4, 3), (8, 1024, 8, 2),
-                                     (2, 2048, 4, 2), (4, 2048, 8, 2), (2, 4096, 4, 1), (4, 4096, 4, 1)]]
+                                     (2, 2048, 4, 2), (4, 2048, 8, 2), (2, 4096, 4, 1), (4, 4096, 4, 1),
+                                     (1, 1024, 2, 2), (2, 1024, 2, 2), (4, 1024, 2, 2), (1, 2048, 2, 2)]]
     _tuner = triton.autotune(configs=_CONFIGS, key=["N", "K", "BLOCK_M"])(_gemv_all_reduce_kernel)
     _WHOLE_K_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": WHOLE_K}, num_warps=w, num_stages=1)
-                        for bn, w in [(1, 4), (2, 4), (4, 4), (4, 8), (8, 8)]]
+                        for bn, w in [(1, 2), (2, 2), (1, 4), (2, 4), (4, 4), (4, 8), (8, 8)]]
     _whole_k_tuner = triton.autotune(configs=_WHOLE_K_CONFIGS, key=["N", "K", "BLOCK_M"])(_gemv_all_reduce_kernel)
 
 
