@@ -62,12 +62,14 @@ def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path) -> dict:
 
 
 def tuned_configs(engine) -> dict:
-    """Rank 0's autotuned launch configs, by tuning key: the decode GEMVs' (key: N, K, BLOCK_M, NORM, GATED,
-    RESIDUAL, then the argument dtypes) and the fused all-reduce's (key: N, K, BLOCK_M, dtype)."""
+    """Rank 0's autotuned launch configs, by tuning key: the decode GEMVs' (Triton's tuner: N, K, BLOCK_M, NORM,
+    GATED, RESIDUAL, then the argument dtypes; TIERLLM_GEMV_TUNER=graph: gemv.launch_gemv's key) and the fused
+    all-reduce's (key: N, K, BLOCK_M, dtype)."""
     from tierllm.kernels import gemv
 
     picks = {}
-    for name, tuner in (("gemv", gemv._gemv_kernel), ("gemv_residual", gemv._gemv_residual_kernel)):
+    for name, tuner in (("gemv", gemv._gemv_kernel), ("gemv_residual", gemv._gemv_residual_kernel),
+                        ("gemv_graph_tuned", getattr(gemv, "_graph_tuner", None))):   # an older ROOT may lack it
         for key, config in getattr(tuner, "cache", {}).items():
             picks[f"{name}{key}"] = str(config)
     fused = engine.engine.runner.parallel.fused_all_reduce

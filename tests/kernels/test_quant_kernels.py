@@ -15,7 +15,7 @@ from test_triton_kernels import (
 )
 
 from tierllm.config import QuantConfig
-from tierllm.kernels import _dispatch, act_quant, int8_gemm, quant_gemm, quant_gemv
+from tierllm.kernels import _dispatch, act_quant, gemv, int8_gemm, quant_gemm, quant_gemv
 from tierllm.kernels._dispatch import HAS_TRITON
 from tierllm.quant.quantize import quantize_weight
 
@@ -186,8 +186,9 @@ def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion, m):
     row_configs = [c for c in kernel.configs if c.kwargs.get("INT4_ROW")]
     ptx_configs = [c for c in row_configs if c.kwargs.get("NIBBLES") == 2] if _dispatch.is_interpreted() else []
     tuned = len(kernel.configs) - len(row_configs if m > 1 or fusion != "residual" else ptx_configs)
-    check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, quant_gemv, kernel, lambda: launch(**kw), tuned), ref,
-                     m, n, _fusion_inputs(fusion, m, n, k, torch.float16, seed=11))
+    launcher_module = gemv if quant.bits == 8 else quant_gemv          # int8 launches through gemv.launch_gemv
+    check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, launcher_module, kernel, lambda: launch(**kw), tuned),
+                     ref, m, n, _fusion_inputs(fusion, m, n, k, torch.float16, seed=11))
 
 
 @pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)

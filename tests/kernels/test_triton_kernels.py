@@ -326,6 +326,61 @@ def test_gemv_fused_autotuned(monkeypatch, fusion):
                      functools.partial(gemv.fused_linear_ref, x.float(), w.float()), rows, n, kwargs)
 
 
+@pytest.mark.parametrize("fusion", ["residual", "norm_gated"])
+def test_gemv_graph_tuned(monkeypatch, fusion):
+    """TIERLLM_GEMV_TUNER=graph: every config is timed (here: run twice, a made-up time, on CPU through the
+    interpreter), the fastest is taken and remembered per shape, and tuning a RESIDUAL launch leaves the residual
+    to receive the product once."""
+    from tierllm.kernels import gemv, graph_tuning
+    torch.manual_seed(12)
+    rows, n, k = 3, 20, 64
+    w = torch.randn(2 * n if FUSIONS[fusion].get("gated") else n, k, device=DEVICE).half()
+    x = (2 * torch.randn(rows, k, device=DEVICE)).half()
+    fastest = gemv._CONFIGS[3]
+    timed = []
+
+    def fake_seconds(launch, copies):
+        assert len(copies) == 2 and copies[0] is w and copies[1].shape == w.shape
+        launch(copies[1])
+        launch(copies[0])
+        timed.append(launch)
+        return 1.0 if len(timed) - 1 != gemv._CONFIGS.index(fastest) else 0.5
+
+    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "graph")
+    monkeypatch.setattr(gemv, "is_interpreted", lambda: False)
+    monkeypatch.setattr(graph_tuning, "graph_seconds", fake_seconds)
+    monkeypatch.setattr(graph_tuning, "weight_copies", lambda weight: [weight, weight.clone()])
+    monkeypatch.setattr(gemv._graph_tuner, "cache", {})
+    kwargs = _fusion_inputs(fusion, rows, n, k, torch.float16, seed=3)
+    if DEVICE == "cpu":                                   # the interpreter runs the timed configs' launches
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    check_fused_gemv(functools.partial(gemv.gemv_triton, x, w), functools.partial(gemv.fused_linear_ref, x.float(),
+                     w.float()), rows, n, kwargs)
+    assert len(timed) == len(gemv._CONFIGS)
+    assert list(gemv._graph_tuner.cache.values()) == [fastest]
+    check_fused_gemv(functools.partial(gemv.gemv_triton, x, w), functools.partial(gemv.fused_linear_ref, x.float(),
+                     w.float()), rows, n, _fusion_inputs(fusion, rows, n, k, torch.float16, seed=4))
+    assert len(timed) == len(gemv._CONFIGS)                            # the second call took the remembered one
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="times CUDA graphs: GPU only")
+@pytest.mark.parametrize("fusion", ["residual", "norm_gated"])
+def test_gemv_graph_tuned_on_gpu(monkeypatch, fusion):
+    """TIERLLM_GEMV_TUNER=graph with real CUDA-graph timings, PDL launches included: a config is picked and
+    remembered, the result matches the reference, the residual gets the product once."""
+    from tierllm.kernels import gemv
+    torch.manual_seed(13)
+    rows, n, k = 1, 300, 1000
+    w = (torch.randn(2 * n if FUSIONS[fusion].get("gated") else n, k, device=DEVICE) / 8).to(torch.bfloat16)
+    x = (2 * torch.randn(rows, k, device=DEVICE)).to(torch.bfloat16)
+    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "graph")
+    monkeypatch.setattr(gemv._graph_tuner, "cache", {})
+    check_fused_gemv(functools.partial(gemv.gemv_triton, x, w, pdl=True),
+                     functools.partial(gemv.fused_linear_ref, x.float(), w.float()), rows, n,
+                     _fusion_inputs(fusion, rows, n, k, torch.bfloat16, seed=5))
+    assert len(gemv._graph_tuner.cache) == 1 and list(gemv._graph_tuner.cache.values())[0] in gemv._CONFIGS
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="compiles each of the tuner's configs: GPU only")
 @pytest.mark.parametrize("fusion,rows", [("norm_gated", 1), ("residual", 3)])
 def test_gemv_every_tuning_config(monkeypatch, fusion, rows):

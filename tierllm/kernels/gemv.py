@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options, use_triton
 from tierllm.kernels.activation import silu_and_mul
+from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning
 from tierllm.kernels.norm import rms_norm
 
 MAX_GEMV_ROWS = 8
@@ -152,6 +153,7 @@ if HAS_TRITON:
     # the output before each timed run and restores it after (restore_value), so tuning leaves the residual
     # stream as it was. The other launches keep the plain tuner (no copies in their timings).
     _gemv_residual_kernel = triton.autotune(configs=_CONFIGS, key=_KEY, restore_value=["y_ptr"])(_gemv_body)
+    _graph_tuner = GraphTuner(_CONFIGS)                                  # TIERLLM_GEMV_TUNER=graph (launch_gemv)
 
 
 def fused_output(x: torch.Tensor, rows: int, out_dtype: torch.dtype | None, norm_weight: torch.Tensor | None,
@@ -184,21 +186,43 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     (not aliasing x): y is added into it in place and it is returned. gated + residual and out_dtype != x.dtype
     with any fusion are not supported (ValueError). pdl: launch with programmatic dependent launch where the GPU
     has it (module doc); the result is the same either way."""
-    m, k = x.shape
     y = fused_output(x, weight.shape[0], out_dtype, norm_weight, gated, residual)
-    n = y.shape[1]
-    block_m = max(1, triton.next_power_of_2(m))
-    args = (x, weight, weight, bias if bias is not None else weight,
-            norm_weight if norm_weight is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-            eps)
-    flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
-             "RESIDUAL": residual is not None, "INT8": False}
     kernel = _gemv_residual_kernel if residual is not None else _gemv_kernel
-    if is_interpreted():                                           # the interpreter cannot time configs
-        kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=128)
-    else:
-        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m, **pdl_options(x, pdl))
+    launch_gemv(kernel, _graph_tuner, x, weight, weight, bias, norm_weight, y, eps, gated=gated,
+                residual=residual is not None, int8=False, pdl=pdl)
     return y
+
+
+def launch_gemv(kernel, graph_tuner, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                bias: torch.Tensor | None, norm_weight: torch.Tensor | None, y: torch.Tensor, eps: float, *,
+                gated: bool, residual: bool, int8: bool, pdl: bool) -> None:
+    """One launch of _gemv_body writing y (checked by fused_output; with `residual`, y is the residual, added into:
+    the tuners leave it as they found it), its config from `kernel` (Triton's autotuner, or its plain function under
+    the interpreter) or, with TIERLLM_GEMV_TUNER=graph, from `graph_tuner` (graph_tuning.py). scales: the int8
+    weight's per-channel scales (int8), else any tensor (unread)."""
+    m, k = x.shape
+    n = y.shape[1]
+    flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated, "RESIDUAL": residual,
+             "INT8": int8, "BLOCK_M": max(1, triton.next_power_of_2(m))}
+
+    def args(w: torch.Tensor, out: torch.Tensor) -> tuple:
+        return (x, w, scales, bias if bias is not None else scales, norm_weight if norm_weight is not None else scales,
+                out, m, n, k, x.stride(0), w.stride(0), out.stride(0), eps)
+
+    if is_interpreted():                                           # the interpreter cannot time configs
+        kernel.fn[(triton.cdiv(n, 8),)](*args(weight, y), **flags, BLOCK_N=8, BLOCK_K=64 if int8 else 128)
+    elif graph_tuning():
+        def launch(config, w: torch.Tensor, out: torch.Tensor = y) -> None:
+            _gemv_body[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](*args(w, out), **flags, **config.all_kwargs(),
+                                                                      **pdl_options(x, pdl))
+        key = (n, k, tuple(flags.values()), x.dtype, weight.dtype, y.dtype, pdl)
+        config = graph_tuner.cache.get(key)
+        if config is None:
+            scratch = y.clone() if residual else y                    # tuning adds into the residual many times
+            config = graph_tuner.pick(key, lambda config, w: launch(config, w, scratch), weight)
+        launch(config, weight)
+    else:
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(weight, y), **flags, **pdl_options(x, pdl))
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -17,7 +17,8 @@ import torch
 
 from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted
-from tierllm.kernels.gemv import fused_linear_ref, fused_output
+from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
+from tierllm.kernels.graph_tuning import GraphTuner
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
 
 MAX_QUANT_GEMV_ROWS = 8
@@ -43,6 +44,7 @@ if HAS_TRITON:
     # restores the residual after every timed run (see gemv.py)
     _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY)(_gemv_body)
     _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY, restore_value=["y_ptr"])(_gemv_body)
+    _w8_graph_tuner = GraphTuner(_INT8_CONFIGS)                         # TIERLLM_GEMV_TUNER=graph
 
     _INT4_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb}, num_warps=w, num_stages=s)
                      for bn, gpb, w, s in [(4, 16, 4, 3), (8, 8, 4, 3), (8, 16, 8, 2), (16, 8, 8, 2),
@@ -287,20 +289,10 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                    residual: torch.Tensor | None = None) -> torch.Tensor:
     """x: [M, K] (M <= 8, last dim contiguous); qweight: int8 [N, K] contiguous; scales [N] -> [M, N].
     Fusions as gemv.gemv_triton (gated: qweight [2N, K], scales and bias [2N])."""
-    m, k = x.shape
     y = fused_output(x, qweight.shape[0], None, norm_weight, gated, residual)
-    n = y.shape[1]
-    block_m = max(1, triton.next_power_of_2(m))
-    args = (x, qweight, scales, bias if bias is not None else scales,
-            norm_weight if norm_weight is not None else scales, y, m, n, k, x.stride(0), qweight.stride(0),
-            y.stride(0), eps)
-    flags = {"HAS_BIAS": bias is not None, "NORM": norm_weight is not None, "GATED": gated,
-             "RESIDUAL": residual is not None, "INT8": True}
     kernel = _w8_gemv_residual_kernel if residual is not None else _w8_gemv_kernel
-    if is_interpreted():                                           # the interpreter cannot time configs
-        kernel.fn[(triton.cdiv(n, 8),)](*args, **flags, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=64)
-    else:
-        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, BLOCK_M=block_m)
+    launch_gemv(kernel, _w8_graph_tuner, x, qweight, scales, bias, norm_weight, y, eps, gated=gated,
+                residual=residual is not None, int8=True, pdl=False)
     return y
 
 

@@ -1,0 +1,86 @@
+"""Launch-config tuning of the decode GEMVs timed the way decode runs them (TIERLLM_GEMV_TUNER=graph; the default,
+"triton", is Triton's autotuner).
+
+Triton's autotuner times one launch at a time from the host, after flushing L2. Decode replays CUDA graphs in
+which each GEMV starts while the kernel before it ends (programmatic dependent launch, gemv.py), so a config's
+ramp-up and tail count differently there, and the rankings differ: on an H100 the autotuner's pick for the
+llama-13b TP=2 gate/up GEMV ranked 15th of 70 configs timed in graphs (benchmarks/gated_gemv_sweep.py). Here
+each config is timed as REPEATS launches back to back in one CUDA graph, launched as the call asks (with PDL or
+not), each on the next of enough copies of the weight that none is still in L2 when its turn comes."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+REPEATS = 8                 # launches per graph
+REPLAYS = 5                 # timed replays of it, the fastest counts
+L2_MULTIPLE = 3             # the copies together span this many times the L2 cache
+
+
+def graph_tuning() -> bool:
+    return os.environ.get("TIERLLM_GEMV_TUNER", "triton") == "graph"
+
+
+def weight_copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    """weight and enough scratch tensors of its shape that cycling through them reads more than L2_MULTIPLE L2s
+    between two reads of one; just weight where memory is short (the timing then reads partly from L2)."""
+    l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
+    count = min(REPEATS, -(-L2_MULTIPLE * l2 // max(1, weight.nbytes)))
+    try:
+        return [weight] + [torch.empty_like(weight) for _ in range(count - 1)]   # timing ignores the values
+    except torch.cuda.OutOfMemoryError:
+        log.warning("graph tuning: no memory for copies of a %d-byte weight; timing it from L2", weight.nbytes)
+        return [weight]
+
+
+def graph_seconds(launch: Callable[[torch.Tensor], None], copies: Sequence[torch.Tensor]) -> float:
+    """Seconds per launch: REPEATS launches, each on the next copy, captured in one CUDA graph; the fastest of
+    REPLAYS replays."""
+    launch(copies[0])                                                   # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(REPEATS):
+            launch(copies[i % len(copies)])
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(REPLAYS):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / REPEATS)
+    return min(times)
+
+
+class GraphTuner:
+    """Picks and remembers a launch config per key among `configs` (triton.Config)."""
+
+    def __init__(self, configs: list):
+        self.configs = configs
+        self.cache: dict = {}
+
+    def pick(self, key, launch: Callable[[object, torch.Tensor], None], weight: torch.Tensor):
+        """launch(config, weight_copy) makes one launch on a weight copy and must leave no state a real call
+        reads (a residual launch adds into a scratch output). Tunes on a key's first call."""
+        if key in self.cache:
+            return self.cache[key]
+        if weight.is_cuda and torch.cuda.is_current_stream_capturing():   # no timing there: untuned, not cached
+            log.warning("graph tuning: first call of %s inside a CUDA-graph capture; using %s", key, self.configs[0])
+            return self.configs[0]
+        copies = weight_copies(weight)
+        timings = {}
+        for config in self.configs:
+            try:
+                timings[config] = graph_seconds(lambda w, c=config: launch(c, w), copies)
+            except Exception as error:             # a config the compiler refuses (registers, shared memory)
+                log.debug("graph tuning: %s failed: %s", config, error)
+        if not timings:
+            raise RuntimeError(f"graph tuning: no config of {len(self.configs)} ran for {key}")
+        self.cache[key] = min(timings, key=timings.get)
+        return self.cache[key]
