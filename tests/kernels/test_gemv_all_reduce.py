@@ -70,6 +70,54 @@ def test_rank_adds_its_peers_parts_sends_its_own_and_flips_parity(dtype, world, 
         assert group.state["status"].item() == 0
 
 
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _zero_clock():
+        return tl.zeros([], tl.int64)
+
+
+def test_graph_tuning_times_the_twin_on_a_scratch_residual(monkeypatch):
+    """TIERLLM_GEMV_TUNER=graph: each config's EXCHANGE=False twin is timed (here: run on both weight copies, a
+    made-up time; on CPU through the interpreter) on a scratch residual, the fastest is remembered per shape, and
+    the real call adds the ranks' sum into the residual once."""
+    from tierllm.kernels import gemv_all_reduce as g
+    from tierllm.kernels import graph_tuning
+
+    m, n, k = 1, 40, 96
+    group = SimulatedGroup(2, 0)
+    torch.manual_seed(14)
+    x = torch.randn(m, k, device=DEVICE).half()
+    weight = (torch.randn(n, k, device=DEVICE) / 8).half()
+    configs = g._WHOLE_K_CONFIGS
+    fastest = configs[2]
+    timed = []
+
+    def fake_seconds(launch, copies):
+        for copy in copies:
+            launch(copy)
+        timed.append(launch)
+        return 0.5 if len(timed) - 1 == configs.index(fastest) else 1.0
+
+    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "graph")
+    monkeypatch.setattr(g, "is_interpreted", lambda: False)
+    monkeypatch.setattr(graph_tuning, "graph_seconds", fake_seconds)
+    monkeypatch.setattr(graph_tuning, "weight_copies", lambda w: [w, w.clone()])
+    if DEVICE == "cpu":                        # the real call's deadline reads %globaltimer: no PTX in the interpreter
+        monkeypatch.setattr(g, "_globaltimer", _zero_clock)
+    partials = [x.float() @ weight.float().t(), torch.randn(m, n, device=DEVICE) * 4]
+    group.peers_send(0, partials)
+    residual = torch.randn(m, n, device=DEVICE).half()
+    expected = g.gemv_all_reduce_ref(partials, None, residual)
+    g.gemv_all_reduce_(x, weight, None, residual, **group.state)
+    assert len(timed) == len(configs)
+    assert group.state["configs"] == {(n, k, 1, x.dtype): fastest}
+    tolerance = 2 * expected.float().abs().max().item() * torch.finfo(torch.float16).eps
+    assert (residual.float() - expected.float()).abs().max().item() <= tolerance
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="compiles each of the tuner's configs: GPU only")
 @pytest.mark.parametrize("k", [2000, 5000])                 # whole-K configs (K <= WHOLE_K), then chunked ones
 def test_every_tuning_config_sums_the_ranks_parts(k):

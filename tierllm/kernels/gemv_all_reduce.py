@@ -42,6 +42,7 @@ import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import MAX_GEMV_ROWS
+from tierllm.kernels.graph_tuning import fastest_config, graph_tuning
 
 # Buffer geometry shared with distributed/fused_all_reduce.py
 MAX_ROWS = MAX_GEMV_ROWS     # decode-sized calls only: the ones the GEMV takes
@@ -112,10 +113,17 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
-    def _tile_partial(acc, k_start, x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn,
-                      BLOCK_K: tl.constexpr):
-        """acc [BLOCK_M, BLOCK_N] + this rank's partial of one tile from column k_start on: x [M, K] @
-        W[offs_n, :]^T in fp32 (gemv.py's loop)."""
+    def _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, PDL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """This rank's partial of one tile, x [M, K] @ W[offs_n, :]^T in fp32 [BLOCK_M, BLOCK_N] (gemv.py's loop).
+        PDL: the first weight chunk is loaded, then gdc_wait(), and only then is x read."""
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        k_start = 0
+        if PDL:
+            w, _ = weight_chunk(w_ptr, offs_n, offs_n < N, 0, N, K, stride_wn, False, BLOCK_K)
+            gdc_wait()
+            acc = _tile_chunk(acc, w, x_ptr, offs_m, 0, M, K, stride_xm, BLOCK_K)
+            k_start = BLOCK_K
         for k0 in range(k_start, K, BLOCK_K):
             w, _ = weight_chunk(w_ptr, offs_n, offs_n < N, k0, N, K, stride_wn, False, BLOCK_K)  # [BLOCK_N, BLOCK_K]
             acc = _tile_chunk(acc, w, x_ptr, offs_m, k0, M, K, stride_xm, BLOCK_K)
@@ -155,18 +163,11 @@ if HAS_TRITON:
             rank_words: tl.constexpr = ROWS * COLS
             if pid < tiles:                                    # compute this rank's part of the tile, send it
                 offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                k_start = 0
-                if PDL:                                        # the first weight chunk comes before the wait
-                    w, _ = weight_chunk(w_ptr, offs_n, offs_n < N, 0, N, K, stride_wn, False, BLOCK_K)
-                    gdc_wait()
-                # Read after the wait: with PDL the previous call may still have been running before it.
+                acc = _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, PDL, BLOCK_M,
+                                    BLOCK_N, BLOCK_K)
+                # Read after the wait (in _tile_partial): with PDL the previous call may still have been running
+                # before it. This call's count cannot move on before this tile is sent: its gathering needs it.
                 calls = tl.load(counter_ptr, volatile=True)
-                if PDL:
-                    acc = _tile_chunk(acc, w, x_ptr, offs_m, 0, M, K, stride_xm, BLOCK_K)
-                    k_start = BLOCK_K
-                acc = _tile_partial(acc, k_start, x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn,
-                                    BLOCK_K)
                 parity_slots = (calls % 2) * (WORLD * rank_words)
                 epoch = calls % 1073741824 + 1                 # never 0, the flag of a buffer never written
                 words = (acc.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (epoch.to(tl.int64) << 32)
@@ -197,12 +198,13 @@ if HAS_TRITON:
                     tl.store(counter_ptr, calls + 1)
         else:
             offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-            acc = _tile_partial(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), 0, x_ptr, w_ptr, offs_m, offs_n, M, N, K,
-                                stride_xm, stride_wn, BLOCK_K)
+            acc = _tile_partial(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, PDL, BLOCK_M, BLOCK_N,
+                                BLOCK_K)
             _finish_tile(acc, b_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, HAS_BIAS)
 
     # Tuned per shape on the EXCHANGE=False twin, each rank for itself (the ranks' tiles need not match: a part is
-    # found by its columns), on a scratch copy of the residual.
+    # found by its columns), on a scratch copy of the residual; by Triton's autotuner, or with
+    # TIERLLM_GEMV_TUNER=graph timed in CUDA graphs (graph_tuning.py).
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                 for bn, bk, w, s in [(4, 512, 4, 3), (4, 1024, 4, 2), (8, 512, 4, 3), (8, 1024, 8, 2),
                                      (2, 2048, 4, 2), (4, 2048, 8, 2), (2, 4096, 4, 1), (4, 4096, 4, 1),
@@ -234,9 +236,9 @@ def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     m, k = x.shape
     n = weight.shape[0]
 
-    def args(out: torch.Tensor) -> tuple:
-        return (x, weight, bias if bias is not None else weight, out, bases, counter, status, m, n, k, x.stride(0),
-                weight.stride(0), out.stride(0), rank, timeout_ns)
+    def args(out: torch.Tensor, w: torch.Tensor = weight) -> tuple:
+        return (x, w, bias if bias is not None else w, out, bases, counter, status, m, n, k, x.stride(0),
+                w.stride(0), out.stride(0), rank, timeout_ns)
 
     flags = {"WORLD": world, "WORLD_P2": triton.next_power_of_2(world), "ROWS": MAX_ROWS, "COLS": MAX_COLS,
              "HAS_BIAS": bias is not None, "BLOCK_M": max(1, triton.next_power_of_2(m)), "GATHER_N": GATHER_N}
@@ -248,9 +250,16 @@ def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     key = (n, k, flags["BLOCK_M"], x.dtype)
     if key not in configs:
         tuner = _whole_k_tuner if k <= WHOLE_K else _tuner
-        tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(residual.clone()), **flags, EXCHANGE=False,
-                                                                TIMED=False, PDL=False)   # on a scratch copy
-        configs[key] = tuner.best_config
+        scratch = residual.clone()
+        if graph_tuning():                             # timed as decode runs it (graph_tuning.py), PDL as asked
+            def launch(config, w: torch.Tensor) -> None:
+                _gemv_all_reduce_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](
+                    *args(scratch, w), **flags, EXCHANGE=False, TIMED=False, **pdl_options(x), **config.all_kwargs())
+            configs[key] = fastest_config(tuner.configs, launch, weight)
+        else:
+            tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(scratch), **flags, EXCHANGE=False,
+                                                                    TIMED=False, PDL=False)
+            configs[key] = tuner.best_config
     config = configs[key]
     grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]) + triton.cdiv(n, GATHER_N),)   # compute tiles, then gather
     _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, **pdl_options(x),

@@ -58,29 +58,35 @@ def graph_seconds(launch: Callable[[torch.Tensor], None], copies: Sequence[torch
     return min(times)
 
 
+def fastest_config(configs: list, launch: Callable[[object, torch.Tensor], None], weight: torch.Tensor):
+    """The config (triton.Config) of `configs` whose launches take the least time in graph_seconds.
+    launch(config, weight_copy) makes one launch on a weight copy and must leave no state a real call reads (a
+    residual launch adds into a scratch output)."""
+    copies = weight_copies(weight)
+    timings = {}
+    for config in configs:
+        try:
+            timings[config] = graph_seconds(lambda w, c=config: launch(c, w), copies)
+        except Exception as error:                 # a config the compiler refuses (registers, shared memory)
+            log.debug("graph tuning: %s failed: %s", config, error)
+    if not timings:
+        raise RuntimeError(f"graph tuning: none of {len(configs)} configs ran for a {tuple(weight.shape)} weight")
+    return min(timings, key=timings.get)
+
+
 class GraphTuner:
-    """Picks and remembers a launch config per key among `configs` (triton.Config)."""
+    """Picks and remembers a launch config per key among `configs`."""
 
     def __init__(self, configs: list):
         self.configs = configs
         self.cache: dict = {}
 
     def pick(self, key, launch: Callable[[object, torch.Tensor], None], weight: torch.Tensor):
-        """launch(config, weight_copy) makes one launch on a weight copy and must leave no state a real call
-        reads (a residual launch adds into a scratch output). Tunes on a key's first call."""
+        """fastest_config on a key's first call, remembered."""
         if key in self.cache:
             return self.cache[key]
         if weight.is_cuda and torch.cuda.is_current_stream_capturing():   # no timing there: untuned, not cached
             log.warning("graph tuning: first call of %s inside a CUDA-graph capture; using %s", key, self.configs[0])
             return self.configs[0]
-        copies = weight_copies(weight)
-        timings = {}
-        for config in self.configs:
-            try:
-                timings[config] = graph_seconds(lambda w, c=config: launch(c, w), copies)
-            except Exception as error:             # a config the compiler refuses (registers, shared memory)
-                log.debug("graph tuning: %s failed: %s", config, error)
-        if not timings:
-            raise RuntimeError(f"graph tuning: no config of {len(self.configs)} ran for {key}")
-        self.cache[key] = min(timings, key=timings.get)
+        self.cache[key] = fastest_config(self.configs, launch, weight)
         return self.cache[key]

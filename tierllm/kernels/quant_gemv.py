@@ -35,11 +35,14 @@ if HAS_TRITON:
         OR the code into the mantissa of 2^23, reinterpret, subtract 2^23 (full-rate ALU, exact)."""
         return (codes.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
+    # (4, 4096, 4, 1): best on all four llama-7b shapes (benchmarks/results/quant-kernel-sweep-h100.json, which
+    # timed no two-warp config); the two-warp ones after it: the bf16 GEMV's best (gemv.py), at the same bytes
+    # per chunk row (not yet timed in int8)
     _INT8_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                      for bn, bk, w, s in [(4, 1024, 4, 3), (8, 1024, 8, 2), (8, 512, 4, 3), (16, 512, 8, 2),
                                           (2, 4096, 4, 1), (4, 2048, 8, 2), (1, 4096, 4, 2), (16, 1024, 8, 2),
-                                          (4, 4096, 4, 1)]]    # the last: best on all four llama-7b shapes
-                                                               # (benchmarks/results/quant-kernel-sweep-h100.json)
+                                          (4, 4096, 4, 1), (1, 2048, 2, 2), (2, 2048, 2, 2), (4, 2048, 2, 2),
+                                          (2, 4096, 2, 1)]]
     # gemv.py's kernel with INT8 set, tuned over its own configs; RESIDUAL launches tune through a twin that
     # restores the residual after every timed run (see gemv.py)
     _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY)(_gemv_body)
