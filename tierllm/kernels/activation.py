@@ -1,21 +1,27 @@
-"""Activations: SiLU-and-mul (gated MLP), GELU (exact or tanh approximation), ReLU."""
+"""Activations: SiLU-and-mul (gated MLP), GELU (exact or tanh approximation), ReLU. SiLU-and-mul's pdl: as
+norm.py's."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def _tanh(x):
         return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
 
     @triton.jit
-    def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr):
+    def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < d
@@ -36,13 +42,13 @@ if HAS_TRITON:
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_triton(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     x = x.contiguous()
     d = x.shape[-1] // 2
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     rows = x.numel() // (2 * d)
     block = min(1024, triton.next_power_of_2(d))
-    _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block)
+    _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block, **pdl_options(x, pdl))
     return out
 
 
@@ -67,8 +73,8 @@ def relu_ref(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    return silu_and_mul_triton(x) if use_triton(x) else silu_and_mul_ref(x)
+def silu_and_mul(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    return silu_and_mul_triton(x, pdl) if use_triton(x) else silu_and_mul_ref(x)
 
 
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

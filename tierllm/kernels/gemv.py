@@ -215,7 +215,8 @@ def launch_gemv(kernel, graph_tuner, x: torch.Tensor, weight: torch.Tensor, scal
         def launch(config, w: torch.Tensor, out: torch.Tensor = y) -> None:
             _gemv_body[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](*args(w, out), **flags, **config.all_kwargs(),
                                                                       **pdl_options(x, pdl))
-        key = (n, k, tuple(flags.values()), x.dtype, weight.dtype, y.dtype, pdl)
+        # not keyed by pdl: the same config (and so the same bits) with and without it, as with Triton's tuner
+        key = (n, k, tuple(flags.values()), x.dtype, weight.dtype, y.dtype)
         config = graph_tuner.cache.get(key)
         if config is None:
             scratch = y.clone() if residual else y                    # tuning adds into the residual many times
@@ -274,16 +275,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def unfused_linear(x: torch.Tensor, project, norm_weight: torch.Tensor | None, eps: float, gated: bool,
-                   residual: torch.Tensor | None) -> torch.Tensor:
+                   residual: torch.Tensor | None, pdl: bool = False) -> torch.Tensor:
     """The fused GEMV's semantics from separate kernels (rms_norm -> project -> silu_and_mul -> residual add, in
-    place), where the GEMV does not apply. project: [M, K] -> [M, N or 2N]."""
+    place), where the GEMV does not apply. project: [M, K] -> [M, N or 2N]. pdl: the norm and SiLU-and-mul kernels
+    launched with programmatic dependent launch (norm.py), for a project that is too."""
     if gated and residual is not None:
         raise ValueError("the gated (SiLU-and-mul) GEMV has no residual-add epilogue")
     if norm_weight is not None:
-        x = rms_norm(x, norm_weight, eps)[0]
+        x = rms_norm(x, norm_weight, eps, pdl=pdl)[0]
     y = project(x)
     if gated:
-        y = silu_and_mul(y)                                        # [M, 2N] = [gate | up] -> [M, N]
+        y = silu_and_mul(y, pdl=pdl)                               # [M, 2N] = [gate | up] -> [M, N]
     return y if residual is None else residual.add_(y)
 
 

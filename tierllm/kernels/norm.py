@@ -1,20 +1,27 @@
 """RMSNorm and LayerNorm, each fused with the residual add that precedes it:
-(x, residual) -> (norm(x + residual), x + residual). Statistics in fp32, as HF computes them."""
+(x, residual) -> (norm(x + residual), x + residual). Statistics in fp32, as HF computes them. pdl: launched with
+programmatic dependent launch (kernels/_dispatch.py): the next kernel may launch as this one starts, and this one
+waits for the kernel before it before reading (the quantized decode chain, quant_gemm.fused_quant_linear)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+
     @triton.jit
     def _norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, n_cols, eps,
                      HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, IS_RMS: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -38,7 +45,7 @@ if HAS_TRITON:
         tl.store(out_ptr + row * n_cols + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _norm_triton(x, weight, bias, eps, residual, is_rms):
+def _norm_triton(x, weight, bias, eps, residual, is_rms, pdl=False):
     """x, residual: [num_tokens, hidden] contiguous."""
     x = x.contiguous()
     n_rows, n_cols = x.shape
@@ -47,12 +54,13 @@ def _norm_triton(x, weight, bias, eps, residual, is_rms):
     _norm_kernel[(n_rows,)](x, residual.contiguous() if residual is not None else x, weight,
                             bias if bias is not None else weight, out, res_out, n_cols, eps,
                             HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, IS_RMS=is_rms,
-                            BLOCK=triton.next_power_of_2(n_cols), num_warps=4 if n_cols <= 4096 else 8)
+                            BLOCK=triton.next_power_of_2(n_cols), num_warps=4 if n_cols <= 4096 else 8,
+                            **pdl_options(x, pdl))
     return out, res_out
 
 
-def rms_norm_triton(x, weight, eps, residual=None):
-    return _norm_triton(x, weight, None, eps, residual, True)
+def rms_norm_triton(x, weight, eps, residual=None, pdl=False):
+    return _norm_triton(x, weight, None, eps, residual, True, pdl)
 
 
 def layer_norm_triton(x, weight, bias, eps, residual=None):
@@ -76,9 +84,9 @@ def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps), x
 
 
-def rms_norm(x, weight, eps, residual=None):
+def rms_norm(x, weight, eps, residual=None, pdl=False):
     if use_triton(x):
-        return rms_norm_triton(x, weight, eps, residual)
+        return rms_norm_triton(x, weight, eps, residual, pdl)
     return rms_norm_ref(x, weight, eps, residual)
 
 

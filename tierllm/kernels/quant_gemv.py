@@ -289,13 +289,13 @@ if HAS_TRITON:
 
 def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                    *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
-                   residual: torch.Tensor | None = None) -> torch.Tensor:
+                   residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """x: [M, K] (M <= 8, last dim contiguous); qweight: int8 [N, K] contiguous; scales [N] -> [M, N].
-    Fusions as gemv.gemv_triton (gated: qweight [2N, K], scales and bias [2N])."""
+    Fusions and pdl as gemv.gemv_triton (gated: qweight [2N, K], scales and bias [2N])."""
     y = fused_output(x, qweight.shape[0], None, norm_weight, gated, residual)
     kernel = _w8_gemv_residual_kernel if residual is not None else _w8_gemv_kernel
     launch_gemv(kernel, _w8_graph_tuner, x, qweight, scales, bias, norm_weight, y, eps, gated=gated,
-                residual=residual is not None, int8=True, pdl=False)
+                residual=residual is not None, int8=True, pdl=pdl)
     return y
 
 
