@@ -3,7 +3,7 @@
 # 10-minute call. Results and logs go to $OUT.
 #   bash benchmarks/quant_session.sh tests   # tests/gpu/test_quant_gpu.py in two halves (each config of every kernel
 #                                            # compiles and runs: over 300 s in one go on an H100), then the int8
-#                                            # decode chain (PDL) against plain launches
+#                                            # and int4 decode chains (PDL) against plain launches
 #   bash benchmarks/quant_session.sh probe   # the autotuner's picks and times per llama-7b shape, plus each
 #                                            # HALF_DEQUANT GEMM config (about 2 minutes)
 #   bash benchmarks/quant_session.sh bench   # quant_gpu.py: bf16 / int8 / int4 decode and prefill (about 5 minutes

@@ -217,8 +217,7 @@ def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
 @pytest.mark.parametrize("fusion", list(FUSIONS))
 def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, monkeypatch):
     """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] reach its launcher and the others run as the
-    separate kernels around it; the result keeps the fused semantics; pdl reaches the int8 GEMV (the int4 one has
-    none). (The launchers are stood in for by the fp32 references, so this runs on any device.)"""
+    separate kernels around it; the result keeps the fused semantics; pdl reaches the GEMV. (The launchers are stood in for by the fp32 references, so this runs on any device.)"""
     launched = []
 
     def fake_gemv(x, qweight, scales, *rest, norm_weight=None, eps=1e-6, gated=False, residual=None, pdl=None):
@@ -245,7 +244,7 @@ def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, monke
     inside = quant_gemm.GEMV_FUSIONS[quant.bits]
     assert launched == [{"norm": False, "gated": kwargs["gated"] and "gated" in inside,
                          "residual": residual is not None and "residual" in inside,
-                         "pdl": True if quant.bits == 8 else None}]
+                         "pdl": True}]
     assert residual is None or out is residual
     assert _rel_err(out, expected) < 2e-2
 
@@ -297,18 +296,18 @@ def test_int4_row_loop_nibble_encodings_and_unmasked_loads(quant, n, k, nibbles,
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch needs a GPU (the interpreter runs none)")
-def test_int8_decode_chained_by_pdl_in_a_cuda_graph_equals_its_plain_launches(monkeypatch):
-    """The int8 decode layer's linears as QuantLinear.fused chains them (pdl=True): RMSNorm -> QKV GEMV, the o_proj
-    GEMV adding into the residual, RMSNorm -> gate/up GEMV -> SiLU-and-mul, the down GEMV adding into the
-    residual. Replayed in a CUDA graph with a fresh residual each time, every output must be bit for bit the same
+@pytest.mark.parametrize("quant", [QuantConfig(bits=8), QuantConfig(bits=4, group_size=64)], ids=lambda q: q.name)
+def test_quantized_decode_chained_by_pdl_in_a_cuda_graph_equals_its_plain_launches(quant, monkeypatch):
+    """A quantized decode layer's linears as QuantLinear.fused chains them (pdl=True): RMSNorm -> QKV GEMV, the
+    o_proj GEMV adding into the residual, RMSNorm -> gate/up GEMV (-> SiLU-and-mul for int8), the down GEMV adding
+    into the residual. Replayed in a CUDA graph with a fresh residual each time, every output must be bit for bit the same
     kernels' launched plainly (TIERLLM_PDL=0): a kernel that read its input before its producer finished would
     differ."""
     from tierllm.kernels._dispatch import pdl_launch
 
     assert pdl_launch(torch.empty(1, device=DEVICE)), "this GPU or Triton has no programmatic dependent launch"
     n, inter = 2048, 3072
-    int8 = QuantConfig(bits=8)
-    weights = {name: _quantized(rows, cols, int8, seed)[0]
+    weights = {name: _quantized(rows, cols, quant, seed)[0]
                for name, rows, cols, seed in [("qkv", 3 * n, n, 20), ("o", n, n, 21), ("gate_up", 2 * inter, n, 22),
                                               ("down", n, inter, 23)]}
     norms = [(torch.rand(n, device=DEVICE) + 0.5).bfloat16() for _ in range(2)]
@@ -316,7 +315,8 @@ def test_int8_decode_chained_by_pdl_in_a_cuda_graph_equals_its_plain_launches(mo
 
     def linear(name, x, **fusions):
         w = weights[name]
-        return quant_gemm.fused_quant_linear(x, w["qweight"], w["scales"], None, 8, None, None, **fusions, pdl=True)
+        return quant_gemm.fused_quant_linear(x, w["qweight"], w["scales"], w.get("mins"), quant.bits,
+                                             quant.group_size, None, **fusions, pdl=True)
 
     def layer(res):
         qkv = linear("qkv", res, norm_weight=norms[0])                                  # [1, 3n]

@@ -287,8 +287,8 @@ def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     2N rows, silu(gate) * up; residual [M, N]: added into in place and returned); semantics: quant_gemv.w8/
     w4_fused_ref, except that residual is updated in place. Where quant_linear takes the GEMV, the fusions in
     GEMV_FUSIONS[bits] happen inside it and the rest as separate kernels; elsewhere all are separate.
-    pdl: int8's GEMV and the separate norm and SiLU-and-mul kernels around it are launched with programmatic
-    dependent launch (gemv.py; the int4 GEMV has none, so int4 ignores it)."""
+    pdl: the GEMV and the separate norm and SiLU-and-mul kernels around it are launched with programmatic
+    dependent launch (gemv.py)."""
     if not (x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
             and x.shape[0] <= MAX_QUANT_GEMV_ROWS and (residual is None or residual.stride(-1) == 1)):
         return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias),
@@ -296,11 +296,11 @@ def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     inside = GEMV_FUSIONS[bits]
     fused = {"norm_weight": norm_weight if "norm" in inside else None, "eps": eps,
              "gated": gated and "gated" in inside, "residual": residual if "residual" in inside else None}
-    pdl = pdl and bits == 8
     if bits == 8:
         project = lambda h: w8_gemv_triton(h, qweight, scales, bias, **fused, pdl=pdl)     # noqa: E731
     else:
-        project = lambda h: w4_gemv_triton(h, qweight, scales, mins, group_size, bias, **fused)   # noqa: E731
+        project = lambda h: w4_gemv_triton(h, qweight, scales, mins, group_size, bias,     # noqa: E731
+                                           **fused, pdl=pdl)
     # the fusions not taken inside run around the GEMV as separate kernels
     return unfused_linear(x, project, None if fused["norm_weight"] is not None else norm_weight, eps,
                           gated and not fused["gated"], None if fused["residual"] is not None else residual, pdl)

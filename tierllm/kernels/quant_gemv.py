@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tierllm.kernels import _dispatch
-from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
 from tierllm.kernels.graph_tuning import GraphTuner
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
@@ -27,6 +27,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, rms_prologue
 
     @triton.jit
@@ -228,9 +229,15 @@ if HAS_TRITON:
                       stride_sn, stride_ym, eps, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
-                      NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False):
+                      NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False):
         """INT4_ROW (one x row, no NORM; a config option the tuner weighs against the group-sum loop):
-        _int4_row_dot's per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even)."""
+        _int4_row_dot's per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even). PDL:
+        launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
+        before as it starts (no weight chunk before the wait, unlike gemv.py's: neither loop has its first step
+        peeled)."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         m = tl.program_id(0)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
@@ -301,9 +308,11 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
 def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                    group_size: int, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
-                   eps: float = 1e-6, gated: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+                   eps: float = 1e-6, gated: bool = False, residual: torch.Tensor | None = None,
+                   pdl: bool = False) -> torch.Tensor:
     """x: [M, K] (last dim contiguous); qweight: uint8 [N, K // 2]; scales / mins: [N, K // G] (mins None =
-    symmetric) -> [M, N]. Fusions as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N rows)."""
+    symmetric) -> [M, N]. Fusions and pdl as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N
+    rows)."""
     m, k = x.shape
     y = fused_output(x, qweight.shape[0], None, norm_weight, gated, residual)
     n = y.shape[1]
@@ -317,7 +326,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         one_row = (m == 1 and norm_weight is None and x.data_ptr() % 4 == 0)
         kernel.fn[(m, triton.cdiv(n, 8))](*args, **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2, INT4_ROW=one_row)
     else:
-        kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
+        kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags, **pdl_options(x, pdl))
     return y
 
 

@@ -101,7 +101,7 @@ class QuantLinear(nn.Module):
         fusions = fusion_args(norm, gated, residual)
         if self.quant.activations == "int8":
             return kernels.unfused_linear(x, self, **fusions)
-        # int8 decode chained by programmatic dependent launch where the GPU has it, as Linear.fused's GEMVs
+        # decode chained by programmatic dependent launch where the GPU has it, as Linear.fused's GEMVs
         return kernels.fused_quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits,
                                           self.quant.group_size, self.bias, **fusions, pdl=True)
 
