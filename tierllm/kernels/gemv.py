@@ -58,7 +58,7 @@ if HAS_TRITON:
 
     # Memory-bound: many small programs (few rows, long K chunks) keep the most bytes in flight per SM. The
     # two-warp ones stream the llama-13b gate/up GEMV 4-7% faster than the best four-warp one on an H100, alone and
-    # chained (benchmarks/gated_gemv_sweep.py).
+    # chained (benchmarks/decode_gemv_sweep.py).
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                 for bn, bk, w, s in [(4, 512, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 2), (16, 512, 8, 2),
                                      (1, 4096, 4, 1), (2, 4096, 4, 1), (2, 2048, 4, 2), (4, 2048, 8, 2),

@@ -4,7 +4,7 @@
 Triton's autotuner times one launch at a time from the host, after flushing L2. Decode replays CUDA graphs in
 which each GEMV starts while the kernel before it ends (programmatic dependent launch, gemv.py), so a config's
 ramp-up and tail count differently there, and the rankings differ: on an H100 the autotuner's pick for the
-llama-13b TP=2 gate/up GEMV ranked 15th of 70 configs timed in graphs (benchmarks/gated_gemv_sweep.py). Here
+llama-13b TP=2 gate/up GEMV ranked 15th of 70 configs timed in graphs (benchmarks/decode_gemv_sweep.py). Here
 each config is timed as REPEATS launches back to back in one CUDA graph, launched as the call asks (with PDL or
 not), each on the next of enough copies of the weight that none is still in L2 when its turn comes."""
 from __future__ import annotations
