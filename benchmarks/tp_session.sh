@@ -17,7 +17,7 @@
 #                                                  # and with the tierllm unpacked in ab_base/ (an older commit's:
 #                                                  # `git archive COMMIT tierllm | tar -x -C ab_base`, not committed)
 #   bash benchmarks/tp_session.sh base-ab          # fused_ab.py: llama-13b TP=1 and TP=2 with this checkout, then both
-#                                                  # with ab_base/'s tierllm (as chain-ab), ratios against each one's TP=1
+#                                                  # with ab_base/'s tierllm (as chain-ab); ratios to each one's TP=1
 #   bash benchmarks/tp_session.sh tuner-ab         # fused_ab.py: llama-13b TP=1 and TP=2 with the GEMVs tuned in CUDA
 #                                                  # graphs (TIERLLM_GEMV_TUNER=graph), then both with Triton's tuner
 #   bash benchmarks/tp_session.sh sweeps           # decode_gemv_sweep.py at TP=2: the QKV GEMV on GPU 0 and the gate/up
@@ -85,7 +85,8 @@ case "$part" in
     ;;
   tuner-ab)
     TIERLLM_GEMV_TUNER=graph python3 benchmarks/fused_ab.py --tp 2 --variant graph: \
-        --variant triton:TIERLLM_GEMV_TUNER=triton --no-reverse --timeout 260 2>"$OUT/tuner_ab.err" | tee "$OUT/tuner_ab.log"
+        --variant triton:TIERLLM_GEMV_TUNER=triton --no-reverse --timeout 260 2>"$OUT/tuner_ab.err" \
+        | tee "$OUT/tuner_ab.log"
     python3 benchmarks/fused_ab.py --tp 1 --no-tp1 --variant triton:TIERLLM_GEMV_TUNER=triton --no-reverse \
         --timeout 200 2>>"$OUT/tuner_ab.err" | tee -a "$OUT/tuner_ab.log"
     ;;
@@ -105,5 +106,6 @@ case "$part" in
     python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets smollm2-1.7b,llama-13b --skip-70b --no-fp32-reference \
         --invariant 2>&1 | tee "$OUT/tp_gpu_invariant.log" | grep -v "^\s*$" | tail -25
     ;;
-  *) echo "unknown part $part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps or invariant" >&2; exit 2 ;;
+  *) echo "unknown part $part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps" \
+          "or invariant" >&2; exit 2 ;;
 esac

@@ -217,7 +217,8 @@ def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
 @pytest.mark.parametrize("fusion", list(FUSIONS))
 def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, monkeypatch):
     """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] reach its launcher and the others run as the
-    separate kernels around it; the result keeps the fused semantics; pdl reaches the GEMV. (The launchers are stood in for by the fp32 references, so this runs on any device.)"""
+    separate kernels around it; the result keeps the fused semantics; pdl reaches the GEMV. (The launchers are
+    stood in for by the fp32 references, so this runs on any device.)"""
     launched = []
 
     def fake_gemv(x, qweight, scales, *rest, norm_weight=None, eps=1e-6, gated=False, residual=None, pdl=None):
@@ -300,9 +301,9 @@ def test_int4_row_loop_nibble_encodings_and_unmasked_loads(quant, n, k, nibbles,
 def test_quantized_decode_chained_by_pdl_in_a_cuda_graph_equals_its_plain_launches(quant, monkeypatch):
     """A quantized decode layer's linears as QuantLinear.fused chains them (pdl=True): RMSNorm -> QKV GEMV, the
     o_proj GEMV adding into the residual, RMSNorm -> gate/up GEMV (-> SiLU-and-mul for int8), the down GEMV adding
-    into the residual. Replayed in a CUDA graph with a fresh residual each time, every output must be bit for bit the same
-    kernels' launched plainly (TIERLLM_PDL=0): a kernel that read its input before its producer finished would
-    differ."""
+    into the residual. Replayed in a CUDA graph with a fresh residual each time, every output must be bit for bit
+    the same kernels' launched plainly (TIERLLM_PDL=0): a kernel that read its input before its producer finished
+    would differ."""
     from tierllm.kernels._dispatch import pdl_launch
 
     assert pdl_launch(torch.empty(1, device=DEVICE)), "this GPU or Triton has no programmatic dependent launch"

@@ -329,8 +329,8 @@ def test_gemv_fused_autotuned(monkeypatch, fusion):
 @pytest.mark.parametrize("fusion", ["residual", "norm_gated"])
 def test_gemv_graph_tuned(monkeypatch, fusion):
     """TIERLLM_GEMV_TUNER=graph: every config is timed (here: run on both weight copies, a made-up time; on CPU
-    through the interpreter), the fastest is taken and remembered per shape, and tuning a RESIDUAL launch leaves the residual
-    to receive the product once."""
+    through the interpreter), the fastest is taken and remembered per shape, and tuning a RESIDUAL launch leaves
+    the residual to receive the product once."""
     from tierllm.kernels import gemv, graph_tuning
     torch.manual_seed(12)
     rows, n, k = 3, 20, 64
