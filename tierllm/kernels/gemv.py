@@ -56,9 +56,9 @@ if HAS_TRITON:
             acc = acc / (1.0 + tl.exp(-acc)) * acc_up
         return acc
 
-    # Memory-bound: many small programs (few rows, long K chunks) keep the most bytes in flight per SM. The
-    # two-warp ones stream the llama-13b gate/up GEMV 4-7% faster than the best four-warp one on an H100, alone and
-    # chained (benchmarks/decode_gemv_sweep.py).
+    # Memory-bound: many small programs (few rows, long K chunks) keep the most bytes in flight per SM. With the
+    # last six (two warps or 1024-wide chunks) the llama-13b gate/up GEMV's best config streamed 5-7% faster than the
+    # tuner's pick among the first ten on an H100, alone and chained (benchmarks/decode_gemv_sweep.py).
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                 for bn, bk, w, s in [(4, 512, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 2), (16, 512, 8, 2),
                                      (1, 4096, 4, 1), (2, 4096, 4, 1), (2, 2048, 4, 2), (4, 2048, 8, 2),
