@@ -50,6 +50,14 @@ if HAS_TRITON:
         def gdc_wait():
             pass
 
+    @triton.jit
+    def pdl_start(PDL: tl.constexpr):
+        """The start of a kernel launched with PDL that reads its predecessor's results right away (nothing to load
+        before the wait): let the next kernel launch, then wait for the one before."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+
 
 @functools.cache
 def _pdl_device(index: int) -> bool:

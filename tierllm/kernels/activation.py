@@ -11,7 +11,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+    from tierllm.kernels._dispatch import pdl_start
 
     @triton.jit
     def _tanh(x):
@@ -19,9 +19,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        pdl_start(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < d

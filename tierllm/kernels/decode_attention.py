@@ -18,7 +18,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+    from tierllm.kernels._dispatch import pdl_start
 
     @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
@@ -26,9 +26,7 @@ if HAS_TRITON:
                              stride_oh, scale, num_kv_heads, window, GROUP: tl.constexpr,
                              HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                              NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        pdl_start(PDL)
         seq = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -79,9 +77,7 @@ if HAS_TRITON:
     @triton.jit
     def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_os, stride_oh, num_heads,
                              HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        pdl_start(PDL)
         seq = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         splits = tl.arange(0, NUM_SPLITS)

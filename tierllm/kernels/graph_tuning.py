@@ -62,12 +62,16 @@ def fastest_config(configs: list, launch: Callable[[object, torch.Tensor], None]
     """The config (triton.Config) of `configs` whose launches take the least time in graph_seconds.
     launch(config, weight_copy) makes one launch on a weight copy and must leave no state a real call reads (a
     residual launch adds into a scratch output)."""
+    from triton.compiler.errors import CompileTimeAssertionFailure
+    from triton.runtime.errors import OutOfResources
+
+    refused = (OutOfResources, CompileTimeAssertionFailure)        # what Triton's autotuner skips a config for
     copies = weight_copies(weight)
     timings = {}
     for config in configs:
         try:
             timings[config] = graph_seconds(lambda w, c=config: launch(c, w), copies)
-        except Exception as error:                 # a config the compiler refuses (registers, shared memory)
+        except refused as error:                   # a config the compiler refuses (registers, shared memory)
             log.debug("graph tuning: %s failed: %s", config, error)
     if not timings:
         raise RuntimeError(f"graph tuning: none of {len(configs)} configs ran for a {tuple(weight.shape)} weight")

@@ -13,15 +13,13 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+    from tierllm.kernels._dispatch import pdl_start
 
     @triton.jit
     def _norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, n_cols, eps,
                      HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, IS_RMS: tl.constexpr,
                      BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        pdl_start(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols

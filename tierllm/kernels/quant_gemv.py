@@ -27,7 +27,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+    from tierllm.kernels._dispatch import pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, rms_prologue
 
     @triton.jit
@@ -235,9 +235,7 @@ if HAS_TRITON:
         launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
         before as it starts (no weight chunk before the wait, unlike gemv.py's: neither loop has its first step
         peeled)."""
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        pdl_start(PDL)
         m = tl.program_id(0)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N

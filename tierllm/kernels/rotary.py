@@ -12,7 +12,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+    from tierllm.kernels._dispatch import pdl_start
 
     @triton.jit
     def _rotate_heads(ptr, token, stride_t, stride_h, num_heads, c, s, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -37,9 +37,7 @@ if HAS_TRITON:
                              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
                              num_heads, num_kv_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
                              BLOCK_KH: tl.constexpr, WRITE_CACHE: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        pdl_start(PDL)
         token = tl.program_id(0).to(tl.int64)
         dims = tl.arange(0, HALF)[None, :]
         c = tl.load(cos_ptr + token * stride_cs + dims).to(tl.float32)       # cos/sin halves are equal
