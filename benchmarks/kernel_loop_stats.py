@@ -45,7 +45,8 @@ def kernels(args) -> dict:
         "w4_gemm": (quant_gemm._quant_gemm_kernel.fn, gemm_args,
                     {"BITS": 4, "GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "BLOCK_M": args.block_m,
                      "BLOCK_N": args.block_n, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": args.split_k,
-                     "SWAP_AB": args.swap_ab, "HALF_DEQUANT": args.half}),
+                     "SWAP_AB": args.swap_ab, "HALF_DEQUANT": args.half,
+                     "DEQUANT_ASM": args.asm}),
         "w4_gemv": (quant_gemv._w4_gemv_body, w4_args,
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "GATED": args.gated, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
@@ -90,7 +91,7 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
     parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
     parser.add_argument("--row", action="store_true", help="w4_gemv: the one-x-row loop (INT4_ROW)")
-    parser.add_argument("--asm", action="store_true", help="w4_gemv --row: nibbles unpacked by inline PTX")
+    parser.add_argument("--asm", action="store_true", help="w4_gemv --row, w4_gemm --half: nibbles unpacked by inline PTX")
     parser.add_argument("--even", action="store_true", help="w4_gemv --row: loads without masks (EVEN)")
     parser.add_argument("--gated", action="store_true", help="w4_gemv: [gate; up] rows, SiLU-and-mul epilogue")
     parser.add_argument("--warps", type=int, default=4)

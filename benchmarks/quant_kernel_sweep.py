@@ -9,8 +9,9 @@ reference; JSON to $OUT/quant-kernel-sweep.json. Picks the kernels and configs t
     python benchmarks/quant_kernel_sweep.py [--autotuned-only]
 
 --autotuned-only: per shape only the autotuned launches the engine makes (M=1 GEMVs, M=64 GEMMs) and the config
-the tuner picked for each, plus the staged configs (quant_gemm's HALF_DEQUANT GEMMs, quant_gemv's inline-PTX
-one-row GEMVs against their twins), no wide sweep and no fusion rows (a minute or two instead of three).
+the tuner picked for each, plus each of quant_gemm's HALF_DEQUANT GEMM configs at M=64, no wide sweep and no
+fusion rows (a minute or two instead of three). (The inline-PTX one-row GEMVs were timed against their twins
+this way once, quant-autotuned-h100.json of 2026-11-27, and joined the tuner.)
 
 The run of 2026-11-27 (benchmarks/results/quant-kernel-sweep-h100.json, commit 029d266) also timed two int4 GEMV
 candidates that read the packed weights as int32 words and unpack each nibble into the fp32 1 + code / 16 with
@@ -84,26 +85,6 @@ def w4_gemv_launches(x, q4, n, k):
     return {label: (lambda f=f: (f(), out)[1]) for label, f in launches.items()}
 
 
-def w4_row_launches(x, q4, n, k):
-    """quant_gemv's NIBBLES=2 one-row configs (inline PTX) and each one's NIBBLES=0 twin, EVEN as the engine's
-    launches set it."""
-    out = torch.empty(1, n, device=x.device, dtype=x.dtype)
-    s, mn = q4["scales"], q4["mins"]
-    base = dict(GROUP=64, HAS_MINS=True, HAS_BIAS=False, NORM=False, GATED=False, RESIDUAL=False)
-    launches = {}
-    for config in [c for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("NIBBLES") == 2]:
-        for nibbles in (2, 0):
-            c = {**config.kwargs, "NIBBLES": nibbles}
-            even = quant_gemv.w4_even({"N": n, "K": k, **base, **c})
-            label = (f"row bn{c['BLOCK_N']} gpb{c['GROUPS_PER_BLOCK']} w{config.num_warps} s{config.num_stages} "
-                     f"nibbles{nibbles}{' even' if even else ''}")
-            launches[label] = (lambda g=(1, triton.cdiv(n, c["BLOCK_N"])), c=c, even=even, cfg=config: (
-                quant_gemv._w4_gemv_body[g](x, q4["qweight"], s, mn, s, s, out, 1, n, k, x.stride(0),
-                                            q4["qweight"].stride(0), s.stride(0), out.stride(0), 1e-6, **base, **c,
-                                            EVEN=even, num_warps=cfg.num_warps, num_stages=cfg.num_stages), out)[1])
-    return launches
-
-
 def w8_gemv_launches(x, q8, n, k):
     m = x.shape[0]
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
@@ -138,7 +119,7 @@ def gemm_launches(x, q, bits, n, k, half_dequant: bool = False):
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), sk)
         workspace, counters = quant_gemm._split_k_buffers(m, n, x.device, ((bm, bn, sk),))
         args = quant_gemm._args(x, q["qweight"], q["scales"], mins, None, out, workspace, counters)
-        flags = "".join(f" {name.lower()}" for name in ("SWAP_AB", "HALF_DEQUANT") if cfg.get(name))
+        flags = "".join(f" {name.lower()}" for name in ("SWAP_AB", "HALF_DEQUANT", "DEQUANT_ASM") if cfg.get(name))
         launches[f"bm{bm} bn{bn} bk{bk} w{w} s{st} split{sk}{flags}"] = (lambda g=grid, c=cfg, a=args: (
             quant_gemm._quant_gemm_kernel.fn[g](*a, BITS=bits, GROUP=64 if bits == 4 else k, HAS_MINS=mins is not None,
                                                 HAS_BIAS=False, **c), out)[1])
@@ -214,9 +195,6 @@ def main() -> int:
         err4 = rel_err(quant_gemv.w4_gemv_triton(x1, q4["qweight"], q4["scales"], q4["mins"], 64), ref4)
         err8 = rel_err(quant_gemv.w8_gemv_triton(x1, q8["qweight"], q8["scales"]), ref8)
         entry["autotuned_rel_err"] = {"int4": float(f"{err4:.2e}"), "int8": float(f"{err8:.2e}")}
-        if autotuned_only:               # the inline-PTX one-row configs against their NIBBLES=0 twins
-            entry["int4_nibble_ptx_top"] = sweep(f"int4 gemv nibble-ptx {n}x{k}", w4_row_launches(x1, q4, n, k), ref4,
-                                                 bytes4, hbm_Bps)
         if not autotuned_only:
             entry["int4_top"] = sweep(f"int4 gemv {n}x{k}", w4_gemv_launches(x1, q4, n, k), ref4, bytes4, hbm_Bps)[:5]
             entry["int8_top"] = sweep(f"int8 gemv {n}x{k}", w8_gemv_launches(x1, q8, n, k), ref8, bytes8,

@@ -29,6 +29,13 @@ if HAS_TRITON:
     def _codes_to_half_kernel(out_ptr, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
         tl.store(out_ptr + offs, quant_gemm.codes_to_half((offs % 16).to(tl.int16), out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _nibbles_to_half_kernel(byte_ptr, low_ptr, high_ptr, ASM: tl.constexpr):
+        offs = tl.arange(0, 256)
+        low, high = quant_gemm.nibbles_to_half(tl.load(byte_ptr + offs), low_ptr.dtype.element_ty, ASM)
+        tl.store(low_ptr + offs, low)
+        tl.store(high_ptr + offs, high)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The Triton interpreter mishandles bf16 storage (see test_triton_kernels.py): bf16 runs on CUDA only.
 LOW_PRECISION = [torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -111,6 +118,19 @@ def test_codes_to_half_is_exact(dtype):
     out = torch.empty(64, dtype=dtype, device=DEVICE)
     _codes_to_half_kernel[(1,)](out, BLOCK=64)
     assert torch.equal(out.float().cpu(), (torch.arange(64) % 16).float())
+
+
+@pytest.mark.parametrize("asm", [False] + ([True] if DEVICE == "cuda" else []), ids=["triton_ops", "ptx"][:1 + (DEVICE == "cuda")])
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_nibbles_to_half_is_exact(dtype, asm):
+    """The int4 GEMM's byte unpacking (nibbles_to_half), every byte value in a shuffled order (so that each
+    register's four bytes differ): its low and high nibbles exactly, in byte order; the PTX version on CUDA."""
+    byte = torch.randperm(256, generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+    low = torch.empty(256, dtype=dtype, device=DEVICE)
+    high = torch.empty(256, dtype=dtype, device=DEVICE)
+    _nibbles_to_half_kernel[(1,)](byte.to(DEVICE), low, high, ASM=asm)
+    assert torch.equal(low.float().cpu(), (byte & 15).float())
+    assert torch.equal(high.float().cpu(), (byte >> 4).float())
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION + [torch.float32])

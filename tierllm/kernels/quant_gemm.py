@@ -49,6 +49,49 @@ if HAS_TRITON:
             value = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
         return value
 
+    def _nibble_pairs_asm(magic: str, sub: str) -> str:
+        """PTX for nibbles_to_half, pack=4: $4 holds 4 bytes; $0, $1 get their low nibbles and $2, $3 their high
+        ones, two 16-bit values per register (byte order kept)."""
+        return f"""{{
+        .reg .b32 k, h, t0, t1, t2, t3;
+        mov.b32 k, {magic};
+        shr.b32 h, $4, 4;
+        prmt.b32 t0, $4, 0, 0x3120;
+        prmt.b32 t1, $4, 0, 0x1302;
+        prmt.b32 t2, h, 0, 0x3120;
+        prmt.b32 t3, h, 0, 0x1302;
+        lop3.b32 t0, t0, 0x000F000F, k, 0xEA;
+        lop3.b32 t1, t1, 0x000F000F, k, 0xEA;
+        lop3.b32 t2, t2, 0x000F000F, k, 0xEA;
+        lop3.b32 t3, t3, 0x000F000F, k, 0xEA;
+        {sub} $0, t0, k;
+        {sub} $1, t1, k;
+        {sub} $2, t2, k;
+        {sub} $3, t3, k;
+        }}"""
+
+    _NIBBLES_TO_BF16 = tl.constexpr(_nibble_pairs_asm("0x43004300", "sub.rn.bf16x2"))    # magic 128.0
+    _NIBBLES_TO_FP16 = tl.constexpr(_nibble_pairs_asm("0x64006400", "sub.rn.f16x2"))     # magic 1024.0
+
+    @triton.jit
+    def nibbles_to_half(packed, DTYPE: tl.constexpr, ASM: tl.constexpr):
+        """uint8 bytes -> (low nibble, high nibble) as DTYPE (fp16 or bf16) values 0..15, exact. ASM: per 4 bytes one
+        SHF (the high nibbles moved down), four PRMT (two bytes into the low byte of each 16-bit half), four LOP3
+        (keep the nibble, OR in the bits of 128 (bf16) or 1024 (fp16), whose last mantissa unit is 1) and four
+        packed subtractions of that magic: two codes per instruction. Otherwise codes_to_half's Triton integer ops
+        (what the CPU interpreter runs: it has no PTX), the same values."""
+        if ASM and DTYPE == tl.bfloat16:
+            low, high = tl.inline_asm_elementwise(asm=_NIBBLES_TO_BF16, constraints="=r,=r,=r,=r,r", args=[packed],
+                                                  dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        elif ASM:
+            low, high = tl.inline_asm_elementwise(asm=_NIBBLES_TO_FP16, constraints="=r,=r,=r,=r,r", args=[packed],
+                                                  dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        else:
+            codes = packed.to(tl.int16)
+            low = codes_to_half(codes & 0xF, DTYPE)
+            high = codes_to_half(codes >> 4, DTYPE)
+        return low, high
+
     _CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": sk,
                                "SWAP_AB": swap, "HALF_DEQUANT": False}, num_warps=w, num_stages=s)
                 for bm, bn, bk, sk, w, s, swap in [
@@ -66,23 +109,34 @@ if HAS_TRITON:
                     (64, 64, 64, 1, 4, 4, True), (64, 128, 64, 1, 4, 4, True), (64, 64, 64, 2, 4, 4, True),
                     (64, 128, 64, 2, 4, 4, True), (64, 64, 64, 4, 4, 4, True), (32, 64, 64, 4, 4, 4, True),
                     (64, 128, 64, 4, 8, 3, True)]]
-    # int4 dequantized in the activation dtype, two codes per HADD2 / HFMA2 (offline SASS of the 64 x 128 split-4
-    # tile: 255 instructions per 16 weight bytes against 275; benchmarks/kernel_loop_stats.py). On an H100 at M=64
-    # (quant-autotuned-h100.json, 2026-11-27) they beat every fp32-dequantizing config on the wide shapes: gate/up
-    # 22016 x 4096 60.3 against 66.0 us, QKV 12288 x 4096 36.5 against 38.1 (cuBLAS bf16: 70.1, 38.1); the three
-    # SWAP_AB variants also timed did not win anywhere and were dropped. With bf16 activations the fp16 scales and
-    # mins are rounded to bf16 first and the min mostly cancels the product: the output's error against the fp32
-    # reference is 0.61% (fp32 path: bf16 rounding of the dequantized weight only; the int4 grid's own weight error
-    # is 8.4%); with fp16 activations the path is as exact as fp32. The CPU interpreter checks the fp16 path only
-    # (it mishandles bf16 storage); tests/gpu/test_quant_gpu.py runs both configs with bf16 x.
+    # int4 dequantized in the activation dtype, two codes per HADD2 / HFMA2. On an H100 at M=64
+    # (quant-autotuned-h100.json, 2026-11-27) the Triton-ops version (codes_to_half; offline SASS of the 64 x 64
+    # split-2 tile: 258 instructions per 16 weight bytes) beat every fp32-dequantizing config on the wide shapes:
+    # gate/up 22016 x 4096 60.3 against 66.0 us, QKV 12288 x 4096 36.5 against 38.1 (cuBLAS bf16: 70.1, 38.1); the
+    # three SWAP_AB variants also timed did not win anywhere and were dropped. DEQUANT_ASM unpacks the nibbles by
+    # inline PTX (nibbles_to_half: 193 instructions for that tile, 299 per 32 bytes for 64 x 128 against 439); the
+    # wider tiles re-read x (as many bytes per tile row as the int4 weight tile's) from L2 fewer times. Not yet
+    # timed on a GPU. With bf16 activations the fp16 scales and mins are rounded to bf16 first and the min mostly
+    # cancels the product: the output's error against the fp32 reference is 0.61% (fp32 path: bf16 rounding of the
+    # dequantized weight only; the int4 grid's own weight error is 8.4%); with fp16 activations the path is as
+    # exact as fp32. The CPU interpreter checks the fp16 Triton-ops path only (it mishandles bf16 storage and runs
+    # no PTX); tests/gpu/test_quant_gpu.py runs every config with bf16 x, and test_nibbles_to_half the PTX.
     _HALF_DEQUANT_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": sk,
-                                            "SWAP_AB": swap, "HALF_DEQUANT": True}, num_warps=w, num_stages=s)
-                             for bm, bn, sk, w, s, swap in [(64, 64, 1, 4, 4, False), (64, 64, 2, 4, 4, False)]]
+                                            "SWAP_AB": False, "HALF_DEQUANT": True, "DEQUANT_ASM": asm},
+                                           num_warps=w, num_stages=s)
+                             for bm, bn, sk, w, s, asm in [
+                                 (64, 64, 1, 4, 4, False), (64, 64, 2, 4, 4, False),
+                                 (64, 64, 1, 4, 4, True), (64, 64, 2, 4, 4, True), (64, 128, 1, 4, 4, True),
+                                 (64, 128, 2, 4, 4, True), (64, 128, 1, 8, 3, True), (64, 256, 1, 8, 3, True),
+                                 (32, 128, 2, 4, 4, True), (16, 128, 4, 4, 4, True)]]
     _SPLIT_TILES = tuple((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"])
                          for c in _CONFIGS + _HALF_DEQUANT_CONFIGS)
 
     def _prune(configs, named_args, **kwargs):
-        """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP); HALF_DEQUANT is int4's."""
+        """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP); HALF_DEQUANT is int4's; no PTX
+        (DEQUANT_ASM) under the interpreter."""
+        if is_interpreted():
+            configs = [c for c in configs if not c.kwargs.get("DEQUANT_ASM")]
         if named_args.get("BITS", kwargs.get("BITS")) != 4:
             return [c for c in configs if not c.kwargs.get("HALF_DEQUANT")]
         group = named_args.get("GROUP", kwargs.get("GROUP"))
@@ -96,14 +150,14 @@ if HAS_TRITON:
                            HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                            SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr = False,
-                           HALF_DEQUANT: tl.constexpr = False):
+                           HALF_DEQUANT: tl.constexpr = False, DEQUANT_ASM: tl.constexpr = False):
         """Program (tile, k split): with SPLIT_K > 1 each of a tile's SPLIT_K programs covers a slice of K and
         stores its fp32 partial tile to the workspace ws [SPLIT_K, tiles, BLOCK_M, BLOCK_N]; the last of them to
         finish (a per-tile counter) sums the partials in split order (deterministic), writes y and resets the
         counter to 0 for the next launch. SWAP_AB: the dequantized weight tile is the dot's first operand and the
         accumulator is the transposed tile [BLOCK_N, BLOCK_M]. HALF_DEQUANT (int4): codes, scales and mins in x's
         dtype (fp16 / bf16 pairs per instruction) instead of fp32; in bf16 the scales and mins are rounded to bf16
-        first (see _HALF_DEQUANT_CONFIGS)."""
+        first (see _HALF_DEQUANT_CONFIGS); DEQUANT_ASM: its nibbles unpacked by inline PTX (nibbles_to_half)."""
         # grouped program order: GROUP_M row blocks share each weight column block while it is in L2
         pid = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -147,9 +201,7 @@ if HAS_TRITON:
                 group = k0 // GROUP
                 math_dtype = x.dtype if HALF_DEQUANT else tl.float32
                 if HALF_DEQUANT:
-                    packed = packed.to(tl.int16)
-                    codes = tl.interleave(codes_to_half(packed & 0xF, x_ptr.dtype.element_ty),
-                                          codes_to_half(packed >> 4, x_ptr.dtype.element_ty))          # [BN, BK]
+                    codes = tl.interleave(*nibbles_to_half(packed, x_ptr.dtype.element_ty, DEQUANT_ASM))  # [BN, BK]
                 else:
                     packed = packed.to(tl.int32)
                     codes = tl.interleave(codes_to_f32(packed & 0xF), codes_to_f32(packed >> 4))      # [BN, BK]
