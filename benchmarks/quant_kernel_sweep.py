@@ -6,11 +6,11 @@ reference; JSON to $OUT/quant-kernel-sweep.json. Picks the kernels and configs t
   int8 GEMV (M=1): gemv.py's kernel over a wide config list
   int4 / int8 GEMM (M=64): quant_gemm.py's kernel over a wide config list (split K included), against cuBLAS bf16
 
-    python benchmarks/quant_kernel_sweep.py [--autotuned-only]
+    python benchmarks/quant_kernel_sweep.py [--autotuned-only [--half-grid]]
 
 --autotuned-only: per shape only the autotuned launches the engine makes (M=1 GEMVs, M=64 GEMMs) and the config
-the tuner picked for each, plus each of quant_gemm's HALF_DEQUANT GEMM configs at M=64, no wide sweep and no
-fusion rows (a minute or two instead of three). (The inline-PTX one-row GEMVs were timed against their twins
+the tuner picked for each, plus each of quant_gemm's HALF_DEQUANT GEMM configs at M=64 (--half-grid: a grid of
+inline-PTX HALF_DEQUANT tiles instead, the weights as either operand), no wide sweep and no fusion rows (a minute or two instead of three). (The inline-PTX one-row GEMVs were timed against their twins
 this way once, quant-autotuned-h100.json of 2026-11-27, and joined the tuner.)
 
 The run of 2026-11-27 (benchmarks/results/quant-kernel-sweep-h100.json, commit 029d266) also timed two int4 GEMV
@@ -100,20 +100,28 @@ def w8_gemv_launches(x, q8, n, k):
     return launches
 
 
-def gemm_launches(x, q, bits, n, k, half_dequant: bool = False):
-    """The GEMM over a wide grid of configs, or over quant_gemm's HALF_DEQUANT configs alone."""
+def gemm_launches(x, q, bits, n, k, half_dequant: str = ""):
+    """The GEMM over a wide grid of configs (half_dequant ""), over quant_gemm's HALF_DEQUANT configs alone
+    ("tuner"), or over a grid of inline-PTX HALF_DEQUANT configs, both operand orders ("grid")."""
     m = x.shape[0]
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     mins = q.get("mins")
     launches = {}
-    grid_configs = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=sk, num_warps=w, num_stages=st)
-                    for bm, bn, bk, w, st, sk in itertools.product((16, 32, 64), (16, 32, 64, 128, 256), (64, 128),
-                                                                   (4, 8), (3, 5), (1, 2, 4, 8))
-                    if not (bm > max(16, triton.next_power_of_2(m)) or (bits == 4 and bk > 64)
-                            or (w == 8) != (bm * bn >= 8192) or bm * bn < 1024)]
-    half_configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-                    for c in quant_gemm._HALF_DEQUANT_CONFIGS]
-    for cfg in half_configs if half_dequant else grid_configs:
+    if half_dequant == "tuner":
+        configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+                   for c in quant_gemm._HALF_DEQUANT_CONFIGS]
+    elif half_dequant == "grid":
+        configs = [dict(BLOCK_M=64, BLOCK_N=bn, BLOCK_K=64, GROUP_M=8, SPLIT_K=sk, SWAP_AB=swap, HALF_DEQUANT=True,
+                        DEQUANT_ASM=True, num_warps=4, num_stages=st)
+                   for bn, sk, st, swap in itertools.product((16, 32, 64), (1, 2, 4, 8), (3, 5), (False, True))
+                   if not (swap and bn < 64)]
+    else:
+        configs = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=sk, num_warps=w, num_stages=st)
+                   for bm, bn, bk, w, st, sk in itertools.product((16, 32, 64), (16, 32, 64, 128, 256), (64, 128),
+                                                                  (4, 8), (3, 5), (1, 2, 4, 8))
+                   if not (bm > max(16, triton.next_power_of_2(m)) or (bits == 4 and bk > 64)
+                           or (w == 8) != (bm * bn >= 8192) or bm * bn < 1024)]
+    for cfg in configs:
         bm, bn, bk, sk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
         w, st = cfg["num_warps"], cfg["num_stages"]
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), sk)
@@ -209,9 +217,10 @@ def main() -> int:
         flops = 2 * m * n * k
         ref4_m = quant_gemv.w4_linear_ref(xm, q4["qweight"], q4["scales"], q4["mins"], 64)
         if autotuned_only:               # the HALF_DEQUANT configs, each timed
-            entry[f"int4_half_dequant_m{m}_top"] = sweep(f"int4 gemm half-dequant m{m} {n}x{k}",
-                                                         gemm_launches(xm, q4, 4, n, k, half_dequant=True), ref4_m, bytes4,
-                                                         hbm_Bps, flops)
+            half = "grid" if "--half-grid" in sys.argv else "tuner"
+            entry[f"int4_half_dequant_{half}_m{m}_top"] = sweep(
+                f"int4 gemm half-dequant {half} m{m} {n}x{k}", gemm_launches(xm, q4, 4, n, k, half_dequant=half),
+                ref4_m, bytes4, hbm_Bps, flops)
         else:
             entry[f"int4_gemm_m{m}_top"] = sweep(f"int4 gemm m{m} {n}x{k}", gemm_launches(xm, q4, 4, n, k), ref4_m,
                                                  bytes4, hbm_Bps, flops)[:5]
