@@ -109,26 +109,23 @@ if HAS_TRITON:
                     (64, 64, 64, 1, 4, 4, True), (64, 128, 64, 1, 4, 4, True), (64, 64, 64, 2, 4, 4, True),
                     (64, 128, 64, 2, 4, 4, True), (64, 64, 64, 4, 4, 4, True), (32, 64, 64, 4, 4, 4, True),
                     (64, 128, 64, 4, 8, 3, True)]]
-    # int4 dequantized in the activation dtype, two codes per HADD2 / HFMA2. On an H100 at M=64
-    # (quant-autotuned-h100.json, 2026-11-27) the Triton-ops version (codes_to_half; offline SASS of the 64 x 64
-    # split-2 tile: 258 instructions per 16 weight bytes) beat every fp32-dequantizing config on the wide shapes:
-    # gate/up 22016 x 4096 60.3 against 66.0 us, QKV 12288 x 4096 36.5 against 38.1 (cuBLAS bf16: 70.1, 38.1); the
-    # three SWAP_AB variants also timed did not win anywhere and were dropped. DEQUANT_ASM unpacks the nibbles by
-    # inline PTX (nibbles_to_half: 193 instructions for that tile, 299 per 32 bytes for 64 x 128 against 439); the
-    # wider tiles re-read x (as many bytes per tile row as the int4 weight tile's) from L2 fewer times. Not yet
-    # timed on a GPU. With bf16 activations the fp16 scales and mins are rounded to bf16 first and the min mostly
-    # cancels the product: the output's error against the fp32 reference is 0.61% (fp32 path: bf16 rounding of the
-    # dequantized weight only; the int4 grid's own weight error is 8.4%); with fp16 activations the path is as
-    # exact as fp32. The CPU interpreter checks the fp16 Triton-ops path only (it mishandles bf16 storage and runs
-    # no PTX); tests/gpu/test_quant_gpu.py runs every config with bf16 x, and test_nibbles_to_half the PTX.
-    _HALF_DEQUANT_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": sk,
-                                            "SWAP_AB": False, "HALF_DEQUANT": True, "DEQUANT_ASM": asm},
-                                           num_warps=w, num_stages=s)
-                             for bm, bn, sk, w, s, asm in [
-                                 (64, 64, 1, 4, 4, False), (64, 64, 2, 4, 4, False),
-                                 (64, 64, 1, 4, 4, True), (64, 64, 2, 4, 4, True), (64, 128, 1, 4, 4, True),
-                                 (64, 128, 2, 4, 4, True), (64, 128, 1, 8, 3, True), (64, 256, 1, 8, 3, True),
-                                 (32, 128, 2, 4, 4, True), (16, 128, 4, 4, 4, True)]]
+    # int4 dequantized in the activation dtype, two codes per HADD2 / HFMA2, the nibbles unpacked by inline PTX
+    # (nibbles_to_half; offline SASS of the 64 x 64 split-2 tile: 193 instructions per 16 weight bytes, 258 with
+    # Triton's integer ops). On an H100 at M=64 (2026-11-28, a grid of 32 tiles: quant-half-grid-h100.json) every
+    # shape took one of these, 64 x 64 with 1-8 K splits: QKV 12288 x 4096 34.4 us, o_proj 4096 x 4096 16.0,
+    # gate/up 22016 x 4096 59.2, down 4096 x 11008 30.5 (cuBLAS bf16: 38.4, 8.7, 71.1, 38.5; the tuner's picks
+    # before: 33.9, 16.9, 59.6, 38.3); wider tiles (128, 256) and 16- or 32-wide ones lost everywhere, 1.3-3x slower
+    # where the K loop was long and few programs ran. With bf16 activations the fp16 scales and mins are rounded
+    # to bf16 first and the min mostly cancels the product: the output's error against the fp32 reference is 0.61%
+    # (fp32 path: bf16 rounding of the dequantized weight only; the int4 grid's own weight error is 8.4%); with fp16
+    # activations the path is as exact as fp32. The CPU interpreter checks the fp16 Triton-ops path only (it
+    # mishandles bf16 storage and runs no PTX); tests/gpu/test_quant_gpu.py runs every config with bf16 x and
+    # checks it bitwise against its Triton-ops twin, test_nibbles_to_half_is_exact the PTX on every byte.
+    _HALF_DEQUANT_CONFIGS = [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": sk,
+                                            "SWAP_AB": swap, "HALF_DEQUANT": True, "DEQUANT_ASM": True},
+                                           num_warps=4, num_stages=s)
+                             for sk, s, swap in [(1, 3, False), (2, 3, False), (4, 3, False), (8, 3, False),
+                                                 (4, 3, True), (2, 4, False)]]
     _SPLIT_TILES = tuple((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"])
                          for c in _CONFIGS + _HALF_DEQUANT_CONFIGS)
 
