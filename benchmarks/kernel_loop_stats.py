@@ -91,7 +91,8 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
     parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
     parser.add_argument("--row", action="store_true", help="w4_gemv: the one-x-row loop (INT4_ROW)")
-    parser.add_argument("--asm", action="store_true", help="w4_gemv --row, w4_gemm --half: nibbles unpacked by inline PTX")
+    parser.add_argument("--asm", action="store_true",
+                        help="w4_gemv --row, w4_gemm --half: nibbles unpacked by inline PTX")
     parser.add_argument("--even", action="store_true", help="w4_gemv --row: loads without masks (EVEN)")
     parser.add_argument("--gated", action="store_true", help="w4_gemv: [gate; up] rows, SiLU-and-mul epilogue")
     parser.add_argument("--warps", type=int, default=4)

@@ -10,8 +10,9 @@ reference; JSON to $OUT/quant-kernel-sweep.json. Picks the kernels and configs t
 
 --autotuned-only: per shape only the autotuned launches the engine makes (M=1 GEMVs, M=64 GEMMs) and the config
 the tuner picked for each, plus each of quant_gemm's HALF_DEQUANT GEMM configs at M=64 (--half-grid: a grid of
-inline-PTX HALF_DEQUANT tiles instead, the weights as either operand), no wide sweep and no fusion rows (a minute or two instead of three). (The inline-PTX one-row GEMVs were timed against their twins
-this way once, quant-autotuned-h100.json of 2026-11-27, and joined the tuner.)
+inline-PTX HALF_DEQUANT tiles instead, the weights as either operand), no wide sweep and no fusion rows (a minute
+or two instead of three). (The inline-PTX one-row GEMVs were timed against their twins this way once,
+quant-autotuned-h100.json of 2026-11-27, and joined the tuner.)
 
 The run of 2026-11-27 (benchmarks/results/quant-kernel-sweep-h100.json, commit 029d266) also timed two int4 GEMV
 candidates that read the packed weights as int32 words and unpack each nibble into the fp32 1 + code / 16 with

@@ -243,9 +243,9 @@ def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict) -> li
              "runs (the fourth, [JSON](benchmarks/results/quant-bf16-int4-fused-rotary-llama-7b-h100.json), with a "
              "since-removed rotary fold on in both variants; batch 1 there: int4 1.619x): a tie within the spread "
              "between calls (the bf16 baseline itself moved 2% between two calls of the previous session), so that "
-             "target was not claimed from them (see the latest call below). In that run's batch-64 op tables (16 decode steps and one prefill) the int4 GEMMs "
-             "took 82.5 ms against 84.0 for bf16's cuBLAS GEMMs and split-K reduction: the int4 GEMM at M=64 runs as "
-             "fast as bf16's, not faster. Per kernel at batch 1, autotuned, timed in CUDA graphs "
+             "target was not claimed from them (see the latest call below). In that run's batch-64 op tables (16 "
+             "decode steps and one prefill) the int4 GEMMs took 82.5 ms against 84.0 for bf16's cuBLAS GEMMs and "
+             "split-K reduction: the int4 GEMM at M=64 ran as fast as bf16's, not faster. Per kernel at batch 1, autotuned, timed in CUDA graphs "
              "(the four linear shapes, [JSON](benchmarks/results/quant-autotuned-h100.json)): the int4 GEMV reads its "
              f"weight at {share('int4_fraction_of_hbm')} of the HBM copy rate, int8 at {share('int8_fraction_of_hbm')}, "
              f"bf16 at {share('bf16_fraction_of_hbm')} (the 4096 x 4096 shape's weight partly stays in the 50 MB L2 "
@@ -296,7 +296,8 @@ def main() -> None:
     quant_kernels = json.loads((ROOT / "benchmarks/results/quant-llama-7b-h100-run3.json").read_text())
     quant_latest = json.loads((ROOT / "benchmarks/results/quant-bf16-int4-asm-gemm-llama-7b-h100.json").read_text())
     body = "\n".join(cpu_section(cpu) + gpu_section(gpu) + serve_section(serve, other_budget)
-                     + offload_section(offload, rerun, kv_alone, profile) + quant_section(quant, autotuned, quant_kernels, quant_latest))
+                     + offload_section(offload, rerun, kv_alone, profile)
+                     + quant_section(quant, autotuned, quant_kernels, quant_latest))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
