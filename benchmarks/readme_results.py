@@ -182,10 +182,12 @@ def _span(results: dict, key: str, rows: int = 1) -> str:
 
 def _gemm_ms(variant: dict) -> float:
     """ms over the 16 profiled batch-64 decode steps in the linears' GEMMs (the int4 kernel, or cuBLAS's decode
-    GEMMs (one launch per layer and step: 512) and its split-K reduction)."""
+    GEMMs and its split-K reduction: the cuBLAS kernels launched once per layer and step, as often as the decode
+    attention's split kernel; the prefill's launch other counts)."""
     ops = variant["batch64"]["decode_ops_16_steps"]
+    per_layer_step = next(o["count"] for o in ops if o["name"] == "_decode_split_kernel")
     return sum(o["device_ms"] for o in ops if o["name"] == "_quant_gemm_kernel"
-               or (o["name"].startswith(("nvjet", "void cublasLt::splitKreduce")) and o["count"] == 512))
+               or (o["name"].startswith(("nvjet", "void cublasLt::splitKreduce")) and o["count"] == per_layer_step))
 
 
 def latest_quant_paragraph(doc: dict) -> str:

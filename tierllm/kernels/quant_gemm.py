@@ -130,10 +130,8 @@ if HAS_TRITON:
                          for c in _CONFIGS + _HALF_DEQUANT_CONFIGS)
 
     def _prune(configs, named_args, **kwargs):
-        """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP); HALF_DEQUANT is int4's; no PTX
-        (DEQUANT_ASM) under the interpreter."""
-        if is_interpreted():
-            configs = [c for c in configs if not c.kwargs.get("DEQUANT_ASM")]
+        """int4 tiles must not straddle a quantization group (BLOCK_K <= GROUP); HALF_DEQUANT is int4's. (The
+        interpreter never reaches the tuner: quant_gemm_triton launches one fixed config there, without PTX.)"""
         if named_args.get("BITS", kwargs.get("BITS")) != 4:
             return [c for c in configs if not c.kwargs.get("HALF_DEQUANT")]
         group = named_args.get("GROUP", kwargs.get("GROUP"))
