@@ -5,8 +5,8 @@ split in BLOCK_N-token tiles gathered through the block table, keeps an online s
 share the KV head (padded to 16 rows for tensor-core dots) and stores its partial result; the last split of a
 (sequence, KV head) to finish (a counter per pair) merges them. With the step's rotary tables (ROTARY) the kernel
 also does rotary's job for decode steps: each program rotates its query rows as it loads them, and the program whose
-split holds the new token rotates that token's key and writes key and value to the cache before its loop reads
-them back. Loop bounds come from context_lens on the device, so the launch is CUDA-graph safe. On GPUs with
+split holds the new token rotates that token's key, writes key and value to the cache for later steps and takes
+them into its softmax from registers. Loop bounds come from context_lens on the device, so the launch is CUDA-graph safe. On GPUs with
 programmatic dependent launch (kernels/_dispatch.py) it is launched with it (PDL): it lets the next kernel launch
 as it starts and waits for its predecessor before it reads anything, so o_proj (gemv.py, gemv_all_reduce.py)
 loads its first weights while the attention runs."""
@@ -58,6 +58,7 @@ if HAS_TRITON:
         heads = kv_head * GROUP + rows
         q_rows = q_ptr + seq * stride_qs + heads[:, None] * stride_qh
         q = tl.load(q_rows + dims[None, :], mask=row_mask[:, None], other=0.0)       # [16, HEAD_DIM]
+        cache_end = end                                           # keys this program reads from the cache
         if ROTARY:
             dtype = q_ptr.dtype.element_ty
             partner = (dims + HEAD_DIM // 2) % HEAD_DIM                                # the other half's dims
@@ -66,22 +67,26 @@ if HAS_TRITON:
             sin = tl.load(sin_ptr + seq * stride_cs + dims).to(tl.float32)
             q_partner = tl.load(q_rows + partner[None, :], mask=row_mask[:, None], other=0.0)
             q = _rotated(q, q_partner, cos[None, :], sin[None, :], sign[None, :], dtype)
-            if (start < end) & (end == context_len):              # this split holds the new token (the last key)
-                new_slot = tl.load(slot_ptr + seq).to(tl.int64)
-                if new_slot >= 0:                                     # -1: a graph's padding row
-                    k_row = new_k_ptr + seq * stride_ks + kv_head * stride_kh
-                    k_new = _rotated(tl.load(k_row + dims), tl.load(k_row + partner), cos, sin, sign, dtype)
-                    cache_row = new_slot * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims
-                    tl.store(k_cache_ptr + cache_row, k_new)
-                    v_new = tl.load(new_v_ptr + seq * stride_vs + kv_head * stride_vh + dims)
-                    tl.store(v_cache_ptr + cache_row, v_new)
-                tl.debug_barrier()                          # the loop reads them back: every thread's stores first
+            # the split holding the new token (the last key) takes it from registers and writes it to the cache
+            # for later steps, off its critical path (nothing here reads it back)
+            owner = (start < end) & (end == context_len)
+            cache_end -= owner.to(tl.int32)
+            owned = dims < tl.where(owner, HEAD_DIM, 0)                              # [HEAD_DIM]: all or none
+            k_row = new_k_ptr + seq * stride_ks + kv_head * stride_kh
+            k_new = _rotated(tl.load(k_row + dims, mask=owned, other=0.0),
+                             tl.load(k_row + partner, mask=owned, other=0.0), cos, sin, sign, dtype)
+            v_new = tl.load(new_v_ptr + seq * stride_vs + kv_head * stride_vh + dims, mask=owned, other=0.0)
+            new_slot = tl.load(slot_ptr + seq).to(tl.int64)
+            cache_row = new_slot * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims
+            written = dims < tl.where(owner & (new_slot >= 0), HEAD_DIM, 0)          # -1: a graph's padding row
+            tl.store(k_cache_ptr + cache_row, k_new, mask=written)
+            tl.store(v_cache_ptr + cache_row, v_new, mask=written)
         m = tl.full([16], float("-inf"), tl.float32)
         l = tl.zeros([16], tl.float32)
         acc = tl.zeros([16, HEAD_DIM], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
+        for n0 in range(start, cache_end, BLOCK_N):
             offs = n0 + tl.arange(0, BLOCK_N)
-            valid = offs < end
+            valid = offs < cache_end
             block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=valid, other=0)
             slot = block.to(tl.int64) * BLOCK_SIZE + offs % BLOCK_SIZE
             kv_off = slot[:, None] * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims[None, :]
@@ -95,6 +100,15 @@ if HAS_TRITON:
             v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
+        if ROTARY:
+            if cache_end < end:                                   # the new token, one more online-softmax column
+                s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale    # [16]
+                m_new = tl.maximum(m, s_new)
+                alpha = tl.exp(m - m_new)
+                p_new = tl.exp(s_new - m_new).to(dtype).to(tl.float32)      # rounded as the tiles' p before their dot
+                l = l * alpha + tl.exp(s_new - m_new)
+                acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+                m = m_new
         if NUM_SPLITS == 1:
             out = acc / tl.where(l > 0, l, 1.0)[:, None]
             tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
@@ -173,8 +187,8 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         part_ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
         counters = split_counters("decode_attention", num_seqs * num_kv_heads, q.device)
     k_new, v_new, cos, sin, slots = new_token if new_token is not None else (q, q, q, q, q)
-    # the merge's [rows, splits, head_dim] fp32 tile stays within 32 values per thread (4 warps)
-    merge_rows = min(triton.next_power_of_2(group), max(1, 4096 // (num_splits * head_dim)))
+    # the merge's [rows, splits, head_dim] fp32 tile stays within 64 values per thread (4 warps)
+    merge_rows = min(triton.next_power_of_2(group), max(1, 8192 // (num_splits * head_dim)))
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, counters, k_new, v_new, cos, sin,
         slots, q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
