@@ -170,18 +170,18 @@ def test_flagged_words_carry_the_value_bits_under_the_epoch():
 @pytest.mark.parametrize("splits", ["many", "one"])
 def test_a_decode_layer_chained_by_pdl_in_a_cuda_graph_equals_its_plain_launches(splits, monkeypatch):
     """A tensor-parallel decode layer's kernels as the engine chains them with programmatic dependent launch (each
-    lets the next launch as it starts and waits for its predecessor before reading): the norm QKV GEMV, the decode
-    attention with rotary and the cache write folded in (its splits merged by the last one), o_proj's fused
-    all-reduce (its programs load their first weight chunk before they wait), the norm gate/up GEMV and down_proj's
-    fused all-reduce.
+    lets the next launch as it starts and waits for its predecessor before reading): the norm QKV GEMV, rotary with
+    the cache write, the decode attention (split kernel, merge kernel), o_proj's fused all-reduce (its programs
+    load their first weight chunk before they wait), the norm gate/up GEMV and down_proj's fused all-reduce.
     Replayed in a CUDA graph with a fresh residual each time, every output (and the caches) must be bit for bit
     the same kernels' launched one after the other without PDL: a kernel that read its input before its producer
-    finished would differ. One rank (world 1: it sends to itself and gathers). `splits`: the attention merges its
-    splits, or has one split (block tables one tile long)."""
+    finished would differ. One rank (world 1: it sends to itself and gathers). `splits`: the attention ends with
+    its merge kernel, or with the split kernel alone (block tables one tile long)."""
     from tierllm.kernels._dispatch import pdl_launch
     from tierllm.kernels.decode_attention import paged_decode_attention_triton
     from tierllm.kernels.gemv import gemv_triton
     from tierllm.kernels.gemv_all_reduce import gemv_all_reduce_
+    from tierllm.kernels.rotary import rotary_and_cache_write_triton
 
     torch.manual_seed(5)
     assert pdl_launch(torch.empty(1, device=DEVICE)), "this GPU or Triton has no programmatic dependent launch"
@@ -205,8 +205,8 @@ def test_a_decode_layer_chained_by_pdl_in_a_cuda_graph_equals_its_plain_launches
     def layer(res, k_cache, v_cache):
         qkv = gemv_triton(res, w_qkv, norm_weight=norms[0], pdl=True)             # [1, 3n]
         q, k, v = (part.view(1, heads, head_dim) for part in qkv.split(n, dim=1))
-        attention = paged_decode_attention_triton(q, k_cache, v_cache, tables, context_lens, 0.1,
-                                                  new_token=(k, v, cos, sin, slot))
+        rotary_and_cache_write_triton(q, k, v, cos, sin, k_cache, v_cache, slot)
+        attention = paged_decode_attention_triton(q, k_cache, v_cache, tables, context_lens, 0.1)
         gemv_all_reduce_(attention.view(1, n), w_o, None, res, **group.state)
         hidden = gemv_triton(res, w_gate_up, norm_weight=norms[1], gated=True, pdl=True)
         gemv_all_reduce_(hidden, w_down, None, res, **group.state)

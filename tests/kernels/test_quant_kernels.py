@@ -17,7 +17,6 @@ from test_triton_kernels import (
 from tierllm.config import QuantConfig
 from tierllm.kernels import _dispatch, act_quant, gemv, int8_gemm, quant_gemm, quant_gemv
 from tierllm.kernels._dispatch import HAS_TRITON
-from tierllm.kernels.split_counters import split_counters
 from tierllm.quant.quantize import quantize_weight
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -109,7 +108,7 @@ def test_quant_gemm(dtype, quant, m):
                                        bias.to(dtype))
     assert _rel_err(out, ref) < 1e-2
     # split K (2 splits in the interpreter, K=128): the tiles' last programs reset their counters
-    assert split_counters("quant_gemm", 1, x.device).count_nonzero().item() == 0
+    assert quant_gemm._SPLIT_K_COUNTERS[x.device].count_nonzero().item() == 0
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)

@@ -8,7 +8,6 @@ import torch
 
 from tierllm.kernels import activation, cache_write, decode_attention, norm, residual_add, rotary
 from tierllm.kernels._dispatch import HAS_TRITON
-from tierllm.kernels.split_counters import split_counters
 
 prefill_attention = importlib.import_module("tierllm.kernels.prefill_attention")
 invariant_linear = importlib.import_module("tierllm.kernels.invariant_linear")
@@ -130,41 +129,6 @@ def test_paged_decode_attention_splits_share_short_contexts(window):
     out = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 0.2, window)
     ref = decode_attention.paged_decode_attention_ref(q, k_cache, v_cache, tables.long(), ctx, 0.2, window)
     assert _rel_err(out, ref) < 1e-2
-
-
-@pytest.mark.parametrize("dtype", LOW_PRECISION)
-@pytest.mark.parametrize("lens,heads,kv_heads,window", [
-    ([1, 37, 150, 0, 64], 4, 4, None),        # 0 = padding row (its slot -1): no cache write, zero output
-    ([300, 45], 8, 1, None),                  # GQA, several splits (their merge over 8 query heads)
-    ([300], 6, 2, 70),                        # an uneven group, a window, one sequence: the most splits
-])
-def test_rotary_decode_attention_in_one_kernel(dtype, lens, heads, kv_heads, window):
-    """The decode kernel with rotary and the cache write folded in equals rotary_and_cache_write then attention:
-    the split holding the new token rotates and writes its key and value before reading them back (the slot holds
-    garbage before), every split's query rows are rotated, the last split merges and resets its counter."""
-    torch.manual_seed(6)
-    head_dim, block_size = 32, 16
-    k_cache, v_cache, tables = _random_paged(lens, kv_heads, head_dim, block_size, dtype, num_blocks=128,
-                                             width=20)
-    ctx = torch.tensor(lens, device=DEVICE)
-    last = (ctx - 1).clamp(min=0)
-    slots = tables.long().gather(1, (last // block_size)[:, None])[:, 0] * block_size + last % block_size
-    slots[ctx == 0] = -1
-    qkv = torch.randn(len(lens), (heads + 2 * kv_heads) * head_dim, device=DEVICE).to(dtype)   # views, as a model
-    q, k, v = (t.view(len(lens), -1, head_dim) for t in qkv.split([heads * head_dim, kv_heads * head_dim,
-                                                                    kv_heads * head_dim], dim=-1))
-    angles = torch.rand(len(lens), head_dim // 2, device=DEVICE) * 6
-    cos, sin = (f(torch.cat([angles, angles], dim=-1)).to(dtype) for f in (torch.cos, torch.sin))
-    ref_caches = [k_cache.clone(), v_cache.clone()]
-    ref = decode_attention.rotary_decode_attention_ref(q.clone(), k.clone(), v.clone(), cos, sin, *ref_caches,
-                                                       slots, tables.long(), ctx, 0.2, window)
-    out = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 0.2, window,
-                                                         new_token=(k, v, cos, sin, slots))
-    live = ctx > 0
-    assert _rel_err(out[live], ref[live]) < 1e-2
-    assert torch.equal(out[~live], torch.zeros_like(out[~live]))
-    assert torch.equal(k_cache, ref_caches[0]) and torch.equal(v_cache, ref_caches[1])
-    assert split_counters("decode_attention", 1, q.device).count_nonzero().item() == 0
 
 
 QUERY_LENS, CONTEXT_LENS = [70, 5, 33], [70, 90, 100]        # fresh, short chunk, chunk after a cached prefix

@@ -22,7 +22,6 @@ from tierllm.kernels.quant_gemv import (
     w8_gemv_triton,
     w8_linear_ref,
 )
-from tierllm.kernels.split_counters import split_counters
 
 # From this many rows the matmul is compute-bound and this kernel's in-register dequantization of every tile
 # costs more than one dequantizing pass (2.5-3 bytes per weight of traffic) plus cuBLAS: on an H100, at M=64, it
@@ -237,6 +236,10 @@ if HAS_TRITON:
                  mask=m_mask[:, None] & n_mask[None, :])
 
 
+_SPLIT_K_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED_COUNTERS: list[torch.Tensor] = []     # outgrown counters: CUDA graphs may still point at them
+
+
 @functools.lru_cache(maxsize=256)
 def _workspace_numel(m: int, n: int, tiles: tuple[tuple[int, int, int], ...]) -> int:
     """fp32 values the split configs among `tiles` (BLOCK_M, BLOCK_N, SPLIT_K) need for an [m, n] output (computed
@@ -249,10 +252,16 @@ def _split_k_buffers(m: int, n: int, device: torch.device, tiles: tuple[tuple[in
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-K workspace for an [m, n] output, big enough for every (BLOCK_M, BLOCK_N, SPLIT_K) in `tiles`
     (fp32 partial tiles, SPLIT_K per output tile), and the per-tile counters (int32, zero between launches: the
-    last program of a tile resets its own; kernels/split_counters.py)."""
+    last program of a tile resets its own; kept per device, grown when a launch needs more)."""
     workspace = torch.empty(_workspace_numel(m, n, tiles), dtype=torch.float32, device=device)
     num_tiles = triton.cdiv(m, 16) * triton.cdiv(n, 16)                     # the smallest tiles: the most of them
-    return workspace, split_counters("quant_gemm", num_tiles, device)
+    counters = _SPLIT_K_COUNTERS.get(device)
+    if counters is None or counters.numel() < num_tiles:
+        if counters is not None:
+            _RETIRED_COUNTERS.append(counters)
+        counters = _SPLIT_K_COUNTERS[device] = torch.zeros(max(num_tiles, 1 << 16), dtype=torch.int32,
+                                                           device=device)
+    return workspace, counters
 
 
 def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
