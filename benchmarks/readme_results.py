@@ -214,10 +214,29 @@ def latest_quant_paragraph(doc: dict) -> str:
             "left).")
 
 
-def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict) -> list[str]:
+def h200_quant_paragraph(doc: dict) -> str:
+    """The bf16 + int8 call on an H200 (quant-bf16-int8-llama-7b-h200.json)."""
+    r = doc["results"]
+    b1 = {v: r[v]["batch1"]["decode_ms_per_step"] for v in ("bf16", "int8")}
+    roof = {v: r[v]["batch1_weight_roofline_ms"] for v in ("bf16", "int8")}
+    b64 = {v: r[v]["batch64"]["decode_tok_s"] for v in ("bf16", "int8")}
+    needed = b1["bf16"] / 1.7
+    return (f"On an {doc['device']} ({doc['date'][:10]}, commit {doc['versions']['commit']}, bf16 and int8 in one call, "
+            "[JSON](benchmarks/results/quant-bf16-int8-llama-7b-h200.json); HBM copy "
+            f"{doc['ceilings']['hbm_copy_GBps(read+write)']:.0f} GB/s against the H100's ~3016): batch-1 decode "
+            f"{b1['bf16']} / {b1['int8']} ms/token ({r['bf16']['batch1_fraction_of_roofline']:.1%} / "
+            f"{r['int8']['batch1_fraction_of_roofline']:.1%} of each one's weight roofline, {roof['bf16']} / "
+            f"{roof['int8']} ms), int8 {r['speedup_vs_bf16']['int8']['batch1_decode']}x, the first int8 run with its "
+            f"PDL chain; batch-64 decode {b64['bf16']:.0f} / {b64['int8']:.0f} tok/s. " + _checks(doc) + " The "
+            "faster HBM shortens the weight-bound part of a step and not the rest, so the step-time ratio of two "
+            f"weight formats shrinks: 1.7x asks int8 for {needed:.2f} ms per token, {needed - roof['int8']:.2f} ms "
+            f"over its weights' roofline, where bf16 spends {b1['bf16'] - roof['bf16']:.2f} ms over its own.")
+
+
+def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200: dict) -> list[str]:
     """doc: bf16, int8 and int4 from one call; autotuned: the tuner's picks per llama-7b shape (quant_kernel_sweep.py
     --autotuned-only, the same commit); kernels: the previous run's per-shape kernel table (M=1 and the prefill
-    dequantizing pass); latest: the bf16 + int4 call since."""
+    dequantizing pass); latest: the bf16 + int4 call since; h200: the bf16 + int8 call on an H200."""
     r, c = doc["results"], doc["ceilings"]
     variants = [v for v in ("bf16", "int8", "int4", "w8a8") if v in r]
     rows = autotuned["rows"]                                                  # one per linear shape [N, K]
@@ -277,7 +296,7 @@ def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict) -> li
              "Programmatic dependent launch of every decode kernel was measured and dropped: within 2% either way "
              "([JSON](benchmarks/results/pdl-ab-llama-7b-h100.json), `benchmarks/notes/gpu-decode.md`; since the tenth "
              "session the decode layer is chained that way again, each GEMV loading before it waits).", "",
-             latest_quant_paragraph(latest)]
+             latest_quant_paragraph(latest), "", h200_quant_paragraph(h200)]
     return lines
 
 
@@ -297,9 +316,10 @@ def main() -> None:
     autotuned = json.loads((ROOT / "benchmarks/results/quant-autotuned-h100.json").read_text())
     quant_kernels = json.loads((ROOT / "benchmarks/results/quant-llama-7b-h100-run3.json").read_text())
     quant_latest = json.loads((ROOT / "benchmarks/results/quant-bf16-int4-asm-gemm-llama-7b-h100.json").read_text())
+    quant_h200 = json.loads((ROOT / "benchmarks/results/quant-bf16-int8-llama-7b-h200.json").read_text())
     body = "\n".join(cpu_section(cpu) + gpu_section(gpu) + serve_section(serve, other_budget)
                      + offload_section(offload, rerun, kv_alone, profile)
-                     + quant_section(quant, autotuned, quant_kernels, quant_latest))
+                     + quant_section(quant, autotuned, quant_kernels, quant_latest, quant_h200))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
