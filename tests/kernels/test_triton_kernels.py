@@ -77,8 +77,10 @@ def test_rotary_fused_with_cache_write(dtype):
     q_ref, k_ref = rotary.rotary_and_cache_write_ref(q.clone(), k.clone(), v.clone(), cos, sin, caches[0],
                                                      caches[1], slots)
     q_out, k_out = rotary.rotary_and_cache_write_triton(q, k, v, cos, sin, caches[2], caches[3], slots)
-    assert _rel_err(q_out, q_ref) < 1e-2 and _rel_err(k_out, k_ref) < 1e-2
-    assert _rel_err(caches[2], caches[0]) < 1e-2 and torch.equal(caches[3], caches[1])
+    # bit for bit: the kernel rounds where HF does (and is compiled without FMA contraction, which changed ~23% of
+    # the bf16 outputs by an ulp on an H200)
+    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
 
 
 def test_cache_write_skips_padding():
