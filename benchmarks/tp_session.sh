@@ -22,13 +22,15 @@
 #                                                  # graphs (TIERLLM_GEMV_TUNER=graph), then both with Triton's tuner
 #   bash benchmarks/tp_session.sh sweeps           # decode_gemv_sweep.py at TP=2: the QKV GEMV on GPU 0 and the gate/up
 #                                                  # GEMV on GPU 1 at once, both tuners' picks among them (~5 min)
+#   bash benchmarks/tp_session.sh gate-up-sweeps   # decode_gemv_sweep.py --linear gate_up at TP=1 on GPU 0 and TP=2 on
+#                                                  # GPU 1 at once (a new GPU kind: do the tuners' lists hold?)
 #   bash benchmarks/tp_session.sh invariant        # invariant mode: its GPU tests, then agreement on smollm2-1.7b
 #                                                  # and llama-13b at TP=1/2(/4), no speed runs (~8 min)
 # ALL_REDUCE: auto (default: the engine's own, fused on GPUs), nccl, symm_mem or fused. The fp32-reference
 # agreement of llama-13b (bf16's own noise floor, 82.8% on 2026-11-27) is in
 # tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
-part=${1:?part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps or invariant}
+part=${1:?part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps, gate-up-sweeps or invariant}
 all_reduce=${2:-auto}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -99,6 +101,15 @@ case "$part" in
     wait "$qkv"
     tail -8 "$OUT/sweep_qkv.log" "$OUT/sweep_gate_up.log"
     ;;
+  gate-up-sweeps)
+    CUDA_VISIBLE_DEVICES=0 timeout 420 python3 benchmarks/decode_gemv_sweep.py --linear gate_up --tp 1 \
+        > "$OUT/sweep_gate_up_tp1.log" 2>&1 &
+    tp1=$!
+    CUDA_VISIBLE_DEVICES=1 timeout 420 python3 benchmarks/decode_gemv_sweep.py --linear gate_up --tp 2 \
+        > "$OUT/sweep_gate_up_tp2.log" 2>&1
+    wait "$tp1"
+    tail -8 "$OUT/sweep_gate_up_tp1.log" "$OUT/sweep_gate_up_tp2.log"
+    ;;
   invariant)
     tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py \
@@ -106,6 +117,6 @@ case "$part" in
     python3 benchmarks/tp_gpu.py --tp-sizes "$tp" --presets smollm2-1.7b,llama-13b --skip-70b --no-fp32-reference \
         --invariant 2>&1 | tee "$OUT/tp_gpu_invariant.log" | grep -v "^\s*$" | tail -25
     ;;
-  *) echo "unknown part $part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps" \
-          "or invariant" >&2; exit 2 ;;
+  *) echo "unknown part $part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps," \
+          "gate-up-sweeps or invariant" >&2; exit 2 ;;
 esac
