@@ -35,6 +35,16 @@ all_reduce=${2:-auto}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 gpus=$(nvidia-smi -L | wc -l)
+
+two_sweeps() {   # LINEAR TP on GPU 0 and LINEAR TP on GPU 1 at once (decode_gemv_sweep.py)
+  CUDA_VISIBLE_DEVICES=0 timeout 420 python3 benchmarks/decode_gemv_sweep.py --linear "$1" --tp "$2" \
+      > "$OUT/sweep_$1_tp$2.log" 2>&1 &
+  local first=$!
+  CUDA_VISIBLE_DEVICES=1 timeout 420 python3 benchmarks/decode_gemv_sweep.py --linear "$3" --tp "$4" \
+      > "$OUT/sweep_$3_tp$4.log" 2>&1
+  wait "$first"
+  tail -8 "$OUT/sweep_$1_tp$2.log" "$OUT/sweep_$3_tp$4.log"
+}
 case "$part" in
   micro)
     sizes=$([ "$gpus" -ge 4 ] && echo 2,4 || echo 2)
@@ -93,22 +103,10 @@ case "$part" in
         --timeout 200 2>>"$OUT/tuner_ab.err" | tee -a "$OUT/tuner_ab.log"
     ;;
   sweeps)
-    CUDA_VISIBLE_DEVICES=0 timeout 420 python3 benchmarks/decode_gemv_sweep.py --linear qkv --tp 2 \
-        > "$OUT/sweep_qkv.log" 2>&1 &
-    qkv=$!
-    CUDA_VISIBLE_DEVICES=1 timeout 420 python3 benchmarks/decode_gemv_sweep.py --linear gate_up --tp 2 \
-        > "$OUT/sweep_gate_up.log" 2>&1
-    wait "$qkv"
-    tail -8 "$OUT/sweep_qkv.log" "$OUT/sweep_gate_up.log"
+    two_sweeps qkv 2 gate_up 2
     ;;
   gate-up-sweeps)
-    CUDA_VISIBLE_DEVICES=0 timeout 420 python3 benchmarks/decode_gemv_sweep.py --linear gate_up --tp 1 \
-        > "$OUT/sweep_gate_up_tp1.log" 2>&1 &
-    tp1=$!
-    CUDA_VISIBLE_DEVICES=1 timeout 420 python3 benchmarks/decode_gemv_sweep.py --linear gate_up --tp 2 \
-        > "$OUT/sweep_gate_up_tp2.log" 2>&1
-    wait "$tp1"
-    tail -8 "$OUT/sweep_gate_up_tp1.log" "$OUT/sweep_gate_up_tp2.log"
+    two_sweeps gate_up 1 gate_up 2
     ;;
   invariant)
     tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
