@@ -30,7 +30,8 @@
 # agreement of llama-13b (bf16's own noise floor, 82.8% on 2026-11-27) is in
 # tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
-part=${1:?part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps, gate-up-sweeps or invariant}
+part=${1:?part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps, gate-up-sweeps,
+  or invariant}
 all_reduce=${2:-auto}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
