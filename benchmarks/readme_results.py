@@ -214,8 +214,8 @@ def latest_quant_paragraph(doc: dict) -> str:
             "left).")
 
 
-def h200_quant_paragraph(doc: dict) -> str:
-    """The bf16 + int8 call on an H200 (quant-bf16-int8-llama-7b-h200.json)."""
+def h200_quant_paragraph(doc: dict, h100: dict) -> str:
+    """The bf16 + int8 call on an H200 (quant-bf16-int8-llama-7b-h200.json); h100: an H100 call, for its copy rate."""
     r = doc["results"]
     b1 = {v: r[v]["batch1"]["decode_ms_per_step"] for v in ("bf16", "int8")}
     roof = {v: r[v]["batch1_weight_roofline_ms"] for v in ("bf16", "int8")}
@@ -223,7 +223,8 @@ def h200_quant_paragraph(doc: dict) -> str:
     needed = b1["bf16"] / 1.7
     return (f"On an {doc['device']} ({doc['date'][:10]}, commit {doc['versions']['commit']}, bf16 and int8 in one call, "
             "[JSON](benchmarks/results/quant-bf16-int8-llama-7b-h200.json); HBM copy "
-            f"{doc['ceilings']['hbm_copy_GBps(read+write)']:.0f} GB/s against the H100's ~3016): batch-1 decode "
+            f"{doc['ceilings']['hbm_copy_GBps(read+write)']:.0f} GB/s against the H100's "
+            f"{h100['ceilings']['hbm_copy_GBps(read+write)']:.0f}): batch-1 decode "
             f"{b1['bf16']} / {b1['int8']} ms/token ({r['bf16']['batch1_fraction_of_roofline']:.1%} / "
             f"{r['int8']['batch1_fraction_of_roofline']:.1%} of each one's weight roofline, {roof['bf16']} / "
             f"{roof['int8']} ms), int8 {r['speedup_vs_bf16']['int8']['batch1_decode']}x, the first int8 run with its "
@@ -296,7 +297,7 @@ def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200:
              "Programmatic dependent launch of every decode kernel was measured and dropped: within 2% either way "
              "([JSON](benchmarks/results/pdl-ab-llama-7b-h100.json), `benchmarks/notes/gpu-decode.md`; since the tenth "
              "session the decode layer is chained that way again, each GEMV loading before it waits).", "",
-             latest_quant_paragraph(latest), "", h200_quant_paragraph(h200)]
+             latest_quant_paragraph(latest), "", h200_quant_paragraph(h200, latest)]
     return lines
 
 
