@@ -24,6 +24,10 @@
 #                                                  # GEMV on GPU 1 at once, both tuners' picks among them (~5 min)
 #   bash benchmarks/tp_session.sh gate-up-sweeps   # decode_gemv_sweep.py --linear gate_up at TP=1 on GPU 0 and TP=2 on
 #                                                  # GPU 1 at once (a new GPU kind: do the tuners' lists hold?)
+#   bash benchmarks/tp_session.sh survey         # a new GPU kind: fused_ab.py (llama-13b TP=1 and TP=2, timelines and
+#                                                  # tuned configs) on GPUs 0-1; with 4 GPUs the gate/up and QKV GEMV
+#                                                  # sweeps at TP=1 on GPU 2 and TP=2 on GPU 3 meanwhile (~8 min);
+#                                                  # everything in $OUT/survey.tgz
 #   bash benchmarks/tp_session.sh invariant        # invariant mode: its GPU tests, then agreement on smollm2-1.7b
 #                                                  # and llama-13b at TP=1/2(/4), no speed runs (~8 min)
 # ALL_REDUCE: auto (default: the engine's own, fused on GPUs), nccl, symm_mem or fused. The fp32-reference
@@ -31,7 +35,7 @@
 # tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
 part=${1:?part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps, gate-up-sweeps,
-  or invariant}
+  survey or invariant}
 all_reduce=${2:-auto}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -109,6 +113,23 @@ case "$part" in
   gate-up-sweeps)
     two_sweeps gate_up 1 gate_up 2
     ;;
+  survey)
+    mkdir -p /tmp/survey
+    if [ "$gpus" -ge 4 ]; then
+      for tp in 1 2; do
+        ( for linear in gate_up qkv; do
+            CUDA_VISIBLE_DEVICES=$((tp + 1)) OUT=/tmp/survey timeout 240 python3 benchmarks/decode_gemv_sweep.py \
+                --linear $linear --tp $tp > /tmp/survey/sweep_${linear}_tp$tp.log 2>&1
+          done ) &
+      done
+    fi
+    CUDA_VISIBLE_DEVICES=0,1 OUT=/tmp/survey timeout 520 python3 benchmarks/fused_ab.py --tp 2 --variant new: \
+        --no-reverse --timeout 300 2>/tmp/survey/fused_ab.err | tee /tmp/survey/fused_ab.log
+    wait
+    tail -4 /tmp/survey/sweep_*.log
+    python3 benchmarks/timeline_segments.py /tmp/survey/timeline-*.json
+    tar -czf "$OUT/survey.tgz" -C /tmp survey
+    ;;
   invariant)
     tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py \
@@ -117,5 +138,5 @@ case "$part" in
         --invariant 2>&1 | tee "$OUT/tp_gpu_invariant.log" | grep -v "^\s*$" | tail -25
     ;;
   *) echo "unknown part $part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps," \
-          "gate-up-sweeps or invariant" >&2; exit 2 ;;
+          "gate-up-sweeps, survey or invariant" >&2; exit 2 ;;
 esac
