@@ -3,11 +3,14 @@ CUDA graphs with the weights rotating over enough copies that none stays in L2 b
 (benchmarks/notes/tp-history.md, "Two-warp GEMV configs"):
   --linear gate_up   the gated RMSNorm GEMV (gemv.py: NORM + GATED), [2N, K] with N = 13824 / tp
   --linear qkv       the RMSNorm QKV GEMV (NORM), [3 x 5120 / tp, 5120]
+  --linear down      the down projection's residual GEMV (RESIDUAL), [5120, 13824 / tp] (at TP > 1 the engine
+                     runs the fused GEMV all-reduce there: this times its GEMV part's shape only)
 each over a wide config list:
   iso    the GEMV alone, launched plainly, back to back;
-  chain  [GEMV, down-projection residual GEMV] pairs, both launched with programmatic dependent launch, as decode
-         runs them (the down GEMV autotuned): each kernel's start overlaps the tail of the one before, and the
-         gate/up GEMV comes before a down projection, the QKV GEMV after one.
+  chain  pairs with its neighbour in a decode layer, both launched with programmatic dependent launch, as decode
+         runs them (the neighbour autotuned): each kernel's start overlaps the tail of the one before. The gate/up
+         GEMV comes before a down projection, the QKV GEMV after one: [GEMV, down] pairs; the down projection
+         after a gate/up GEMV: [gate/up, down] pairs.
 The fastest configs alone, Triton's autotuner's pick and the graph tuner's (TIERLLM_GEMV_TUNER=graph,
 kernels/graph_tuning.py) also run in the chain. JSON to $OUT/decode-gemv-sweep-LINEAR-tpN.json.
 
@@ -53,13 +56,16 @@ def graph_us(launches) -> float:
 
 
 def target_launch(x, w, g, y, gated: bool, config, pdl: bool, tuner: str = "triton"):
-    """The engine's norm GEMV on w ([2N, K] gated) -> a launch returning its output: tuned (config None: by `tuner`,
-    into a new tensor, so a down GEMV after it in a chain reads y's stale values: the same bytes, the same timing)
-    or with one fixed config (into y)."""
+    """The engine's norm GEMV on w ([2N, K] gated), or with g None the residual GEMV adding into y, -> a launch
+    returning its output: tuned (config None: by `tuner`; a norm GEMV into a new tensor, so a down GEMV after it in
+    a chain reads y's stale values: the same bytes, the same timing) or with one fixed config (into y)."""
+    residual = g is None
     if config is None:
         def tuned():
             os.environ["TIERLLM_GEMV_TUNER"] = tuner
             try:
+                if residual:
+                    return gemv.gemv_triton(x, w, residual=y, pdl=pdl)
                 return gemv.gemv_triton(x, w, norm_weight=g, gated=gated, pdl=pdl)
             finally:
                 os.environ.pop("TIERLLM_GEMV_TUNER")
@@ -68,8 +74,8 @@ def target_launch(x, w, g, y, gated: bool, config, pdl: bool, tuner: str = "trit
     c = {key: config[key] for key in ("BLOCK_N", "BLOCK_K")}
     options = {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
     return lambda: (gemv._gemv_body[(triton.cdiv(n, c["BLOCK_N"]),)](
-        x, w, w, w, g, y, 1, n, k, x.stride(0), w.stride(0), y.stride(0), 1e-6, HAS_BIAS=False, NORM=True,
-        GATED=gated, RESIDUAL=False, INT8=False, BLOCK_M=1, **c, num_warps=config["num_warps"],
+        x, w, w, w, w if residual else g, y, 1, n, k, x.stride(0), w.stride(0), y.stride(0), 1e-6, HAS_BIAS=False,
+        NORM=not residual, GATED=gated, RESIDUAL=residual, INT8=False, BLOCK_M=1, **c, num_warps=config["num_warps"],
         num_stages=config["num_stages"], **options), y)[1]
 
 
@@ -86,40 +92,58 @@ def sweep_configs(gated: bool) -> list[dict]:
     return configs
 
 
+def rand(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
 def label(config: dict) -> str:
     return f"bn{config['BLOCK_N']} bk{config['BLOCK_K']} w{config['num_warps']} s{config['num_stages']}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--linear", choices=["gate_up", "qkv"], default="gate_up")
+    parser.add_argument("--linear", choices=["gate_up", "qkv", "down"], default="gate_up")
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--top", type=int, default=10, help="iso's fastest configs that also run in the chain")
     args = parser.parse_args()
     torch.manual_seed(0)
-    gated = args.linear == "gate_up"
+    gated, down = args.linear == "gate_up", args.linear == "down"
     inter = INTERMEDIATE // args.tp
-    rows_out = inter if gated else 3 * HIDDEN // args.tp                  # the GEMV's output features
-    w_rows, k = (2 * rows_out if gated else rows_out), HIDDEN
     hbm = hbm_copy_GBps()
-    target_bytes, down_bytes = w_rows * k * 2, HIDDEN * inter * 2
-    copies = copies_for(target_bytes + down_bytes)
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    g = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
-    targets = [torch.randn(w_rows, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    downs = [torch.randn(HIDDEN, inter, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    y = torch.empty(1, rows_out, device="cuda", dtype=torch.bfloat16)
-    h = torch.randn(1, inter, device="cuda", dtype=torch.bfloat16)    # the down GEMV's input
-    residual = torch.randn(1, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    reference = gemv.fused_linear_ref(x, targets[0], norm_weight=g, gated=gated)
-    if gated:
-        h = y                                                          # the down GEMV reads the gate/up output
+    if down:                                 # the residual GEMV, after an (autotuned) gate/up GEMV
+        w_rows, k, rows_out = HIDDEN, inter, HIDDEN
+        partner_shape, partner_bytes = (2 * inter, HIDDEN), 2 * inter * HIDDEN * 2
+    else:                                    # a norm GEMV, before an (autotuned) down GEMV
+        rows_out = inter if gated else 3 * HIDDEN // args.tp              # the GEMV's output features
+        w_rows, k = (2 * rows_out if gated else rows_out), HIDDEN
+        partner_shape, partner_bytes = (HIDDEN, inter), HIDDEN * inter * 2
+    target_bytes = w_rows * k * 2
+    copies = copies_for(target_bytes + partner_bytes)
+    x = rand(1, k)
+    g = None if down else torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+    targets = [rand(w_rows, k) * 0.02 for _ in range(copies)]
+    partners = [rand(*partner_shape) * 0.02 for _ in range(copies)]
+    y = rand(1, rows_out)                                              # down: the residual stream
+    start_y = y.clone()
+    reference = gemv.fused_linear_ref(x, targets[0], norm_weight=g, gated=gated, residual=start_y if down else None)
+    if down:
+        partner_x, partner_g = rand(1, HIDDEN), torch.rand(HIDDEN, device="cuda", dtype=torch.bfloat16) + 0.5
+
+        def partner(i, pdl):              # gate/up writes a new tensor: the down GEMV reads x's stale bytes
+            return lambda: gemv.gemv_triton(partner_x, partners[i % copies], norm_weight=partner_g, gated=True,
+                                            pdl=pdl)
+    else:
+        h = y if gated else rand(1, inter)                             # the down GEMV reads the gate/up output
+        residual = rand(1, HIDDEN)
+
+        def partner(i, pdl):
+            return lambda: gemv.gemv_triton(h, partners[i % copies], residual=residual, pdl=pdl)
 
     def chain(config, pdl=True, tuner="triton"):
         launches = []
         for i in range(REPEATS):
-            launches.append(target_launch(x, targets[i % copies], g, y, gated, config, pdl, tuner))
-            launches.append(lambda down=downs[i % copies]: gemv.gemv_triton(h, down, residual=residual, pdl=pdl))
+            pair = [target_launch(x, targets[i % copies], g, y, gated, config, pdl, tuner), partner(i, pdl)]
+            launches += pair[::-1] if down else pair
         return 2 * graph_us(launches)                                       # per pair
 
     rows = []
@@ -127,6 +151,7 @@ def main() -> int:
     candidates += [(label(c), c, "triton") for c in sweep_configs(gated)]
     for name, config, tuner in candidates:
         try:
+            y.copy_(start_y)
             out = target_launch(x, targets[0], g, y, gated, config, False, tuner)()
             error = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
             us = graph_us([target_launch(x, targets[i % copies], g, y, gated, config, False, tuner)
@@ -144,21 +169,22 @@ def main() -> int:
     for row in picks:
         tuner = tuned_names.get(row["config"], "triton")
         row["chain_pair_us"] = round(chain(by_label.get(row["config"]), tuner=tuner), 2)
-        row["chain_pair_TBps"] = round((target_bytes + down_bytes) / row["chain_pair_us"] / 1e6, 3)
+        row["chain_pair_TBps"] = round((target_bytes + partner_bytes) / row["chain_pair_us"] / 1e6, 3)
         print(f"{row['config']:>22}: chain {row['chain_pair_us']:7.2f} us per pair "
               f"({row['chain_pair_TBps']:.2f} TB/s)", flush=True)
-    down_alone = graph_us([lambda d=downs[i % copies]: gemv.gemv_triton(h, d, residual=residual, pdl=True)
-                           for i in range(REPEATS)])
+    partner_alone = graph_us([partner(i, True) for i in range(REPEATS)])
+    partner_name = "gate_up" if down else "down"
     results = {"linear": args.linear,
-               "shape": {"weight_rows": w_rows, "K": k, "gated": gated, "down": [HIDDEN, inter],
+               "shape": {"weight_rows": w_rows, "K": k, "gated": gated, partner_name: list(partner_shape),
                          "weight_copies": copies},
                "ideal_us": {"gemv": round(target_bytes / hbm / 1e3, 2),
-                            "pair": round((target_bytes + down_bytes) / hbm / 1e3, 2)},
-               "down_alone_pdl_us": round(down_alone, 2),
-               "triton_tuner_picks": {str(key): str(c) for key, c in gemv._gemv_kernel.cache.items()},
+                            "pair": round((target_bytes + partner_bytes) / hbm / 1e3, 2)},
+               f"{partner_name}_alone_pdl_us": round(partner_alone, 2),
+               "triton_tuner_picks": {str(key): str(c) for tuner in (gemv._gemv_kernel, gemv._gemv_residual_kernel)
+                                      for key, c in tuner.cache.items()},
                "graph_tuner_picks": {str(key): str(c) for key, c in gemv._graph_tuner.cache.items()},
                "rows": rows}
-    print(json.dumps({key: results[key] for key in ("ideal_us", "down_alone_pdl_us", "triton_tuner_picks",
+    print(json.dumps({key: results[key] for key in ("ideal_us", f"{partner_name}_alone_pdl_us", "triton_tuner_picks",
                                                     "graph_tuner_picks")}, indent=1))
     out = Path(os.environ.get("OUT", "benchmarks/results")) / f"decode-gemv-sweep-{args.linear}-tp{args.tp}.json"
     write_result(out, "decode_gemv_sweep", torch.device("cuda"), {"hbm_copy_GBps(read+write)": round(hbm, 1)}, {},

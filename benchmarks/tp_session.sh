@@ -26,7 +26,8 @@
 #                                                  # GPU 1 at once (a new GPU kind: do the tuners' lists hold?)
 #   bash benchmarks/tp_session.sh survey         # a new GPU kind: fused_ab.py (llama-13b TP=1 and TP=2, timelines and
 #                                                  # tuned configs) on GPUs 0-1; with 4 GPUs the gate/up and QKV GEMV
-#                                                  # sweeps at TP=1 on GPU 2 and TP=2 on GPU 3 meanwhile (~8 min);
+#                                                  # sweeps (or SWEEPS="down ...") at TP=1 on GPU 2 and TP=2 on GPU 3
+#                                                  # meanwhile (~8 min);
 #                                                  # everything in $OUT/survey.tgz
 #   bash benchmarks/tp_session.sh invariant        # invariant mode: its GPU tests, then agreement on smollm2-1.7b
 #                                                  # and llama-13b at TP=1/2(/4), no speed runs (~8 min)
@@ -117,7 +118,7 @@ case "$part" in
     mkdir -p /tmp/survey
     if [ "$gpus" -ge 4 ]; then
       for tp in 1 2; do
-        ( for linear in gate_up qkv; do
+        ( for linear in ${SWEEPS:-gate_up qkv}; do
             CUDA_VISIBLE_DEVICES=$((tp + 1)) OUT=/tmp/survey timeout 240 python3 benchmarks/decode_gemv_sweep.py \
                 --linear $linear --tp $tp > /tmp/survey/sweep_${linear}_tp$tp.log 2>&1
           done ) &

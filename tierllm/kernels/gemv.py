@@ -58,12 +58,14 @@ if HAS_TRITON:
 
     # Memory-bound: many small programs (few rows, long K chunks) keep the most bytes in flight per SM. With the
     # last six (two warps or 1024-wide chunks) the llama-13b gate/up GEMV's best config streamed 5-7% faster than the
-    # tuner's pick among the first ten on an H100, alone and chained (benchmarks/decode_gemv_sweep.py).
+    # tuner's pick among the first ten on an H100, alone and chained (benchmarks/decode_gemv_sweep.py); on H200s
+    # the QKV and gate/up GEMVs' best ones chained were the last two, 8 rows of 1024-wide chunks.
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                 for bn, bk, w, s in [(4, 512, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 2), (16, 512, 8, 2),
                                      (1, 4096, 4, 1), (2, 4096, 4, 1), (2, 2048, 4, 2), (4, 2048, 8, 2),
                                      (4, 4096, 8, 1), (1, 2048, 4, 2), (1, 1024, 2, 2), (2, 1024, 2, 2),
-                                     (4, 1024, 2, 2), (2, 1024, 4, 2), (4, 1024, 4, 2), (1, 2048, 2, 2)]]
+                                     (4, 1024, 2, 2), (2, 1024, 4, 2), (4, 1024, 4, 2), (1, 2048, 2, 2),
+                                     (8, 1024, 2, 2), (8, 1024, 4, 2)]]
     _KEY = ["N", "K", "BLOCK_M", "NORM", "GATED", "RESIDUAL"]
 
     @triton.jit

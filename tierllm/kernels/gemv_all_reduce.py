@@ -208,7 +208,8 @@ if HAS_TRITON:
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                 for bn, bk, w, s in [(4, 512, 4, 3), (4, 1024, 4, 2), (8, 512, 4, 3), (8, 1024, 8, 2),
                                      (2, 2048, 4, 2), (4, 2048, 8, 2), (2, 4096, 4, 1), (4, 4096, 4, 1),
-                                     (1, 1024, 2, 2), (2, 1024, 2, 2), (4, 1024, 2, 2), (1, 2048, 2, 2)]]
+                                     (1, 1024, 2, 2), (2, 1024, 2, 2), (4, 1024, 2, 2), (1, 2048, 2, 2),
+                                     (8, 1024, 2, 2), (8, 1024, 4, 2)]]
     _tuner = triton.autotune(configs=_CONFIGS, key=["N", "K", "BLOCK_M"])(_gemv_all_reduce_kernel)
     _WHOLE_K_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": WHOLE_K}, num_warps=w, num_stages=1)
                         for bn, w in [(1, 2), (2, 2), (1, 4), (2, 4), (4, 4), (4, 8), (8, 8)]]
