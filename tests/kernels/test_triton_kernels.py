@@ -393,7 +393,7 @@ def test_gemv_every_tuning_config(monkeypatch, fusion, rows):
     w = (torch.randn(2 * n if gated else n, k, device=DEVICE) / 8).to(torch.bfloat16)
     x = (2 * torch.randn(rows, k, device=DEVICE)).to(torch.bfloat16)
     kernel = gemv._gemv_residual_kernel if fusion == "residual" else gemv._gemv_kernel
-    for config in gemv._CONFIGS:
+    for config in kernel.configs:
         monkeypatch.setattr(kernel, "configs", [config])
         monkeypatch.setattr(kernel, "cache", {})
         kwargs = _fusion_inputs(fusion, rows, n, k, torch.bfloat16, seed=4)
