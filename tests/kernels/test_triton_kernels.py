@@ -393,7 +393,7 @@ def test_gemv_every_tuning_config(monkeypatch, fusion, rows):
     w = (torch.randn(2 * n if gated else n, k, device=DEVICE) / 8).to(torch.bfloat16)
     x = (2 * torch.randn(rows, k, device=DEVICE)).to(torch.bfloat16)
     kernel = gemv._gemv_residual_kernel if fusion == "residual" else gemv._gemv_kernel
-    for config in kernel.configs:
+    for config in gemv._CONFIGS:
         monkeypatch.setattr(kernel, "configs", [config])
         monkeypatch.setattr(kernel, "cache", {})
         kwargs = _fusion_inputs(fusion, rows, n, k, torch.bfloat16, seed=4)
@@ -430,3 +430,15 @@ def test_invariant_linear_refuses_parts_that_do_not_divide_k():
         invariant_linear.invariant_linear_ref(x, w, None, 8)
     with pytest.raises(ValueError, match="parts must be 1, 2, 4 or 8, got 3"):
         invariant_linear.invariant_linear_ref(x, w, None, 3)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="the tuner's config list needs Triton")
+def test_residual_gemv_tunes_long_rows_over_one_row_per_warp():
+    """The residual GEMV's tuner keeps every config for o_proj-like shapes (K <= 2N) and only those with at most
+    one row per warp for down-projection-like ones (K > 2N), never none."""
+    from tierllm.kernels import gemv
+    prune = gemv._gemv_residual_kernel.early_config_prune
+    assert prune(gemv._CONFIGS, {"N": 5120, "K": 5120}) == gemv._CONFIGS
+    long_rows = prune(gemv._CONFIGS, {"N": 5120, "K": 13824})
+    assert long_rows and all(c.kwargs["BLOCK_N"] <= c.num_warps for c in long_rows)
+    assert len(long_rows) < len(gemv._CONFIGS)

@@ -154,11 +154,18 @@ if HAS_TRITON:
     # A RESIDUAL launch adds into its output, and timing a config runs it many times: its twin autotuner copies
     # the output before each timed run and restores it after (restore_value), so tuning leaves the residual
     # stream as it was. The other launches keep the plain tuner (no copies in their timings).
-    # The residual GEMVs (o_proj, down_proj) tune over the configs with at most one row per warp: chained after the
-    # gate/up GEMV as decode runs it, the others lost 2-8% on H200s though one of them (4 rows, 2 warps) was the
-    # fastest alone, so Triton's tuner, which times a kernel alone, took it (decode_gemv_sweep.py --linear down).
-    _RESIDUAL_CONFIGS = [c for c in _CONFIGS if c.kwargs["BLOCK_N"] <= c.num_warps]
-    _gemv_residual_kernel = triton.autotune(configs=_RESIDUAL_CONFIGS, key=_KEY, restore_value=["y_ptr"])(_gemv_body)
+    def _prune_long_rows(configs, named_args, **kwargs):
+        """A residual GEMV of long rows (K > 2N: the down projection) tunes over the configs with at most one row
+        per warp: chained after the gate/up GEMV as decode runs it, the others lost 2-8% on H200s though one of them
+        (4 rows, 2 warps) was the fastest alone, so Triton's tuner, which times a kernel alone, took it
+        (decode_gemv_sweep.py --linear down). o_proj (K = N) keeps them all: after the attention, it gained from
+        their longer first chunks."""
+        if named_args["K"] <= 2 * named_args["N"]:
+            return configs
+        return [c for c in configs if c.kwargs["BLOCK_N"] <= c.num_warps]
+
+    _gemv_residual_kernel = triton.autotune(configs=_CONFIGS, key=_KEY, restore_value=["y_ptr"],
+                                            prune_configs_by={"early_config_prune": _prune_long_rows})(_gemv_body)
     _graph_tuner = GraphTuner(_CONFIGS)                                  # TIERLLM_GEMV_TUNER=graph (launch_gemv)
 
 

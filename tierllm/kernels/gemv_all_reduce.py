@@ -205,12 +205,14 @@ if HAS_TRITON:
     # Tuned per shape on the EXCHANGE=False twin, each rank for itself (the ranks' tiles need not match: a part is
     # found by its columns), on a scratch copy of the residual; by Triton's autotuner, or with
     # TIERLLM_GEMV_TUNER=graph timed in CUDA graphs (graph_tuning.py).
-    # At most one row per warp, as the residual GEMVs' list (gemv.py) and for the same reason: this kernel is the
-    # down projection chained after the gate/up GEMV at TP > 1.
+    # Not pruned as gemv.py's residual GEMVs of long rows are: on 2 H200s, llama-13b's down projection at TP=2 took
+    # 27.5 us per layer with the one-row-per-warp configs against 25.2 with this whole list (its pick: 4 rows, 2
+    # warps), its exchange counting (benchmarks/notes/tp-history.md).
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-                for bn, bk, w, s in [(4, 512, 4, 3), (4, 1024, 4, 2), (8, 1024, 8, 2), (2, 2048, 4, 2),
-                                     (4, 2048, 8, 2), (2, 4096, 4, 1), (4, 4096, 4, 1), (1, 1024, 2, 2),
-                                     (2, 1024, 2, 2), (1, 2048, 2, 2)]]
+                for bn, bk, w, s in [(4, 512, 4, 3), (4, 1024, 4, 2), (8, 512, 4, 3), (8, 1024, 8, 2),
+                                     (2, 2048, 4, 2), (4, 2048, 8, 2), (2, 4096, 4, 1), (4, 4096, 4, 1),
+                                     (1, 1024, 2, 2), (2, 1024, 2, 2), (4, 1024, 2, 2), (1, 2048, 2, 2),
+                                     (8, 1024, 2, 2), (8, 1024, 4, 2)]]
     _tuner = triton.autotune(configs=_CONFIGS, key=["N", "K", "BLOCK_M"])(_gemv_all_reduce_kernel)
     _WHOLE_K_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": WHOLE_K}, num_warps=w, num_stages=1)
                         for bn, w in [(1, 2), (2, 2), (1, 4), (2, 4), (4, 4), (4, 8), (8, 8)]]
