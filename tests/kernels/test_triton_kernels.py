@@ -324,7 +324,11 @@ def test_gemv_fused_autotuned(monkeypatch, fusion):
     x = (2 * torch.randn(rows, k, device=DEVICE)).half()
     kwargs = _fusion_inputs(fusion, rows, n, k, torch.float16, seed=3)
     kernel = gemv._gemv_residual_kernel if fusion == "residual" else gemv._gemv_kernel
-    check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, gemv, kernel, lambda: gemv.gemv_triton(x, w, **kw)),
+    # K > 2N here: the residual tuner prunes to the configs of at most one row per warp
+    configs = gemv._prune_long_rows(gemv._CONFIGS, {"N": n, "K": k}) if fusion == "residual" else gemv._CONFIGS
+    assert len(configs) < len(gemv._CONFIGS) or fusion != "residual"
+    check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, gemv, kernel, lambda: gemv.gemv_triton(x, w, **kw),
+                                                  len(configs)),
                      functools.partial(gemv.fused_linear_ref, x.float(), w.float()), rows, n, kwargs)
 
 
@@ -437,7 +441,8 @@ def test_residual_gemv_tunes_long_rows_over_one_row_per_warp():
     """The residual GEMV's tuner keeps every config for o_proj-like shapes (K <= 2N) and only those with at most
     one row per warp for down-projection-like ones (K > 2N), never none."""
     from tierllm.kernels import gemv
-    prune = gemv._gemv_residual_kernel.early_config_prune
+    prune = gemv._prune_long_rows
+    assert gemv._gemv_residual_kernel.early_config_prune is prune
     assert prune(gemv._CONFIGS, {"N": 5120, "K": 5120}) == gemv._CONFIGS
     long_rows = prune(gemv._CONFIGS, {"N": 5120, "K": 13824})
     assert long_rows and all(c.kwargs["BLOCK_N"] <= c.num_warps for c in long_rows)
