@@ -176,3 +176,26 @@ def test_fp32_steps_with_prompt_tokens_stay_eager():
         with torch.inference_mode():
             ref = hf.generate(ids, max_new_tokens=16, do_sample=False)
         assert engine.generate(ids, max_new_tokens=16, do_sample=False).tolist() == ref.tolist()
+
+
+def test_step_tuning_choices_are_candidates_and_graphs_replay_eager(monkeypatch):
+    """TIERLLM_STEP_TUNER=1 (bf16, tiny Llama GQA): the batch-1 decode GEMVs are retimed in the step before the
+    graphs are captured; each choice is one of its site's candidates and sits in the tuner's cache, and the graphs
+    replay what eager decode computes with the same choices."""
+    from tierllm.kernels import graph_tuning
+    from tierllm.runner import step_tuning
+
+    monkeypatch.setenv("TIERLLM_STEP_TUNER", "1")
+    hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda().to(torch.bfloat16)
+    engine = tierllm.init_inference(hf, dtype=torch.bfloat16, show_progress=False, max_num_seqs=4)
+    report = engine.engine.runner.step_tuning_report
+    assert report, "no batch-1 GEMV launch was retimed"
+    for row in report:
+        assert any(str(site.key) == row["key"] and str(site.cache[site.key]) == row["after"]
+                   and row["after"] in [str(config) for config in step_tuning.candidates(site)]
+                   for site in graph_tuning.TUNED_SITES), row
+    ids = torch.tensor([random_prompts([21], seed=8)[0]], device="cuda")
+    with_graphs = engine.generate(ids, max_new_tokens=16, min_new_tokens=16)
+    engine.engine.runner.use_cuda_graph = False
+    without = engine.generate(ids, max_new_tokens=16, min_new_tokens=16)
+    assert torch.equal(with_graphs, without)

@@ -332,6 +332,24 @@ def test_gemv_fused_autotuned(monkeypatch, fusion):
                      functools.partial(gemv.fused_linear_ref, x.float(), w.float()), rows, n, kwargs)
 
 
+def test_triton_tuned_gemv_launch_leaves_its_site_for_step_tuning(monkeypatch):
+    """Each key Triton's tuner tunes leaves a TunedSite (the tuner's cache, the key, every config's timing, x's row
+    bucket) for runner/step_tuning.py; a launch of a key already tuned leaves none."""
+    from tierllm.kernels import gemv, graph_tuning
+    torch.manual_seed(14)
+    monkeypatch.setattr(graph_tuning, "TUNED_SITES", [])
+    x = torch.randn(1, 64, device=DEVICE).half()
+    w = torch.randn(20, 64, device=DEVICE).half()
+    out = tune_and_launch(monkeypatch, gemv, gemv._gemv_kernel, lambda: gemv.gemv_triton(x, w))
+    assert _rel_err(out, gemv.linear_ref(x.float(), w.float())) < 1e-2
+    [site] = graph_tuning.TUNED_SITES
+    assert site.cache is gemv._gemv_kernel.cache and site.block_m == 1
+    assert set(site.timings) == set(gemv._CONFIGS)
+    assert site.cache[site.key] is min(site.timings, key=site.timings.get) is gemv._CONFIGS[0]
+    gemv.gemv_triton(x, w)
+    assert len(graph_tuning.TUNED_SITES) == 1
+
+
 @pytest.mark.parametrize("fusion", ["residual", "norm_gated"])
 def test_gemv_graph_tuned(monkeypatch, fusion):
     """TIERLLM_GEMV_TUNER=graph: every config is timed (here: run on both weight copies, a made-up time; on CPU

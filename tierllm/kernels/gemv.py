@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options, use_triton
 from tierllm.kernels.activation import silu_and_mul
-from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning
+from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
 from tierllm.kernels.norm import rms_norm
 
 MAX_GEMV_ROWS = 8
@@ -236,7 +236,8 @@ def launch_gemv(kernel, graph_tuner, x: torch.Tensor, weight: torch.Tensor, scal
             config = graph_tuner.pick(key, lambda config, w: launch(config, w, scratch), weight)
         launch(config, weight)
     else:
-        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(weight, y), **flags, **pdl_options(x, pdl))
+        launch_recording_sites(kernel, lambda: kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
+            *args(weight, y), **flags, **pdl_options(x, pdl)), flags["BLOCK_M"])
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -94,3 +95,32 @@ class GraphTuner:
             return self.configs[0]
         self.cache[key] = fastest_config(self.configs, launch, weight)
         return self.cache[key]
+
+
+@dataclass
+class TunedSite:
+    """One launch config that Triton's autotuner chose by timing each config alone: the cache it reads at each
+    launch (key -> config), the key, the configs' timings alone (seconds, lower is faster) and the rows of x
+    (BLOCK_M: the decode batch bucket). runner/step_tuning.py retimes the closest ones inside the decode step."""
+    cache: dict
+    key: tuple
+    timings: dict
+    block_m: int
+
+
+TUNED_SITES: list[TunedSite] = []          # every key Triton's tuner tuned in this process, in order
+
+
+def launch_recording_sites(kernel, launch: Callable[[], None], block_m: int) -> None:
+    """launch() through Triton's autotuner `kernel`, keeping a TunedSite for the key it tunes on the way, if any
+    (Triton keeps only the last key's timings)."""
+    before, timed_before = len(kernel.cache), getattr(kernel, "configs_timings", None)
+    launch()
+    if len(kernel.cache) == before:            # O(1) on every launch; a new key comes last (dicts keep order)
+        return
+    key = next(reversed(kernel.cache))
+    timings = getattr(kernel, "configs_timings", None)
+    if timings is timed_before:                # one config left after pruning: Triton timed none
+        timings = {}
+    TUNED_SITES.append(TunedSite(kernel.cache, key, {config: (t[0] if isinstance(t, (list, tuple)) else t)
+                                                     for config, t in (timings or {}).items()}, block_m))

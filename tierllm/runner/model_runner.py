@@ -27,6 +27,7 @@ from tierllm.runner.cuda_graph import CudaGraphDecoder
 from tierllm.runner.input_builder import StepPlan, build_step_plan, inputs_from_plan
 from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks
 from tierllm.runner.mixed_graph import MixedStepGraphs, unsupported_reason
+from tierllm.runner.step_tuning import step_tuning, tune_decode_step
 
 logger = logging.getLogger("tierllm")
 
@@ -63,6 +64,7 @@ class ModelRunner:
             model.bind_kv_cache(self.kv_caches)
         self.graphs: CudaGraphDecoder | None = None
         self.mixed_graphs: MixedStepGraphs | None = None
+        self.step_tuning_report: list[dict] = []                # TIERLLM_STEP_TUNER=1: what it changed
         self.use_cuda_graph = enable_cuda_graph                 # may be toggled later (benchmarks: on vs off)
         if enable_cuda_graph:
             if device.type != "cuda":
@@ -74,10 +76,20 @@ class ModelRunner:
                 logger.info("tierllm: steps with prompt tokens run eagerly (no mixed-step CUDA graphs): %s", reason)
             elif mixed_graph_tokens > 0:
                 self.mixed_graphs = MixedStepGraphs(model, max_num_seqs, max_blocks, mixed_graph_tokens, device)
+            if step_tuning():
+                self.step_tuning_report = self._tune_decode_step(num_blocks, block_size)
             for graphs in filter(None, (self.graphs, self.mixed_graphs)):
                 if self.driver is not None:
                     self.driver.release_before_close(graphs.release)
                 graphs.capture()                                # every rank captures its collectives together
+
+    def _tune_decode_step(self, num_blocks: int, block_size: int) -> list[dict]:
+        """TIERLLM_STEP_TUNER=1: the batch-1 decode GEMVs' configs retimed in the step (runner/step_tuning.py)."""
+        if self.parallel.tp_size > 1 or self.kv_offload is not None:
+            logger.warning("tierllm: TIERLLM_STEP_TUNER=1 tunes single-GPU engines with the KV cache on the GPU only; "
+                           "this one keeps the configs Triton's autotuner picks")
+            return []
+        return tune_decode_step(self.graphs, num_blocks, block_size)
 
     @property
     def supports_overlap(self) -> bool:

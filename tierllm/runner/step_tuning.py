@@ -1,0 +1,114 @@
+"""Decode-step tuning (opt-in, `TIERLLM_STEP_TUNER=1`; one GPU): the batch-1 decode GEMVs' launch configs retimed
+inside the decode step itself, before the decode CUDA graphs are captured.
+
+Why: Triton's autotuner times each kernel alone, but decode chains them (programmatic dependent launch: each GEMV
+loads its first weight chunk during the previous kernel's tail), and the rankings differ there. On H200s the
+llama-13b down projection's residual GEMV took 116.0 us per [gate/up, down] pair with the config picked alone
+against 110.2 with the fourth-fastest alone, and two gate/up configs 0.3% apart alone were 2% apart chained
+(benchmarks/decode_gemv_sweep.py, benchmarks/notes/tp-history.md).
+
+How: for each GEMV launch the autotuner tuned at batch 1 (kernels/graph_tuning.TunedSite), longest first, the
+configs within CLOSE of the fastest alone (at most CANDIDATES) are each set in the tuner's cache, the batch-1 step
+is captured into a CUDA graph and its replays timed; a config replaces the current one only if the step gets
+faster by more than MARGIN (replay noise). A coordinate descent: each site is tuned with the ones before it at their
+choices. The graphs the engine then captures use the choices (they live in the tuners' caches)."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import torch
+
+from tierllm.kernels import graph_tuning
+from tierllm.kernels.graph_tuning import TunedSite
+
+logger = logging.getLogger("tierllm")
+
+CLOSE = 1.05          # candidates: configs alone within this factor of the fastest alone
+CANDIDATES = 6        # at most this many per site, the current one included
+MARGIN = 0.003        # a candidate must shorten the step by more than this fraction
+REPLAYS = 20          # replays per timing round
+ROUNDS = 3            # timing rounds, the fastest counts
+CONTEXT = 512         # tokens of KV cache the timed step attends to
+
+
+def step_tuning() -> bool:
+    return os.environ.get("TIERLLM_STEP_TUNER", "0") == "1"
+
+
+def candidates(site: TunedSite) -> list:
+    """The configs alone within CLOSE of the fastest alone, fastest first, at most CANDIDATES."""
+    if not site.timings:
+        return []
+    fastest = min(site.timings.values())
+    ranked = sorted(site.timings, key=site.timings.get)
+    return [config for config in ranked if site.timings[config] <= CLOSE * fastest][:CANDIDATES]
+
+
+def refine(sites: list[TunedSite], step_seconds: Callable[[], float]) -> list[dict]:
+    """The coordinate descent over `sites` (module doc); step_seconds() builds the step with the tuners' current
+    configs and times it. Returns one row per site tried: its key, the config before and after, the step times."""
+    best = step_seconds()
+    report = []
+    for site in sorted(sites, key=lambda s: -max(s.timings.values(), default=0.0)):
+        start = site.cache[site.key]
+        chosen, chosen_seconds = start, best
+        for config in candidates(site):
+            if config is start:
+                continue
+            site.cache[site.key] = config
+            seconds = step_seconds()
+            if seconds < chosen_seconds * (1 - MARGIN):
+                chosen, chosen_seconds = config, seconds
+        site.cache[site.key] = chosen
+        report.append({"key": str(site.key), "before": str(start), "after": str(chosen),
+                       "step_ms_before": round(best * 1e3, 4), "step_ms_after": round(chosen_seconds * 1e3, 4)})
+        best = chosen_seconds
+    return report
+
+
+def batch1_sites(since: int = 0) -> list[TunedSite]:
+    """The batch-1 GEMV launches tuned since the since-th site, with more than one candidate."""
+    return [site for site in graph_tuning.TUNED_SITES[since:] if site.block_m == 1 and len(candidates(site)) > 1]
+
+
+def tune_decode_step(graphs, num_blocks: int, block_size: int) -> list[dict]:
+    """refine() on the batch-1 decode step of `graphs` (a runner.cuda_graph.CudaGraphDecoder, not yet captured),
+    timed over CONTEXT tokens of the KV cache (num_blocks blocks of block_size; whatever they hold: timing only, the
+    step writes no cache slot). Leaves the static inputs as capture expects them."""
+    from tierllm.runner.cuda_graph import CapturedGraphs
+
+    blocks = min(-(-CONTEXT // block_size), graphs.block_tables.shape[1], num_blocks)
+    context = blocks * block_size
+    graphs.block_tables[0, :blocks] = torch.arange(blocks, dtype=torch.int32, device=graphs.device)
+    graphs.context_lens[0] = context
+    probe = CapturedGraphs(graphs.device)
+
+    def step_seconds() -> float:
+        probe.release()
+        probe.capture_each([1], graphs._forward)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(ROUNDS):
+            start.record()
+            for _ in range(REPLAYS):
+                probe.graphs[1].replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / REPLAYS)
+        return min(times)
+
+    since = len(graph_tuning.TUNED_SITES)
+    try:
+        step_seconds()                     # the first eager pass tunes every GEMV alone, each key once per process:
+        report = refine(batch1_sites(since), step_seconds)      # another engine of its shapes finds them tuned
+    finally:
+        probe.release()
+        graphs.block_tables.zero_()
+        graphs.context_lens.zero_()
+    for row in report:
+        if row["after"] != row["before"]:
+            logger.info("tierllm: step tuning %s: %s -> %s (step %.4f -> %.4f ms)", row["key"], row["before"],
+                        row["after"], row["step_ms_before"], row["step_ms_after"])
+    return report
