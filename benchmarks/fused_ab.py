@@ -53,6 +53,7 @@ def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path) -> dict:
            "all_reduce_running": all_reduce_running(engine),
            "batch1_kernel_table_rank0": batch1_kernel_table(engine, vocab)}
     row["tuned_configs_rank0"] = tuned_configs(engine)
+    row["step_tuning_rank0"] = getattr(engine.engine.runner, "step_tuning_report", None)  # TIERLLM_STEP_TUNER=1
     try:
         row["timeline_rank0"] = batch1_kernel_timeline(engine, vocab, trace_path)
     except Exception as error:              # a diagnostic: the measured row is kept without it

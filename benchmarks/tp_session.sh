@@ -29,6 +29,10 @@
 #                                                  # sweeps (or SWEEPS="down ...") at TP=1 on GPU 2 and TP=2 on GPU 3
 #                                                  # meanwhile (~8 min);
 #                                                  # everything in $OUT/survey.tgz
+#   bash benchmarks/tp_session.sh step-ab        # fused_ab.py: llama-13b TP=1, then TP=2 with Triton's picks and with
+#                                                  # decode-step tuning (TIERLLM_STEP_TUNER=1); with 4 GPUs TP=1 with it
+#                                                  # on GPU 2 meanwhile, else after (~8 min with 4 GPUs);
+#                                                  # everything in $OUT/step_ab.tgz
 #   bash benchmarks/tp_session.sh invariant        # invariant mode: its GPU tests, then agreement on smollm2-1.7b
 #                                                  # and llama-13b at TP=1/2(/4), no speed runs (~8 min)
 # ALL_REDUCE: auto (default: the engine's own, fused on GPUs), nccl, symm_mem or fused. The fp32-reference
@@ -36,7 +40,7 @@
 # tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
 part=${1:?part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps, gate-up-sweeps,
-  survey or invariant}
+  survey, step-ab or invariant}
 all_reduce=${2:-auto}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -131,6 +135,22 @@ case "$part" in
     python3 benchmarks/timeline_segments.py /tmp/survey/timeline-*.json
     tar -czf "$OUT/survey.tgz" -C /tmp survey
     ;;
+  step-ab)
+    dir=/tmp/step_ab
+    mkdir -p $dir/tp1
+    step_tp1() {
+      OUT=$dir/tp1 python3 benchmarks/fused_ab.py --tp 1 --no-tp1 --variant step:TIERLLM_STEP_TUNER=1 --no-reverse \
+          --timeout 330 > $dir/step_ab_tp1.log 2>&1
+    }
+    if [ "$gpus" -ge 4 ]; then CUDA_VISIBLE_DEVICES=2 step_tp1 & fi
+    CUDA_VISIBLE_DEVICES=0,1 OUT=$dir python3 benchmarks/fused_ab.py --tp 2 --variant triton: \
+        --variant step:TIERLLM_STEP_TUNER=1 --no-reverse --timeout 300 2>$dir/step_ab.err | tee $dir/step_ab.log
+    wait
+    [ "$gpus" -ge 4 ] || CUDA_VISIBLE_DEVICES=0 step_tp1
+    cat $dir/step_ab_tp1.log
+    python3 benchmarks/timeline_segments.py $dir/timeline-*.json $dir/tp1/timeline-*.json
+    tar -czf "$OUT/step_ab.tgz" -C /tmp step_ab
+    ;;
   invariant)
     tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py \
@@ -139,5 +159,5 @@ case "$part" in
         --invariant 2>&1 | tee "$OUT/tp_gpu_invariant.log" | grep -v "^\s*$" | tail -25
     ;;
   *) echo "unknown part $part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps," \
-          "gate-up-sweeps, survey or invariant" >&2; exit 2 ;;
+          "gate-up-sweeps, survey, step-ab or invariant" >&2; exit 2 ;;
 esac

@@ -47,13 +47,32 @@ def test_refine_takes_a_close_config_that_shortens_the_step_by_more_than_the_mar
     assert report[2]["step_ms_before"] == row_a["step_ms_after"]      # each site starts from the choices before it
 
 
-def test_batch1_sites_are_the_batch1_ones_with_a_choice(monkeypatch):
-    keep = make_site("keep", {"x": 1.0, "y": 1.01})
-    sites = [keep, make_site("batch2", {"x": 1.0, "y": 1.01}, block_m=2), make_site("alone", {"x": 1.0}),
-             TunedSite({"untimed": "x"}, "untimed", {}, 1)]
+def test_batch1_sites_are_the_batch1_ones_since(monkeypatch):
+    sites = [make_site("a", {"x": 1.0, "y": 1.01}), make_site("batch2", {"x": 1.0, "y": 1.01}, block_m=2),
+             make_site("alone", {"x": 1.0}), TunedSite({"untimed": "x"}, "untimed", {}, 1)]
     monkeypatch.setattr(graph_tuning, "TUNED_SITES", sites)
-    assert step_tuning.batch1_sites() == [keep]
-    assert step_tuning.batch1_sites(since=1) == []
+    assert step_tuning.batch1_sites() == [sites[0], sites[2], sites[3]]
+    assert step_tuning.batch1_sites(since=2) == sites[2:]
+
+
+def test_refine_skips_sites_without_a_choice():
+    sites = [make_site("alone", {"x": 1.0}), TunedSite({"untimed": "x"}, "untimed", {}, 1)]
+    step_seconds, calls = step_of(sites, {"alone": {"x": 1.0}, "untimed": {"x": 1.0}})
+    assert step_tuning.refine(sites, step_seconds) == [] and len(calls) == 1
+
+
+def test_refine_in_lockstep_follows_rank0s_plan_and_verdicts():
+    """A tensor-parallel rank (share: rank 0's values) tries rank 0's candidates on its own sites, even where its
+    own timings alone would rank them otherwise, and keeps what rank 0's step times decide."""
+    rank0 = [make_site("s", {"c1": 1.0, "c2": 1.01, "c3": 1.02})]
+    rank1 = [make_site("s", {"c3": 0.9, "c2": 1.0, "c1": 1.5})]        # c1 not a candidate of its own
+    step0, _ = step_of(rank0, {"s": {"c1": 10.0, "c2": 0.0, "c3": 5.0}})
+    report0 = step_tuning.refine(rank0, step0)
+    shared = iter([[(0, ["c2", "c3"])], True, False])                 # what rank 0 broadcast, in order
+    step1, calls1 = step_of(rank1, {"s": {"c1": 0.0, "c2": 9.0, "c3": 9.0}})
+    report1 = step_tuning.refine(rank1, step1, share=lambda value: next(shared))
+    assert rank0[0].cache["s"] == rank1[0].cache["s"] == "c2"
+    assert len(calls1) == 1 + 2 and report0[0]["after"] == report1[0]["after"] == "c2"
 
 
 def test_step_tuning_is_opt_in(monkeypatch):

@@ -42,7 +42,7 @@ import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import MAX_GEMV_ROWS
-from tierllm.kernels.graph_tuning import fastest_config, graph_tuning
+from tierllm.kernels.graph_tuning import fastest_config, graph_tuning, record_site
 
 # Buffer geometry shared with distributed/fused_all_reduce.py
 MAX_ROWS = MAX_GEMV_ROWS     # decode-sized calls only: the ones the GEMV takes
@@ -261,9 +261,11 @@ def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                     *args(scratch, w), **flags, EXCHANGE=False, TIMED=False, **pdl_options(x), **config.all_kwargs())
             configs[key] = fastest_config(tuner.configs, launch, weight)
         else:
+            timed_before = getattr(tuner, "configs_timings", None)
             tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(scratch), **flags, EXCHANGE=False,
                                                                     TIMED=False, PDL=False)
             configs[key] = tuner.best_config
+            record_site(configs, key, tuner, timed_before, flags["BLOCK_M"])   # runner/step_tuning.py
     config = configs[key]
     grid = (triton.cdiv(n, config.kwargs["BLOCK_N"]) + triton.cdiv(n, GATHER_N),)   # compute tiles, then gather
     _gemv_all_reduce_kernel[grid](*args(residual), **flags, EXCHANGE=True, TIMED=True, **pdl_options(x),

@@ -111,16 +111,20 @@ class TunedSite:
 TUNED_SITES: list[TunedSite] = []          # every key Triton's tuner tuned in this process, in order
 
 
+def record_site(cache: dict, key, tuner, timed_before, block_m: int) -> None:
+    """Keep a TunedSite for `key`, just chosen into `cache` after Triton's autotuner `tuner` ran; timed_before: its
+    configs_timings before that run (the same object: it timed nothing, one config being left)."""
+    timings = getattr(tuner, "configs_timings", None)
+    if timings is timed_before:
+        timings = {}
+    TUNED_SITES.append(TunedSite(cache, key, {config: (t[0] if isinstance(t, (list, tuple)) else t)
+                                              for config, t in (timings or {}).items()}, block_m))
+
+
 def launch_recording_sites(kernel, launch: Callable[[], None], block_m: int) -> None:
     """launch() through Triton's autotuner `kernel`, keeping a TunedSite for the key it tunes on the way, if any
     (Triton keeps only the last key's timings)."""
     before, timed_before = len(kernel.cache), getattr(kernel, "configs_timings", None)
     launch()
-    if len(kernel.cache) == before:            # O(1) on every launch; a new key comes last (dicts keep order)
-        return
-    key = next(reversed(kernel.cache))
-    timings = getattr(kernel, "configs_timings", None)
-    if timings is timed_before:                # one config left after pruning: Triton timed none
-        timings = {}
-    TUNED_SITES.append(TunedSite(kernel.cache, key, {config: (t[0] if isinstance(t, (list, tuple)) else t)
-                                                     for config, t in (timings or {}).items()}, block_m))
+    if len(kernel.cache) != before:            # O(1) on every launch; a new key comes last (dicts keep order)
+        record_site(kernel.cache, next(reversed(kernel.cache)), kernel, timed_before, block_m)

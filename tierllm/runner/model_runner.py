@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tierllm.distributed.comm import broadcast_from_driver
 from tierllm.distributed.driver import TensorParallelDriver
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.engine.block_manager import BlockManager
@@ -84,12 +85,15 @@ class ModelRunner:
                 graphs.capture()                                # every rank captures its collectives together
 
     def _tune_decode_step(self, num_blocks: int, block_size: int) -> list[dict]:
-        """TIERLLM_STEP_TUNER=1: the batch-1 decode GEMVs' configs retimed in the step (runner/step_tuning.py)."""
-        if self.parallel.tp_size > 1 or self.kv_offload is not None:
-            logger.warning("tierllm: TIERLLM_STEP_TUNER=1 tunes single-GPU engines with the KV cache on the GPU only; "
-                           "this one keeps the configs Triton's autotuner picks")
+        """TIERLLM_STEP_TUNER=1: the batch-1 decode GEMVs' configs retimed in the step (runner/step_tuning.py), on
+        every rank at once, rank 0's plan and verdicts broadcast."""
+        if self.kv_offload is not None:
+            logger.warning("tierllm: TIERLLM_STEP_TUNER=1 needs the KV cache on the GPU; this engine keeps the configs "
+                           "Triton's autotuner picks")
             return []
-        return tune_decode_step(self.graphs, num_blocks, block_size)
+        state = self.parallel
+        share = (lambda value: broadcast_from_driver(value, state)) if state.tp_size > 1 else (lambda value: value)
+        return tune_decode_step(self.graphs, num_blocks, block_size, share)
 
     @property
     def supports_overlap(self) -> bool:

@@ -1,5 +1,5 @@
-"""Decode-step tuning (opt-in, `TIERLLM_STEP_TUNER=1`; one GPU): the batch-1 decode GEMVs' launch configs retimed
-inside the decode step itself, before the decode CUDA graphs are captured.
+"""Decode-step tuning (opt-in, `TIERLLM_STEP_TUNER=1`): the batch-1 decode GEMVs' launch configs (the fused GEMV
+all-reduce's too, at TP > 1) retimed inside the decode step itself, before the decode CUDA graphs are captured.
 
 Why: Triton's autotuner times each kernel alone, but decode chains them (programmatic dependent launch: each GEMV
 loads its first weight chunk during the previous kernel's tail), and the rankings differ there. On H200s the
@@ -11,7 +11,8 @@ How: for each GEMV launch the autotuner tuned at batch 1 (kernels/graph_tuning.T
 configs within CLOSE of the fastest alone (at most CANDIDATES) are each set in the tuner's cache, the batch-1 step
 is captured into a CUDA graph and its replays timed; a config replaces the current one only if the step gets
 faster by more than MARGIN (replay noise). A coordinate descent: each site is tuned with the ones before it at their
-choices. The graphs the engine then captures use the choices (they live in the tuners' caches)."""
+choices. The graphs the engine then captures use the choices (they live in the tuners' caches). Tensor-parallel
+ranks tune together (refine's `share`): the step's collectives need every rank replaying the same graphs."""
 from __future__ import annotations
 
 import logging
@@ -46,37 +47,47 @@ def candidates(site: TunedSite) -> list:
     return [config for config in ranked if site.timings[config] <= CLOSE * fastest][:CANDIDATES]
 
 
-def refine(sites: list[TunedSite], step_seconds: Callable[[], float]) -> list[dict]:
+def refine(sites: list[TunedSite], step_seconds: Callable[[], float], share: Callable = lambda value: value) -> list[dict]:
     """The coordinate descent over `sites` (module doc); step_seconds() builds the step with the tuners' current
-    configs and times it. Returns one row per site tried: its key, the config before and after, the step times."""
+    configs and times it. Returns one row per site tried: its key, the config before and after, the step times.
+    share(value) -> rank 0's value (tensor parallelism: every rank runs this in lockstep, each on its own sites,
+    which its identical forward pass tuned in the same order; rank 0's plan and verdicts rule, so every rank
+    times the same number of steps and keeps its peers' graphs company; the identity on one GPU)."""
+    order = sorted(range(len(sites)), key=lambda i: -max(sites[i].timings.values(), default=0.0))
+    tries = [(i, [str(config) for config in candidates(sites[i]) if config is not sites[i].cache[sites[i].key]])
+             for i in order]
+    plan = share([(i, names) for i, names in tries if names])  # rank 0's: the trials are the same on every rank
     best = step_seconds()
     report = []
-    for site in sorted(sites, key=lambda s: -max(s.timings.values(), default=0.0)):
-        start = site.cache[site.key]
+    for i, names in plan:
+        site = sites[i] if i < len(sites) else None             # a rank whose sites differ only keeps time
+        start = site.cache[site.key] if site else None
+        by_name = {str(config): config for config in site.timings} if site else {}
         chosen, chosen_seconds = start, best
-        for config in candidates(site):
-            if config is start:
-                continue
-            site.cache[site.key] = config
+        for name in names:
+            if site:
+                site.cache[site.key] = by_name.get(name, start)
             seconds = step_seconds()
-            if seconds < chosen_seconds * (1 - MARGIN):
-                chosen, chosen_seconds = config, seconds
-        site.cache[site.key] = chosen
-        report.append({"key": str(site.key), "before": str(start), "after": str(chosen),
-                       "step_ms_before": round(best * 1e3, 4), "step_ms_after": round(chosen_seconds * 1e3, 4)})
+            if share(seconds < chosen_seconds * (1 - MARGIN)):
+                chosen, chosen_seconds = (by_name.get(name, start) if site else None), seconds
+        if site:
+            site.cache[site.key] = chosen
+            report.append({"key": str(site.key), "before": str(start), "after": str(chosen),
+                           "step_ms_before": round(best * 1e3, 4), "step_ms_after": round(chosen_seconds * 1e3, 4)})
         best = chosen_seconds
     return report
 
 
 def batch1_sites(since: int = 0) -> list[TunedSite]:
-    """The batch-1 GEMV launches tuned since the since-th site, with more than one candidate."""
-    return [site for site in graph_tuning.TUNED_SITES[since:] if site.block_m == 1 and len(candidates(site)) > 1]
+    """The batch-1 GEMV launches tuned since the since-th site (in launch order: the same on every rank)."""
+    return [site for site in graph_tuning.TUNED_SITES[since:] if site.block_m == 1]
 
 
-def tune_decode_step(graphs, num_blocks: int, block_size: int) -> list[dict]:
+def tune_decode_step(graphs, num_blocks: int, block_size: int, share: Callable = lambda value: value) -> list[dict]:
     """refine() on the batch-1 decode step of `graphs` (a runner.cuda_graph.CudaGraphDecoder, not yet captured),
     timed over CONTEXT tokens of the KV cache (num_blocks blocks of block_size; whatever they hold: timing only, the
-    step writes no cache slot). Leaves the static inputs as capture expects them."""
+    step writes no cache slot). Leaves the static inputs as capture expects them. share: refine's (every rank of a
+    tensor-parallel group calls this at once)."""
     from tierllm.runner.cuda_graph import CapturedGraphs
 
     blocks = min(-(-CONTEXT // block_size), graphs.block_tables.shape[1], num_blocks)
@@ -102,7 +113,7 @@ def tune_decode_step(graphs, num_blocks: int, block_size: int) -> list[dict]:
     since = len(graph_tuning.TUNED_SITES)
     try:
         step_seconds()                     # the first eager pass tunes every GEMV alone, each key once per process:
-        report = refine(batch1_sites(since), step_seconds)      # another engine of its shapes finds them tuned
+        report = refine(batch1_sites(since), step_seconds, share)   # another engine of its shapes finds them tuned
     finally:
         probe.release()
         graphs.block_tables.zero_()
