@@ -47,7 +47,8 @@ def candidates(site: TunedSite) -> list:
     return [config for config in ranked if site.timings[config] <= CLOSE * fastest][:CANDIDATES]
 
 
-def refine(sites: list[TunedSite], step_seconds: Callable[[], float], share: Callable = lambda value: value) -> list[dict]:
+def refine(sites: list[TunedSite], step_seconds: Callable[[], float],
+           share: Callable = lambda value: value) -> list[dict]:
     """The coordinate descent over `sites` (module doc); step_seconds() builds the step with the tuners' current
     configs and times it. Returns one row per site tried: its key, the config before and after, the step times.
     share(value) -> rank 0's value (tensor parallelism: every rank runs this in lockstep, each on its own sites,
