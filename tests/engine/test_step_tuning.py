@@ -68,11 +68,21 @@ def test_refine_in_lockstep_follows_rank0s_plan_and_verdicts():
     rank1 = [make_site("s", {"c3": 0.9, "c2": 1.0, "c1": 1.5})]        # c1 not a candidate of its own
     step0, _ = step_of(rank0, {"s": {"c1": 10.0, "c2": 0.0, "c3": 5.0}})
     report0 = step_tuning.refine(rank0, step0)
-    shared = iter([[(0, ["c2", "c3"])], True, False])                 # what rank 0 broadcast, in order
+    shared = iter([[("s", ["c2", "c3"])], True, False])               # what rank 0 broadcast, in order
     step1, calls1 = step_of(rank1, {"s": {"c1": 0.0, "c2": 9.0, "c3": 9.0}})
     report1 = step_tuning.refine(rank1, step1, share=lambda value: next(shared))
     assert rank0[0].cache["s"] == rank1[0].cache["s"] == "c2"
     assert len(calls1) == 1 + 2 and report0[0]["after"] == report1[0]["after"] == "c2"
+
+
+def test_refine_in_lockstep_keeps_time_without_rank0s_key():
+    """A rank that lacks one of rank 0's keys (tuned there by an earlier engine of the process) still times every
+    trial, and changes nothing of its own."""
+    mine = make_site("other", {"x": 1.0, "y": 1.01})
+    shared = iter([[("s", ["c2", "c3"])], True, True])
+    step, calls = step_of([mine], {"other": {"x": 1.0, "y": 1.0}})
+    assert step_tuning.refine([mine], step, share=lambda value: next(shared)) == []
+    assert len(calls) == 1 + 2 and mine.cache["other"] == "x"
 
 
 def test_step_tuning_is_opt_in(monkeypatch):

@@ -51,17 +51,18 @@ def refine(sites: list[TunedSite], step_seconds: Callable[[], float],
            share: Callable = lambda value: value) -> list[dict]:
     """The coordinate descent over `sites` (module doc); step_seconds() builds the step with the tuners' current
     configs and times it. Returns one row per site tried: its key, the config before and after, the step times.
-    share(value) -> rank 0's value (tensor parallelism: every rank runs this in lockstep, each on its own sites,
-    which its identical forward pass tuned in the same order; rank 0's plan and verdicts rule, so every rank
-    times the same number of steps and keeps its peers' graphs company; the identity on one GPU)."""
-    order = sorted(range(len(sites)), key=lambda i: -max(sites[i].timings.values(), default=0.0))
-    tries = [(i, [str(config) for config in candidates(sites[i]) if config is not sites[i].cache[sites[i].key]])
-             for i in order]
-    plan = share([(i, names) for i, names in tries if names])  # rank 0's: the trials are the same on every rank
+    share(value) -> rank 0's value (tensor parallelism: every rank runs this in lockstep on its own sites, found by
+    their keys; rank 0's plan and verdicts rule, so every rank times the same number of steps and replays its
+    graphs with its peers'; a rank without one of rank 0's keys or configs only keeps time. The identity on one
+    GPU)."""
+    by_key = {str(site.key): site for site in sites}
+    tries = [(str(site.key), [str(config) for config in candidates(site) if config is not site.cache[site.key]])
+             for site in sorted(sites, key=lambda site: -max(site.timings.values(), default=0.0))]
+    plan = share([(key, names) for key, names in tries if names])   # rank 0's: every rank tries the same
     best = step_seconds()
     report = []
-    for i, names in plan:
-        site = sites[i] if i < len(sites) else None             # a rank whose sites differ only keeps time
+    for key, names in plan:
+        site = by_key.get(key)
         start = site.cache[site.key] if site else None
         by_name = {str(config): config for config in site.timings} if site else {}
         chosen, chosen_seconds = start, best
@@ -70,17 +71,17 @@ def refine(sites: list[TunedSite], step_seconds: Callable[[], float],
                 site.cache[site.key] = by_name.get(name, start)
             seconds = step_seconds()
             if share(seconds < chosen_seconds * (1 - MARGIN)):
-                chosen, chosen_seconds = (by_name.get(name, start) if site else None), seconds
+                chosen, chosen_seconds = by_name.get(name, start), seconds
         if site:
             site.cache[site.key] = chosen
-            report.append({"key": str(site.key), "before": str(start), "after": str(chosen),
+            report.append({"key": key, "before": str(start), "after": str(chosen),
                            "step_ms_before": round(best * 1e3, 4), "step_ms_after": round(chosen_seconds * 1e3, 4)})
         best = chosen_seconds
     return report
 
 
 def batch1_sites(since: int = 0) -> list[TunedSite]:
-    """The batch-1 GEMV launches tuned since the since-th site (in launch order: the same on every rank)."""
+    """The batch-1 GEMV launches tuned since the since-th site."""
     return [site for site in graph_tuning.TUNED_SITES[since:] if site.block_m == 1]
 
 
