@@ -1,6 +1,7 @@
 """Run by tests/gpu/test_tp_gpu.py in a fresh interpreter (symmetric memory is set up once per process and group
 name): `tokens` compares a TP=2 bf16 engine with the fused all-reduce against one on NCCL's; `kill` kills a
-worker in the middle of decoding and expects rank 0's error, not a hang."""
+worker in the middle of decoding and expects rank 0's error, not a hang; `step` starts one with decode-step tuning
+(TIERLLM_STEP_TUNER=1, every rank in lockstep) and expects its graphs to replay what its eager steps compute."""
 from __future__ import annotations
 
 import os
@@ -61,5 +62,21 @@ def kill() -> None:
     llm.close()
 
 
+def step() -> None:
+    os.environ["TIERLLM_STEP_TUNER"] = "1"                     # the spawned worker inherits it
+    start = time.monotonic()
+    llm = tierllm.LLM(build_hf_model("llama_gqa"), tensor_parallel={"tp_size": 2, "all_reduce": "fused"}, **OPTIONS)
+    print(f"engine up in {time.monotonic() - start:.0f} s", flush=True)
+    assert llm.engine.runner.parallel.fused_all_reduce is not None
+    report = llm.engine.runner.step_tuning_report
+    assert report, "rank 0 retimed no batch-1 launch"
+    prompts = random_prompts([7, 30], seed=8)                  # one at a time: batch-1 decode, the tuned launches
+    with_graphs = [_generate(llm, [prompt]) for prompt in prompts]
+    llm.engine.runner.use_cuda_graph = False                    # the step plans carry it to the worker
+    assert [_generate(llm, [prompt]) for prompt in prompts] == with_graphs
+    llm.close()
+    print("STEP_TUNED_OK", len(report), "sites", flush=True)
+
+
 if __name__ == "__main__":
-    {"tokens": tokens, "kill": kill}[sys.argv[1]]()
+    {"tokens": tokens, "kill": kill, "step": step}[sys.argv[1]]()

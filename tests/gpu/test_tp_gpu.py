@@ -116,3 +116,11 @@ def test_killed_worker_mid_decode_with_the_fused_all_reduce_is_reported_not_hung
     """The dead rank's peer kernels wait on the GPU; the watchdog's abort ends them and rank 0 names the rank."""
     done = _run_script(["fused_all_reduce_engine.py", "kill"], timeout=240)
     assert done.returncode == 0 and "KILL_REPORTED" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_step_tuning_in_lockstep_at_tp2_replays_eager():
+    """TIERLLM_STEP_TUNER=1 on a TP=2 fused-all-reduce engine: the ranks retime their batch-1 launches together
+    (the engine comes up, no hang), and its graphs replay what its eager steps compute."""
+    done = _run_script(["fused_all_reduce_engine.py", "step"], timeout=240)
+    assert done.returncode == 0 and "STEP_TUNED_OK" in done.stdout, done.stdout + done.stderr
