@@ -5,7 +5,7 @@ bundled with Triton) and prints the SASS instruction mix of its longest loop, e.
 A proxy to compare kernel variants between GPU sessions, not a timing.
 
     python benchmarks/kernel_loop_stats.py w4_gemv --block-n 8 --groups 8 --warps 4 --stages 2 [--row]
-    python benchmarks/kernel_loop_stats.py w8_gemv --block-n 4 --block-k 4096 --warps 4 --stages 1
+    python benchmarks/kernel_loop_stats.py w8_gemv --block-n 4 --block-k 4096 --warps 4 --stages 1 [--row]
     python benchmarks/kernel_loop_stats.py w4_gemm --block-m 64 --block-n 128 --split-k 4 --warps 8 --stages 3 [--swap-ab] [--half]"""
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def kernels(args) -> dict:
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
-                                               "BLOCK_K": args.block_k}),
+                                               "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
+                                               "PDL": False}),
     }
 
 
@@ -90,7 +91,7 @@ def main() -> int:
     parser.add_argument("--block-n", type=int, default=8, help="w4_gemm: at least 16 (the dot's minimum)")
     parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
     parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
-    parser.add_argument("--row", action="store_true", help="w4_gemv: the one-x-row loop (INT4_ROW)")
+    parser.add_argument("--row", action="store_true", help="w4_gemv, w8_gemv: the one-x-row loop (INT4_ROW, ROW)")
     parser.add_argument("--asm", action="store_true",
                         help="w4_gemv --row, w4_gemm --half: nibbles unpacked by inline PTX")
     parser.add_argument("--even", action="store_true", help="w4_gemv --row: loads without masks (EVEN)")

@@ -89,25 +89,35 @@ def test_every_gemm_config_incl_split_k(quant, m):
         assert counters.count_nonzero().item() == 0, config
 
 
-@pytest.mark.parametrize("residual", [False, True])
-def test_every_int8_gemv_config(residual):
-    """Each config of the int8 GEMV the tuner may pick for one x row: the reference's result (plus the residual,
-    added in place)."""
+@pytest.mark.parametrize("fusion", ["plain", "residual", "norm_gated"])
+def test_every_int8_gemv_config(fusion):
+    """Each config of the int8 GEMV the tuner may pick for one x row, the ROW loop's included: the reference's
+    result (RMSNorm-prologued with SiLU(gate) * up, or plus the residual, added in place); the ROW loop's inline PTX
+    bitwise equal to the same values from Triton integer ops (PTX=False)."""
     import triton
 
     n, k = 1030, 2048
-    packed, bias = _weights(n, k, QuantConfig(bits=8))
+    gated = fusion == "norm_gated"
+    packed, bias = _weights(2 * n if gated else n, k, QuantConfig(bits=8))
     x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-    ref = _ref(x, packed, bias.float(), QuantConfig(bits=8))
+    norm_weight = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16) if gated else None
+    ref = quant_gemv.w8_fused_ref(x.float(), packed["qweight"], packed["scales"], bias.float(),
+                                  norm_weight=None if norm_weight is None else norm_weight.float(), gated=gated).float()
     start = torch.randn(1, n, device="cuda").to(torch.bfloat16)
-    flags = {"HAS_BIAS": True, "NORM": False, "GATED": False, "RESIDUAL": residual, "INT8": True, "BLOCK_M": 1}
+    flags = {"HAS_BIAS": True, "NORM": gated, "GATED": gated, "RESIDUAL": fusion == "residual", "INT8": True,
+             "BLOCK_M": 1}
     for config in quant_gemv._INT8_CONFIGS:
-        y = start.clone() if residual else torch.empty(1, n, dtype=x.dtype, device="cuda")
-        quant_gemv._gemv_body[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](
-            x, packed["qweight"], packed["scales"], bias.to(x.dtype), packed["scales"], y, 1, n, k, x.stride(0),
-            packed["qweight"].stride(0), y.stride(0), 1e-6, **flags, **config.kwargs, num_warps=config.num_warps,
-            num_stages=config.num_stages)
-        assert _rel_err(y, ref + start.float() if residual else ref) < 1e-2, config
+        outs = []
+        for ptx in (True, False) if config.kwargs.get("ROW") else (True,):
+            y = start.clone() if fusion == "residual" else torch.empty(1, n, dtype=x.dtype, device="cuda")
+            quant_gemv._gemv_body[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](
+                x, packed["qweight"], packed["scales"], bias.to(x.dtype),
+                packed["scales"] if norm_weight is None else norm_weight, y, 1, n, k, x.stride(0),
+                packed["qweight"].stride(0), y.stride(0), 1e-6, **flags, **config.kwargs, PTX=ptx,
+                num_warps=config.num_warps, num_stages=config.num_stages)
+            outs.append(y)
+        assert _rel_err(outs[0], ref + start.float() if fusion == "residual" else ref) < 1e-2, config
+        assert all(torch.equal(outs[0], out) for out in outs[1:]), config
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

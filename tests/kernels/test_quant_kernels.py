@@ -31,6 +31,11 @@ if HAS_TRITON:
         tl.store(out_ptr + offs, quant_gemm.codes_to_half((offs % 16).to(tl.int16), out_ptr.dtype.element_ty))
 
     @triton.jit
+    def _int8_as_subnormal_kernel(code_ptr, out_ptr, PTX: tl.constexpr):
+        offs = tl.arange(0, 256)
+        tl.store(out_ptr + offs, gemv.int8_as_subnormal(tl.load(code_ptr + offs), PTX) * 2.0**100)
+
+    @triton.jit
     def _nibbles_to_half_kernel(byte_ptr, low_ptr, high_ptr, ASM: tl.constexpr):
         offs = tl.arange(0, 256)
         low, high = quant_gemm.nibbles_to_half(tl.load(byte_ptr + offs), low_ptr.dtype.element_ty, ASM)
@@ -120,6 +125,42 @@ def test_codes_to_half_is_exact(dtype):
     assert torch.equal(out.float().cpu(), (torch.arange(64) % 16).float())
 
 
+@pytest.mark.parametrize("ptx", [False] + ([True] if DEVICE == "cuda" else []), ids=lambda ptx: "ptx" if ptx else "ops")
+def test_int8_as_subnormal_is_exact(ptx):
+    """The int8 one-row loop's dequantization: every code q in a shuffled order (each register's four bytes differ)
+    to (q + 128) * 2^-141 exactly (times 2^100 here: a normal fp32, so the check itself sees no subnormal)."""
+    code = (torch.randperm(256, generator=torch.Generator().manual_seed(1)) - 128).to(torch.int8)
+    out = torch.empty(256, dtype=torch.float32, device=DEVICE)
+    _int8_as_subnormal_kernel[(1,)](code.to(DEVICE), out, PTX=ptx)
+    assert torch.equal(out.cpu(), (code.float() + 128) * 2.0**-41)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("fusion", list(FUSIONS))
+def test_w8_gemv_one_row_loop_matches_general_loop(dtype, fusion):
+    """For one x row the int8 GEMV's ROW loop (per-lane accumulation of subnormal-coded weights, the offset taken
+    off once) and the general loop give the same outputs to within a unit in the last place of x's dtype, codes
+    spanning -128..127, every fusion, ragged N and K tiles; PTX as the GPU runs it (on CPU its Triton-ops twin)."""
+    n, k = 37, 300
+    gated = FUSIONS[fusion].get("gated")
+    w, bias = _quantized(2 * n if gated else n, k, QuantConfig(bits=8), seed=12)
+    assert w["qweight"].min() == -127 and w["qweight"].max() == 127
+    x = 2 * _x(1, k, dtype, seed=13)
+    kwargs = _fusion_inputs(fusion, 1, n, k, dtype, seed=14)
+    outs = []
+    for row in (False, True):
+        y = gemv.fused_output(x, w["qweight"].shape[0], None, kwargs.get("norm_weight"), bool(gated),
+                              None if kwargs.get("residual") is None else kwargs["residual"].clone())
+        gemv._gemv_body[(triton.cdiv(n, 8),)](
+            x, w["qweight"], w["scales"], bias.to(dtype), kwargs.get("norm_weight", bias), y, 1, n, k, x.stride(0),
+            w["qweight"].stride(0), y.stride(0), 1e-6, HAS_BIAS=True, NORM="norm_weight" in kwargs,
+            GATED=bool(gated), RESIDUAL="residual" in kwargs, INT8=True, BLOCK_M=1, BLOCK_N=8, BLOCK_K=64, ROW=row,
+            PTX=DEVICE == "cuda")
+        outs.append(y.float())
+    ulp = torch.finfo(dtype).eps * outs[0].abs().clamp_min(torch.finfo(dtype).tiny)
+    assert ((outs[1] - outs[0]).abs() <= ulp).all()
+
+
 @pytest.mark.parametrize("asm", [False] + ([True] if DEVICE == "cuda" else []), ids=lambda asm: "ptx" if asm else "ops")
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 def test_nibbles_to_half_is_exact(dtype, asm):
@@ -195,17 +236,22 @@ def test_quant_gemv_fused(dtype, quant, m, fusion):
 @pytest.mark.parametrize("m", [1, 2])
 def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion, m):
     """Through the launchers' autotune branch: tuning a RESIDUAL launch leaves the residual as it was. The one-row
-    configs (INT4_ROW) are tuned only for one x row without the norm prologue, their inline-PTX twins only off
-    the interpreter."""
+    configs are tuned only for one x row (int4's INT4_ROW also without the norm prologue, their inline-PTX twins
+    only off the interpreter; int8's ROW ones with PTX off there)."""
     n, k = 12, 128
     w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=9)
     x = 2 * _x(m, k, torch.float16, seed=10)
     launch, ref = _fused_launchers(x, w, quant, bias.half())
     name = {8: "_w8_gemv", 4: "_w4_gemv"}[quant.bits] + ("_residual_kernel" if fusion == "residual" else "_kernel")
     kernel = getattr(quant_gemv, name)
-    row_configs = [c for c in kernel.configs if c.kwargs.get("INT4_ROW")]
+    row_configs = [c for c in kernel.configs if c.kwargs.get("INT4_ROW") or c.kwargs.get("ROW")]
     ptx_configs = [c for c in row_configs if c.kwargs.get("NIBBLES") == 2] if _dispatch.is_interpreted() else []
-    tuned = len(kernel.configs) - len(row_configs if m > 1 or fusion != "residual" else ptx_configs)
+    if m > 1:
+        tuned = len(kernel.configs) - len(row_configs)
+    elif quant.bits == 8:                       # int8's one-row loop takes every fusion, PTX off in the interpreter
+        tuned = len(kernel.configs)
+    else:
+        tuned = len(kernel.configs) - len(row_configs if fusion != "residual" else ptx_configs)
     launcher_module = gemv if quant.bits == 8 else quant_gemv          # int8 launches through gemv.launch_gemv
     check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, launcher_module, kernel, lambda: launch(**kw), tuned),
                      ref, m, n, _fusion_inputs(fusion, m, n, k, torch.float16, seed=11))

@@ -16,6 +16,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options, use_triton
 from tierllm.kernels.activation import silu_and_mul
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
@@ -81,6 +82,58 @@ if HAS_TRITON:
         return w.to(tl.float32)
 
     @triton.jit
+    def int8_as_subnormal(q, PTX: tl.constexpr):
+        """int8 codes q -> the fp32 (q + 128) * 2^-141, exactly: the code made offset-binary (q + 128: one XOR per
+        four codes) becomes bits 8-15 of an fp32 whose other bits are zero, a subnormal (one PRMT per code; no
+        int->float conversion, no float op). Times x * 2^100 (a normal fp32) a lane gains (q + 128) * x * 2^-41 at
+        the precision of any fp32 FMA; row_result takes the 128 * sum(x) back off. PTX=False: the same values from
+        Triton integer ops (the CPU interpreter runs no PTX)."""
+        if PTX:
+            return tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 t;
+                xor.b32 t, $4, 0x80808080;
+                prmt.b32 $0, t, 0, 0x4404;
+                prmt.b32 $1, t, 0, 0x4414;
+                prmt.b32 $2, t, 0, 0x4424;
+                prmt.b32 $3, t, 0, 0x4434;
+                }""", constraints="=r,=r,=r,=r,r", args=[q], dtype=tl.float32, is_pure=True, pack=4)
+        return ((q.to(tl.int32) + 128) << 8).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def row_chunk(acc, acc_up, x_sum, sumsq, w, w_up, x_ptr, g_ptr, k0, K, NORM: tl.constexpr, GATED: tl.constexpr,
+                  INT8: tl.constexpr, PTX: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One K chunk of the one-row loop (ROW): x's chunk [BLOCK_K] (RMSNorm-weighted with NORM, its raw squares
+        into the per-lane sumsq) times the weight chunk(s) [BLOCK_N, BLOCK_K], into per-lane accumulators of the
+        same shape; nothing is reduced inside the loop. int8: x_sum gathers x per lane for row_result."""
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)                  # [BLOCK_K]
+        if NORM:
+            sumsq += x * x
+            x = x * tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        if INT8:
+            x_sum += x
+            x = x * 1.2676506002282294e30                                                # 2^100
+            acc += int8_as_subnormal(w, PTX) * x[None, :]
+            if GATED:
+                acc_up += int8_as_subnormal(w_up, PTX) * x[None, :]
+        else:
+            acc += w.to(tl.float32) * x[None, :]
+            if GATED:
+                acc_up += w_up.to(tl.float32) * x[None, :]
+        return acc, acc_up, x_sum, sumsq
+
+    @triton.jit
+    def row_result(acc, x_sum, INT8: tl.constexpr):
+        """The one-row loop's per-lane accumulators [BLOCK_N, BLOCK_K] -> x . w per row, [1, BLOCK_N] (int8: before
+        the scales; the lanes hold sum((q + 128) x) * 2^-41)."""
+        dot = tl.sum(acc, axis=1)
+        if INT8:
+            dot = dot * 2199023255552.0 - 128.0 * tl.sum(x_sum, axis=0)                # 2^41
+        return dot[None, :]
+
+    @triton.jit
     def dot_chunk(x, w, INT8: tl.constexpr):
         """One K chunk of the GEMV: x [BLOCK_M, BLOCK_K] . w [BLOCK_N, BLOCK_K] -> [BLOCK_M, BLOCK_N] fp32."""
         return tl.sum(x[:, None, :].to(tl.float32) * _weights_to_f32(w, INT8)[None, :, :], axis=2)
@@ -117,9 +170,13 @@ if HAS_TRITON:
     def _gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
                    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                    INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PDL: tl.constexpr = False):
+                   ROW: tl.constexpr = False, PTX: tl.constexpr = True, PDL: tl.constexpr = False):
         """fp16/bf16 weights, or int8 ones (INT8) whose per-channel scales s_ptr multiply the accumulators after
-        the K loop (quant_gemv.w8_gemv_triton). PDL: launched with programmatic dependent launch (module doc)."""
+        the K loop (quant_gemv.w8_gemv_triton). ROW (one x row, BLOCK_M = 1; a config option the tuner weighs
+        against the general loop): every lane of the weight tile accumulates over the whole K loop (row_chunk), one
+        reduction at the end instead of one per chunk; int8 codes dequantized by int8_as_subnormal (PTX: its
+        inline-PTX form). PDL: launched with programmatic dependent launch (module doc)."""
+        ONE_ROW: tl.constexpr = ROW and BLOCK_M == 1          # a ROW config for more rows runs the general loop
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
@@ -127,18 +184,35 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)                       # GATED: rows N + offs_n
         sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
+        lanes = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)                        # ROW: per-lane accumulators
+        lanes_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        x_sum = tl.zeros([BLOCK_K], tl.float32)                                 # ROW, int8
+        lane_sumsq = tl.zeros([BLOCK_K], tl.float32)                            # ROW, NORM
         k_start = 0
         if PDL:                # the first weight chunk is loaded before the wait: nothing before it reads x or y
             gdc_launch_dependents()
             w, w_up = weight_chunk(w_ptr, offs_n, n_mask, 0, N, K, stride_wn, GATED, BLOCK_K)
             gdc_wait()
-            acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, 0, K,
-                                             stride_xm, NORM, GATED, INT8, BLOCK_K)
+            if ONE_ROW:
+                lanes, lanes_up, x_sum, lane_sumsq = row_chunk(lanes, lanes_up, x_sum, lane_sumsq, w, w_up, x_ptr,
+                                                               g_ptr, 0, K, NORM, GATED, INT8, PTX, BLOCK_K)
+            else:
+                acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, 0, K,
+                                                 stride_xm, NORM, GATED, INT8, BLOCK_K)
             k_start = BLOCK_K
         for k0 in range(k_start, K, BLOCK_K):
             w, w_up = weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED, BLOCK_K)
-            acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K,
-                                             stride_xm, NORM, GATED, INT8, BLOCK_K)
+            if ONE_ROW:
+                lanes, lanes_up, x_sum, lane_sumsq = row_chunk(lanes, lanes_up, x_sum, lane_sumsq, w, w_up, x_ptr,
+                                                               g_ptr, k0, K, NORM, GATED, INT8, PTX, BLOCK_K)
+            else:
+                acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K,
+                                                 stride_xm, NORM, GATED, INT8, BLOCK_K)
+        if ONE_ROW:
+            acc = row_result(lanes, x_sum, INT8)
+            if GATED:
+                acc_up = row_result(lanes_up, x_sum, INT8)
+            sumsq += tl.sum(lane_sumsq, axis=0)
         if INT8:
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             if GATED:
@@ -163,6 +237,16 @@ if HAS_TRITON:
         if named_args["K"] <= 2 * named_args["N"]:
             return configs
         return [c for c in configs if c.kwargs["BLOCK_N"] <= c.num_warps]
+
+    def prune_row_configs(configs, named_args, **kwargs):
+        """ROW configs (the one-row loop) only for one x row; under the interpreter, which runs no PTX, with PTX off
+        (asked through _dispatch: tests stand in for the tuner on CPU by patching this module's is_interpreted)."""
+        if kwargs["BLOCK_M"] != 1:
+            return [c for c in configs if not c.kwargs.get("ROW")]
+        if _dispatch.is_interpreted():
+            return [triton.Config({**c.kwargs, "PTX": False}, num_warps=c.num_warps, num_stages=c.num_stages)
+                    if c.kwargs.get("ROW") else c for c in configs]
+        return configs
 
     _gemv_residual_kernel = triton.autotune(configs=_CONFIGS, key=_KEY, restore_value=["y_ptr"],
                                             prune_configs_by={"early_config_prune": _prune_long_rows})(_gemv_body)
@@ -222,8 +306,9 @@ def launch_gemv(kernel, graph_tuner, x: torch.Tensor, weight: torch.Tensor, scal
         return (x, w, scales, bias if bias is not None else scales, norm_weight if norm_weight is not None else scales,
                 out, m, n, k, x.stride(0), w.stride(0), out.stride(0), eps)
 
-    if is_interpreted():                                           # the interpreter cannot time configs
-        kernel.fn[(triton.cdiv(n, 8),)](*args(weight, y), **flags, BLOCK_N=8, BLOCK_K=64 if int8 else 128)
+    if is_interpreted():              # the interpreter cannot time configs; one x row takes the ROW loop
+        kernel.fn[(triton.cdiv(n, 8),)](*args(weight, y), **flags, BLOCK_N=8, BLOCK_K=64 if int8 else 128,
+                                        ROW=int8 and m == 1, PTX=False)
     elif graph_tuning():
         def launch(config, w: torch.Tensor, out: torch.Tensor = y) -> None:
             _gemv_body[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](*args(w, out), **flags, **config.all_kwargs(),

@@ -28,7 +28,7 @@ if HAS_TRITON:
     import triton.language as tl
 
     from tierllm.kernels._dispatch import pdl_start
-    from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, rms_prologue
+    from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
 
     @triton.jit
     def codes_to_f32(codes):
@@ -44,10 +44,18 @@ if HAS_TRITON:
                                           (2, 4096, 4, 1), (4, 2048, 8, 2), (1, 4096, 4, 2), (16, 1024, 8, 2),
                                           (4, 4096, 4, 1), (1, 2048, 2, 2), (2, 2048, 2, 2), (4, 2048, 2, 2),
                                           (2, 4096, 2, 1)]]
+    # One x row: gemv.py's ROW loop, about 3.3 SASS instructions per weight byte against 7.0 for the loop above
+    # (8 rows of 1024, 4 warps; offline, benchmarks/kernel_loop_stats.py w8_gemv --row)
+    _INT8_CONFIGS += [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "ROW": True}, num_warps=w, num_stages=s)
+                      for bn, bk, w, s in [(4, 1024, 4, 3), (8, 512, 4, 2), (8, 1024, 4, 2), (8, 1024, 8, 2),
+                                           (16, 512, 8, 2), (4, 2048, 8, 2), (2, 2048, 4, 2)]]
+
     # gemv.py's kernel with INT8 set, tuned over its own configs; RESIDUAL launches tune through a twin that
     # restores the residual after every timed run (see gemv.py)
-    _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY)(_gemv_body)
-    _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY, restore_value=["y_ptr"])(_gemv_body)
+    _w8_gemv_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY,
+                                      prune_configs_by={"early_config_prune": prune_row_configs})(_gemv_body)
+    _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY, restore_value=["y_ptr"],
+                                               prune_configs_by={"early_config_prune": prune_row_configs})(_gemv_body)
     _w8_graph_tuner = GraphTuner(_INT8_CONFIGS)                         # TIERLLM_GEMV_TUNER=graph
 
     _INT4_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb}, num_warps=w, num_stages=s)

@@ -1,0 +1,139 @@
+"""The int8 GEMV's one-row loop (gemv.py ROW) against its general loop at batch 1, one GPU, on `llama-7b`'s decode
+linears as decode launches them (bf16 activations): qkv with the RMSNorm prologue, o and down adding into the
+residual, gate/up with the norm prologue and SiLU-and-mul. Per linear, int8 four ways: the fusions inside the GEMV
+or as separate kernels (norm kernel before, SiLU-and-mul kernel after; the residual add stays inside, as decode
+runs it), each tuned over all of the int8 configs or over the general loop's only (the engine before the ROW
+loop: separate kernels, general loop); bf16's fused GEMV for reference. Each form is timed in a CUDA graph cycling
+through enough weight copies to miss L2 (what decode sees: every weight is read once per step). JSON to
+$OUT/int8-row-ab.json.
+
+    python benchmarks/int8_row_ab.py"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tierllm  # noqa: E402
+from tierllm.bench.probe import _time_cuda, hbm_copy_GBps  # noqa: E402
+from tierllm.bench.results import versions  # noqa: E402
+from tierllm.kernels import gemv, quant_gemv  # noqa: E402
+from tierllm.kernels.activation import silu_and_mul  # noqa: E402
+from tierllm.kernels.norm import rms_norm  # noqa: E402
+from tierllm.quant.quantize import quantize_weight  # noqa: E402
+
+HIDDEN, INTERMEDIATE = 4096, 11008
+LINEARS = {"qkv": (3 * HIDDEN, HIDDEN, {"norm": True}), "o": (HIDDEN, HIDDEN, {"residual": True}),
+           "gate_up": (2 * INTERMEDIATE, HIDDEN, {"norm": True, "gated": True}),
+           "down": (HIDDEN, INTERMEDIATE, {"residual": True})}
+L2_MISS_BYTES = 256 << 20                      # weight copies per form: at least this much, 4x the H100/H200 L2
+
+
+def general_only(residual: bool):
+    """An int8 GEMV tuner over the general loop's configs only (the engine's before the ROW loop)."""
+    configs = [c for c in quant_gemv._INT8_CONFIGS if not c.kwargs.get("ROW")]
+    return triton.autotune(configs=configs, key=gemv._KEY, restore_value=["y_ptr"] if residual else None)(
+        gemv._gemv_body)
+
+
+def int8_launch(kernel, x, q, fusions: dict, inside: bool):
+    """One decode launch of the int8 linear: the fusions inside the GEMV, or the norm and SiLU-and-mul kernels
+    around it (the residual add inside either way)."""
+    norm_weight, gated, residual = fusions.get("norm_weight"), fusions.get("gated", False), fusions.get("residual")
+    h = x if inside or norm_weight is None else rms_norm(x, norm_weight, 1e-6)[0]
+    y = gemv.fused_output(h, q["qweight"].shape[0], None, norm_weight if inside else None, gated and inside,
+                          residual)
+    gemv.launch_gemv(kernel, quant_gemv._w8_graph_tuner, h, q["qweight"], q["scales"], None,
+                     norm_weight if inside else None, y, 1e-6, gated=gated and inside, residual=residual is not None,
+                     int8=True, pdl=False)
+    return silu_and_mul(y) if gated and not inside else y
+
+
+def timed(fns) -> float:
+    """Seconds per call of fns (one per weight copy, called in turn), launch overhead excluded."""
+    for fn in fns:                                              # tune and compile outside the capture
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(2):
+            for fn in fns:
+                fn()
+    return _time_cuda(graph.replay, 10) / (2 * len(fns))
+
+
+def main() -> int:
+    started = time.perf_counter()
+    out_path = Path(os.environ.get("OUT", "/tmp")) / "int8-row-ab.json"
+    hbm_Bps = hbm_copy_GBps() * 1e9
+    torch.manual_seed(0)
+    result = {"benchmark": "int8_row_ab", "device": torch.cuda.get_device_name(),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
+              "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "preset": "llama-7b, batch 1, bf16 activations",
+              "linears": {}}
+    totals: dict[str, float] = {}
+    for name, (n_rows, k, spec) in LINEARS.items():
+        residual = spec.get("residual", False)
+        n = n_rows // 2 if spec.get("gated") else n_rows
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        fusions = {"gated": spec.get("gated", False)}
+        if spec.get("norm"):
+            fusions["norm_weight"] = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+        if residual:
+            fusions["residual"] = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        q = quantize_weight(w, tierllm.QuantConfig(bits=8))
+        int8_bytes = sum(t.numel() * t.element_size() for t in q.values())
+        q_copies = [q] + [{key: t.clone() for key, t in q.items()} for _ in range(L2_MISS_BYTES // int8_bytes)]
+        w_copies = [w] + [w.clone() for _ in range(L2_MISS_BYTES // (2 * w.numel()))]
+        ref = quant_gemv.w8_fused_ref(x, q["qweight"], q["scales"], **{**fusions, "residual": None})
+        tuners = {"all": quant_gemv._w8_gemv_residual_kernel if residual else quant_gemv._w8_gemv_kernel,
+                  "general": general_only(residual)}
+        row = {"shape": [n_rows, k], "fusions": sorted(key for key, v in spec.items() if v), "int8_bytes": int8_bytes,
+               "weight_copies": len(q_copies)}
+        for configs, kernel in tuners.items():
+            for inside in (True, False):
+                form = f"int8 {'fused' if inside else 'separate'}, {configs} configs"
+                launch = lambda qc, kernel=kernel, inside=inside: int8_launch(      # noqa: E731
+                    kernel, x, qc, {**fusions, "residual": None if not residual else fusions["residual"]}, inside)
+                if residual:            # the error on a fresh residual: y - r is the product
+                    r0 = fusions["residual"].clone()
+                    out = launch(q).float() - r0.float()
+                    fusions["residual"].copy_(r0)
+                else:
+                    out = launch(q).float()
+                err = ((out - ref.float()).norm() / ref.float().norm()).item()
+                seconds = timed([lambda qc=qc, launch=launch: launch(qc) for qc in q_copies])
+                row[form] = {"us": round(seconds * 1e6, 2), "fraction_of_hbm_copy": round(
+                    int8_bytes / seconds / hbm_Bps, 3), "rel_err": float(f"{err:.2e}"),
+                    "picked": str(getattr(kernel, "best_config", None))}
+                totals[form] = totals.get(form, 0.0) + seconds
+        bf16_fusions = {key: v for key, v in fusions.items() if key != "residual"}
+        seconds = timed([lambda wc=wc: gemv.gemv_triton(x, wc, **bf16_fusions, residual=fusions.get("residual"))
+                         for wc in w_copies])
+        row["bf16 fused"] = {"us": round(seconds * 1e6, 2),
+                             "fraction_of_hbm_copy": round(2 * w.numel() / seconds / hbm_Bps, 3),
+                             "picked": str(gemv._gemv_residual_kernel.best_config if residual
+                                           else gemv._gemv_kernel.best_config)}
+        totals["bf16 fused"] = totals.get("bf16 fused", 0.0) + seconds
+        print(json.dumps({name: row}), flush=True)
+        result["linears"][name] = row
+        del q_copies, w_copies, w, q
+        torch.cuda.empty_cache()
+    result["per_layer_us"] = {form: round(s * 1e6, 2) for form, s in totals.items()}
+    result["wall_s"] = round(time.perf_counter() - started)
+    print("per decode layer, us:", json.dumps(result["per_layer_us"]))
+    out_path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out_path} in {result['wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
