@@ -6,10 +6,14 @@ runs it), each tuned over all of the int8 configs or over the general loop's onl
 loop: separate kernels, general loop); bf16's fused GEMV for reference. Each form is timed in a CUDA graph cycling
 through enough weight copies to miss L2 (what decode sees: every weight is read once per step). JSON to
 $OUT/int8-row-ab.json.
+--grid: instead, the plain int8 GEMV (no fusion) on the qkv and down shapes over a wide grid of configs of either
+loop, timed the same way (the tuners time each config alone, on weights that may sit in L2); JSON to
+$OUT/int8-row-grid.json.
 
-    python benchmarks/int8_row_ab.py"""
+    python benchmarks/int8_row_ab.py [--grid]"""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -69,8 +73,65 @@ def timed(fns) -> float:
     return _time_cuda(graph.replay, 10) / (2 * len(fns))
 
 
+def grid_configs() -> list[dict]:
+    """General-loop configs of 2-32 KiB of int8 per program step; ROW ones with 16-64 accumulators per thread."""
+    general = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st) for bn, bk, w, st in
+               itertools.product((1, 2, 4, 8, 16), (1024, 2048, 4096), (2, 4, 8), (1, 2))
+               if 2048 <= bn * bk <= 32768 and 16 <= bn * bk // (32 * w) <= 256]
+    row = [dict(BLOCK_N=bn, BLOCK_K=bk, ROW=True, num_warps=w, num_stages=st) for bn, bk, w, st in
+           itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048), (2, 4, 8), (1, 2, 3))
+           if 16 <= bn * bk // (32 * w) <= 64]
+    return general + row
+
+
+def grid(hbm_Bps: float) -> dict:
+    rows = {}
+    for name in ("qkv", "down"):
+        n, k, _ = LINEARS[name]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        q = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, tierllm.QuantConfig(bits=8))
+        int8_bytes = sum(t.numel() * t.element_size() for t in q.values())
+        q_copies = [q] + [{key: t.clone() for key, t in q.items()} for _ in range(L2_MISS_BYTES // int8_bytes)]
+        ref = quant_gemv.w8_linear_ref(x, q["qweight"], q["scales"]).float()
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        timings = []
+        for config in grid_configs():
+            def launch(qc, c=config):
+                gemv._gemv_body[(triton.cdiv(n, c["BLOCK_N"]),)](
+                    x, qc["qweight"], qc["scales"], qc["scales"], qc["scales"], y, 1, n, k, x.stride(0),
+                    qc["qweight"].stride(0), y.stride(0), 1e-6, HAS_BIAS=False, NORM=False, GATED=False,
+                    RESIDUAL=False, INT8=True, BLOCK_M=1, **c)
+            try:
+                launch(q)
+                err = ((y.float() - ref).norm() / ref.norm()).item()
+                seconds = timed([lambda qc=qc: launch(qc) for qc in q_copies])
+            except Exception as error:                # a config the compiler refuses (registers, shared memory)
+                timings.append({"config": config, "error": f"{type(error).__name__}: {str(error)[:100]}"})
+                continue
+            timings.append({"config": config, "us": round(seconds * 1e6, 2),
+                            "fraction_of_hbm_copy": round(int8_bytes / seconds / hbm_Bps, 3), "rel_err": err})
+        timings.sort(key=lambda t: t.get("us", 1e9))
+        rows[name] = {"shape": [n, k], "configs_timed": len(timings), "top": timings[:12],
+                      "best_general": next(t for t in timings if not t["config"].get("ROW")),
+                      "best_row": next(t for t in timings if t["config"].get("ROW"))}
+        print(json.dumps({name: {key: v for key, v in rows[name].items() if key != "top"}}), flush=True)
+        del q_copies, q
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> int:
     started = time.perf_counter()
+    if "--grid" in sys.argv:
+        hbm_Bps = hbm_copy_GBps() * 1e9
+        result = {"benchmark": "int8_row_grid", "device": torch.cuda.get_device_name(),
+                  "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "versions": {**versions(), "triton": triton.__version__}, "hbm_copy_GBps": round(hbm_Bps / 1e9, 1),
+                  "linears": grid(hbm_Bps), "wall_s": round(time.perf_counter() - started)}
+        out_path = Path(os.environ.get("OUT", "/tmp")) / "int8-row-grid.json"
+        out_path.write_text(json.dumps(result, indent=1))
+        print(f"wrote {out_path} in {result['wall_s']} s")
+        return 0
     out_path = Path(os.environ.get("OUT", "/tmp")) / "int8-row-ab.json"
     hbm_Bps = hbm_copy_GBps() * 1e9
     torch.manual_seed(0)
@@ -103,10 +164,10 @@ def main() -> int:
                 form = f"int8 {'fused' if inside else 'separate'}, {configs} configs"
                 launch = lambda qc, kernel=kernel, inside=inside: int8_launch(      # noqa: E731
                     kernel, x, qc, {**fusions, "residual": None if not residual else fusions["residual"]}, inside)
-                if residual:            # the error on a fresh residual: y - r is the product
+                if residual:            # the error on a fresh residual (the timings add into it): y - r0
+                    fusions["residual"].normal_()
                     r0 = fusions["residual"].clone()
                     out = launch(q).float() - r0.float()
-                    fusions["residual"].copy_(r0)
                 else:
                     out = launch(q).float()
                 err = ((out - ref.float()).norm() / ref.float().norm()).item()

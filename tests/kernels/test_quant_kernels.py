@@ -237,7 +237,7 @@ def test_quant_gemv_fused(dtype, quant, m, fusion):
 def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion, m):
     """Through the launchers' autotune branch: tuning a RESIDUAL launch leaves the residual as it was. The one-row
     configs are tuned only for one x row (int4's INT4_ROW also without the norm prologue, their inline-PTX twins
-    only off the interpreter; int8's ROW ones with PTX off there)."""
+    only off the interpreter; int8's ROW ones alone, with PTX off there)."""
     n, k = 12, 128
     w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=9)
     x = 2 * _x(m, k, torch.float16, seed=10)
@@ -248,8 +248,8 @@ def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion, m):
     ptx_configs = [c for c in row_configs if c.kwargs.get("NIBBLES") == 2] if _dispatch.is_interpreted() else []
     if m > 1:
         tuned = len(kernel.configs) - len(row_configs)
-    elif quant.bits == 8:                       # int8's one-row loop takes every fusion, PTX off in the interpreter
-        tuned = len(kernel.configs)
+    elif quant.bits == 8:            # int8: the one-row loop's configs only (every fusion; PTX off in the interpreter)
+        tuned = len(row_configs)
     else:
         tuned = len(kernel.configs) - len(row_configs if fusion != "residual" else ptx_configs)
     launcher_module = gemv if quant.bits == 8 else quant_gemv          # int8 launches through gemv.launch_gemv
@@ -281,9 +281,10 @@ def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
 
 @pytest.mark.parametrize("quant", QUANTS[:2], ids=lambda q: q.name)
 @pytest.mark.parametrize("fusion", list(FUSIONS))
-def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, monkeypatch):
-    """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] reach its launcher and the others run as the
-    separate kernels around it; the result keeps the fused semantics; pdl reaches the GEMV. (The launchers are
+@pytest.mark.parametrize("m", [1, 2])
+def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, m, monkeypatch):
+    """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] (ONE_ROW_GEMV_FUSIONS for one x row) reach its
+    launcher and the others run as the separate kernels around it; the result keeps the fused semantics; pdl reaches the GEMV. (The launchers are
     stood in for by the fp32 references, so this runs on any device.)"""
     launched = []
 
@@ -297,7 +298,7 @@ def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, monke
     monkeypatch.setattr(quant_gemm, "use_triton", lambda t: True)
     monkeypatch.setattr(quant_gemm, "w8_gemv_triton", fake_gemv)
     monkeypatch.setattr(quant_gemm, "w4_gemv_triton", fake_gemv)
-    m, n, k = 2, 16, 128
+    n, k = 16, 128
     w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=12)
     x = 2 * _x(m, k, torch.bfloat16, seed=13)
     kwargs = _fusion_inputs(fusion, m, n, k, torch.bfloat16, seed=14)
@@ -308,8 +309,9 @@ def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, monke
     expected = ref(x, *args, b, **kwargs)
     out = quant_gemm.fused_quant_linear(x, w["qweight"], w["scales"], mins, quant.bits, quant.group_size, b, **kwargs,
                                         pdl=True)
-    inside = quant_gemm.GEMV_FUSIONS[quant.bits]
-    assert launched == [{"norm": False, "gated": kwargs["gated"] and "gated" in inside,
+    inside = (quant_gemm.ONE_ROW_GEMV_FUSIONS if m == 1 else quant_gemm.GEMV_FUSIONS)[quant.bits]
+    assert launched == [{"norm": "norm_weight" in kwargs and "norm" in inside,
+                         "gated": kwargs["gated"] and "gated" in inside,
                          "residual": residual is not None and "residual" in inside,
                          "pdl": True}]
     assert residual is None or out is residual

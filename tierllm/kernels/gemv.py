@@ -239,14 +239,16 @@ if HAS_TRITON:
         return [c for c in configs if c.kwargs["BLOCK_N"] <= c.num_warps]
 
     def prune_row_configs(configs, named_args, **kwargs):
-        """ROW configs (the one-row loop) only for one x row; under the interpreter, which runs no PTX, with PTX off
-        (asked through _dispatch: tests stand in for the tuner on CPU by patching this module's is_interpreted)."""
+        """One x row: the ROW configs (the one-row loop) only, else the others; under the interpreter, which runs no
+        PTX, with PTX off (asked through _dispatch: tests stand in for the tuner on CPU by patching this module's
+        is_interpreted)."""
         if kwargs["BLOCK_M"] != 1:
             return [c for c in configs if not c.kwargs.get("ROW")]
+        rows = [c for c in configs if c.kwargs.get("ROW")]
         if _dispatch.is_interpreted():
-            return [triton.Config({**c.kwargs, "PTX": False}, num_warps=c.num_warps, num_stages=c.num_stages)
-                    if c.kwargs.get("ROW") else c for c in configs]
-        return configs
+            rows = [triton.Config({**c.kwargs, "PTX": False}, num_warps=c.num_warps, num_stages=c.num_stages)
+                    for c in rows]
+        return rows
 
     _gemv_residual_kernel = triton.autotune(configs=_CONFIGS, key=_KEY, restore_value=["y_ptr"],
                                             prune_configs_by={"early_config_prune": _prune_long_rows})(_gemv_body)

@@ -324,6 +324,9 @@ def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, m
 # 24.2): every program repeats the norm work on its x chunks, which weighs more against 2-4x fewer weight bytes
 # than in the bf16 GEMV.
 GEMV_FUSIONS = {8: frozenset({"residual"}), 4: frozenset({"gated", "residual"})}
+# One x row (batch-1 decode): int8 takes gemv.py's ROW loop, whose fusions cost a few instructions per x element
+# shared by all of a thread's rows: all three inside, as in the bf16 GEMV.
+ONE_ROW_GEMV_FUSIONS = {8: frozenset({"norm", "gated", "residual"}), 4: GEMV_FUSIONS[4]}
 
 
 def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
@@ -333,14 +336,15 @@ def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     """`quant_linear` with the decode fusions (norm_weight [K]: RMSNorm x first; gated: [gate; up] weights with
     2N rows, silu(gate) * up; residual [M, N]: added into in place and returned); semantics: quant_gemv.w8/
     w4_fused_ref, except that residual is updated in place. Where quant_linear takes the GEMV, the fusions in
-    GEMV_FUSIONS[bits] happen inside it and the rest as separate kernels; elsewhere all are separate.
+    GEMV_FUSIONS[bits] (ONE_ROW_GEMV_FUSIONS[bits] for one x row) happen inside it and the rest as separate kernels;
+    elsewhere all are separate.
     pdl: the GEMV and the separate norm and SiLU-and-mul kernels around it are launched with programmatic
     dependent launch (gemv.py)."""
     if not (x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
             and x.shape[0] <= MAX_QUANT_GEMV_ROWS and (residual is None or residual.stride(-1) == 1)):
         return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias),
                               norm_weight, eps, gated, residual)
-    inside = GEMV_FUSIONS[bits]
+    inside = (ONE_ROW_GEMV_FUSIONS if x.shape[0] == 1 else GEMV_FUSIONS)[bits]
     fused = {"norm_weight": norm_weight if "norm" in inside else None, "eps": eps,
              "gated": gated and "gated" in inside, "residual": residual if "residual" in inside else None}
     if bits == 8:

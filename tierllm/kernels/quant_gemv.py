@@ -44,11 +44,13 @@ if HAS_TRITON:
                                           (2, 4096, 4, 1), (4, 2048, 8, 2), (1, 4096, 4, 2), (16, 1024, 8, 2),
                                           (4, 4096, 4, 1), (1, 2048, 2, 2), (2, 2048, 2, 2), (4, 2048, 2, 2),
                                           (2, 4096, 2, 1)]]
-    # One x row: gemv.py's ROW loop, about 3.3 SASS instructions per weight byte against 7.0 for the loop above
-    # (8 rows of 1024, 4 warps; offline, benchmarks/kernel_loop_stats.py w8_gemv --row)
-    _INT8_CONFIGS += [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "ROW": True}, num_warps=w, num_stages=s)
-                      for bn, bk, w, s in [(4, 1024, 4, 3), (8, 512, 4, 2), (8, 1024, 4, 2), (8, 1024, 8, 2),
-                                           (16, 512, 8, 2), (4, 2048, 8, 2), (2, 2048, 4, 2)]]
+    # One x row: gemv.py's ROW loop only, about 3.4 SASS instructions per weight byte against 8.1 for the loop above
+    # (8 rows of 1024, 4 warps; offline, benchmarks/kernel_loop_stats.py w8_gemv --row). On an H200, timed over weight
+    # copies that miss L2 (benchmarks/int8_row_ab.py --grid, int8-row-grid-h200.json), the best ROW configs beat the
+    # general loop's best: qkv 16.97 against 17.73 us, down 14.80 against 18.16; the first three are those (the
+    # stage count made no difference), the last two hold fewer accumulators for the gated launch.
+    _INT8_CONFIGS += [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "ROW": True}, num_warps=w, num_stages=1)
+                      for bn, bk, w in [(16, 256, 4), (4, 1024, 2), (8, 1024, 4), (8, 512, 4), (4, 512, 2)]]
 
     # gemv.py's kernel with INT8 set, tuned over its own configs; RESIDUAL launches tune through a twin that
     # restores the residual after every timed run (see gemv.py)
