@@ -193,7 +193,9 @@ def main() -> int:
     settings = {"preset": PRESET, "dtype": "bfloat16", "prompt_len": args.prompt_len, "gen_len": args.gen_len,
                 "batch1_gen_len": args.gen_len_b1, "batch": args.batch, "int4": "group 64, asymmetric",
                 "int8": "per channel, symmetric", "w8a8": "per-token int8 activations x per-channel int8 weights",
-                "cuda_graphs": True}
+                "cuda_graphs": True,
+                "tuner_env": {name: os.environ[name] for name in ("TIERLLM_STEP_TUNER", "TIERLLM_GEMV_TUNER")
+                              if name in os.environ}}
     results: dict = {"batch1_kernels": kernels}
     checks: list = []
     for variant in variants:             # the JSON is rewritten after each: a run cut short keeps what it measured
