@@ -284,8 +284,8 @@ def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
 @pytest.mark.parametrize("m", [1, 2])
 def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, m, monkeypatch):
     """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] (ONE_ROW_GEMV_FUSIONS for one x row) reach its
-    launcher and the others run as the separate kernels around it; the result keeps the fused semantics; pdl reaches the GEMV. (The launchers are
-    stood in for by the fp32 references, so this runs on any device.)"""
+    launcher and the others run as the separate kernels around it; the result keeps the fused semantics; pdl
+    reaches the GEMV. (The launchers are stood in for by the fp32 references, so this runs on any device.)"""
     launched = []
 
     def fake_gemv(x, qweight, scales, *rest, norm_weight=None, eps=1e-6, gated=False, residual=None, pdl=None):

@@ -102,35 +102,29 @@ if HAS_TRITON:
 
     @triton.jit
     def row_chunk(acc, acc_up, x_sum, sumsq, w, w_up, x_ptr, g_ptr, k0, K, NORM: tl.constexpr, GATED: tl.constexpr,
-                  INT8: tl.constexpr, PTX: tl.constexpr, BLOCK_K: tl.constexpr):
-        """One K chunk of the one-row loop (ROW): x's chunk [BLOCK_K] (RMSNorm-weighted with NORM, its raw squares
-        into the per-lane sumsq) times the weight chunk(s) [BLOCK_N, BLOCK_K], into per-lane accumulators of the
-        same shape; nothing is reduced inside the loop. int8: x_sum gathers x per lane for row_result."""
+                  PTX: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One K chunk of the int8 one-row loop (ROW): x's chunk [BLOCK_K] (RMSNorm-weighted with NORM, its raw
+        squares into the per-lane sumsq) times the int8 weight chunk(s) [BLOCK_N, BLOCK_K], into per-lane
+        accumulators of the same shape; nothing is reduced inside the loop; x_sum gathers x per lane for
+        row_result."""
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)                  # [BLOCK_K]
         if NORM:
             sumsq += x * x
             x = x * tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        if INT8:
-            x_sum += x
-            x = x * 1.2676506002282294e30                                                # 2^100
-            acc += int8_as_subnormal(w, PTX) * x[None, :]
-            if GATED:
-                acc_up += int8_as_subnormal(w_up, PTX) * x[None, :]
-        else:
-            acc += w.to(tl.float32) * x[None, :]
-            if GATED:
-                acc_up += w_up.to(tl.float32) * x[None, :]
+        x_sum += x
+        x = x * 1.2676506002282294e30                                                    # 2^100
+        acc += int8_as_subnormal(w, PTX) * x[None, :]
+        if GATED:
+            acc_up += int8_as_subnormal(w_up, PTX) * x[None, :]
         return acc, acc_up, x_sum, sumsq
 
     @triton.jit
-    def row_result(acc, x_sum, INT8: tl.constexpr):
-        """The one-row loop's per-lane accumulators [BLOCK_N, BLOCK_K] -> x . w per row, [1, BLOCK_N] (int8: before
-        the scales; the lanes hold sum((q + 128) x) * 2^-41)."""
-        dot = tl.sum(acc, axis=1)
-        if INT8:
-            dot = dot * 2199023255552.0 - 128.0 * tl.sum(x_sum, axis=0)                # 2^41
+    def row_result(acc, x_sum):
+        """The one-row loop's per-lane accumulators [BLOCK_N, BLOCK_K], which hold sum((q + 128) x) * 2^-41 ->
+        x . q per row, [1, BLOCK_N] (before the scales)."""
+        dot = tl.sum(acc, axis=1) * 2199023255552.0 - 128.0 * tl.sum(x_sum, axis=0)     # 2^41
         return dot[None, :]
 
     @triton.jit
@@ -172,11 +166,11 @@ if HAS_TRITON:
                    INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    ROW: tl.constexpr = False, PTX: tl.constexpr = True, PDL: tl.constexpr = False):
         """fp16/bf16 weights, or int8 ones (INT8) whose per-channel scales s_ptr multiply the accumulators after
-        the K loop (quant_gemv.w8_gemv_triton). ROW (one x row, BLOCK_M = 1; a config option the tuner weighs
-        against the general loop): every lane of the weight tile accumulates over the whole K loop (row_chunk), one
-        reduction at the end instead of one per chunk; int8 codes dequantized by int8_as_subnormal (PTX: its
-        inline-PTX form). PDL: launched with programmatic dependent launch (module doc)."""
-        ONE_ROW: tl.constexpr = ROW and BLOCK_M == 1          # a ROW config for more rows runs the general loop
+        the K loop (quant_gemv.w8_gemv_triton). ROW (int8 with one x row, BLOCK_M = 1: int8's configs for one x
+        row): every lane of the weight tile accumulates over the whole K loop (row_chunk), one reduction at the end
+        instead of one per chunk; codes dequantized by int8_as_subnormal (PTX: its inline-PTX form). PDL: launched
+        with programmatic dependent launch (module doc)."""
+        ONE_ROW: tl.constexpr = ROW and INT8 and BLOCK_M == 1   # a ROW config elsewhere runs the general loop
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         n_mask = offs_n < N
@@ -184,10 +178,10 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)                       # GATED: rows N + offs_n
         sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
-        lanes = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)                        # ROW: per-lane accumulators
+        lanes = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)                        # ONE_ROW: per-lane sums
         lanes_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        x_sum = tl.zeros([BLOCK_K], tl.float32)                                 # ROW, int8
-        lane_sumsq = tl.zeros([BLOCK_K], tl.float32)                            # ROW, NORM
+        x_sum = tl.zeros([BLOCK_K], tl.float32)                                 # ONE_ROW
+        lane_sumsq = tl.zeros([BLOCK_K], tl.float32)                            # ONE_ROW, NORM
         k_start = 0
         if PDL:                # the first weight chunk is loaded before the wait: nothing before it reads x or y
             gdc_launch_dependents()
@@ -195,7 +189,7 @@ if HAS_TRITON:
             gdc_wait()
             if ONE_ROW:
                 lanes, lanes_up, x_sum, lane_sumsq = row_chunk(lanes, lanes_up, x_sum, lane_sumsq, w, w_up, x_ptr,
-                                                               g_ptr, 0, K, NORM, GATED, INT8, PTX, BLOCK_K)
+                                                               g_ptr, 0, K, NORM, GATED, PTX, BLOCK_K)
             else:
                 acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, 0, K,
                                                  stride_xm, NORM, GATED, INT8, BLOCK_K)
@@ -204,14 +198,14 @@ if HAS_TRITON:
             w, w_up = weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED, BLOCK_K)
             if ONE_ROW:
                 lanes, lanes_up, x_sum, lane_sumsq = row_chunk(lanes, lanes_up, x_sum, lane_sumsq, w, w_up, x_ptr,
-                                                               g_ptr, k0, K, NORM, GATED, INT8, PTX, BLOCK_K)
+                                                               g_ptr, k0, K, NORM, GATED, PTX, BLOCK_K)
             else:
                 acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K,
                                                  stride_xm, NORM, GATED, INT8, BLOCK_K)
         if ONE_ROW:
-            acc = row_result(lanes, x_sum, INT8)
+            acc = row_result(lanes, x_sum)
             if GATED:
-                acc_up = row_result(lanes_up, x_sum, INT8)
+                acc_up = row_result(lanes_up, x_sum)
             sumsq += tl.sum(lane_sumsq, axis=0)
         if INT8:
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]

@@ -2,13 +2,15 @@
 M <= 8, fp16/bf16 activations. Bandwidth-bound on the weight, which is dequantized in registers and never
 written back. Layouts: tierllm/quant/formats.py.
 int8: gemv.py's kernel (INT8 set): each program streams BLOCK_N int8 rows in BLOCK_K chunks for all M rows;
-the per-channel scale is applied once at the end. int4: one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the
-grid, so the M programs reading the same weight block run together and only the first reads HBM; each step
-covers GROUPS_PER_BLOCK whole groups, and the group's scale (and min) multiply the group's partial dot product
-instead of every weight. For one x row (batch-1 decode) int4 also has a one-row loop, INT4_ROW configs the tuner
-weighs against the loop above, in which every lane of the weight tile accumulates over the whole K loop. (int8 had
-one too, INT8_ROW, with fewer instructions per weight byte; on an H100 the tuner never took it on the llama-7b
-shapes, benchmarks/results/quant-autotuned-h100.json, and it was removed.)
+the per-channel scale is applied once at the end. One x row (batch-1 decode) takes its ROW loop alone (per-lane
+accumulation, int8 codes as fp32 subnormals: gemv.int8_as_subnormal).
+int4: one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the grid, so the M programs
+reading the same weight block run together and only the first reads HBM; each step covers GROUPS_PER_BLOCK whole
+groups, and the group's scale (and min) multiply the group's partial dot product instead of every weight. For one
+x row (batch-1 decode) int4 also has a one-row loop, INT4_ROW configs the tuner weighs against the loop above, in
+which every lane of the weight tile accumulates over the whole K loop. (An
+earlier int8 one-row loop, INT8_ROW, took only unfused launches and converted codes by an integer multiply-add;
+the H100 tuner never took it, benchmarks/results/quant-autotuned-h100.json. gemv.py's ROW loop replaced it.)
 Both take gemv.py's fusions (NORM: RMSNorm prologue, GATED: SiLU-and-mul over [gate; up] rows, RESIDUAL: add into
 the residual in place); the weight scales multiply the accumulators before the fused epilogue."""
 from __future__ import annotations
