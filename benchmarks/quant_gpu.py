@@ -47,8 +47,25 @@ def _engine(variant: str, args):
     return InferenceEngine(*build_engine(source, **kwargs))
 
 
+def _batch1_picks(sites) -> list[dict]:
+    """The configs Triton's tuner chose for the batch-1 decode launches (graph_tuning.TUNED_SITES with one x row):
+    per key the pick and the three fastest configs alone (us), which the tuner's noise can reorder from run to
+    run."""
+    picks = []
+    for site in sites:
+        if site.block_m != 1:
+            continue
+        fastest = sorted(site.timings.items(), key=lambda item: item[1])[:3]
+        picks.append({"key": str(site.key), "picked": str(site.cache.get(site.key)),
+                      "fastest_alone_us": [[str(config), round(ms * 1e3, 2)] for config, ms in fastest]})
+    return picks
+
+
 def _measure(variant: str, args, hbm_Bps: float) -> dict:
+    from tierllm.kernels.graph_tuning import TUNED_SITES
+
     start = time.perf_counter()
+    sites_before = len(TUNED_SITES)
     engine = _engine(variant, args)
     build_s = time.perf_counter() - start
     vocab = engine.model.config.vocab_size
@@ -69,7 +86,9 @@ def _measure(variant: str, args, hbm_Bps: float) -> dict:
            "batch1": batch1, f"batch{args.batch}": batch_n,
            "batch1_weight_roofline_ms": round(roofline_ms, 3),
            "batch1_fraction_of_roofline": round(roofline_ms / batch1["decode_ms_per_step"], 4),
-           "cuda_graph_capture_s": round(engine.engine.runner.graphs.capture_seconds, 1)}
+           "cuda_graph_capture_s": round(engine.engine.runner.graphs.capture_seconds, 1),
+           "batch1_tuner_picks": _batch1_picks(TUNED_SITES[sites_before:]),
+           "step_tuning": engine.engine.runner.step_tuning_report}                 # TIERLLM_STEP_TUNER=1
     print(f"{variant:>5}: built in {build_s:.0f} s | batch 1 decode {batch1['decode_ms_per_step']:.2f} ms/token "
           f"({batch1['decode_tok_s']:.1f} tok/s, roofline {roofline_ms:.2f} ms) | batch {args.batch} decode "
           f"{batch_n['decode_tok_s']:.0f} tok/s, prefill {batch_n['prefill_tok_s']:.0f} tok/s", flush=True)

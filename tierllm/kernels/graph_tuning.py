@@ -100,7 +100,7 @@ class GraphTuner:
 @dataclass
 class TunedSite:
     """One launch config that Triton's autotuner chose by timing each config alone: the cache it reads at each
-    launch (key -> config), the key, the configs' timings alone (seconds, lower is faster) and the rows of x
+    launch (key -> config), the key, the configs' timings alone (ms, Triton's do_bench medians) and the rows of x
     (BLOCK_M: the decode batch bucket). runner/step_tuning.py retimes the closest ones inside the decode step."""
     cache: dict
     key: tuple
