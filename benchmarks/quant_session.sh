@@ -7,11 +7,13 @@
 #                                            # over 220 s on an H100)
 #   bash benchmarks/quant_session.sh probe   # the autotuner's picks and times per llama-7b shape, plus each
 #                                            # HALF_DEQUANT GEMM config (about 2 minutes)
+#   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV and both int8 loops on two
+#                                            # llama-7b shapes (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
 set -uo pipefail
-part=${1:?part: tests, probe or bench}
+part=${1:?part: tests, probe, ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$part" in
@@ -27,9 +29,17 @@ case "$part" in
     timeout 300 python3 benchmarks/quant_kernel_sweep.py --autotuned-only 2>&1 | tee "$OUT/quant-autotuned.log" \
         | grep -E "best|wrote" | cut -c1-400
     ;;
+  ncu)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+    timeout 400 "$NCU" --clock-control none -k regex:_gemv_body --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+        python3 benchmarks/gemv_ncu.py > "$OUT/gemv-ncu.txt" 2>&1
+    grep -E "rel err|_gemv_body|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots|Registers Per" \
+        "$OUT/gemv-ncu.txt" | cut -c1-160
+    ;;
   bench)
     timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: tests, probe or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: tests, probe, ncu or bench" >&2; exit 2 ;;
 esac
