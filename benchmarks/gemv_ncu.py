@@ -1,7 +1,9 @@
 """Nsight Compute target: why int8 GEMVs read HBM at ~70% of the copy rate where bf16's reach 77-87% (one GPU,
 batch 1, llama-7b's qkv and down shapes; benchmarks/notes/gpu-decode.md, "The int8 one-row loop"). Launches, twice
 each (the second is the one to read: the first compiles), the bf16 GEMV, the int8 ROW loop and the int8 general
-loop, each at the config that was fastest in int8_row_ab.py's grid / the bf16 tuner on an H200. Run under ncu:
+loop, each at the config that was fastest in int8_row_ab.py's first grid / the bf16 tuner on an H200, and the ROW
+loop with SUM16 (half the registers; not timed yet) at a config of the same weight bytes per thread as bf16's.
+Run under ncu:
 
     ncu --clock-control none -k regex:_gemv_body --section SpeedOfLight --section Occupancy \\
         --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \\
@@ -26,10 +28,12 @@ from tierllm.quant.quantize import quantize_weight  # noqa: E402
 CONFIGS = {
     (12288, 4096): {"bf16": dict(BLOCK_N=4, BLOCK_K=4096, num_warps=8, num_stages=1),
                     "int8 row": dict(BLOCK_N=16, BLOCK_K=256, ROW=True, num_warps=4, num_stages=1),
-                    "int8 general": dict(BLOCK_N=4, BLOCK_K=2048, num_warps=2, num_stages=1)},
+                    "int8 general": dict(BLOCK_N=4, BLOCK_K=2048, num_warps=2, num_stages=1),
+                    "int8 sum16": dict(BLOCK_N=16, BLOCK_K=1024, ROW=True, SUM16=True, num_warps=4, num_stages=1)},
     (4096, 11008): {"bf16": dict(BLOCK_N=2, BLOCK_K=1024, num_warps=2, num_stages=2),
                     "int8 row": dict(BLOCK_N=8, BLOCK_K=1024, ROW=True, num_warps=4, num_stages=2),
-                    "int8 general": dict(BLOCK_N=4, BLOCK_K=4096, num_warps=4, num_stages=1)},
+                    "int8 general": dict(BLOCK_N=4, BLOCK_K=4096, num_warps=4, num_stages=1),
+                    "int8 sum16": dict(BLOCK_N=8, BLOCK_K=1024, ROW=True, SUM16=True, num_warps=4, num_stages=1)},
 }
 
 

@@ -6,8 +6,9 @@ runs it), each tuned over all of the int8 configs or over the general loop's onl
 loop: separate kernels, general loop); bf16's fused GEMV for reference. Each form is timed in a CUDA graph cycling
 through enough weight copies to miss L2 (what decode sees: every weight is read once per step). JSON to
 $OUT/int8-row-ab.json.
---grid: instead, the plain int8 GEMV (no fusion) on the qkv and down shapes over a wide grid of configs of either
-loop, timed the same way (the tuners time each config alone, on weights that may sit in L2); JSON to
+--grid: instead, the int8 GEMV over a wide grid of configs, timed the same way (the tuners time each config alone,
+on weights that may sit in L2): the plain qkv and down shapes with the general loop, the ROW loop and ROW + SUM16,
+the gate/up shape as decode launches it (norm prologue, SiLU-and-mul) with the two one-row loops; JSON to
 $OUT/int8-row-grid.json.
 
     python benchmarks/int8_row_ab.py [--grid]"""
@@ -73,33 +74,48 @@ def timed(fns) -> float:
     return _time_cuda(graph.replay, 10) / (2 * len(fns))
 
 
-def grid_configs() -> list[dict]:
-    """General-loop configs of 2-32 KiB of int8 per program step; ROW ones with 16-64 accumulators per thread."""
-    general = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st) for bn, bk, w, st in
+def grid_configs(general: bool) -> list[dict]:
+    """General-loop configs of 2-32 KiB of int8 per program step (if `general`); ROW ones with 16-64 per-lane
+    accumulators per thread (the stage count made no difference to them in the first grid: one stage); ROW + SUM16
+    ones with 32-128 weight bytes per thread per step (a sixteenth of the accumulators)."""
+    configs = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st) for bn, bk, w, st in
                itertools.product((1, 2, 4, 8, 16), (1024, 2048, 4096), (2, 4, 8), (1, 2))
-               if 2048 <= bn * bk <= 32768 and 16 <= bn * bk // (32 * w) <= 256]
-    row = [dict(BLOCK_N=bn, BLOCK_K=bk, ROW=True, num_warps=w, num_stages=st) for bn, bk, w, st in
-           itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048), (2, 4, 8), (1, 2, 3))
-           if 16 <= bn * bk // (32 * w) <= 64]
-    return general + row
+               if general and 2048 <= bn * bk <= 32768 and 16 <= bn * bk // (32 * w) <= 256]
+    configs += [dict(BLOCK_N=bn, BLOCK_K=bk, ROW=True, num_warps=w, num_stages=1) for bn, bk, w in
+                itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048), (2, 4, 8))
+                if 16 <= bn * bk // (32 * w) <= 64]
+    configs += [dict(BLOCK_N=bn, BLOCK_K=bk, ROW=True, SUM16=True, num_warps=w, num_stages=1) for bn, bk, w in
+                itertools.product((4, 8, 16, 32), (512, 1024, 2048), (2, 4, 8))
+                if 32 <= bn * bk // (32 * w) <= 128]
+    return configs
+
+
+def loop_name(config: dict) -> str:
+    return "sum16" if config.get("SUM16") else "row" if config.get("ROW") else "general"
 
 
 def grid(hbm_Bps: float) -> dict:
+    """qkv and down plain (every loop), gate/up with the norm prologue and SiLU-and-mul (the one-row loops only:
+    what a batch-1 decode launches), each config timed over weight copies that miss L2."""
     rows = {}
-    for name in ("qkv", "down"):
-        n, k, _ = LINEARS[name]
+    for name, fused in (("qkv", False), ("down", False), ("gate_up", True)):
+        n_rows, k, _ = LINEARS[name]
+        n = n_rows // 2 if fused else n_rows
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        q = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, tierllm.QuantConfig(bits=8))
+        g = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+        q = quantize_weight(torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) * 0.02,
+                            tierllm.QuantConfig(bits=8))
         int8_bytes = sum(t.numel() * t.element_size() for t in q.values())
         q_copies = [q] + [{key: t.clone() for key, t in q.items()} for _ in range(L2_MISS_BYTES // int8_bytes)]
-        ref = quant_gemv.w8_linear_ref(x, q["qweight"], q["scales"]).float()
+        ref = quant_gemv.w8_fused_ref(x, q["qweight"], q["scales"], norm_weight=g if fused else None,
+                                      gated=fused).float()
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
         timings = []
-        for config in grid_configs():
+        for config in grid_configs(general=not fused):
             def launch(qc, c=config):
                 gemv._gemv_body[(triton.cdiv(n, c["BLOCK_N"]),)](
-                    x, qc["qweight"], qc["scales"], qc["scales"], qc["scales"], y, 1, n, k, x.stride(0),
-                    qc["qweight"].stride(0), y.stride(0), 1e-6, HAS_BIAS=False, NORM=False, GATED=False,
+                    x, qc["qweight"], qc["scales"], qc["scales"], g, y, 1, n, k, x.stride(0),
+                    qc["qweight"].stride(0), y.stride(0), 1e-6, HAS_BIAS=False, NORM=fused, GATED=fused,
                     RESIDUAL=False, INT8=True, BLOCK_M=1, **c)
             try:
                 launch(q)
@@ -111,9 +127,10 @@ def grid(hbm_Bps: float) -> dict:
             timings.append({"config": config, "us": round(seconds * 1e6, 2),
                             "fraction_of_hbm_copy": round(int8_bytes / seconds / hbm_Bps, 3), "rel_err": err})
         timings.sort(key=lambda t: t.get("us", 1e9))
-        rows[name] = {"shape": [n, k], "configs_timed": len(timings), "top": timings[:12],
-                      "best_general": next(t for t in timings if not t["config"].get("ROW")),
-                      "best_row": next(t for t in timings if t["config"].get("ROW"))}
+        rows[name] = {"shape": [n_rows, k], "fusions": "norm, gated" if fused else "none",
+                      "configs_timed": len(timings), "top": timings[:12]}
+        for loop in ("general", "row", "sum16"):
+            rows[name][f"best_{loop}"] = next((t for t in timings if loop_name(t["config"]) == loop), None)
         print(json.dumps({name: {key: v for key, v in rows[name].items() if key != "top"}}), flush=True)
         del q_copies, q
         torch.cuda.empty_cache()

@@ -53,22 +53,23 @@ def kernels(args) -> dict:
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
-                                               "PDL": False}),
+                                               "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
+                                               "NORM": args.gated}),
     }
 
 
-def loop_stats(fn, arguments, constexprs, warps: int, stages: int) -> tuple[Counter, str]:
-    """(SASS opcode counts over the longest loop's body, the TTGIR's convert_layout lines)."""
+def loop_stats(fn, arguments, constexprs, warps: int, stages: int) -> tuple[Counter, str, int]:
+    """(SASS opcode counts over the longest loop's body, the TTGIR's convert_layout lines, registers per thread)."""
     signature = {**dict(arguments), **{name: "constexpr" for name in constexprs}}
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(arguments)
                if kind.startswith("*") or name in ("N", "K") or name.startswith("stride")}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as cubin:
         cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        sass = subprocess.run([tool, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
+        cubin_path = cubin.name
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    sass = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True, check=True).stdout
     code = [(int(address, 16), text.strip()) for address, text in
             re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]                         # (address, instruction)
     loops = [(target, address) for address, text in code
@@ -78,7 +79,10 @@ def loop_stats(fn, arguments, constexprs, warps: int, stages: int) -> tuple[Coun
     body = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for address, text in code
             if start <= address <= end]
     conversions = [line.strip()[:200] for line in compiled.asm["ttgir"].splitlines() if "convert_layout" in line]
-    return Counter(body), "\n".join(conversions)
+    usage = subprocess.run([tool, "-res-usage", cubin_path], capture_output=True, text=True).stdout
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    os.unlink(cubin_path)
+    return Counter(body), "\n".join(conversions), registers
 
 
 def main() -> int:
@@ -95,19 +99,21 @@ def main() -> int:
     parser.add_argument("--asm", action="store_true",
                         help="w4_gemv --row, w4_gemm --half: nibbles unpacked by inline PTX")
     parser.add_argument("--even", action="store_true", help="w4_gemv --row: loads without masks (EVEN)")
-    parser.add_argument("--gated", action="store_true", help="w4_gemv: [gate; up] rows, SiLU-and-mul epilogue")
+    parser.add_argument("--gated", action="store_true",
+                        help="w4_gemv: [gate; up] rows, SiLU-and-mul epilogue; w8_gemv: with the norm prologue")
+    parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()
     if args.kernel == "w4_gemm" and min(args.block_m, args.block_n) < 16:
         parser.error("w4_gemm: --block-m and --block-n must be at least 16 (tl.dot's minimum)")
     fn, arguments, constexprs = kernels(args)[args.kernel]
-    mix, conversions = loop_stats(fn, arguments, constexprs, args.warps, args.stages)
+    mix, conversions, registers = loop_stats(fn, arguments, constexprs, args.warps, args.stages)
     weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}[args.kernel]
     weight_bytes *= 2 if args.gated else 1                                         # the gate and the up rows
     per_thread = weight_bytes / (32 * args.warps)
     print(f"{args.kernel}: {sum(mix.values())} SASS instructions per loop iteration (per thread), "
-          f"{per_thread:g} weight bytes per thread per iteration")
+          f"{per_thread:g} weight bytes per thread per iteration, {registers} registers per thread")
     print(", ".join(f"{op} {n}" for op, n in mix.most_common()))
     print("layout conversions (TTGIR):\n" + (conversions or "none"))
     return 0

@@ -262,7 +262,7 @@ def h200_int8_row_paragraph(runs: list[dict], grid: dict, before: dict) -> str:
 
     rows = grid["linears"]
     best = ", ".join(f"{name} {row['best_row']['us']} against {row['best_general']['us']} us"
-                     for name, row in rows.items())
+                     for name, row in rows.items() if row.get("best_general"))
     int8 = [doc["results"]["int8"]["batch1"]["decode_ms_per_step"] for doc in runs]
     ratio = [doc["results"]["speedup_vs_bf16"]["int8"]["batch1_decode"] for doc in runs]
     plain = " and ".join(run(doc, name) for doc, name in zip(runs[:2], INT8_ROW_RUNS[:2]))

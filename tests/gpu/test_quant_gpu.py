@@ -91,9 +91,10 @@ def test_every_gemm_config_incl_split_k(quant, m):
 
 @pytest.mark.parametrize("fusion", ["plain", "residual", "norm_gated"])
 def test_every_int8_gemv_config(fusion):
-    """Each config of the int8 GEMV the tuner may pick for one x row, the ROW loop's included: the reference's
-    result (RMSNorm-prologued with SiLU(gate) * up, or plus the residual, added in place); the ROW loop's inline PTX
-    bitwise equal to the same values from Triton integer ops (PTX=False)."""
+    """Each config of the int8 GEMV the tuner may pick for one x row, the ROW loop's included, and each ROW config
+    with SUM16 (the grid's variant): the reference's result (RMSNorm-prologued with SiLU(gate) * up, or plus the
+    residual, added in place); the ROW loop's inline PTX bitwise equal to the same values from Triton integer ops
+    (PTX=False)."""
     import triton
 
     n, k = 1030, 2048
@@ -106,15 +107,16 @@ def test_every_int8_gemv_config(fusion):
     start = torch.randn(1, n, device="cuda").to(torch.bfloat16)
     flags = {"HAS_BIAS": True, "NORM": gated, "GATED": gated, "RESIDUAL": fusion == "residual", "INT8": True,
              "BLOCK_M": 1}
-    for config in quant_gemv._INT8_CONFIGS:
+    configs = [config.all_kwargs() for config in quant_gemv._INT8_CONFIGS]
+    configs += [{**config, "SUM16": True} for config in configs if config.get("ROW")]
+    for config in configs:
         outs = []
-        for ptx in (True, False) if config.kwargs.get("ROW") else (True,):
+        for ptx in (True, False) if config.get("ROW") else (True,):
             y = start.clone() if fusion == "residual" else torch.empty(1, n, dtype=x.dtype, device="cuda")
-            quant_gemv._gemv_body[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](
+            quant_gemv._gemv_body[(triton.cdiv(n, config["BLOCK_N"]),)](
                 x, packed["qweight"], packed["scales"], bias.to(x.dtype),
                 packed["scales"] if norm_weight is None else norm_weight, y, 1, n, k, x.stride(0),
-                packed["qweight"].stride(0), y.stride(0), 1e-6, **flags, **config.kwargs, PTX=ptx,
-                num_warps=config.num_warps, num_stages=config.num_stages)
+                packed["qweight"].stride(0), y.stride(0), 1e-6, **flags, **config, PTX=ptx)
             outs.append(y)
         assert _rel_err(outs[0], ref + start.float() if fusion == "residual" else ref) < 1e-2, config
         assert all(torch.equal(outs[0], out) for out in outs[1:]), config

@@ -137,10 +137,12 @@ def test_int8_as_subnormal_is_exact(ptx):
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("fusion", list(FUSIONS))
-def test_w8_gemv_one_row_loop_matches_general_loop(dtype, fusion):
+@pytest.mark.parametrize("sum16", [False, True], ids=["per_lane", "sum16"])
+def test_w8_gemv_one_row_loop_matches_general_loop(dtype, fusion, sum16):
     """For one x row the int8 GEMV's ROW loop (per-lane accumulation of subnormal-coded weights, the offset taken
-    off once) and the general loop give the same outputs to within a unit in the last place of x's dtype, codes
-    spanning -128..127, every fusion, ragged N and K tiles; PTX as the GPU runs it (on CPU its Triton-ops twin)."""
+    off once; SUM16: runs of 16 k summed first) and the general loop give the same outputs to within a unit in the
+    last place of x's dtype, codes spanning -128..127, every fusion, ragged N and K tiles; PTX as the GPU runs it
+    (on CPU its Triton-ops twin)."""
     n, k = 37, 300
     gated = FUSIONS[fusion].get("gated")
     w, bias = _quantized(2 * n if gated else n, k, QuantConfig(bits=8), seed=12)
@@ -155,7 +157,7 @@ def test_w8_gemv_one_row_loop_matches_general_loop(dtype, fusion):
             x, w["qweight"], w["scales"], bias.to(dtype), kwargs.get("norm_weight", bias), y, 1, n, k, x.stride(0),
             w["qweight"].stride(0), y.stride(0), 1e-6, HAS_BIAS=True, NORM="norm_weight" in kwargs,
             GATED=bool(gated), RESIDUAL="residual" in kwargs, INT8=True, BLOCK_M=1, BLOCK_N=8, BLOCK_K=64, ROW=row,
-            PTX=DEVICE == "cuda")
+            PTX=DEVICE == "cuda", SUM16=sum16)
         outs.append(y.float())
     ulp = torch.finfo(dtype).eps * outs[0].abs().clamp_min(torch.finfo(dtype).tiny)
     assert ((outs[1] - outs[0]).abs() <= ulp).all()

@@ -101,8 +101,20 @@ if HAS_TRITON:
         return ((q.to(tl.int32) + 128) << 8).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def add_products(acc, v, x, SUM16: tl.constexpr):
+        """acc + v * x: per lane, acc [BLOCK_N, BLOCK_K] like v; SUM16: each run of 16 consecutive k summed first,
+        acc [BLOCK_N, BLOCK_K // 16] (a thread's 16 codes of one 16-byte load: no exchange between threads, a
+        sixteenth of the accumulator registers, so more programs fit an SM)."""
+        products = v * x[None, :]
+        if SUM16:
+            acc += tl.sum(tl.reshape(products, [products.shape[0], products.shape[1] // 16, 16]), axis=2)
+        else:
+            acc += products
+        return acc
+
+    @triton.jit
     def row_chunk(acc, acc_up, x_sum, sumsq, w, w_up, x_ptr, g_ptr, k0, K, NORM: tl.constexpr, GATED: tl.constexpr,
-                  PTX: tl.constexpr, BLOCK_K: tl.constexpr):
+                  PTX: tl.constexpr, SUM16: tl.constexpr, BLOCK_K: tl.constexpr):
         """One K chunk of the int8 one-row loop (ROW): x's chunk [BLOCK_K] (RMSNorm-weighted with NORM, its raw
         squares into the per-lane sumsq) times the int8 weight chunk(s) [BLOCK_N, BLOCK_K], into per-lane
         accumulators of the same shape; nothing is reduced inside the loop; x_sum gathers x per lane for
@@ -115,15 +127,15 @@ if HAS_TRITON:
             x = x * tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         x_sum += x
         x = x * 1.2676506002282294e30                                                    # 2^100
-        acc += int8_as_subnormal(w, PTX) * x[None, :]
+        acc = add_products(acc, int8_as_subnormal(w, PTX), x, SUM16)
         if GATED:
-            acc_up += int8_as_subnormal(w_up, PTX) * x[None, :]
+            acc_up = add_products(acc_up, int8_as_subnormal(w_up, PTX), x, SUM16)
         return acc, acc_up, x_sum, sumsq
 
     @triton.jit
     def row_result(acc, x_sum):
-        """The one-row loop's per-lane accumulators [BLOCK_N, BLOCK_K], which hold sum((q + 128) x) * 2^-41 ->
-        x . q per row, [1, BLOCK_N] (before the scales)."""
+        """The one-row loop's accumulators [BLOCK_N, BLOCK_K or BLOCK_K // 16], which hold sum((q + 128) x) * 2^-41
+        -> x . q per row, [1, BLOCK_N] (before the scales)."""
         dot = tl.sum(acc, axis=1) * 2199023255552.0 - 128.0 * tl.sum(x_sum, axis=0)     # 2^41
         return dot[None, :]
 
@@ -164,12 +176,14 @@ if HAS_TRITON:
     def _gemv_body(x_ptr, w_ptr, s_ptr, b_ptr, g_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, eps,
                    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                    INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   ROW: tl.constexpr = False, PTX: tl.constexpr = True, PDL: tl.constexpr = False):
+                   ROW: tl.constexpr = False, PTX: tl.constexpr = True, SUM16: tl.constexpr = False,
+                   PDL: tl.constexpr = False):
         """fp16/bf16 weights, or int8 ones (INT8) whose per-channel scales s_ptr multiply the accumulators after
         the K loop (quant_gemv.w8_gemv_triton). ROW (int8 with one x row, BLOCK_M = 1: int8's configs for one x
         row): every lane of the weight tile accumulates over the whole K loop (row_chunk), one reduction at the end
-        instead of one per chunk; codes dequantized by int8_as_subnormal (PTX: its inline-PTX form). PDL: launched
-        with programmatic dependent launch (module doc)."""
+        instead of one per chunk; codes dequantized by int8_as_subnormal (PTX: its inline-PTX form); SUM16: see
+        add_products (benchmarks/int8_row_ab.py --grid weighs it; not in the tuner's lists yet). PDL: launched with
+        programmatic dependent launch (module doc)."""
         ONE_ROW: tl.constexpr = ROW and INT8 and BLOCK_M == 1   # a ROW config elsewhere runs the general loop
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
@@ -178,8 +192,9 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)                       # GATED: rows N + offs_n
         sumsq = tl.zeros([BLOCK_M], tl.float32)                                 # NORM
-        lanes = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)                        # ONE_ROW: per-lane sums
-        lanes_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        LANES: tl.constexpr = BLOCK_K // 16 if SUM16 else BLOCK_K
+        lanes = tl.zeros([BLOCK_N, LANES], tl.float32)                          # ONE_ROW: per-lane sums
+        lanes_up = tl.zeros([BLOCK_N, LANES], tl.float32)
         x_sum = tl.zeros([BLOCK_K], tl.float32)                                 # ONE_ROW
         lane_sumsq = tl.zeros([BLOCK_K], tl.float32)                            # ONE_ROW, NORM
         k_start = 0
@@ -189,7 +204,7 @@ if HAS_TRITON:
             gdc_wait()
             if ONE_ROW:
                 lanes, lanes_up, x_sum, lane_sumsq = row_chunk(lanes, lanes_up, x_sum, lane_sumsq, w, w_up, x_ptr,
-                                                               g_ptr, 0, K, NORM, GATED, PTX, BLOCK_K)
+                                                               g_ptr, 0, K, NORM, GATED, PTX, SUM16, BLOCK_K)
             else:
                 acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, 0, K,
                                                  stride_xm, NORM, GATED, INT8, BLOCK_K)
@@ -198,7 +213,8 @@ if HAS_TRITON:
             w, w_up = weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED, BLOCK_K)
             if ONE_ROW:
                 lanes, lanes_up, x_sum, lane_sumsq = row_chunk(lanes, lanes_up, x_sum, lane_sumsq, w, w_up, x_ptr,
-                                                               g_ptr, k0, K, NORM, GATED, PTX, BLOCK_K)
+                                                               g_ptr, k0, K, NORM, GATED, PTX, SUM16,
+                                                               BLOCK_K)
             else:
                 acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K,
                                                  stride_xm, NORM, GATED, INT8, BLOCK_K)
