@@ -116,8 +116,8 @@ if HAS_TRITON:
     def row_chunk(acc, acc_up, x_sum, sumsq, w, w_up, x_ptr, g_ptr, k0, K, NORM: tl.constexpr, GATED: tl.constexpr,
                   PTX: tl.constexpr, SUM16: tl.constexpr, BLOCK_K: tl.constexpr):
         """One K chunk of the int8 one-row loop (ROW): x's chunk [BLOCK_K] (RMSNorm-weighted with NORM, its raw
-        squares into the per-lane sumsq) times the int8 weight chunk(s) [BLOCK_N, BLOCK_K], into per-lane
-        accumulators of the same shape; nothing is reduced inside the loop; x_sum gathers x per lane for
+        squares into the per-lane sumsq) times the int8 weight chunk(s) [BLOCK_N, BLOCK_K], into the accumulators
+        (add_products); nothing is exchanged between threads inside the loop; x_sum gathers x per lane for
         row_result."""
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -213,8 +213,7 @@ if HAS_TRITON:
             w, w_up = weight_chunk(w_ptr, offs_n, n_mask, k0, N, K, stride_wn, GATED, BLOCK_K)
             if ONE_ROW:
                 lanes, lanes_up, x_sum, lane_sumsq = row_chunk(lanes, lanes_up, x_sum, lane_sumsq, w, w_up, x_ptr,
-                                                               g_ptr, k0, K, NORM, GATED, PTX, SUM16,
-                                                               BLOCK_K)
+                                                               g_ptr, k0, K, NORM, GATED, PTX, SUM16, BLOCK_K)
             else:
                 acc, acc_up, sumsq = gemv_chunk(acc, acc_up, sumsq, w, w_up, x_ptr, g_ptr, offs_m, m_mask, k0, K,
                                                  stride_xm, NORM, GATED, INT8, BLOCK_K)
