@@ -50,7 +50,7 @@ def kernels(args) -> dict:
         "w4_gemv": (quant_gemv._w4_gemv_body, w4_args,
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "GATED": args.gated, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
-                     "NIBBLES": 2 if args.asm else 0, "EVEN": args.even}),
+                     "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
