@@ -19,6 +19,9 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quant_kernel_sweep import rel_err  # noqa: E402
 
 import tierllm  # noqa: E402
 from tierllm.kernels import gemv, quant_gemv  # noqa: E402
@@ -52,7 +55,7 @@ def main() -> int:
                 gemv._gemv_body[(triton.cdiv(n, config["BLOCK_N"]),)](
                     x, weight, scales, scales, scales, y, 1, n, k, x.stride(0), weight.stride(0), y.stride(0), 1e-6,
                     HAS_BIAS=False, NORM=False, GATED=False, RESIDUAL=False, INT8=int8, BLOCK_M=1, **config)
-            err = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+            err = rel_err(y, ref)
             print(f"{n} x {k} {variant} {config}: rel err {err:.1e}", flush=True)
             if err > 1e-2:
                 print("error: the launch does not match its reference", file=sys.stderr)

@@ -3,8 +3,10 @@ linears as decode launches them (bf16 activations): qkv with the RMSNorm prologu
 residual, gate/up with the norm prologue and SiLU-and-mul. Per linear, int8 four ways: the fusions inside the GEMV
 or as separate kernels (norm kernel before, SiLU-and-mul kernel after; the residual add stays inside, as decode
 runs it), each tuned over all of the int8 configs or over the general loop's only (the engine before the ROW
-loop: separate kernels, general loop); bf16's fused GEMV for reference. Each form is timed in a CUDA graph cycling
-through enough weight copies to miss L2 (what decode sees: every weight is read once per step). JSON to
+loop: separate kernels, general loop); bf16's fused GEMV for reference. Each form is timed as the graph tuner times
+a config (graph_tuning.graph_seconds: a CUDA graph cycling through enough weight copies to miss L2, what decode
+sees: every weight is read once per step; the committed H200 JSONs were taken with an earlier copy of that timing
+in this script, the mean of 10 replays over >= 256 MiB of copies). JSON to
 $OUT/int8-row-ab.json.
 --grid: instead, the int8 GEMV over a wide grid of configs, timed the same way (the tuners time each config alone,
 on weights that may sit in L2): the plain qkv and down shapes with the general loop, the ROW loop and ROW + SUM16,
@@ -25,11 +27,15 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quant_kernel_sweep import rel_err  # noqa: E402
 
 import tierllm  # noqa: E402
-from tierllm.bench.probe import _time_cuda, hbm_copy_GBps  # noqa: E402
+from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.bench.results import versions  # noqa: E402
 from tierllm.kernels import gemv, quant_gemv  # noqa: E402
+from tierllm.kernels.graph_tuning import graph_seconds, weight_copies  # noqa: E402
 from tierllm.kernels.activation import silu_and_mul  # noqa: E402
 from tierllm.kernels.norm import rms_norm  # noqa: E402
 from tierllm.quant.quantize import quantize_weight  # noqa: E402
@@ -38,7 +44,8 @@ HIDDEN, INTERMEDIATE = 4096, 11008
 LINEARS = {"qkv": (3 * HIDDEN, HIDDEN, {"norm": True}), "o": (HIDDEN, HIDDEN, {"residual": True}),
            "gate_up": (2 * INTERMEDIATE, HIDDEN, {"norm": True, "gated": True}),
            "down": (HIDDEN, INTERMEDIATE, {"residual": True})}
-L2_MISS_BYTES = 256 << 20                      # weight copies per form: at least this much, 4x the H100/H200 L2
+PEERS_NOTE = ("kernel-level A/B inside this engine: no peer engine runs these kernels; the ceiling is the HBM copy "
+              "rate measured in the same run")
 
 
 def general_only(residual: bool):
@@ -61,17 +68,9 @@ def int8_launch(kernel, x, q, fusions: dict, inside: bool):
     return silu_and_mul(y) if gated and not inside else y
 
 
-def timed(fns) -> float:
-    """Seconds per call of fns (one per weight copy, called in turn), launch overhead excluded."""
-    for fn in fns:                                              # tune and compile outside the capture
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(2):
-            for fn in fns:
-                fn()
-    return _time_cuda(graph.replay, 10) / (2 * len(fns))
+def int8_copies(q: dict) -> list[dict]:
+    """The packed int8 weight and scratch copies of its codes (graph_tuning.weight_copies: enough to miss L2)."""
+    return [{**q, "qweight": codes} for codes in weight_copies(q["qweight"])]
 
 
 def grid_configs(general: bool) -> list[dict]:
@@ -106,7 +105,7 @@ def grid(hbm_Bps: float) -> dict:
         q = quantize_weight(torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) * 0.02,
                             tierllm.QuantConfig(bits=8))
         int8_bytes = sum(t.numel() * t.element_size() for t in q.values())
-        q_copies = [q] + [{key: t.clone() for key, t in q.items()} for _ in range(L2_MISS_BYTES // int8_bytes)]
+        q_copies = int8_copies(q)
         ref = quant_gemv.w8_fused_ref(x, q["qweight"], q["scales"], norm_weight=g if fused else None,
                                       gated=fused).float()
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
@@ -119,8 +118,8 @@ def grid(hbm_Bps: float) -> dict:
                     RESIDUAL=False, INT8=True, BLOCK_M=1, **c)
             try:
                 launch(q)
-                err = ((y.float() - ref).norm() / ref.norm()).item()
-                seconds = timed([lambda qc=qc: launch(qc) for qc in q_copies])
+                err = rel_err(y, ref)
+                seconds = graph_seconds(launch, q_copies)
             except Exception as error:                # a config the compiler refuses (registers, shared memory)
                 timings.append({"config": config, "error": f"{type(error).__name__}: {str(error)[:100]}"})
                 continue
@@ -144,7 +143,7 @@ def main() -> int:
         result = {"benchmark": "int8_row_grid", "device": torch.cuda.get_device_name(),
                   "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "versions": {**versions(), "triton": triton.__version__}, "hbm_copy_GBps": round(hbm_Bps / 1e9, 1),
-                  "linears": grid(hbm_Bps), "wall_s": round(time.perf_counter() - started)}
+                  "peers_note": PEERS_NOTE, "linears": grid(hbm_Bps), "wall_s": round(time.perf_counter() - started)}
         out_path = Path(os.environ.get("OUT", "/tmp")) / "int8-row-grid.json"
         out_path.write_text(json.dumps(result, indent=1))
         print(f"wrote {out_path} in {result['wall_s']} s")
@@ -154,7 +153,8 @@ def main() -> int:
     torch.manual_seed(0)
     result = {"benchmark": "int8_row_ab", "device": torch.cuda.get_device_name(),
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
-              "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "preset": "llama-7b, batch 1, bf16 activations",
+              "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE,
+              "preset": "llama-7b, batch 1, bf16 activations",
               "linears": {}}
     totals: dict[str, float] = {}
     for name, (n_rows, k, spec) in LINEARS.items():
@@ -169,8 +169,7 @@ def main() -> int:
         w = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) * 0.02
         q = quantize_weight(w, tierllm.QuantConfig(bits=8))
         int8_bytes = sum(t.numel() * t.element_size() for t in q.values())
-        q_copies = [q] + [{key: t.clone() for key, t in q.items()} for _ in range(L2_MISS_BYTES // int8_bytes)]
-        w_copies = [w] + [w.clone() for _ in range(L2_MISS_BYTES // (2 * w.numel()))]
+        q_copies = int8_copies(q)
         ref = quant_gemv.w8_fused_ref(x, q["qweight"], q["scales"], **{**fusions, "residual": None})
         tuners = {"all": quant_gemv._w8_gemv_residual_kernel if residual else quant_gemv._w8_gemv_kernel,
                   "general": general_only(residual)}
@@ -187,15 +186,15 @@ def main() -> int:
                     out = launch(q).float() - r0.float()
                 else:
                     out = launch(q).float()
-                err = ((out - ref.float()).norm() / ref.float().norm()).item()
-                seconds = timed([lambda qc=qc, launch=launch: launch(qc) for qc in q_copies])
+                err = rel_err(out, ref)
+                seconds = graph_seconds(launch, q_copies)
                 row[form] = {"us": round(seconds * 1e6, 2), "fraction_of_hbm_copy": round(
                     int8_bytes / seconds / hbm_Bps, 3), "rel_err": float(f"{err:.2e}"),
                     "picked": str(getattr(kernel, "best_config", None))}
                 totals[form] = totals.get(form, 0.0) + seconds
         bf16_fusions = {key: v for key, v in fusions.items() if key != "residual"}
-        seconds = timed([lambda wc=wc: gemv.gemv_triton(x, wc, **bf16_fusions, residual=fusions.get("residual"))
-                         for wc in w_copies])
+        seconds = graph_seconds(lambda wc: gemv.gemv_triton(x, wc, **bf16_fusions, residual=fusions.get("residual")),
+                                weight_copies(w))
         row["bf16 fused"] = {"us": round(seconds * 1e6, 2),
                              "fraction_of_hbm_copy": round(2 * w.numel() / seconds / hbm_Bps, 3),
                              "picked": str(gemv._gemv_residual_kernel.best_config if residual
@@ -203,7 +202,7 @@ def main() -> int:
         totals["bf16 fused"] = totals.get("bf16 fused", 0.0) + seconds
         print(json.dumps({name: row}), flush=True)
         result["linears"][name] = row
-        del q_copies, w_copies, w, q
+        del q_copies, w, q
         torch.cuda.empty_cache()
     result["per_layer_us"] = {form: round(s * 1e6, 2) for form, s in totals.items()}
     result["wall_s"] = round(time.perf_counter() - started)

@@ -65,11 +65,12 @@ def loop_stats(fn, arguments, constexprs, warps: int, stages: int) -> tuple[Coun
                if kind.startswith("*") or name in ("N", "K") or name.startswith("stride")}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin_path = cubin.name
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    sass = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = os.path.join(folder, "kernel.cubin")
+        Path(cubin).write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
     code = [(int(address, 16), text.strip()) for address, text in
             re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]                         # (address, instruction)
     loops = [(target, address) for address, text in code
@@ -79,9 +80,7 @@ def loop_stats(fn, arguments, constexprs, warps: int, stages: int) -> tuple[Coun
     body = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for address, text in code
             if start <= address <= end]
     conversions = [line.strip()[:200] for line in compiled.asm["ttgir"].splitlines() if "convert_layout" in line]
-    usage = subprocess.run([tool, "-res-usage", cubin_path], capture_output=True, text=True).stdout
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
-    os.unlink(cubin_path)
     return Counter(body), "\n".join(conversions), registers
 
 
