@@ -48,16 +48,16 @@ def _engine(variant: str, args):
 
 
 def _batch1_picks(sites) -> list[dict]:
-    """The configs Triton's tuner chose for the batch-1 decode launches (graph_tuning.TUNED_SITES with one x row):
-    per key the pick and the three fastest configs alone (us), which the tuner's noise can reorder from run to
-    run."""
+    """The configs the tuner (Triton's, or TIERLLM_GEMV_TUNER=graph's) chose for the batch-1 decode launches
+    (graph_tuning.TUNED_SITES with one x row): per key the pick and the three fastest configs as it timed them (us),
+    which the tuner's noise can reorder from run to run."""
     picks = []
     for site in sites:
         if site.block_m != 1:
             continue
         fastest = sorted(site.timings.items(), key=lambda item: item[1])[:3]
         picks.append({"key": str(site.key), "picked": str(site.cache.get(site.key)),
-                      "fastest_alone_us": [[str(config), round(ms * 1e3, 2)] for config, ms in fastest]})
+                      "fastest_us": [[str(config), round(ms * 1e3, 2)] for config, ms in fastest]})
     return picks
 
 

@@ -375,11 +375,15 @@ def test_gemv_graph_tuned(monkeypatch, fusion):
     monkeypatch.setattr(graph_tuning, "graph_seconds", fake_seconds)
     monkeypatch.setattr(graph_tuning, "weight_copies", lambda weight: [weight, weight.clone()])
     monkeypatch.setattr(gemv._graph_tuner, "cache", {})
+    monkeypatch.setattr(graph_tuning, "TUNED_SITES", [])
     kwargs = _fusion_inputs(fusion, rows, n, k, torch.float16, seed=3)
     check_fused_gemv(functools.partial(gemv.gemv_triton, x, w), functools.partial(gemv.fused_linear_ref, x.float(),
                      w.float()), rows, n, kwargs)
     assert len(timed) == len(gemv._CONFIGS)
     assert list(gemv._graph_tuner.cache.values()) == [fastest]
+    [site] = graph_tuning.TUNED_SITES                          # kept for step tuning, timings in ms
+    assert site.cache is gemv._graph_tuner.cache and site.block_m == 4 and len(site.timings) == len(gemv._CONFIGS)
+    assert site.timings[fastest] == 500.0 and min(site.timings.values()) == 500.0
     check_fused_gemv(functools.partial(gemv.gemv_triton, x, w), functools.partial(gemv.fused_linear_ref, x.float(),
                      w.float()), rows, n, _fusion_inputs(fusion, rows, n, k, torch.float16, seed=4))
     assert len(timed) == len(gemv._CONFIGS)                            # the second call took the remembered one

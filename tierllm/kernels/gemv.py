@@ -329,7 +329,7 @@ def launch_gemv(kernel, graph_tuner, x: torch.Tensor, weight: torch.Tensor, scal
         config = graph_tuner.cache.get(key)
         if config is None:
             scratch = y.clone() if residual else y                    # tuning adds into the residual many times
-            config = graph_tuner.pick(key, lambda config, w: launch(config, w, scratch), weight)
+            config = graph_tuner.pick(key, lambda config, w: launch(config, w, scratch), weight, flags["BLOCK_M"])
         launch(config, weight)
     else:
         launch_recording_sites(kernel, lambda: kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](

@@ -42,7 +42,7 @@ import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import MAX_GEMV_ROWS
-from tierllm.kernels.graph_tuning import fastest_config, graph_tuning, record_site
+from tierllm.kernels.graph_tuning import graph_tuning, record_site, tune_site
 
 # Buffer geometry shared with distributed/fused_all_reduce.py
 MAX_ROWS = MAX_GEMV_ROWS     # decode-sized calls only: the ones the GEMV takes
@@ -259,7 +259,7 @@ def gemv_all_reduce_(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             def launch(config, w: torch.Tensor) -> None:
                 _gemv_all_reduce_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](
                     *args(scratch, w), **flags, EXCHANGE=False, TIMED=False, **pdl_options(x), **config.all_kwargs())
-            configs[key] = fastest_config(tuner.configs, launch, weight)
+            tune_site(configs, key, tuner.configs, launch, weight, flags["BLOCK_M"])
         else:
             timed_before = getattr(tuner, "configs_timings", None)
             tuner[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args(scratch), **flags, EXCHANGE=False,

@@ -59,8 +59,8 @@ def graph_seconds(launch: Callable[[torch.Tensor], None], copies: Sequence[torch
     return min(times)
 
 
-def fastest_config(configs: list, launch: Callable[[object, torch.Tensor], None], weight: torch.Tensor):
-    """The config (triton.Config) of `configs` whose launches take the least time in graph_seconds.
+def time_configs(configs: list, launch: Callable[[object, torch.Tensor], None], weight: torch.Tensor) -> dict:
+    """{config: ms per launch in graph_seconds} over `configs` (triton.Config), those the compiler refuses left out.
     launch(config, weight_copy) makes one launch on a weight copy and must leave no state a real call reads (a
     residual launch adds into a scratch output)."""
     from triton.compiler.errors import CompileTimeAssertionFailure
@@ -71,12 +71,22 @@ def fastest_config(configs: list, launch: Callable[[object, torch.Tensor], None]
     timings = {}
     for config in configs:
         try:
-            timings[config] = graph_seconds(lambda w, c=config: launch(c, w), copies)
+            timings[config] = graph_seconds(lambda w, c=config: launch(c, w), copies) * 1e3
         except refused as error:                   # a config the compiler refuses (registers, shared memory)
             log.debug("graph tuning: %s failed: %s", config, error)
     if not timings:
         raise RuntimeError(f"graph tuning: none of {len(configs)} configs ran for a {tuple(weight.shape)} weight")
-    return min(timings, key=timings.get)
+    return timings
+
+
+def tune_site(cache: dict, key, configs: list, launch: Callable[[object, torch.Tensor], None],
+              weight: torch.Tensor, block_m: int):
+    """cache[key] = the fastest of `configs` in time_configs, kept as a TunedSite (its graph timings) for
+    runner/step_tuning.py as Triton-tuned keys are; returns it."""
+    timings = time_configs(configs, launch, weight)
+    cache[key] = min(timings, key=timings.get)
+    TUNED_SITES.append(TunedSite(cache, key, timings, block_m))
+    return cache[key]
 
 
 class GraphTuner:
@@ -86,29 +96,28 @@ class GraphTuner:
         self.configs = configs
         self.cache: dict = {}
 
-    def pick(self, key, launch: Callable[[object, torch.Tensor], None], weight: torch.Tensor):
-        """fastest_config on a key's first call, remembered."""
+    def pick(self, key, launch: Callable[[object, torch.Tensor], None], weight: torch.Tensor, block_m: int):
+        """tune_site on a key's first call, remembered; block_m: the x rows' bucket (the decode batch)."""
         if key in self.cache:
             return self.cache[key]
         if weight.is_cuda and torch.cuda.is_current_stream_capturing():   # no timing there: untuned, not cached
             log.warning("graph tuning: first call of %s inside a CUDA-graph capture; using %s", key, self.configs[0])
             return self.configs[0]
-        self.cache[key] = fastest_config(self.configs, launch, weight)
-        return self.cache[key]
+        return tune_site(self.cache, key, self.configs, launch, weight, block_m)
 
 
 @dataclass
 class TunedSite:
-    """One launch config that Triton's autotuner chose by timing each config alone: the cache it reads at each
-    launch (key -> config), the key, the configs' timings alone (ms, Triton's do_bench medians) and the rows of x
-    (BLOCK_M: the decode batch bucket). runner/step_tuning.py retimes the closest ones inside the decode step."""
+    """One launch config that a tuner chose by timing each config: the cache it reads at each launch (key ->
+    config), the key, the configs' timings (ms: Triton's do_bench medians alone, or time_configs' graph timings)
+    and the rows of x (BLOCK_M: the decode batch bucket). runner/step_tuning.py retimes the closest ones inside the decode step."""
     cache: dict
     key: tuple
     timings: dict
     block_m: int
 
 
-TUNED_SITES: list[TunedSite] = []          # every key Triton's tuner tuned in this process, in order
+TUNED_SITES: list[TunedSite] = []          # every key either tuner tuned in this process, in order
 
 
 def record_site(cache: dict, key, tuner, timed_before, block_m: int) -> None:
