@@ -280,12 +280,49 @@ def h200_int8_row_paragraph(runs: list[dict], grid: dict, before: dict) -> str:
             f"not record them). The 1.7x target is not met (best {max(ratio)}x).")
 
 
+INT8_SUM16_RUNS = ["quant-bf16-int8-sum16-llama-7b-h200-run1.json", "quant-bf16-int8-sum16-llama-7b-h200-run2.json",
+                   "quant-bf16-int8-sum16-llama-7b-h200-run3.json"]
+INT8_GRAPH_TUNER_RUNS = ["quant-bf16-int8-row-graph-tuner-llama-7b-h200.json",
+                         "quant-bf16-int8-sum16-graph-tuner-llama-7b-h200.json"]
+
+
+def h200_int8_sum16_paragraph(runs: list[dict], graph_runs: list[dict], grid: dict, ab: dict) -> str:
+    """The bf16 + int8 calls on an H200 with the SUM16 configs in int8's tuner list (INT8_SUM16_RUNS, Triton's tuner),
+    the graph tuner's (INT8_GRAPH_TUNER_RUNS: before and after SUM16), the grid that found SUM16 (int8_row_ab.py
+    --grid) and the per-linear A/B after it (int8_row_ab.py)."""
+    def run(doc: dict, name: str) -> str:
+        b1 = {v: doc["results"][v]["batch1"]["decode_ms_per_step"] for v in ("bf16", "int8")}
+        return (f"[{b1['bf16']} / {b1['int8']}, {doc['results']['speedup_vs_bf16']['int8']['batch1_decode']}x]"
+                f"(benchmarks/results/{name})")
+
+    best = ", ".join(f"{name} {row['best_sum16']['us']} us ({row['best_sum16']['fraction_of_hbm_copy']:.0%} of the "
+                     f"copy rate) against {row['best_row']['us']}" for name, row in grid["linears"].items())
+    layer = ab["per_layer_us"]
+    ratio = [doc["results"]["speedup_vs_bf16"]["int8"]["batch1_decode"] for doc in runs]
+    return ("Since commit " + runs[0]["versions"]["commit"] + " the one-row loop also comes as `SUM16`: each thread "
+            "first sums its 16 consecutive products, which halves its registers (122 to 64 at 8 x 1024 with 4 warps, "
+            "offline) for about 12% more instructions. Over L2-missing weight copies on an H200 its best configs beat "
+            f"every other ([grid](benchmarks/results/int8-row-grid-sum16-h200.json): {best}), and eight of them "
+            "joined the int8 tuner's list. Per decode layer, the tuner's picks, all four linears with their fusions "
+            f"([A/B](benchmarks/results/int8-row-ab-sum16-h200.json)): int8 {layer['int8 fused, all configs']} us "
+            f"against bf16's {layer['bf16 fused']}. Three calls on one H200 with the default tuner (bf16 / int8 "
+            "ms/token, int8/bf16; CUDA graphs for batch 1-8 only): "
+            + ", ".join(run(doc, name) for doc, name in zip(runs, INT8_SUM16_RUNS))
+            + f": the batch-1 int8 target (1.7x) is met in each ({min(ratio)}-{max(ratio)}x). With the graph tuner "
+            "(`TIERLLM_GEMV_TUNER=graph`, each config timed in CUDA graphs over L2-missing weight copies): " + run(graph_runs[1], INT8_GRAPH_TUNER_RUNS[1])
+            + ", and before the SUM16 configs " + run(graph_runs[0], INT8_GRAPH_TUNER_RUNS[0])
+            + ". The JSONs record each batch-1 pick: Triton's tuner, which times each kernel alone, took different "
+            "configs from run to run on every shape (three qkv configs in three runs); the graph tuner took the "
+            "grid's best on the three shapes the grid timed. It stays opt-in: on an H100 at TP=2 it lost to "
+            "Triton's pick for one GEMV (benchmarks/notes/tp-history.md).")
+
+
 def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200: dict,
-                  h200_rerun: dict, int8_row_runs: list[dict], int8_row_grid: dict) -> list[str]:
+                  h200_rerun: dict, int8_row_runs: list[dict], int8_row_grid: dict, sum16: str) -> list[str]:
     """doc: bf16, int8 and int4 from one call; autotuned: the tuner's picks per llama-7b shape (quant_kernel_sweep.py
     --autotuned-only, the same commit); kernels: the previous run's per-shape kernel table (M=1 and the prefill
     dequantizing pass); latest: the bf16 + int4 call since; h200: the bf16 + int8 call on an H200; h200_rerun: the
-    one after it."""
+    one after it; sum16: h200_int8_sum16_paragraph."""
     r, c = doc["results"], doc["ceilings"]
     variants = [v for v in ("bf16", "int8", "int4", "w8a8") if v in r]
     rows = autotuned["rows"]                                                  # one per linear shape [N, K]
@@ -347,8 +384,12 @@ def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200:
              "session the decode layer is chained that way again, each GEMV loading before it waits).", "",
              latest_quant_paragraph(latest), "",
              h200_quant_paragraph(h200, latest) + " " + h200_quant_rerun_sentence(h200_rerun),
-             "", h200_int8_row_paragraph(int8_row_runs, int8_row_grid, h200_rerun)]
+             "", h200_int8_row_paragraph(int8_row_runs, int8_row_grid, h200_rerun), "", sum16]
     return lines
+
+
+def results(name: str) -> dict:
+    return json.loads((ROOT / "benchmarks/results" / name).read_text())
 
 
 def main() -> None:
@@ -375,7 +416,11 @@ def main() -> None:
                      + quant_section(quant, autotuned, quant_kernels, quant_latest, quant_h200, quant_h200_rerun,
                                      [json.loads((ROOT / "benchmarks/results" / name).read_text())
                                       for name in INT8_ROW_RUNS],
-                                     json.loads((ROOT / "benchmarks/results/int8-row-grid-h200.json").read_text())))
+                                     json.loads((ROOT / "benchmarks/results/int8-row-grid-h200.json").read_text()),
+                                     h200_int8_sum16_paragraph(
+                                         [results(name) for name in INT8_SUM16_RUNS],
+                                         [results(name) for name in INT8_GRAPH_TUNER_RUNS],
+                                         results("int8-row-grid-sum16-h200.json"), results("int8-row-ab-sum16-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 

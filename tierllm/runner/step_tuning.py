@@ -7,12 +7,13 @@ llama-13b down projection's residual GEMV took 116.0 us per [gate/up, down] pair
 against 110.2 with the fourth-fastest alone, and two gate/up configs 0.3% apart alone were 2% apart chained
 (benchmarks/decode_gemv_sweep.py, benchmarks/notes/tp-history.md).
 
-How: for each GEMV launch the autotuner tuned at batch 1 (kernels/graph_tuning.TunedSite), longest first, the
-configs within CLOSE of the fastest alone (at most CANDIDATES) are each set in the tuner's cache, the batch-1 step
-is captured into a CUDA graph and its replays timed; a config replaces the current one only if the step gets
-faster by more than MARGIN (replay noise). A coordinate descent: each site is tuned with the ones before it at their
-choices. The graphs the engine then captures use the choices (they live in the tuners' caches). Tensor-parallel
-ranks tune together (refine's `share`): the step's collectives need every rank replaying the same graphs."""
+How: for each GEMV launch a tuner tuned at batch 1 (kernels/graph_tuning.TunedSite: Triton's autotuner, or the
+graph tuner), longest first, the configs within CLOSE of the fastest as that tuner timed them (at most CANDIDATES)
+are each set in the tuner's cache, the batch-1 step is captured into a CUDA graph and its replays timed; a config
+replaces the current one only if the step gets faster by more than MARGIN (replay noise). A coordinate descent:
+each site is tuned with the ones before it at their choices. The graphs the engine then captures use the choices
+(they live in the tuners' caches). Tensor-parallel ranks tune together (refine's `share`): the step's collectives
+need every rank replaying the same graphs."""
 from __future__ import annotations
 
 import logging
