@@ -128,7 +128,8 @@ def test_every_int8_gemv_config(fusion):
 @pytest.mark.parametrize("n", [1030, 1024])                       # partial row blocks; whole ones (EVEN loads)
 def test_every_int4_gemv_config_incl_one_row(dtype, quant, gated, n):
     """Each config of the int4 GEMV the tuner may pick for one x row, the INT4_ROW loop's included (fp16 and bf16
-    x: it unpacks both from int32 words), and their NIBBLES=2 twins (inline PTX): the reference's result,
+    x: it unpacks both from int32 words), their NIBBLES=2 twins (inline PTX) and the INT4_SUB configs (codes as
+    fp32 subnormals in FMAs: the GPU must keep them, not flush them to zero): the reference's result,
     SiLU(gate) * up when gated; the PTX path bitwise equal to the same values from Triton integer ops (NIBBLES=1)."""
     import triton
 
@@ -145,9 +146,11 @@ def test_every_int4_gemv_config_incl_one_row(dtype, quant, gated, n):
              "GATED": gated, "RESIDUAL": False}
     args = (x, packed["qweight"], packed["scales"], mins if mins is not None else packed["scales"], bias.to(dtype),
             packed["scales"])
-    configs = quant_gemv._prune_int4(quant_gemv._INT4_CONFIGS, {"x_ptr": x, "stride_xm": x.stride(0)}, M_BUCKET=1,
+    configs = quant_gemv._prune_int4(quant_gemv._INT4_CONFIGS + quant_gemv._SUB_CONFIGS,
+                                     {"x_ptr": x, "stride_xm": x.stride(0), "w_ptr": packed["qweight"],
+                                      "stride_wn": packed["qweight"].stride(0)}, M_BUCKET=1,
                                      **flags)
-    assert any(c.kwargs.get("NIBBLES") == 2 for c in configs)
+    assert any(c.kwargs.get("NIBBLES") == 2 for c in configs) and any(c.kwargs.get("INT4_SUB") for c in configs)
 
     def launch(kwargs: dict, config) -> torch.Tensor:
         y = torch.empty(1, n, dtype=dtype, device="cuda")

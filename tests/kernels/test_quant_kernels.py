@@ -36,6 +36,13 @@ if HAS_TRITON:
         tl.store(out_ptr + offs, gemv.int8_as_subnormal(tl.load(code_ptr + offs), PTX) * 2.0**100)
 
     @triton.jit
+    def _nibbles_as_subnormals_kernel(word_ptr, out_ptr):
+        offs = tl.arange(0, 256)
+        values = quant_gemv.nibbles_as_subnormals(tl.load(word_ptr + offs))
+        for i in tl.static_range(8):                     # each times 2^100: a normal fp32, the check sees none
+            tl.store(out_ptr + i * 256 + offs, values[i] * 2.0**100)
+
+    @triton.jit
     def _nibbles_to_half_kernel(byte_ptr, low_ptr, high_ptr, ASM: tl.constexpr):
         offs = tl.arange(0, 256)
         low, high = quant_gemm.nibbles_to_half(tl.load(byte_ptr + offs), low_ptr.dtype.element_ty, ASM)
@@ -133,6 +140,80 @@ def test_int8_as_subnormal_is_exact(ptx):
     out = torch.empty(256, dtype=torch.float32, device=DEVICE)
     _int8_as_subnormal_kernel[(1,)](code.to(DEVICE), out, PTX=ptx)
     assert torch.equal(out.cpu(), (code.float() + 128) * 2.0**-41)
+
+
+def test_nibbles_as_subnormals_are_exact():
+    """The INT4_SUB loop's dequantization: every code at every nibble position of a word (each byte value once
+    per position, in shuffled orders, so neighbouring nibbles differ) to code * 2^e_i exactly, e_i = 4i - 149 for
+    i < 6 and 4i - 157 for the top byte's two."""
+    gen = torch.Generator().manual_seed(2)
+    byte = torch.stack([torch.randperm(256, generator=gen) for _ in range(4)], dim=1)             # [256, 4]
+    words = (byte[:, 0] | byte[:, 1] << 8 | byte[:, 2] << 16 | byte[:, 3] << 24).to(torch.int64)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)                     # as int32
+    out = torch.empty(8, 256, dtype=torch.float32, device=DEVICE)
+    _nibbles_as_subnormals_kernel[(1,)](words.to(DEVICE), out)
+    for i in range(8):
+        code = (byte[:, i // 2] >> 4 * (i % 2)) & 0xF
+        exponent = 4 * i - 149 if i < 6 else 4 * i - 157
+        assert torch.equal(out[i].cpu().double(), code.double() * 2.0 ** (exponent + 100)), i
+
+
+@pytest.mark.parametrize("quant", [QuantConfig(bits=4, group_size=32), QuantConfig(bits=4, symmetric=True),
+                                   QuantConfig(bits=4, group_size=128)], ids=lambda q: q.name)
+@pytest.mark.parametrize("n,k", [(24, 256), (19, 384)])                 # whole blocks (EVEN), partial ones
+@pytest.mark.parametrize("gated", [False, True])
+def test_int4_subnormal_loop_matches_the_row_loop(quant, n, k, gated):
+    """INT4_SUB (codes as fp32 subnormals by one AND each, the group's scale once per thread's run of products,
+    the min term from the run's sum of x) against the INT4_ROW loop it replaces on the same launch, group sizes
+    32 / 64 / 128 (runs of 4, 4 and 4 words; 32: one run per group), asymmetric and symmetric, gated (gate and up
+    rows in one loop) or adding into the residual, ragged row and group blocks: both within fp16 rounding of the
+    reference, and of each other."""
+    from tierllm.kernels.gemv import fused_linear_ref
+    from tierllm.quant.formats import dequantize_int4
+
+    w, bias = _quantized(2 * n if gated else n, k, quant, seed=31)
+    x = 2 * _x(1, k, torch.float16, seed=32)
+    start = _x(1, n, torch.float16, seed=33)
+    mins = w.get("mins")
+    flags = {"GROUP": quant.group_size, "HAS_MINS": mins is not None, "HAS_BIAS": True, "NORM": False,
+             "GATED": gated, "RESIDUAL": not gated, "INT4_ROW": True, "BLOCK_N": 8, "GROUPS_PER_BLOCK": 2}
+    even = quant_gemv.w4_even({"N": n, "K": k, **flags})
+    assert even == (n == 24 and k // quant.group_size % 2 == 0)
+    outs = []
+    for sub in (False, True):
+        y = start.clone() if not gated else torch.empty_like(start)
+        quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 8))](
+            x, w["qweight"], w["scales"], mins if mins is not None else w["scales"], bias.half(), w["scales"], y,
+            1, n, k, x.stride(0), w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, **flags,
+            NIBBLES=1, EVEN=even, INT4_SUB=sub)
+        outs.append(y)
+    dense = dequantize_int4(w["qweight"], w["scales"], mins, quant.group_size, torch.float32)
+    ref = fused_linear_ref(x.float(), dense, bias.float(), gated=gated)
+    ref = ref if gated else ref + start.float()
+    for out in outs:
+        assert _rel_err(out, ref) < 1e-3
+    ulp = torch.finfo(torch.float16).eps * ref.abs().clamp(min=1e-3)
+    assert ((outs[1].float() - outs[0].float()).abs() <= 2 * ulp).all()
+
+
+def test_int4_sub_configs_only_where_they_apply():
+    """The int4 tuner's prune keeps INT4_SUB configs for one x row on weight rows at 4-byte boundaries (it reads
+    int32 words of codes) and drops them, keeping INT4_ROW's, where a row starts elsewhere."""
+    class Tensor:
+        def __init__(self, address: int):
+            self.address = address
+
+        def data_ptr(self) -> int:
+            return self.address
+
+    row, sub = quant_gemv._ROW_CONFIGS, quant_gemv._SUB_CONFIGS
+    args = {"x_ptr": Tensor(256), "stride_xm": 4096, "w_ptr": Tensor(512), "stride_wn": 2048}
+    flags = {"M_BUCKET": 1, "NORM": False, "GROUP": 64}
+    assert quant_gemv._prune_int4(row + sub, args, **flags) == row + sub
+    assert quant_gemv._prune_int4(row + sub, {**args, "stride_wn": 2046}, **flags) == row
+    assert quant_gemv._prune_int4(row + sub, {**args, "w_ptr": Tensor(514)}, **flags) == row
+    assert quant_gemv._prune_int4(row + sub, args, **{**flags, "M_BUCKET": 2}) == []
+    assert quant_gemv._prune_int4(row + sub, args, **{**flags, "NORM": True}) == []
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)

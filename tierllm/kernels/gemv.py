@@ -182,7 +182,7 @@ if HAS_TRITON:
         the K loop (quant_gemv.w8_gemv_triton). ROW (int8 with one x row, BLOCK_M = 1: int8's configs for one x
         row): every lane of the weight tile accumulates over the whole K loop (row_chunk), one reduction at the end
         instead of one per chunk; codes dequantized by int8_as_subnormal (PTX: its inline-PTX form); SUM16: see
-        add_products (benchmarks/int8_row_ab.py --grid weighs it; not in the tuner's lists yet). PDL: launched with
+        add_products (the int8 list's fastest configs, quant_gemv.py). PDL: launched with
         programmatic dependent launch (module doc)."""
         ONE_ROW: tl.constexpr = ROW and INT8 and BLOCK_M == 1   # a ROW config elsewhere runs the general loop
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

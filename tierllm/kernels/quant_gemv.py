@@ -88,17 +88,30 @@ if HAS_TRITON:
     _INT4_CONFIGS += _ROW_CONFIGS + [triton.Config({**c.kwargs, "NIBBLES": 2}, num_warps=c.num_warps,
                                                    num_stages=c.num_stages) for c in _ROW_CONFIGS]
 
+    # The INT4_SUB form of the one-row loop (_int4_sub_dot): offline (kernel_loop_stats.py w4_gemv --row --sub
+    # --even) 3.2-4.4 SASS instructions per code against 5.8 for INT4_ROW with PTX nibbles (bn4 gpb16 w4), the
+    # larger tiles lower (more weight rows share each thread's x work). Not timed on a GPU yet: not in the tuner's
+    # list (benchmarks/int4_sub_grid.py times them against the INT4_ROW configs).
+    _SUB_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True},
+                                  num_warps=w, num_stages=1)
+                    for bn, gpb, w in [(8, 8, 2), (16, 8, 2), (16, 4, 2), (32, 4, 4), (64, 2, 4), (64, 2, 2),
+                                       (32, 2, 2), (128, 2, 4)]]
+
     def _prune_int4(configs, named_args, **kwargs):
         """INT4_ROW configs only where they apply: one x row, no norm prologue, x rows at 4-byte boundaries (it
-        reads x as int32 words); the inline-PTX ones (NIBBLES=2) not under the interpreter, which runs no PTX (asked
-        through the module: tests stand in for the tuner on CPU by patching this module's is_interpreted)."""
+        reads x as int32 words), and INT4_SUB ones only on weight rows at 4-byte boundaries and groups of 8 codes
+        or more (int32 words of them); the inline-PTX ones (NIBBLES=2) not under the interpreter, which runs no PTX
+        (asked through the module: tests stand in for the tuner on CPU by patching this module's
+        is_interpreted)."""
         flags = {**named_args, **kwargs}
         if _dispatch.is_interpreted():
             configs = [c for c in configs if c.kwargs.get("NIBBLES") != 2]
-        if (flags["M_BUCKET"] == 1 and not flags["NORM"] and flags["x_ptr"].data_ptr() % 4 == 0
+        if not (flags["M_BUCKET"] == 1 and not flags["NORM"] and flags["x_ptr"].data_ptr() % 4 == 0
                 and flags["stride_xm"] % 2 == 0):
-            return configs
-        return [c for c in configs if not c.kwargs.get("INT4_ROW")]
+            return [c for c in configs if not c.kwargs.get("INT4_ROW")]
+        if not (flags["w_ptr"].data_ptr() % 4 == 0 and flags["stride_wn"] % 4 == 0 and flags["GROUP"] >= 8):
+            return [c for c in configs if not c.kwargs.get("INT4_SUB")]
+        return configs
 
     @triton.jit
     def _w4_block_dot(packed, s_ptr, mn_ptr, row, n_mask, offs_g, g_mask, x_even, x_odd, stride_sn,
@@ -240,6 +253,108 @@ if HAS_TRITON:
         return (tl.sum(tl.sum(acc_even + acc_odd, axis=2), axis=1),
                 tl.sum(tl.sum(up_even + up_odd, axis=2), axis=1))
 
+    @triton.jit
+    def nibbles_as_subnormals(words):
+        """int32 words of 8 int4 codes (code i, k = 8w + i, in bits 4i..4i+3) -> 8 fp32 tensors: code_i * 2^e_i,
+        e_i = 4i - 149 for i < 6 and 4i - 157 for i = 6, 7. One AND per code keeps it in place: the other bits
+        zero, the fp32 is a subnormal (or, for i = 5, in the lowest normal binade, whose bits also read as the
+        integer times 2^-149); the top byte, whose nibbles would land in the exponent, first shifted down 8 bits
+        (one shift per word). No conversion and no float op: FMAs with x * 2^(-49 - e_i) (normal fp32) then give
+        code * x * 2^-49 at full precision."""
+        top = words >> 8
+        return ((words & 0xF).to(tl.float32, bitcast=True), (words & 0xF0).to(tl.float32, bitcast=True),
+                (words & 0xF00).to(tl.float32, bitcast=True), (words & 0xF000).to(tl.float32, bitcast=True),
+                (words & 0xF0000).to(tl.float32, bitcast=True), (words & 0xF00000).to(tl.float32, bitcast=True),
+                (top & 0xF0000).to(tl.float32, bitcast=True), (top & 0xF00000).to(tl.float32, bitcast=True))
+
+    @triton.jit
+    def _int4_sub_runs(words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS: tl.constexpr, RUN: tl.constexpr):
+        """The weight words [BLOCK_N, GPB, WORDS] times x (x_i [GPB, WORDS]: k = 8w + i, pre-scaled by
+        2^(-49 - e_i)), each run of RUN words (a thread's 16-byte load, at most a group) summed:
+        [BLOCK_N, GPB, RUNS], code . x * 2^-49 per run."""
+        c0, c1, c2, c3, c4, c5, c6, c7 = nibbles_as_subnormals(words)
+        products = (c0 * x0[None] + c1 * x1[None] + c2 * x2[None] + c3 * x3[None] + c4 * x4[None] + c5 * x5[None]
+                    + c6 * x6[None] + c7 * x7[None])                                   # [BLOCK_N, GPB, WORDS]
+        return tl.sum(tl.reshape(products, [products.shape[0], products.shape[1], RUNS, RUN]), axis=3)
+
+    @triton.jit
+    def _int4_sub_dot(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K, stride_wn, stride_sn,
+                      GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
+                      GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
+        form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
+        (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
+        (one FMA per code); each thread sums its run of products (its 16-byte load, half a group of 64) and
+        applies the group's scale once per run; the min (or -8 * scale) term is the run's sum of x times it. x's
+        conversion, scaling and sums are shared by the weight rows a thread holds. Needs K % 8 == 0 and 4-byte
+        aligned weight rows (the tuner's prune checks)."""
+        WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
+        RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
+        RUNS: tl.constexpr = WORDS // RUN
+        offs_w = tl.arange(0, WORDS)
+        num_groups = K // GROUP
+        w_words = w_ptr.to(tl.pointer_type(tl.int32))
+        x_words = x_row_ptr.to(tl.pointer_type(tl.int32))                  # two activations per word
+        row_words = stride_wn // 4
+        acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)       # code . x * 2^-49 * scale
+        acc_low = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)   # sum(x) * min (sum(x) * scale)
+        up = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
+        up_low = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
+        for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
+            offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
+            g_mask = offs_g < num_groups
+            word = offs_g[:, None] * WORDS + offs_w[None, :]                          # [GPB, WORDS]
+            mask = None if EVEN else n_mask[:, None, None] & g_mask[None, :, None]
+            sg_mask = None if EVEN else n_mask[:, None] & g_mask[None, :]
+            x_mask = None if EVEN else g_mask[:, None]
+            # x's 8 activations of each weight word: 4 int32 words of two (k = 8w + 2j, 8w + 2j + 1), one load
+            xw = tl.load(x_words + 4 * word[:, :, None] + tl.arange(0, 4)[None, None, :],
+                         mask=None if EVEN else x_mask[:, :, None], other=None if EVEN else 0)  # [GPB, WORDS, 4]
+            xw_even, xw_odd = tl.split(tl.reshape(xw, [GROUPS_PER_BLOCK, WORDS, 2, 2]))         # j = 0, 2 | 1, 3
+            xw0, xw2 = tl.split(xw_even)
+            xw1, xw3 = tl.split(xw_odd)
+            x0, x1 = halves_to_f32(xw0, x_row_ptr.dtype.element_ty)
+            x2, x3 = halves_to_f32(xw1, x_row_ptr.dtype.element_ty)
+            x4, x5 = halves_to_f32(xw2, x_row_ptr.dtype.element_ty)
+            x6, x7 = halves_to_f32(xw3, x_row_ptr.dtype.element_ty)
+            x_sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7                                # [GPB, WORDS]
+            x_sum = tl.sum(tl.reshape(x_sum, [GROUPS_PER_BLOCK, RUNS, RUN]), axis=2)[None]  # [1, GPB, RUNS]
+            # x * 2^(-49 - e_i): 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted top byte
+            x0 *= 1.2676506002282294e30
+            x1 *= 7.922816251426434e28
+            x2 *= 4.951760157141521e27
+            x3 *= 3.094850098213451e26
+            x4 *= 1.9342813113834067e25
+            x5 *= 1.2089258196146292e24
+            x6 *= 1.9342813113834067e25
+            x7 *= 1.2089258196146292e24
+            scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                            other=None if EVEN else 0.0).to(tl.float32)[:, :, None]          # [BLOCK_N, GPB, 1]
+            low = scale
+            if HAS_MINS:
+                low = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                              other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
+            words = tl.load(w_words + row[:, None, None] * row_words + word[None, :, :], mask=mask,
+                            other=None if EVEN else 0)                                     # [BLOCK_N, GPB, WORDS]
+            acc += _int4_sub_runs(words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * scale
+            acc_low += x_sum * low
+            if GATED:
+                scale_up = tl.load(s_ptr + row_up[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                                   other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
+                low_up = scale_up
+                if HAS_MINS:
+                    low_up = tl.load(mn_ptr + row_up[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
+                                     other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
+                words_up = tl.load(w_words + row_up[:, None, None] * row_words + word[None, :, :], mask=mask,
+                                   other=None if EVEN else 0)
+                up += _int4_sub_runs(words_up, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * scale_up
+                up_low += x_sum * low_up
+        if not HAS_MINS:                                                    # code - 8: the low term is -8 * scale
+            acc_low *= -8.0
+            up_low *= -8.0
+        return (tl.sum(tl.sum(acc * 562949953421312.0 + acc_low, axis=2), axis=1),            # 2^49
+                tl.sum(tl.sum(up * 562949953421312.0 + up_low, axis=2), axis=1))
+
     # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
     # and CUDA graphs capture the biggest batch first, so a key without it tunes the batch-1 launch at M=8
     _INT4_KEY = ["M_BUCKET", "N", "K", "GROUP", "NORM", "GATED", "RESIDUAL"]
@@ -249,7 +364,8 @@ if HAS_TRITON:
                       stride_sn, stride_ym, eps, GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
-                      NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False):
+                      NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
+                      INT4_SUB: tl.constexpr = False):
         """INT4_ROW (one x row, no NORM; a config option the tuner weighs against the group-sum loop):
         _int4_row_dot's per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even). PDL:
         launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
@@ -267,7 +383,12 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
-        if INT4_ROW:
+        if INT4_ROW and INT4_SUB:
+            dot, dot_up = _int4_sub_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K,
+                                        stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N, GROUPS_PER_BLOCK, EVEN)
+            acc += dot
+            acc_up += dot_up
+        elif INT4_ROW:
             dot, dot_up = _int4_row_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K,
                                         stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N, GROUPS_PER_BLOCK,
                                         NIBBLES, EVEN)

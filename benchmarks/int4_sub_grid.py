@@ -1,0 +1,113 @@
+"""The int4 GEMV's one-row loops at batch 1, one GPU: INT4_SUB (quant_gemv._int4_sub_dot: codes as fp32 subnormals,
+one scale per thread's run) against INT4_ROW (the tuner's one-row configs, with and without the inline-PTX nibbles),
+on `llama-7b`'s decode linears as a batch-1 int4 decode launches them (bf16 x, group 64, asymmetric): qkv plain
+(its norm is a separate kernel for int4), o and down adding into the residual, gate/up with SiLU-and-mul. Each
+config is timed as the graph tuner times one (graph_tuning.graph_seconds: CUDA graphs cycling through enough weight
+copies to miss L2) and checked against the reference. JSON to $OUT/int4-sub-grid.json.
+
+    python benchmarks/int4_sub_grid.py"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from int8_row_ab import LINEARS, PEERS_NOTE  # noqa: E402
+from quant_kernel_sweep import rel_err  # noqa: E402
+
+import tierllm  # noqa: E402
+from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
+from tierllm.bench.results import versions  # noqa: E402
+from tierllm.kernels import quant_gemv  # noqa: E402
+from tierllm.kernels.graph_tuning import graph_seconds, weight_copies  # noqa: E402
+from tierllm.quant.quantize import quantize_weight  # noqa: E402
+
+GROUP = 64
+
+
+def grid_configs() -> list[dict]:
+    """INT4_ROW's tuner configs and their PTX twins; INT4_SUB tiles of 16-64 weight bytes per thread per step
+    (bytes per step: BLOCK_N * GROUPS_PER_BLOCK * 32)."""
+    configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+               for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_ROW")]
+    configs += [dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, INT4_ROW=True, INT4_SUB=True, num_warps=w, num_stages=1)
+                for bn, gpb, w in itertools.product((8, 16, 32, 64), (2, 4, 8), (2, 4)) if 16 <= bn * gpb // w <= 64]
+    return configs
+
+
+def loop_name(config: dict) -> str:
+    if config.get("INT4_SUB"):
+        return "sub"
+    return "row_ptx" if config.get("NIBBLES") == 2 else "row"
+
+
+def linear_grid(name: str, hbm_Bps: float) -> dict:
+    n_rows, k, spec = LINEARS[name]
+    gated, residual = spec.get("gated", False), spec.get("residual", False)
+    n = n_rows // 2 if gated else n_rows
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    q = quantize_weight(torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) * 0.02,
+                        tierllm.QuantConfig(bits=4, group_size=GROUP))
+    int4_bytes = sum(t.numel() * t.element_size() for t in q.values())
+    copies = weight_copies(q["qweight"])
+    ref = quant_gemv.w4_fused_ref(x, q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
+    y = torch.zeros(1, n, device="cuda", dtype=torch.bfloat16)          # residual launches add into it
+    flags = {"GROUP": GROUP, "HAS_MINS": True, "HAS_BIAS": False, "NORM": False, "GATED": gated,
+             "RESIDUAL": residual}
+    timings = []
+    for config in grid_configs():
+        even = quant_gemv.w4_even({"N": n, "K": k, **flags, **config})
+
+        def launch(codes, c=config, even=even):
+            quant_gemv._w4_gemv_body[(1, triton.cdiv(n, c["BLOCK_N"]))](
+                x, codes, q["scales"], q["mins"], q["scales"], q["scales"], y, 1, n, k, x.stride(0),
+                codes.stride(0), q["scales"].stride(0), y.stride(0), 1e-6, **flags, **c, EVEN=even)
+        try:
+            y.zero_()
+            launch(q["qweight"])
+            err = rel_err(y, ref)
+            seconds = graph_seconds(launch, copies)
+        except Exception as error:                # a config the compiler refuses (registers, shared memory)
+            timings.append({"config": config, "error": f"{type(error).__name__}: {str(error)[:100]}"})
+            continue
+        timings.append({"config": config, "us": round(seconds * 1e6, 2),
+                        "fraction_of_hbm_copy": round(int4_bytes / seconds / hbm_Bps, 3), "rel_err": err})
+    timings.sort(key=lambda t: t.get("us", 1e9))
+    row = {"shape": [n_rows, k], "fusions": "gated" if gated else "residual" if residual else "none",
+           "int4_bytes": int4_bytes, "weight_copies": len(copies), "configs_timed": len(timings), "top": timings[:10]}
+    for loop in ("row", "row_ptx", "sub"):
+        row[f"best_{loop}"] = next((t for t in timings if "us" in t and loop_name(t["config"]) == loop), None)
+    row["errors"] = [t for t in timings if "error" in t][:5]
+    print(json.dumps({name: {key: v for key, v in row.items() if key != "top"}}), flush=True)
+    return row
+
+
+def main() -> int:
+    started = time.perf_counter()
+    hbm_Bps = hbm_copy_GBps() * 1e9
+    torch.manual_seed(0)
+    result = {"benchmark": "int4_sub_grid", "device": torch.cuda.get_device_name(),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
+              "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE,
+              "preset": "llama-7b linears, batch 1, bf16 activations, int4 group 64 asymmetric", "linears": {}}
+    out_path = Path(os.environ.get("OUT", "/tmp")) / "int4-sub-grid.json"
+    for name in sys.argv[1:] or ["qkv", "gate_up", "down", "o"]:
+        result["linears"][name] = linear_grid(name, hbm_Bps)
+        result["wall_s"] = round(time.perf_counter() - started)
+        out_path.write_text(json.dumps(result, indent=1))          # rewritten per linear: a cut call keeps them
+        torch.cuda.empty_cache()
+    print(f"wrote {out_path} in {result['wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
