@@ -5,7 +5,7 @@ on `llama-7b`'s decode linears as a batch-1 int4 decode launches them (bf16 x, g
 config is timed as the graph tuner times one (graph_tuning.graph_seconds: CUDA graphs cycling through enough weight
 copies to miss L2) and checked against the reference. JSON to $OUT/int4-sub-grid.json.
 
-    python benchmarks/int4_sub_grid.py"""
+    python benchmarks/int4_sub_grid.py [LINEAR ...] [--stages 1,2,3]   (INT4_SUB's stage counts; default 1)"""
 from __future__ import annotations
 
 import itertools
@@ -34,13 +34,14 @@ from tierllm.quant.quantize import quantize_weight  # noqa: E402
 GROUP = 64
 
 
-def grid_configs() -> list[dict]:
+def grid_configs(stages: tuple[int, ...] = (1,)) -> list[dict]:
     """INT4_ROW's tuner configs and their PTX twins; INT4_SUB tiles of 16-64 weight bytes per thread per step
     (bytes per step: BLOCK_N * GROUPS_PER_BLOCK * 32)."""
     configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
                for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_ROW")]
-    configs += [dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, INT4_ROW=True, INT4_SUB=True, num_warps=w, num_stages=1)
-                for bn, gpb, w in itertools.product((8, 16, 32, 64), (2, 4, 8), (2, 4)) if 16 <= bn * gpb // w <= 64]
+    configs += [dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, INT4_ROW=True, INT4_SUB=True, num_warps=w, num_stages=st)
+                for bn, gpb, w, st in itertools.product((8, 16, 32, 64), (2, 4, 8), (2, 4), stages)
+                if 16 <= bn * gpb // w <= 64]
     return configs
 
 
@@ -50,7 +51,7 @@ def loop_name(config: dict) -> str:
     return "row_ptx" if config.get("NIBBLES") == 2 else "row"
 
 
-def linear_grid(name: str, hbm_Bps: float) -> dict:
+def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...]) -> dict:
     n_rows, k, spec = LINEARS[name]
     gated, residual = spec.get("gated", False), spec.get("residual", False)
     n = n_rows // 2 if gated else n_rows
@@ -64,7 +65,7 @@ def linear_grid(name: str, hbm_Bps: float) -> dict:
     flags = {"GROUP": GROUP, "HAS_MINS": True, "HAS_BIAS": False, "NORM": False, "GATED": gated,
              "RESIDUAL": residual}
     timings = []
-    for config in grid_configs():
+    for config in grid_configs(stages):
         even = quant_gemv.w4_even({"N": n, "K": k, **flags, **config})
 
         def launch(codes, c=config, even=even):
@@ -100,8 +101,15 @@ def main() -> int:
               "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE,
               "preset": "llama-7b linears, batch 1, bf16 activations, int4 group 64 asymmetric", "linears": {}}
     out_path = Path(os.environ.get("OUT", "/tmp")) / "int4-sub-grid.json"
-    for name in sys.argv[1:] or ["qkv", "gate_up", "down", "o"]:
-        result["linears"][name] = linear_grid(name, hbm_Bps)
+    args = sys.argv[1:]
+    stages = (1,)
+    if "--stages" in args:
+        at = args.index("--stages")
+        stages = tuple(int(s) for s in args[at + 1].split(","))
+        del args[at:at + 2]
+    result["sub_stages"] = list(stages)
+    for name in args or ["qkv", "gate_up", "down", "o"]:
+        result["linears"][name] = linear_grid(name, hbm_Bps, stages)
         result["wall_s"] = round(time.perf_counter() - started)
         out_path.write_text(json.dumps(result, indent=1))          # rewritten per linear: a cut call keeps them
         torch.cuda.empty_cache()

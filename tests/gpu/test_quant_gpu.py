@@ -146,7 +146,7 @@ def test_every_int4_gemv_config_incl_one_row(dtype, quant, gated, n):
              "GATED": gated, "RESIDUAL": False}
     args = (x, packed["qweight"], packed["scales"], mins if mins is not None else packed["scales"], bias.to(dtype),
             packed["scales"])
-    configs = quant_gemv._prune_int4(quant_gemv._INT4_CONFIGS + quant_gemv._SUB_CONFIGS,
+    configs = quant_gemv._prune_int4(quant_gemv._INT4_CONFIGS,
                                      {"x_ptr": x, "stride_xm": x.stride(0), "w_ptr": packed["qweight"],
                                       "stride_wn": packed["qweight"].stride(0)}, M_BUCKET=1,
                                      **flags)

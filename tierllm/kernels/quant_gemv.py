@@ -90,12 +90,14 @@ if HAS_TRITON:
 
     # The INT4_SUB form of the one-row loop (_int4_sub_dot): offline (kernel_loop_stats.py w4_gemv --row --sub
     # --even) 3.2-4.4 SASS instructions per code against 5.8 for INT4_ROW with PTX nibbles (bn4 gpb16 w4), the
-    # larger tiles lower (more weight rows share each thread's x work). Not timed on a GPU yet: not in the tuner's
-    # list (benchmarks/int4_sub_grid.py times them against the INT4_ROW configs).
+    # larger tiles lower (more weight rows share each thread's x work). On an H200 over L2-missing weight copies
+    # (benchmarks/int4_sub_grid.py, int4-sub-grid-h200.json) it took the gated gate/up GEMV from 32.4 to 24.8 us
+    # and tied on qkv (17.4 against 17.6), but lost on the 4096-row shapes (o 12.3 against 9.1, down 28.0 against
+    # 19.7: too few programs or too little x reuse per thread at 4096 rows); the stage count made no difference.
+    # Its two fastest on gate/up and the fastest on qkv join the list; the tuner weighs them per shape.
     _SUB_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True},
-                                  num_warps=w, num_stages=1)
-                    for bn, gpb, w in [(8, 8, 2), (16, 8, 2), (16, 4, 2), (32, 4, 4), (64, 2, 4), (64, 2, 2),
-                                       (32, 2, 2), (128, 2, 4)]]
+                                  num_warps=w, num_stages=1) for bn, gpb, w in [(8, 4, 2), (16, 4, 4), (16, 8, 2)]]
+    _INT4_CONFIGS += _SUB_CONFIGS
 
     def _prune_int4(configs, named_args, **kwargs):
         """INT4_ROW configs only where they apply: one x row, no norm prologue, x rows at 4-byte boundaries (it
