@@ -9,13 +9,15 @@
 #                                            # HALF_DEQUANT GEMM config (about 2 minutes)
 #   bash benchmarks/quant_session.sh int8    # the int8 one-row loops: their GPU tests, then int8_row_ab.py --grid
 #                                            # (general, ROW and ROW + SUM16 configs; about 2 minutes warm)
+#   bash benchmarks/quant_session.sh int4sub # int4's one-row loops, INT4_SUB against INT4_ROW: the CPU-side kernel
+#                                            # tests natively, then benchmarks/int4_sub_grid.py (~1 minute warm)
 #   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV and both int8 loops on two
 #                                            # llama-7b shapes (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
 set -uo pipefail
-part=${1:?part: tests, probe, int8, ncu or bench}
+part=${1:?part: tests, probe, int8, int4sub, ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$part" in
@@ -39,6 +41,11 @@ case "$part" in
     timeout 330 python3 benchmarks/int8_row_ab.py --grid 2>&1 | tee "$OUT/int8-row-grid.log" | grep -v -i warn \
         | cut -c1-600
     ;;
+  int4sub)
+    timeout 70 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
+        -k "nibbles_as_subnormals or subnormal_loop or int4_sub" 2>&1 | tee "$OUT/gpu-tests-int4-sub.log" | tail -3
+    timeout 270 python3 benchmarks/int4_sub_grid.py 2>&1 | tee "$OUT/int4-sub-grid.log" | grep -v -i warn | cut -c1-600
+    ;;
   ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
     timeout 400 "$NCU" --clock-control none -k regex:_gemv_body --section SpeedOfLight --section Occupancy \
@@ -51,5 +58,5 @@ case "$part" in
     timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: tests, probe, int8, ncu or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: tests, probe, int8, int4sub, ncu or bench" >&2; exit 2 ;;
 esac
