@@ -21,14 +21,14 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int8_row_ab import LINEARS, PEERS_NOTE  # noqa: E402
+from int8_row_ab import LINEARS, PEERS_NOTE, timed_config  # noqa: E402
 from quant_kernel_sweep import rel_err  # noqa: E402
 
 import tierllm  # noqa: E402
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.bench.results import versions  # noqa: E402
 from tierllm.kernels import quant_gemv  # noqa: E402
-from tierllm.kernels.graph_tuning import graph_seconds, weight_copies  # noqa: E402
+from tierllm.kernels.graph_tuning import weight_copies  # noqa: E402
 from tierllm.quant.quantize import quantize_weight  # noqa: E402
 
 GROUP = 64
@@ -72,16 +72,11 @@ def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...]) -> dict:
             quant_gemv._w4_gemv_body[(1, triton.cdiv(n, c["BLOCK_N"]))](
                 x, codes, q["scales"], q["mins"], q["scales"], q["scales"], y, 1, n, k, x.stride(0),
                 codes.stride(0), q["scales"].stride(0), y.stride(0), 1e-6, **flags, **c, EVEN=even)
-        try:
-            y.zero_()
+
+        def run_once(launch=launch):
+            y.zero_()                                             # residual launches add into it
             launch(q["qweight"])
-            err = rel_err(y, ref)
-            seconds = graph_seconds(launch, copies)
-        except Exception as error:                # a config the compiler refuses (registers, shared memory)
-            timings.append({"config": config, "error": f"{type(error).__name__}: {str(error)[:100]}"})
-            continue
-        timings.append({"config": config, "us": round(seconds * 1e6, 2),
-                        "fraction_of_hbm_copy": round(int4_bytes / seconds / hbm_Bps, 3), "rel_err": err})
+        timings.append(timed_config(config, run_once, lambda: rel_err(y, ref), launch, copies, int4_bytes, hbm_Bps))
     timings.sort(key=lambda t: t.get("us", 1e9))
     row = {"shape": [n_rows, k], "fusions": "gated" if gated else "residual" if residual else "none",
            "int4_bytes": int4_bytes, "weight_copies": len(copies), "configs_timed": len(timings), "top": timings[:10]}

@@ -89,6 +89,20 @@ def grid_configs(general: bool) -> list[dict]:
     return configs
 
 
+def timed_config(config: dict, run_once, error, launch, copies: list, nbytes: int, hbm_Bps: float) -> dict:
+    """One grid row: run_once() (it compiles), error() (its output against the reference), then launch timed over
+    the weight copies (graph_seconds) with `nbytes` read per launch; a config the compiler refuses (registers,
+    shared memory) gives its error instead."""
+    try:
+        run_once()
+        err = error()
+        seconds = graph_seconds(launch, copies)
+    except Exception as failure:
+        return {"config": config, "error": f"{type(failure).__name__}: {str(failure)[:100]}"}
+    return {"config": config, "us": round(seconds * 1e6, 2),
+            "fraction_of_hbm_copy": round(nbytes / seconds / hbm_Bps, 3), "rel_err": err}
+
+
 def loop_name(config: dict) -> str:
     return "sum16" if config.get("SUM16") else "row" if config.get("ROW") else "general"
 
@@ -116,15 +130,8 @@ def grid(hbm_Bps: float) -> dict:
                     x, qc["qweight"], qc["scales"], qc["scales"], g, y, 1, n, k, x.stride(0),
                     qc["qweight"].stride(0), y.stride(0), 1e-6, HAS_BIAS=False, NORM=fused, GATED=fused,
                     RESIDUAL=False, INT8=True, BLOCK_M=1, **c)
-            try:
-                launch(q)
-                err = rel_err(y, ref)
-                seconds = graph_seconds(launch, q_copies)
-            except Exception as error:                # a config the compiler refuses (registers, shared memory)
-                timings.append({"config": config, "error": f"{type(error).__name__}: {str(error)[:100]}"})
-                continue
-            timings.append({"config": config, "us": round(seconds * 1e6, 2),
-                            "fraction_of_hbm_copy": round(int8_bytes / seconds / hbm_Bps, 3), "rel_err": err})
+            timings.append(timed_config(config, lambda q=q: launch(q), lambda: rel_err(y, ref), launch, q_copies,
+                                        int8_bytes, hbm_Bps))
         timings.sort(key=lambda t: t.get("us", 1e9))
         rows[name] = {"shape": [n_rows, k], "fusions": "norm, gated" if fused else "none",
                       "configs_timed": len(timings), "top": timings[:12]}

@@ -110,7 +110,8 @@ class GraphTuner:
 class TunedSite:
     """One launch config that a tuner chose by timing each config: the cache it reads at each launch (key ->
     config), the key, the configs' timings (ms: Triton's do_bench medians alone, or time_configs' graph timings)
-    and the rows of x (BLOCK_M: the decode batch bucket). runner/step_tuning.py retimes the closest ones inside the decode step."""
+    and the rows of x (BLOCK_M: the decode batch bucket). runner/step_tuning.py retimes the closest ones inside
+    the decode step."""
     cache: dict
     key: tuple
     timings: dict

@@ -9,9 +9,9 @@ reading the same weight block run together and only the first reads HBM; each st
 groups, and the group's scale (and min) multiply the group's partial dot product instead of every weight. For one
 x row (batch-1 decode) int4 also has a one-row loop, INT4_ROW configs the tuner weighs against the loop above, in
 which every lane of the weight tile accumulates over the whole K loop; its INT4_SUB form reads the codes as fp32
-subnormals (as int8's ROW loop does) and applies each group's scale once per thread's run of products. (An earlier int8 one-row loop, INT8_ROW,
-took only unfused launches and converted codes by an integer multiply-add; the H100 tuner never took it,
-benchmarks/results/quant-autotuned-h100.json. gemv.py's ROW loop replaced it.)
+subnormals (as int8's ROW loop does) and applies each group's scale once per thread's run of products. (An earlier
+int8 one-row loop, INT8_ROW, took only unfused launches and converted codes by an integer multiply-add; the H100
+tuner never took it, benchmarks/results/quant-autotuned-h100.json. gemv.py's ROW loop replaced it.)
 Both take gemv.py's fusions (NORM: RMSNorm prologue, GATED: SiLU-and-mul over [gate; up] rows, RESIDUAL: add into
 the residual in place); the weight scales multiply the accumulators before the fused epilogue."""
 from __future__ import annotations
