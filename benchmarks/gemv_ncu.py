@@ -1,8 +1,8 @@
-"""Nsight Compute target: why int8 GEMVs read HBM at ~70% of the copy rate where bf16's reach 77-87% (one GPU,
-batch 1, llama-7b's qkv and down shapes; benchmarks/notes/gpu-decode.md, "The int8 one-row loop"). Launches, twice
-each (the second is the one to read: the first compiles), the bf16 GEMV, the int8 ROW loop and the int8 general
-loop, each at the config that was fastest in int8_row_ab.py's first grid / the bf16 tuner on an H200, and the ROW
-loop with SUM16 (half the registers; not timed yet) at a config of the same weight bytes per thread as bf16's.
+"""Nsight Compute target: why the int4 GEMVs read HBM at 24-48% of the copy rate where int8's SUM16 loop reaches
+72-86% and bf16's 77-89% (one GPU, batch 1, llama-7b's qkv and down shapes; benchmarks/notes/gpu-decode.md,
+"INT4_SUB"). Launches, twice each (the second is the one to read: the first compiles), the bf16 GEMV, the int8 ROW +
+SUM16 loop, the int4 INT4_ROW loop (PTX nibbles) and INT4_SUB, each at its fastest config in the H200 grids
+(int8-row-grid-sum16-h200.json, int4-sub-grid-h200.json; bf16: the tuner's picks in int8-row-ab-h200.json).
 Run under ncu:
 
     ncu --clock-control none -k regex:_gemv_body --section SpeedOfLight --section Occupancy \\
@@ -27,34 +27,54 @@ import tierllm  # noqa: E402
 from tierllm.kernels import gemv, quant_gemv  # noqa: E402
 from tierllm.quant.quantize import quantize_weight  # noqa: E402
 
-# shape -> {variant: config}; int8 from int8-row-grid-h200.json, bf16 the tuner's picks in int8-row-ab-h200.json
+GROUP = 64
+# shape -> {variant: config}
 CONFIGS = {
     (12288, 4096): {"bf16": dict(BLOCK_N=4, BLOCK_K=4096, num_warps=8, num_stages=1),
-                    "int8 row": dict(BLOCK_N=16, BLOCK_K=256, ROW=True, num_warps=4, num_stages=1),
-                    "int8 general": dict(BLOCK_N=4, BLOCK_K=2048, num_warps=2, num_stages=1),
-                    "int8 sum16": dict(BLOCK_N=16, BLOCK_K=1024, ROW=True, SUM16=True, num_warps=4, num_stages=1)},
+                    "int8 sum16": dict(BLOCK_N=8, BLOCK_K=512, ROW=True, SUM16=True, num_warps=2, num_stages=1),
+                    "int4 row": dict(BLOCK_N=4, GROUPS_PER_BLOCK=16, INT4_ROW=True, NIBBLES=2, num_warps=4,
+                                     num_stages=2),
+                    "int4 sub": dict(BLOCK_N=16, GROUPS_PER_BLOCK=8, INT4_ROW=True, INT4_SUB=True, num_warps=2,
+                                     num_stages=1)},
     (4096, 11008): {"bf16": dict(BLOCK_N=2, BLOCK_K=1024, num_warps=2, num_stages=2),
-                    "int8 row": dict(BLOCK_N=8, BLOCK_K=1024, ROW=True, num_warps=4, num_stages=2),
-                    "int8 general": dict(BLOCK_N=4, BLOCK_K=4096, num_warps=4, num_stages=1),
-                    "int8 sum16": dict(BLOCK_N=8, BLOCK_K=1024, ROW=True, SUM16=True, num_warps=4, num_stages=1)},
+                    "int8 sum16": dict(BLOCK_N=8, BLOCK_K=2048, ROW=True, SUM16=True, num_warps=8, num_stages=1),
+                    "int4 row": dict(BLOCK_N=4, GROUPS_PER_BLOCK=8, INT4_ROW=True, NIBBLES=2, num_warps=4,
+                                     num_stages=2),
+                    "int4 sub": dict(BLOCK_N=8, GROUPS_PER_BLOCK=8, INT4_ROW=True, INT4_SUB=True, num_warps=4,
+                                     num_stages=1)},
 }
+
+
+def launch(variant: str, config: dict, x: torch.Tensor, w: torch.Tensor, q8: dict, q4: dict,
+           y: torch.Tensor) -> torch.Tensor:
+    """One launch of `variant` writing y; returns its reference."""
+    n, k = w.shape
+    if variant.startswith("int4"):
+        even = quant_gemv.w4_even({"N": n, "K": k, "GROUP": GROUP, **config})
+        quant_gemv._w4_gemv_body[(1, triton.cdiv(n, config["BLOCK_N"]))](
+            x, q4["qweight"], q4["scales"], q4["mins"], q4["scales"], q4["scales"], y, 1, n, k, x.stride(0),
+            q4["qweight"].stride(0), q4["scales"].stride(0), y.stride(0), 1e-6, GROUP=GROUP, HAS_MINS=True,
+            HAS_BIAS=False, NORM=False, GATED=False, RESIDUAL=False, **config, EVEN=even)
+        return quant_gemv.w4_linear_ref(x, q4["qweight"], q4["scales"], q4["mins"], GROUP)
+    int8 = variant.startswith("int8")
+    weight, scales = (q8["qweight"], q8["scales"]) if int8 else (w, w)
+    gemv._gemv_body[(triton.cdiv(n, config["BLOCK_N"]),)](
+        x, weight, scales, scales, scales, y, 1, n, k, x.stride(0), weight.stride(0), y.stride(0), 1e-6,
+        HAS_BIAS=False, NORM=False, GATED=False, RESIDUAL=False, INT8=int8, BLOCK_M=1, **config)
+    return quant_gemv.w8_linear_ref(x, weight, scales) if int8 else gemv.linear_ref(x, w)
 
 
 def main() -> int:
     torch.manual_seed(0)
     for (n, k), variants in CONFIGS.items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        q = quantize_weight(w, tierllm.QuantConfig(bits=8))
+        q8 = quantize_weight(w, tierllm.QuantConfig(bits=8))
+        q4 = quantize_weight(w, tierllm.QuantConfig(bits=4, group_size=GROUP))
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         for variant, config in variants.items():
-            int8 = variant.startswith("int8")
-            weight, scales = (q["qweight"], q["scales"]) if int8 else (w, w)
-            ref = quant_gemv.w8_linear_ref(x, weight, scales) if int8 else gemv.linear_ref(x, w)
             y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
             for _ in range(2):
-                gemv._gemv_body[(triton.cdiv(n, config["BLOCK_N"]),)](
-                    x, weight, scales, scales, scales, y, 1, n, k, x.stride(0), weight.stride(0), y.stride(0), 1e-6,
-                    HAS_BIAS=False, NORM=False, GATED=False, RESIDUAL=False, INT8=int8, BLOCK_M=1, **config)
+                ref = launch(variant, config, x, w, q8, q4, y)
             err = rel_err(y, ref)
             print(f"{n} x {k} {variant} {config}: rel err {err:.1e}", flush=True)
             if err > 1e-2:

@@ -11,8 +11,9 @@
 #                                            # (general, ROW and ROW + SUM16 configs; about 2 minutes warm)
 #   bash benchmarks/quant_session.sh int4sub # int4's one-row loops, INT4_SUB against INT4_ROW: the CPU-side kernel
 #                                            # tests natively, then benchmarks/int4_sub_grid.py (~1 minute warm)
-#   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV and both int8 loops on two
-#                                            # llama-7b shapes (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
+#   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV, int8's SUM16 loop and int4's
+#                                            # INT4_ROW and INT4_SUB loops on two llama-7b shapes
+#                                            # (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
