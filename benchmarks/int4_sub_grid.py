@@ -1,9 +1,10 @@
 """The int4 GEMV's one-row loops at batch 1, one GPU: INT4_SUB (quant_gemv._int4_sub_dot: codes as fp32 subnormals,
-one scale per thread's run) against INT4_ROW (the tuner's one-row configs, with and without the inline-PTX nibbles),
-on `llama-7b`'s decode linears as a batch-1 int4 decode launches them (bf16 x, group 64, asymmetric): qkv plain
-(its norm is a separate kernel for int4), o and down adding into the residual, gate/up with SiLU-and-mul. Each
-config is timed as the graph tuner times one (graph_tuning.graph_seconds: CUDA graphs cycling through enough weight
-copies to miss L2) and checked against the reference. JSON to $OUT/int4-sub-grid.json.
+one scale per thread's run; also with XPRE, x prepared once per program) against INT4_ROW (the tuner's one-row
+configs, with and without the inline-PTX nibbles), on `llama-7b`'s decode linears as a batch-1 int4 decode launches
+them (bf16 x, group 64, asymmetric): qkv plain (its norm is a separate kernel for int4), o and down adding into the
+residual, gate/up with SiLU-and-mul. Each config is timed as the graph tuner times one (graph_tuning.graph_seconds:
+CUDA graphs cycling through enough weight copies to miss L2) and checked against the reference. JSON to
+$OUT/int4-sub-grid.json.
 
     python benchmarks/int4_sub_grid.py [LINEAR ...] [--stages 1,2,3]   (INT4_SUB's stage counts; default 1)"""
 from __future__ import annotations
@@ -36,18 +37,20 @@ GROUP = 64
 
 def grid_configs(stages: tuple[int, ...] = (1,)) -> list[dict]:
     """INT4_ROW's tuner configs and their PTX twins; INT4_SUB tiles of 16-64 weight bytes per thread per step
-    (bytes per step: BLOCK_N * GROUPS_PER_BLOCK * 32)."""
+    (bytes per step: BLOCK_N * GROUPS_PER_BLOCK * 32), each with x prepared per thread and once per program
+    (XPRE)."""
     configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-               for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_ROW")]
-    configs += [dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, INT4_ROW=True, INT4_SUB=True, num_warps=w, num_stages=st)
-                for bn, gpb, w, st in itertools.product((8, 16, 32, 64), (2, 4, 8), (2, 4), stages)
+               for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_ROW") and not c.kwargs.get("INT4_SUB")]
+    configs += [dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, INT4_ROW=True, INT4_SUB=True, XPRE=xpre, num_warps=w,
+                     num_stages=st)
+                for bn, gpb, w, st, xpre in itertools.product((8, 16, 32, 64), (2, 4, 8), (2, 4), stages, (False, True))
                 if 16 <= bn * gpb // w <= 64]
     return configs
 
 
 def loop_name(config: dict) -> str:
     if config.get("INT4_SUB"):
-        return "sub"
+        return "sub_xpre" if config.get("XPRE") else "sub"
     return "row_ptx" if config.get("NIBBLES") == 2 else "row"
 
 
@@ -80,7 +83,7 @@ def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...]) -> dict:
     timings.sort(key=lambda t: t.get("us", 1e9))
     row = {"shape": [n_rows, k], "fusions": "gated" if gated else "residual" if residual else "none",
            "int4_bytes": int4_bytes, "weight_copies": len(copies), "configs_timed": len(timings), "top": timings[:10]}
-    for loop in ("row", "row_ptx", "sub"):
+    for loop in ("row", "row_ptx", "sub", "sub_xpre"):
         row[f"best_{loop}"] = next((t for t in timings if "us" in t and loop_name(t["config"]) == loop), None)
     row["errors"] = [t for t in timings if "error" in t][:5]
     print(json.dumps({name: {key: v for key, v in row.items() if key != "top"}}), flush=True)

@@ -162,12 +162,13 @@ def test_nibbles_as_subnormals_are_exact():
                                    QuantConfig(bits=4, group_size=128)], ids=lambda q: q.name)
 @pytest.mark.parametrize("n,k", [(24, 256), (19, 384)])                 # whole blocks (EVEN), partial ones
 @pytest.mark.parametrize("gated", [False, True])
-def test_int4_subnormal_loop_matches_the_row_loop(quant, n, k, gated):
+@pytest.mark.parametrize("xpre", [False, True], ids=["x_per_thread", "xpre"])
+def test_int4_subnormal_loop_matches_the_row_loop(quant, n, k, gated, xpre):
     """INT4_SUB (codes as fp32 subnormals by one AND each, the group's scale once per thread's run of products,
     the min term from the run's sum of x) against the INT4_ROW loop it replaces on the same launch, group sizes
     32 / 64 / 128 (runs of 4, 4 and 4 words; 32: one run per group), asymmetric and symmetric, gated (gate and up
-    rows in one loop) or adding into the residual, ragged row and group blocks: both within fp16 rounding of the
-    reference, and of each other."""
+    rows in one loop) or adding into the residual, ragged row and group blocks, x prepared per thread or once per
+    program (XPRE): both within fp16 rounding of the reference, and of each other."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.quant.formats import dequantize_int4
 
@@ -185,7 +186,7 @@ def test_int4_subnormal_loop_matches_the_row_loop(quant, n, k, gated):
         quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 8))](
             x, w["qweight"], w["scales"], mins if mins is not None else w["scales"], bias.half(), w["scales"], y,
             1, n, k, x.stride(0), w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, **flags,
-            NIBBLES=1, EVEN=even, INT4_SUB=sub)
+            NIBBLES=1, EVEN=even, INT4_SUB=sub, XPRE=xpre)
         outs.append(y)
     dense = dequantize_int4(w["qweight"], w["scales"], mins, quant.group_size, torch.float32)
     ref = fused_linear_ref(x.float(), dense, bias.float(), gated=gated)

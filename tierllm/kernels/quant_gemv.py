@@ -281,16 +281,38 @@ if HAS_TRITON:
         return tl.sum(tl.reshape(products, [products.shape[0], products.shape[1], RUNS, RUN]), axis=3)
 
     @triton.jit
+    def _int4_sub_x_flat(x_row_ptr, offs_g, x_mask, GROUP: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr,
+                         RUN: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        """XPRE: x's step [GPB, GROUP] loaded, converted, summed per run and scaled per nibble position in one flat
+        layout (each element once per program, not once per thread that reads it), then split into x_0..x_7
+        [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, and the run sums [1, GPB, RUNS]."""
+        offs_k = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]                   # [GPB, GROUP]
+        x = tl.load(x_row_ptr + offs_k, mask=None if EVEN else x_mask, other=None if EVEN else 0.0).to(tl.float32)
+        x_sum = tl.sum(tl.reshape(x, [GROUPS_PER_BLOCK, RUNS, RUN * 8]), axis=2)[None]
+        i = tl.arange(0, GROUP) % 8
+        exponent = 227 - 4 * (i - 2 * (i >= 6).to(tl.int32))     # 127 + 100 - 4i (i < 6), 127 + 84, 127 + 80
+        x = x * (exponent << 23).to(tl.float32, bitcast=True)[None, :]                       # x * 2^(-49 - e_i)
+        x_c0, x_c1 = tl.split(tl.reshape(x, [GROUPS_PER_BLOCK, WORDS, 2, 2, 2]))         # i = 4a + 2b + c
+        x_b0c0, x_b1c0 = tl.split(x_c0)
+        x_b0c1, x_b1c1 = tl.split(x_c1)
+        x0, x4 = tl.split(x_b0c0)
+        x2, x6 = tl.split(x_b1c0)
+        x1, x5 = tl.split(x_b0c1)
+        x3, x7 = tl.split(x_b1c1)
+        return x0, x1, x2, x3, x4, x5, x6, x7, x_sum
+
+    @triton.jit
     def _int4_sub_dot(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K, stride_wn, stride_sn,
                       GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
-                      GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
+                      GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
         form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
         (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
         (one FMA per code); each thread sums its run of products (its 16-byte load, half a group of 64) and
         applies the group's scale once per run; the min (or -8 * scale) term is the run's sum of x times it. x's
-        conversion, scaling and sums are shared by the weight rows a thread holds. Needs K % 8 == 0 and 4-byte
-        aligned weight rows (the tuner's prune checks)."""
+        conversion, scaling and sums are shared by the weight rows a thread holds; XPRE: done once per program in
+        a flat layout, then exchanged (_int4_sub_x_flat; offline fewer instructions where a thread holds one row,
+        not timed yet). Needs K % 8 == 0 and 4-byte aligned weight rows (the tuner's prune checks)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
         RUNS: tl.constexpr = WORDS // RUN
@@ -310,27 +332,31 @@ if HAS_TRITON:
             mask = None if EVEN else n_mask[:, None, None] & g_mask[None, :, None]
             sg_mask = None if EVEN else n_mask[:, None] & g_mask[None, :]
             x_mask = None if EVEN else g_mask[:, None]
-            # x's 8 activations of each weight word: 4 int32 words of two (k = 8w + 2j, 8w + 2j + 1), one load
-            xw = tl.load(x_words + 4 * word[:, :, None] + tl.arange(0, 4)[None, None, :],
-                         mask=None if EVEN else x_mask[:, :, None], other=None if EVEN else 0)  # [GPB, WORDS, 4]
-            xw_even, xw_odd = tl.split(tl.reshape(xw, [GROUPS_PER_BLOCK, WORDS, 2, 2]))         # j = 0, 2 | 1, 3
-            xw0, xw2 = tl.split(xw_even)
-            xw1, xw3 = tl.split(xw_odd)
-            x0, x1 = halves_to_f32(xw0, x_row_ptr.dtype.element_ty)
-            x2, x3 = halves_to_f32(xw1, x_row_ptr.dtype.element_ty)
-            x4, x5 = halves_to_f32(xw2, x_row_ptr.dtype.element_ty)
-            x6, x7 = halves_to_f32(xw3, x_row_ptr.dtype.element_ty)
-            x_sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7                                # [GPB, WORDS]
-            x_sum = tl.sum(tl.reshape(x_sum, [GROUPS_PER_BLOCK, RUNS, RUN]), axis=2)[None]  # [1, GPB, RUNS]
-            # x * 2^(-49 - e_i): 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted top byte
-            x0 *= 1.2676506002282294e30
-            x1 *= 7.922816251426434e28
-            x2 *= 4.951760157141521e27
-            x3 *= 3.094850098213451e26
-            x4 *= 1.9342813113834067e25
-            x5 *= 1.2089258196146292e24
-            x6 *= 1.9342813113834067e25
-            x7 *= 1.2089258196146292e24
+            if XPRE:
+                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_flat(x_row_ptr, offs_g, x_mask, GROUP, WORDS,
+                                                                         RUNS, RUN, GROUPS_PER_BLOCK, EVEN)
+            else:
+                # x's 8 activations of each weight word: 4 int32 words of two (k = 8w + 2j, 8w + 2j + 1), one load
+                xw = tl.load(x_words + 4 * word[:, :, None] + tl.arange(0, 4)[None, None, :],
+                             mask=None if EVEN else x_mask[:, :, None], other=None if EVEN else 0)  # [GPB, WORDS, 4]
+                xw_even, xw_odd = tl.split(tl.reshape(xw, [GROUPS_PER_BLOCK, WORDS, 2, 2]))         # j = 0, 2 | 1, 3
+                xw0, xw2 = tl.split(xw_even)
+                xw1, xw3 = tl.split(xw_odd)
+                x0, x1 = halves_to_f32(xw0, x_row_ptr.dtype.element_ty)
+                x2, x3 = halves_to_f32(xw1, x_row_ptr.dtype.element_ty)
+                x4, x5 = halves_to_f32(xw2, x_row_ptr.dtype.element_ty)
+                x6, x7 = halves_to_f32(xw3, x_row_ptr.dtype.element_ty)
+                x_sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7                                # [GPB, WORDS]
+                x_sum = tl.sum(tl.reshape(x_sum, [GROUPS_PER_BLOCK, RUNS, RUN]), axis=2)[None]  # [1, GPB, RUNS]
+                # x * 2^(-49 - e_i): 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted top byte
+                x0 *= 1.2676506002282294e30
+                x1 *= 7.922816251426434e28
+                x2 *= 4.951760157141521e27
+                x3 *= 3.094850098213451e26
+                x4 *= 1.9342813113834067e25
+                x5 *= 1.2089258196146292e24
+                x6 *= 1.9342813113834067e25
+                x7 *= 1.2089258196146292e24
             scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
                             other=None if EVEN else 0.0).to(tl.float32)[:, :, None]          # [BLOCK_N, GPB, 1]
             low = scale
@@ -368,7 +394,7 @@ if HAS_TRITON:
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
-                      INT4_SUB: tl.constexpr = False):
+                      INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False):
         """INT4_ROW (one x row, no NORM; a config option the tuner weighs against the group-sum loop):
         _int4_row_dot's per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even). PDL:
         launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
@@ -388,7 +414,8 @@ if HAS_TRITON:
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
         if INT4_ROW and INT4_SUB:
             dot, dot_up = _int4_sub_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K,
-                                        stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N, GROUPS_PER_BLOCK, EVEN)
+                                        stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N, GROUPS_PER_BLOCK, EVEN,
+                                        XPRE)
             acc += dot
             acc_up += dot_up
         elif INT4_ROW:
