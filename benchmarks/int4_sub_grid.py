@@ -43,7 +43,8 @@ def grid_configs(stages: tuple[int, ...] = (1,)) -> list[dict]:
                for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_ROW") and not c.kwargs.get("INT4_SUB")]
     configs += [dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, INT4_ROW=True, INT4_SUB=True, XPRE=xpre, num_warps=w,
                      num_stages=st)
-                for bn, gpb, w, st, xpre in itertools.product((8, 16, 32, 64), (2, 4, 8), (2, 4), stages, (False, True))
+                for bn, gpb, w, st, xpre in itertools.product((2, 4, 8, 16, 32, 64), (2, 4, 8, 16, 32), (2, 4), stages,
+                                                              (False, True))
                 if 16 <= bn * gpb // w <= 64]
     return configs
 

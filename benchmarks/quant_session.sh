@@ -10,7 +10,7 @@
 #   bash benchmarks/quant_session.sh int8    # the int8 one-row loops: their GPU tests, then int8_row_ab.py --grid
 #                                            # (general, ROW and ROW + SUM16 configs; about 2 minutes warm)
 #   bash benchmarks/quant_session.sh int4sub # int4's one-row loops, INT4_SUB against INT4_ROW: the CPU-side kernel
-#                                            # tests natively, then benchmarks/int4_sub_grid.py (~1 minute warm)
+#                                            # tests natively, then benchmarks/int4_sub_grid.py (~2 minutes)
 #   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV, int8's SUM16 loop and int4's
 #                                            # INT4_ROW and INT4_SUB loops on two llama-7b shapes
 #                                            # (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
