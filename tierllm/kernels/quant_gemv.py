@@ -190,16 +190,23 @@ if HAS_TRITON:
         return packed
 
     @triton.jit
+    def _group_scales(s_ptr, mn_ptr, row, offs_g, sg_mask, stride_sn, HAS_MINS: tl.constexpr, EVEN: tl.constexpr):
+        """The weight rows' group scales and mins for groups offs_g, [BLOCK_N, GPB, 1] fp32 each (the mins: the
+        scales again when symmetric)."""
+        offsets = row[:, None] * stride_sn + offs_g[None, :]
+        scale = tl.load(s_ptr + offsets, mask=sg_mask, other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
+        low = scale
+        if HAS_MINS:
+            low = tl.load(mn_ptr + offsets, mask=sg_mask, other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
+        return scale, low
+
+    @triton.jit
     def _int4_row_step(packed, s_ptr, mn_ptr, row, offs_g, sg_mask, x_even, x_odd, acc_even, acc_odd, stride_sn,
                        HAS_MINS: tl.constexpr, NIBBLES: tl.constexpr, EVEN: tl.constexpr):
         """One K step of _int4_row_dot for the weight rows `row`: their bytes `packed` dequantized and multiplied
         into the per-lane accumulators (returned)."""
-        scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                        other=None if EVEN else 0.0).to(tl.float32)[:, :, None]            # [BLOCK_N, GPB, 1]
-        if HAS_MINS:
-            low_value = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                                other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
-        else:
+        scale, low_value = _group_scales(s_ptr, mn_ptr, row, offs_g, sg_mask, stride_sn, HAS_MINS, EVEN)
+        if not HAS_MINS:
             low_value = -8.0 * scale
         if NIBBLES == 0:
             step = 16.0 * scale
@@ -281,6 +288,41 @@ if HAS_TRITON:
         return tl.sum(tl.reshape(products, [products.shape[0], products.shape[1], RUNS, RUN]), axis=3)
 
     @triton.jit
+    def _int4_sub_x_words(x_row_ptr, word, x_mask, WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr,
+                          GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        """x's step for the weight words `word` [GPB, WORDS], as each thread reads it: the 8 activations of each
+        word as 4 int32 words of two (k = 8w + 2j, 8w + 2j + 1) in one load, converted and scaled per nibble
+        position -> x_0..x_7 [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, and the run sums [1, GPB, RUNS]."""
+        x_words = x_row_ptr.to(tl.pointer_type(tl.int32))
+        xw = tl.load(x_words + 4 * word[:, :, None] + tl.arange(0, 4)[None, None, :],
+                     mask=None if EVEN else x_mask[:, :, None], other=None if EVEN else 0)      # [GPB, WORDS, 4]
+        xw_even, xw_odd = tl.split(tl.reshape(xw, [GROUPS_PER_BLOCK, WORDS, 2, 2]))             # j = 0, 2 | 1, 3
+        xw0, xw2 = tl.split(xw_even)
+        xw1, xw3 = tl.split(xw_odd)
+        x0, x1 = halves_to_f32(xw0, x_row_ptr.dtype.element_ty)
+        x2, x3 = halves_to_f32(xw1, x_row_ptr.dtype.element_ty)
+        x4, x5 = halves_to_f32(xw2, x_row_ptr.dtype.element_ty)
+        x6, x7 = halves_to_f32(xw3, x_row_ptr.dtype.element_ty)
+        x_sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7                                    # [GPB, WORDS]
+        x_sum = tl.sum(tl.reshape(x_sum, [GROUPS_PER_BLOCK, RUNS, RUN]), axis=2)[None]      # [1, GPB, RUNS]
+        # x * 2^(-49 - e_i): 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted top byte
+        return (x0 * 1.2676506002282294e30, x1 * 7.922816251426434e28, x2 * 4.951760157141521e27,
+                x3 * 3.094850098213451e26, x4 * 1.9342813113834067e25, x5 * 1.2089258196146292e24,
+                x6 * 1.9342813113834067e25, x7 * 1.2089258196146292e24, x_sum)
+
+    @triton.jit
+    def _int4_sub_rows(w_ptr, s_ptr, mn_ptr, row, word, offs_g, mask, sg_mask, stride_wn, stride_sn,
+                       x0, x1, x2, x3, x4, x5, x6, x7, x_sum, HAS_MINS: tl.constexpr, EVEN: tl.constexpr,
+                       RUNS: tl.constexpr, RUN: tl.constexpr):
+        """One step of _int4_sub_dot for the weight rows `row`: their words of `word` times x, per run scaled by the
+        group's scale -> [BLOCK_N, GPB, RUNS], and the runs' x sums times the group's min (or scale)."""
+        w_words = w_ptr.to(tl.pointer_type(tl.int32))
+        scale, low = _group_scales(s_ptr, mn_ptr, row, offs_g, sg_mask, stride_sn, HAS_MINS, EVEN)
+        words = tl.load(w_words + row[:, None, None] * (stride_wn // 4) + word[None, :, :], mask=mask,
+                        other=None if EVEN else 0)                                         # [BLOCK_N, GPB, WORDS]
+        return _int4_sub_runs(words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * scale, x_sum * low
+
+    @triton.jit
     def _int4_sub_x_flat(x_row_ptr, offs_g, x_mask, GROUP: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr,
                          RUN: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
         """XPRE: x's step [GPB, GROUP] loaded, converted, summed per run and scaled per nibble position in one flat
@@ -318,9 +360,6 @@ if HAS_TRITON:
         RUNS: tl.constexpr = WORDS // RUN
         offs_w = tl.arange(0, WORDS)
         num_groups = K // GROUP
-        w_words = w_ptr.to(tl.pointer_type(tl.int32))
-        x_words = x_row_ptr.to(tl.pointer_type(tl.int32))                  # two activations per word
-        row_words = stride_wn // 4
         acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)       # code . x * 2^-49 * scale
         acc_low = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)   # sum(x) * min (sum(x) * scale)
         up = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
@@ -336,48 +375,17 @@ if HAS_TRITON:
                 x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_flat(x_row_ptr, offs_g, x_mask, GROUP, WORDS,
                                                                          RUNS, RUN, GROUPS_PER_BLOCK, EVEN)
             else:
-                # x's 8 activations of each weight word: 4 int32 words of two (k = 8w + 2j, 8w + 2j + 1), one load
-                xw = tl.load(x_words + 4 * word[:, :, None] + tl.arange(0, 4)[None, None, :],
-                             mask=None if EVEN else x_mask[:, :, None], other=None if EVEN else 0)  # [GPB, WORDS, 4]
-                xw_even, xw_odd = tl.split(tl.reshape(xw, [GROUPS_PER_BLOCK, WORDS, 2, 2]))         # j = 0, 2 | 1, 3
-                xw0, xw2 = tl.split(xw_even)
-                xw1, xw3 = tl.split(xw_odd)
-                x0, x1 = halves_to_f32(xw0, x_row_ptr.dtype.element_ty)
-                x2, x3 = halves_to_f32(xw1, x_row_ptr.dtype.element_ty)
-                x4, x5 = halves_to_f32(xw2, x_row_ptr.dtype.element_ty)
-                x6, x7 = halves_to_f32(xw3, x_row_ptr.dtype.element_ty)
-                x_sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7                                # [GPB, WORDS]
-                x_sum = tl.sum(tl.reshape(x_sum, [GROUPS_PER_BLOCK, RUNS, RUN]), axis=2)[None]  # [1, GPB, RUNS]
-                # x * 2^(-49 - e_i): 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted top byte
-                x0 *= 1.2676506002282294e30
-                x1 *= 7.922816251426434e28
-                x2 *= 4.951760157141521e27
-                x3 *= 3.094850098213451e26
-                x4 *= 1.9342813113834067e25
-                x5 *= 1.2089258196146292e24
-                x6 *= 1.9342813113834067e25
-                x7 *= 1.2089258196146292e24
-            scale = tl.load(s_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                            other=None if EVEN else 0.0).to(tl.float32)[:, :, None]          # [BLOCK_N, GPB, 1]
-            low = scale
-            if HAS_MINS:
-                low = tl.load(mn_ptr + row[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                              other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
-            words = tl.load(w_words + row[:, None, None] * row_words + word[None, :, :], mask=mask,
-                            other=None if EVEN else 0)                                     # [BLOCK_N, GPB, WORDS]
-            acc += _int4_sub_runs(words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * scale
-            acc_low += x_sum * low
+                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_words(x_row_ptr, word, x_mask, WORDS, RUNS, RUN,
+                                                                          GROUPS_PER_BLOCK, EVEN)
+            dot, low = _int4_sub_rows(w_ptr, s_ptr, mn_ptr, row, word, offs_g, mask, sg_mask, stride_wn, stride_sn,
+                                      x0, x1, x2, x3, x4, x5, x6, x7, x_sum, HAS_MINS, EVEN, RUNS, RUN)
+            acc += dot
+            acc_low += low
             if GATED:
-                scale_up = tl.load(s_ptr + row_up[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                                   other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
-                low_up = scale_up
-                if HAS_MINS:
-                    low_up = tl.load(mn_ptr + row_up[:, None] * stride_sn + offs_g[None, :], mask=sg_mask,
-                                     other=None if EVEN else 0.0).to(tl.float32)[:, :, None]
-                words_up = tl.load(w_words + row_up[:, None, None] * row_words + word[None, :, :], mask=mask,
-                                   other=None if EVEN else 0)
-                up += _int4_sub_runs(words_up, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * scale_up
-                up_low += x_sum * low_up
+                dot, low = _int4_sub_rows(w_ptr, s_ptr, mn_ptr, row_up, word, offs_g, mask, sg_mask, stride_wn,
+                                          stride_sn, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, HAS_MINS, EVEN, RUNS, RUN)
+                up += dot
+                up_low += low
         if not HAS_MINS:                                                    # code - 8: the low term is -8 * scale
             acc_low *= -8.0
             up_low *= -8.0
