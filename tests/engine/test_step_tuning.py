@@ -90,3 +90,21 @@ def test_step_tuning_is_opt_in(monkeypatch):
     assert not step_tuning.step_tuning()
     monkeypatch.setenv("TIERLLM_STEP_TUNER", "1")
     assert step_tuning.step_tuning()
+
+
+def test_ranks_adopt_rank0s_picks_by_name():
+    """Rank 1 picked its own near-ties; rank 0's choices (by key and config name) replace them, except where rank 1
+    lacks the key or the config."""
+    rank0 = [make_site("a", {"a1": 1.0, "a2": 1.01}), make_site("b", {"b1": 2.0, "b2": 2.01}),
+             make_site("only0", {"x": 1.0, "y": 1.1})]
+    rank1 = [make_site("a", {"a1": 1.02, "a2": 1.0}), make_site("b", {"b1": 2.0, "b2": 2.1}),
+             make_site("c", {"c1": 1.0, "c2": 1.2}), make_site("only0", {"y": 1.0})]
+    picks_of_rank0 = {}
+
+    def share(value):
+        picks_of_rank0.setdefault("sent", value)
+        return picks_of_rank0["sent"]
+    assert step_tuning.adopt_driver_picks(rank0, share) == 0            # rank 0 keeps its own
+    changed = step_tuning.adopt_driver_picks(rank1, share)
+    assert changed == 1
+    assert [site.cache[site.key] for site in rank1] == ["a1", "b1", "c1", "y"]

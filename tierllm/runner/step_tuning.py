@@ -81,6 +81,22 @@ def refine(sites: list[TunedSite], step_seconds: Callable[[], float],
     return report
 
 
+def adopt_driver_picks(sites: list[TunedSite], share: Callable) -> int:
+    """Every site set to rank 0's config for its key (tensor parallelism; share: refine's). Each rank's tuners
+    time alone and pick among near-ties by noise, so the ranks may run different configs of one GEMV; a rank
+    whose pick is slower in the step then makes its peers wait at every all-reduce. A rank without rank 0's key
+    or config keeps its own. Returns how many of this rank's sites changed."""
+    picks = share({str(site.key): str(site.cache[site.key]) for site in sites if site.key in site.cache})
+    changed = 0
+    for site in sites:
+        by_name = {str(config): config for config in site.timings}
+        chosen = by_name.get(picks.get(str(site.key)))
+        if chosen is not None and str(chosen) != str(site.cache.get(site.key)):
+            site.cache[site.key] = chosen
+            changed += 1
+    return changed
+
+
 def batch1_sites(since: int = 0) -> list[TunedSite]:
     """The batch-1 GEMV launches tuned since the since-th site."""
     return [site for site in graph_tuning.TUNED_SITES[since:] if site.block_m == 1]
@@ -116,7 +132,9 @@ def tune_decode_step(graphs, num_blocks: int, block_size: int, share: Callable =
     since = len(graph_tuning.TUNED_SITES)
     try:
         step_seconds()                     # the first eager pass tunes every GEMV alone, each key once per process:
-        report = refine(batch1_sites(since), step_seconds, share)   # another engine of its shapes finds them tuned
+        sites = batch1_sites(since)        # another engine of its shapes finds them tuned
+        adopt_driver_picks(sites, share)
+        report = refine(sites, step_seconds, share)
     finally:
         probe.release()
         graphs.block_tables.zero_()
