@@ -21,7 +21,7 @@ import torch
 from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
-from tierllm.kernels.graph_tuning import GraphTuner
+from tierllm.kernels.graph_tuning import GraphTuner, launch_recording_sites
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
 
 MAX_QUANT_GEMV_ROWS = 8
@@ -502,8 +502,9 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if is_interpreted():                     # one config; one x row takes the INT4_ROW loop, so both are tested
         one_row = (m == 1 and norm_weight is None and x.data_ptr() % 4 == 0)
         kernel.fn[(m, triton.cdiv(n, 8))](*args, **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2, INT4_ROW=one_row)
-    else:
-        kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags, **pdl_options(x, pdl))
+    else:                                    # its tuned site recorded: quant_gpu.py's picks, step tuning
+        launch_recording_sites(kernel, lambda: kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](
+            *args, **flags, **pdl_options(x, pdl)), triton.next_power_of_2(m))
     return y
 
 
