@@ -54,7 +54,6 @@ def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path) -> dict:
            "batch1_kernel_table_rank0": batch1_kernel_table(engine, vocab)}
     row["tuned_configs_rank0"] = tuned_configs(engine)
     row["step_tuning_rank0"] = getattr(engine.engine.runner, "step_tuning_report", None)  # TIERLLM_STEP_TUNER=1
-    row["adopted_picks_per_rank"] = getattr(engine.engine.runner, "adopted_picks", None)  # TP > 1, at capture
     try:
         row["timeline_rank0"] = batch1_kernel_timeline(engine, vocab, trace_path)
     except Exception as error:              # a diagnostic: the measured row is kept without it

@@ -317,12 +317,39 @@ def h200_int8_sum16_paragraph(runs: list[dict], graph_runs: list[dict], grid: di
             "Triton's pick for one GEMV (benchmarks/notes/tp-history.md).")
 
 
+INT4_H200_RUNS = ["quant-bf16-int4-llama-7b-h200-run1.json", "quant-bf16-int4-llama-7b-h200-run2.json",
+                  "quant-bf16-int4-step-tuner-llama-7b-h200.json"]
+
+
+def h200_int4_paragraph(runs: list[dict], grid: dict) -> str:
+    """The first bf16 + int4 calls on an H200 (INT4_H200_RUNS: Triton's tuner twice, then step tuning) and the
+    int4 one-row loops' grid with XPRE (int4_sub_grid.py)."""
+    def run(doc: dict, name: str) -> str:
+        b1 = {v: doc["results"][v]["batch1"]["decode_ms_per_step"] for v in ("bf16", "int4")}
+        return (f"[{b1['bf16']} / {b1['int4']}, {doc['results']['speedup_vs_bf16']['int4']['batch1_decode']}x]"
+                f"(benchmarks/results/{name})")
+
+    best = {name: min((row[key] for key in row if key.startswith("best")), key=lambda b: b["us"])
+            for name, row in grid["linears"].items()}
+    layer = sum(b["us"] for b in best.values())
+    return ("int4 on an H200 (bf16 / int4 batch-1 ms/token, int4/bf16; Triton's tuner twice, then "
+            "`TIERLLM_STEP_TUNER=1`): " + ", ".join(run(doc, name) for doc, name in zip(runs, INT4_H200_RUNS))
+            + ": far from the 2.8x target, and slower than int8 on this GPU. The int4 one-row loops' grid over "
+            "L2-missing weight copies ([JSON](benchmarks/results/int4-sub-grid-xpre-h200.json)), best per linear: "
+            + ", ".join(f"{name} {b['us']} us ({b['fraction_of_hbm_copy']:.0%} of the copy rate)" for name, b in best.items())
+            + f", {layer:.1f} us per layer at each shape's best: about 1.65x bf16 end to end even with perfect picks. "
+            "2.8x would need the int4 GEMVs at ~79% of the copy rate, as int8's best loop streams with twice the "
+            "bytes per weight: a loop with half the instructions per code again, not tuning "
+            "(`benchmarks/notes/gpu-decode.md`).")
+
+
 def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200: dict,
-                  h200_rerun: dict, int8_row_runs: list[dict], int8_row_grid: dict, sum16: str) -> list[str]:
+                  h200_rerun: dict, int8_row_runs: list[dict], int8_row_grid: dict, sum16: str,
+                  int4_h200: str) -> list[str]:
     """doc: bf16, int8 and int4 from one call; autotuned: the tuner's picks per llama-7b shape (quant_kernel_sweep.py
     --autotuned-only, the same commit); kernels: the previous run's per-shape kernel table (M=1 and the prefill
     dequantizing pass); latest: the bf16 + int4 call since; h200: the bf16 + int8 call on an H200; h200_rerun: the
-    one after it; sum16: h200_int8_sum16_paragraph."""
+    one after it; sum16: h200_int8_sum16_paragraph; int4_h200: h200_int4_paragraph."""
     r, c = doc["results"], doc["ceilings"]
     variants = [v for v in ("bf16", "int8", "int4", "w8a8") if v in r]
     rows = autotuned["rows"]                                                  # one per linear shape [N, K]
@@ -384,7 +411,7 @@ def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200:
              "session the decode layer is chained that way again, each GEMV loading before it waits).", "",
              latest_quant_paragraph(latest), "",
              h200_quant_paragraph(h200, latest) + " " + h200_quant_rerun_sentence(h200_rerun),
-             "", h200_int8_row_paragraph(int8_row_runs, int8_row_grid, h200_rerun), "", sum16]
+             "", h200_int8_row_paragraph(int8_row_runs, int8_row_grid, h200_rerun), "", sum16, "", int4_h200]
     return lines
 
 
@@ -420,7 +447,9 @@ def main() -> None:
                                      h200_int8_sum16_paragraph(
                                          [results(name) for name in INT8_SUM16_RUNS],
                                          [results(name) for name in INT8_GRAPH_TUNER_RUNS],
-                                         results("int8-row-grid-sum16-h200.json"), results("int8-row-ab-sum16-h200.json"))))
+                                         results("int8-row-grid-sum16-h200.json"), results("int8-row-ab-sum16-h200.json")),
+                                     h200_int4_paragraph([results(name) for name in INT4_H200_RUNS],
+                                                         results("int4-sub-grid-xpre-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 

@@ -95,9 +95,13 @@ if HAS_TRITON:
     # (benchmarks/int4_sub_grid.py, int4-sub-grid-h200.json) it took the gated gate/up GEMV from 32.4 to 24.8 us
     # and tied on qkv (17.4 against 17.6), but lost on the 4096-row shapes (o 12.3 against 9.1, down 28.0 against
     # 19.7: too few programs or too little x reuse per thread at 4096 rows); the stage count made no difference.
-    # Its two fastest on gate/up and the fastest on qkv join the list; the tuner weighs them per shape.
-    _SUB_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True},
-                                  num_warps=w, num_stages=1) for bn, gpb, w in [(8, 4, 2), (16, 4, 4), (16, 8, 2)]]
+    # Its two fastest on gate/up and the fastest on qkv join the list; the tuner weighs them per shape. With x
+    # prepared once per program (XPRE), bn4 gpb16 w4 was the fastest config of the grid's 66 on the 4096-row
+    # shapes in the next session's grid (int4-sub-grid-xpre-h200.json: o 8.49 us against 9.16-9.28 for any other,
+    # down 17.99 against 19.75), so it joins too.
+    _SUB_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
+                                   "XPRE": xpre}, num_warps=w, num_stages=1)
+                    for bn, gpb, w, xpre in [(8, 4, 2, False), (16, 4, 4, False), (16, 8, 2, False), (4, 16, 4, True)]]
     _INT4_CONFIGS += _SUB_CONFIGS
 
     def _prune_int4(configs, named_args, **kwargs):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -32,13 +31,11 @@ class CapturedGraphs:
         self.graphs: dict = {}
         self.logits: dict = {}                         # key -> the graph's output (logits of its rows)
         self.capture_seconds = 0.0
-        self.settle: Callable[[], None] | None = None  # called after each eager pass, before its capture
 
     @torch.inference_mode()
     def capture_each(self, keys, forward) -> None:
-        """forward(key) -> logits, run once eagerly (Triton compiles and tunes, cuBLAS picks kernels), then settle()
-        if set (tensor-parallel ranks agree on the tuned configs there), then captured. Give the largest shapes
-        first: later graphs reuse their memory."""
+        """forward(key) -> logits, run once eagerly (Triton compiles, cuBLAS picks kernels), then captured. Give
+        the largest shapes first: later graphs reuse their memory."""
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
@@ -46,8 +43,6 @@ class CapturedGraphs:
         with torch.cuda.stream(stream):
             for key in keys:
                 forward(key)
-                if self.settle is not None:
-                    self.settle()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
                     self.logits[key] = forward(key)

@@ -21,7 +21,6 @@ from tierllm.engine.block_manager import BlockManager
 from tierllm.engine.outputs import ModelOutput, SchedulerOutput
 from tierllm.engine.request import Request
 from tierllm.host_copy import to_device
-from tierllm.kernels import graph_tuning
 from tierllm.layers.sampler import sample, sample_on_device
 from tierllm.models.base import NativeModel
 from tierllm.offload.kv_offload import KVOffload
@@ -29,7 +28,7 @@ from tierllm.runner.cuda_graph import CudaGraphDecoder
 from tierllm.runner.input_builder import StepPlan, build_step_plan, inputs_from_plan
 from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks
 from tierllm.runner.mixed_graph import MixedStepGraphs, unsupported_reason
-from tierllm.runner.step_tuning import adopt_driver_picks, step_tuning, tune_decode_step
+from tierllm.runner.step_tuning import step_tuning, tune_decode_step
 
 logger = logging.getLogger("tierllm")
 
@@ -67,7 +66,6 @@ class ModelRunner:
         self.graphs: CudaGraphDecoder | None = None
         self.mixed_graphs: MixedStepGraphs | None = None
         self.step_tuning_report: list[dict] = []                # TIERLLM_STEP_TUNER=1: what it changed
-        self.adopted_picks: list[int] = []      # TP > 1: per rank, tuned sites set to rank 0's config at capture
         self.use_cuda_graph = enable_cuda_graph                 # may be toggled later (benchmarks: on vs off)
         if enable_cuda_graph:
             if device.type != "cuda":
@@ -84,8 +82,6 @@ class ModelRunner:
             for graphs in filter(None, (self.graphs, self.mixed_graphs)):
                 if self.driver is not None:
                     self.driver.release_before_close(graphs.release)
-                if self.parallel.tp_size > 1:
-                    graphs.settle = self._adopt_driver_picks
                 graphs.capture()                                # every rank captures its collectives together
 
     def _tune_decode_step(self, num_blocks: int, block_size: int) -> list[dict]:
@@ -98,15 +94,6 @@ class ModelRunner:
         state = self.parallel
         share = (lambda value: broadcast_from_driver(value, state)) if state.tp_size > 1 else (lambda value: value)
         return tune_decode_step(self.graphs, num_blocks, block_size, share)
-
-    def _adopt_driver_picks(self) -> None:
-        """Tensor parallelism: every rank runs rank 0's tuned launch configs (runner/step_tuning.py); counts, per
-        rank, the sites that changed."""
-        changed = adopt_driver_picks(graph_tuning.TUNED_SITES,
-                                     lambda value: broadcast_from_driver(value, self.parallel))
-        per_rank = [0] * self.parallel.tp_size
-        dist.all_gather_object(per_rank, changed, group=self.parallel.cpu_group)
-        self.adopted_picks = [total + new for total, new in zip(self.adopted_picks or [0] * len(per_rank), per_rank)]
 
     @property
     def supports_overlap(self) -> bool:

@@ -82,10 +82,13 @@ def refine(sites: list[TunedSite], step_seconds: Callable[[], float],
 
 
 def adopt_driver_picks(sites: list[TunedSite], share: Callable) -> int:
-    """Every site set to rank 0's config for its key (tensor parallelism; share: refine's). Each rank's tuners
-    time alone and pick among near-ties by noise, so the ranks may run different configs of one GEMV; a rank
-    whose pick is slower in the step then makes its peers wait at every all-reduce. A rank without rank 0's key
-    or config keeps its own. Returns how many of this rank's sites changed."""
+    """Every site set to rank 0's config for its key (tensor parallelism; share: refine's), before refine: each
+    rank's tuner picks among near-ties alone, so the ranks may start from different configs of one GEMV, and rank
+    0's verdicts would then time a step its peers do not run. A rank without rank 0's key or config keeps its
+    own. Returns how many of this rank's sites changed.
+    Not done at capture without step tuning: on 2 H200s (llama-13b TP=2) it changed 3 of rank 1's sites and the
+    step did not get faster (4.675 against 4.637 ms/token, rank 0's own picks differing between the two engines;
+    benchmarks/notes/tp-history.md)."""
     picks = share({str(site.key): str(site.cache[site.key]) for site in sites if site.key in site.cache})
     changed = 0
     for site in sites:
