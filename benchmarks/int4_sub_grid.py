@@ -6,7 +6,8 @@ residual, gate/up with SiLU-and-mul. Each config is timed as the graph tuner tim
 CUDA graphs cycling through enough weight copies to miss L2) and checked against the reference. JSON to
 $OUT/int4-sub-grid.json.
 
-    python benchmarks/int4_sub_grid.py [LINEAR ...] [--stages 1,2,3]   (INT4_SUB's stage counts; default 1)"""
+    python benchmarks/int4_sub_grid.py [LINEAR ...] [--stages 1,2,3] [--prefetch]
+        (INT4_SUB's stage counts, default 1; --prefetch: each INT4_SUB config also with PREFETCH)"""
 from __future__ import annotations
 
 import itertools
@@ -35,27 +36,30 @@ from tierllm.quant.quantize import quantize_weight  # noqa: E402
 GROUP = 64
 
 
-def grid_configs(stages: tuple[int, ...] = (1,)) -> list[dict]:
+def grid_configs(stages: tuple[int, ...] = (1,), prefetch: tuple[bool, ...] = (False,)) -> list[dict]:
     """INT4_ROW's tuner configs and their PTX twins; INT4_SUB tiles of 16-64 weight bytes per thread per step
     (bytes per step: BLOCK_N * GROUPS_PER_BLOCK * 32), each with x prepared per thread and once per program
-    (XPRE)."""
+    (XPRE), and with each PREFETCH choice asked for (the next step's loads before this step's math)."""
     configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
                for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_ROW") and not c.kwargs.get("INT4_SUB")]
-    configs += [dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, INT4_ROW=True, INT4_SUB=True, XPRE=xpre, num_warps=w,
-                     num_stages=st)
-                for bn, gpb, w, st, xpre in itertools.product((2, 4, 8, 16, 32, 64), (2, 4, 8, 16, 32), (2, 4), stages,
-                                                              (False, True))
+    configs += [dict(BLOCK_N=bn, GROUPS_PER_BLOCK=gpb, INT4_ROW=True, INT4_SUB=True, XPRE=xpre, PREFETCH=pf,
+                     num_warps=w, num_stages=st)
+                for bn, gpb, w, st, xpre, pf in itertools.product((2, 4, 8, 16, 32, 64), (2, 4, 8, 16, 32), (2, 4),
+                                                                  stages, (False, True), prefetch)
                 if 16 <= bn * gpb // w <= 64]
     return configs
 
 
+LOOPS = ("row", "row_ptx", "sub", "sub_xpre", "sub_prefetch", "sub_xpre_prefetch")
+
+
 def loop_name(config: dict) -> str:
     if config.get("INT4_SUB"):
-        return "sub_xpre" if config.get("XPRE") else "sub"
+        return ("sub_xpre" if config.get("XPRE") else "sub") + ("_prefetch" if config.get("PREFETCH") else "")
     return "row_ptx" if config.get("NIBBLES") == 2 else "row"
 
 
-def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...]) -> dict:
+def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...], prefetch: tuple[bool, ...]) -> dict:
     n_rows, k, spec = LINEARS[name]
     gated, residual = spec.get("gated", False), spec.get("residual", False)
     n = n_rows // 2 if gated else n_rows
@@ -69,7 +73,7 @@ def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...]) -> dict:
     flags = {"GROUP": GROUP, "HAS_MINS": True, "HAS_BIAS": False, "NORM": False, "GATED": gated,
              "RESIDUAL": residual}
     timings = []
-    for config in grid_configs(stages):
+    for config in grid_configs(stages, prefetch):
         even = quant_gemv.w4_even({"N": n, "K": k, **flags, **config})
 
         def launch(codes, c=config, even=even):
@@ -84,7 +88,7 @@ def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...]) -> dict:
     timings.sort(key=lambda t: t.get("us", 1e9))
     row = {"shape": [n_rows, k], "fusions": "gated" if gated else "residual" if residual else "none",
            "int4_bytes": int4_bytes, "weight_copies": len(copies), "configs_timed": len(timings), "top": timings[:10]}
-    for loop in ("row", "row_ptx", "sub", "sub_xpre"):
+    for loop in LOOPS:
         row[f"best_{loop}"] = next((t for t in timings if "us" in t and loop_name(t["config"]) == loop), None)
     row["errors"] = [t for t in timings if "error" in t][:5]
     print(json.dumps({name: {key: v for key, v in row.items() if key != "top"}}), flush=True)
@@ -106,9 +110,11 @@ def main() -> int:
         at = args.index("--stages")
         stages = tuple(int(s) for s in args[at + 1].split(","))
         del args[at:at + 2]
-    result["sub_stages"] = list(stages)
+    prefetch = (False, True) if "--prefetch" in args else (False,)
+    args = [arg for arg in args if arg != "--prefetch"]
+    result["sub_stages"], result["sub_prefetch"] = list(stages), list(prefetch)
     for name in args or ["qkv", "gate_up", "down", "o"]:
-        result["linears"][name] = linear_grid(name, hbm_Bps, stages)
+        result["linears"][name] = linear_grid(name, hbm_Bps, stages, prefetch)
         result["wall_s"] = round(time.perf_counter() - started)
         out_path.write_text(json.dumps(result, indent=1))          # rewritten per linear: a cut call keeps them
         torch.cuda.empty_cache()

@@ -51,7 +51,7 @@ def kernels(args) -> dict:
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "GATED": args.gated, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False, "INT4_SUB": args.sub,
-                     "XPRE": args.xpre}),
+                     "XPRE": args.xpre, "PREFETCH": args.prefetch}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -105,6 +105,8 @@ def main() -> int:
                         help="w4_gemv --row: INT4_SUB (codes as fp32 subnormals, one scale per thread's run)")
     parser.add_argument("--xpre", action="store_true",
                         help="w4_gemv --row --sub: XPRE (x converted and scaled once per program, then shared)")
+    parser.add_argument("--prefetch", action="store_true",
+                        help="w4_gemv --row --sub: the next step's loads before this step's math (PREFETCH)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)

@@ -9,8 +9,9 @@
 #                                            # HALF_DEQUANT GEMM config (about 2 minutes)
 #   bash benchmarks/quant_session.sh int8    # the int8 one-row loops: their GPU tests, then int8_row_ab.py --grid
 #                                            # (general, ROW and ROW + SUM16 configs; about 2 minutes warm)
-#   bash benchmarks/quant_session.sh int4sub # int4's one-row loops, INT4_SUB against INT4_ROW: the CPU-side kernel
-#                                            # tests natively, then benchmarks/int4_sub_grid.py (~2 minutes)
+#   bash benchmarks/quant_session.sh int4sub # int4's one-row loops, INT4_SUB (with and without PREFETCH) against
+#                                            # INT4_ROW: the CPU-side kernel tests natively, then
+#                                            # benchmarks/int4_sub_grid.py --prefetch (~5 minutes)
 #   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV, int8's SUM16 loop and int4's
 #                                            # INT4_ROW and INT4_SUB loops on two llama-7b shapes
 #                                            # (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
@@ -45,7 +46,8 @@ case "$part" in
   int4sub)
     timeout 70 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
         -k "nibbles_as_subnormals or subnormal_loop or int4_sub" 2>&1 | tee "$OUT/gpu-tests-int4-sub.log" | tail -3
-    timeout 270 python3 benchmarks/int4_sub_grid.py 2>&1 | tee "$OUT/int4-sub-grid.log" | grep -v -i warn | cut -c1-600
+    timeout 480 python3 benchmarks/int4_sub_grid.py --prefetch 2>&1 | tee "$OUT/int4-sub-grid.log" | grep -v -i warn \
+        | cut -c1-600
     ;;
   ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)

@@ -168,7 +168,8 @@ def test_int4_subnormal_loop_matches_the_row_loop(quant, n, k, gated, xpre):
     the min term from the run's sum of x) against the INT4_ROW loop it replaces on the same launch, group sizes
     32 / 64 / 128 (runs of 4, 4 and 4 words; 32: one run per group), asymmetric and symmetric, gated (gate and up
     rows in one loop) or adding into the residual, ragged row and group blocks, x prepared per thread or once per
-    program (XPRE): both within fp16 rounding of the reference, and of each other."""
+    program (XPRE): both within fp16 rounding of the reference, and of each other. With the next step's loads
+    issued before this step's math (PREFETCH) the same bits as without."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.quant.formats import dequantize_int4
 
@@ -181,12 +182,12 @@ def test_int4_subnormal_loop_matches_the_row_loop(quant, n, k, gated, xpre):
     even = quant_gemv.w4_even({"N": n, "K": k, **flags})
     assert even == (n == 24 and k // quant.group_size % 2 == 0)
     outs = []
-    for sub in (False, True):
+    for sub, prefetch in ((False, False), (True, False), (True, True)):
         y = start.clone() if not gated else torch.empty_like(start)
         quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 8))](
             x, w["qweight"], w["scales"], mins if mins is not None else w["scales"], bias.half(), w["scales"], y,
             1, n, k, x.stride(0), w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, **flags,
-            NIBBLES=1, EVEN=even, INT4_SUB=sub, XPRE=xpre)
+            NIBBLES=1, EVEN=even, INT4_SUB=sub, XPRE=xpre, PREFETCH=prefetch)
         outs.append(y)
     dense = dequantize_int4(w["qweight"], w["scales"], mins, quant.group_size, torch.float32)
     ref = fused_linear_ref(x.float(), dense, bias.float(), gated=gated)
@@ -195,6 +196,7 @@ def test_int4_subnormal_loop_matches_the_row_loop(quant, n, k, gated, xpre):
         assert _rel_err(out, ref) < 1e-3
     ulp = torch.finfo(torch.float16).eps * ref.abs().clamp(min=1e-3)
     assert ((outs[1].float() - outs[0].float()).abs() <= 2 * ulp).all()
+    assert torch.equal(outs[2], outs[1])
 
 
 def test_int4_sub_configs_only_where_they_apply():

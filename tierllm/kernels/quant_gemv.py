@@ -292,21 +292,18 @@ if HAS_TRITON:
         return tl.sum(tl.reshape(products, [products.shape[0], products.shape[1], RUNS, RUN]), axis=3)
 
     @triton.jit
-    def _int4_sub_x_words(x_row_ptr, word, x_mask, WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr,
-                          GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
-        """x's step for the weight words `word` [GPB, WORDS], as each thread reads it: the 8 activations of each
-        word as 4 int32 words of two (k = 8w + 2j, 8w + 2j + 1) in one load, converted and scaled per nibble
-        position -> x_0..x_7 [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, and the run sums [1, GPB, RUNS]."""
-        x_words = x_row_ptr.to(tl.pointer_type(tl.int32))
-        xw = tl.load(x_words + 4 * word[:, :, None] + tl.arange(0, 4)[None, None, :],
-                     mask=None if EVEN else x_mask[:, :, None], other=None if EVEN else 0)      # [GPB, WORDS, 4]
+    def _int4_sub_x_words(xw, DTYPE: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr,
+                          GROUPS_PER_BLOCK: tl.constexpr):
+        """x's step for the weight words of a step, as each thread reads it (_int4_sub_x_load: xw [GPB, WORDS, 4],
+        the 8 activations of each word as 4 int32 words of two, k = 8w + 2j, 8w + 2j + 1), converted and scaled per
+        nibble position -> x_0..x_7 [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, and the run sums [1, GPB, RUNS]."""
         xw_even, xw_odd = tl.split(tl.reshape(xw, [GROUPS_PER_BLOCK, WORDS, 2, 2]))             # j = 0, 2 | 1, 3
         xw0, xw2 = tl.split(xw_even)
         xw1, xw3 = tl.split(xw_odd)
-        x0, x1 = halves_to_f32(xw0, x_row_ptr.dtype.element_ty)
-        x2, x3 = halves_to_f32(xw1, x_row_ptr.dtype.element_ty)
-        x4, x5 = halves_to_f32(xw2, x_row_ptr.dtype.element_ty)
-        x6, x7 = halves_to_f32(xw3, x_row_ptr.dtype.element_ty)
+        x0, x1 = halves_to_f32(xw0, DTYPE)
+        x2, x3 = halves_to_f32(xw1, DTYPE)
+        x4, x5 = halves_to_f32(xw2, DTYPE)
+        x6, x7 = halves_to_f32(xw3, DTYPE)
         x_sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7                                    # [GPB, WORDS]
         x_sum = tl.sum(tl.reshape(x_sum, [GROUPS_PER_BLOCK, RUNS, RUN]), axis=2)[None]      # [1, GPB, RUNS]
         # x * 2^(-49 - e_i): 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted top byte
@@ -315,25 +312,55 @@ if HAS_TRITON:
                 x6 * 1.9342813113834067e25, x7 * 1.2089258196146292e24, x_sum)
 
     @triton.jit
-    def _int4_sub_rows(w_ptr, s_ptr, mn_ptr, row, word, offs_g, mask, sg_mask, stride_wn, stride_sn,
-                       x0, x1, x2, x3, x4, x5, x6, x7, x_sum, HAS_MINS: tl.constexpr, EVEN: tl.constexpr,
-                       RUNS: tl.constexpr, RUN: tl.constexpr):
-        """One step of _int4_sub_dot for the weight rows `row`: their words of `word` times x, per run scaled by the
-        group's scale -> [BLOCK_N, GPB, RUNS], and the runs' x sums times the group's min (or scale)."""
-        w_words = w_ptr.to(tl.pointer_type(tl.int32))
-        scale, low = _group_scales(s_ptr, mn_ptr, row, offs_g, sg_mask, stride_sn, HAS_MINS, EVEN)
-        words = tl.load(w_words + row[:, None, None] * (stride_wn // 4) + word[None, :, :], mask=mask,
-                        other=None if EVEN else 0)                                         # [BLOCK_N, GPB, WORDS]
-        return _int4_sub_runs(words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * scale, x_sum * low
+    def _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP: tl.constexpr, WORDS: tl.constexpr,
+                         GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, GUARD: tl.constexpr,
+                         XPRE: tl.constexpr):
+        """x's raw values for the step of groups g0 .. g0 + GPB: XPRE flat [GPB, GROUP] (each element once per
+        program), else as each thread reads them [GPB, WORDS, 4] (int32 words of two). GUARD: as
+        _int4_sub_loads'."""
+        offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
+        if XPRE:
+            ptrs = x_row_ptr + offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]          # [GPB, GROUP]
+            g_mask = (offs_g < num_groups)[:, None]
+        else:
+            word = offs_g[:, None] * WORDS + tl.arange(0, WORDS)[None, :]                   # [GPB, WORDS]
+            ptrs = x_row_ptr.to(tl.pointer_type(tl.int32)) + 4 * word[:, :, None] + tl.arange(0, 4)[None, None, :]
+            g_mask = (offs_g < num_groups)[:, None, None]
+        if EVEN and not GUARD:
+            x_raw = tl.load(ptrs)
+        else:
+            x_raw = tl.load(ptrs, mask=g_mask, other=0)
+        return x_raw
 
     @triton.jit
-    def _int4_sub_x_flat(x_row_ptr, offs_g, x_mask, GROUP: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr,
-                         RUN: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
-        """XPRE: x's step [GPB, GROUP] loaded, converted, summed per run and scaled per nibble position in one flat
-        layout (each element once per program, not once per thread that reads it), then split into x_0..x_7
-        [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, and the run sums [1, GPB, RUNS]."""
-        offs_k = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]                   # [GPB, GROUP]
-        x = tl.load(x_row_ptr + offs_k, mask=None if EVEN else x_mask, other=None if EVEN else 0.0).to(tl.float32)
+    def _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row, n_mask, g0, num_groups, stride_wn, stride_sn,
+                        WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, HAS_MINS: tl.constexpr,
+                        EVEN: tl.constexpr, GUARD: tl.constexpr):
+        """One step's loads for the weight rows `row`, groups g0 .. g0 + GPB: their int32 words [BLOCK_N, GPB,
+        WORDS] and the groups' scales and mins [BLOCK_N, GPB, 1]. GUARD: the step may lie past the last group (a
+        prefetch after the last step); under EVEN only the groups are masked then (the rows never leave the
+        weight), which keeps each 16-byte load whole."""
+        offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
+        word = offs_g[:, None] * WORDS + tl.arange(0, WORDS)[None, :]                       # [GPB, WORDS]
+        g_mask = offs_g < num_groups
+        if EVEN:
+            mask = g_mask[None, :, None] if GUARD else None
+            sg_mask = g_mask[None, :] if GUARD else None
+        else:
+            mask = n_mask[:, None, None] & g_mask[None, :, None]
+            sg_mask = n_mask[:, None] & g_mask[None, :]
+        scale, low = _group_scales(s_ptr, mn_ptr, row, offs_g, sg_mask, stride_sn, HAS_MINS, EVEN)
+        words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + row[:, None, None] * (stride_wn // 4) + word[None],
+                        mask=mask, other=None if EVEN else 0)                               # [BLOCK_N, GPB, WORDS]
+        return words, scale, low
+
+    @triton.jit
+    def _int4_sub_x_flat(x_raw, GROUP: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr,
+                         GROUPS_PER_BLOCK: tl.constexpr):
+        """XPRE: x's step (_int4_sub_x_load: [GPB, GROUP]) converted, summed per run and scaled per nibble position
+        in one flat layout (each element once per program, not once per thread that reads it), then split into
+        x_0..x_7 [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, and the run sums [1, GPB, RUNS]."""
+        x = x_raw.to(tl.float32)
         x_sum = tl.sum(tl.reshape(x, [GROUPS_PER_BLOCK, RUNS, RUN * 8]), axis=2)[None]
         i = tl.arange(0, GROUP) % 8
         exponent = 227 - 4 * (i - 2 * (i >= 6).to(tl.int32))     # 127 + 100 - 4i (i < 6), 127 + 84, 127 + 80
@@ -350,46 +377,73 @@ if HAS_TRITON:
     @triton.jit
     def _int4_sub_dot(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K, stride_wn, stride_sn,
                       GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
-                      GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False):
+                      GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False,
+                      PREFETCH: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
         form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
         (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
         (one FMA per code); each thread sums its run of products (its 16-byte load, half a group of 64) and
         applies the group's scale once per run; the min (or -8 * scale) term is the run's sum of x times it. x's
         conversion, scaling and sums are shared by the weight rows a thread holds; XPRE: done once per program in
-        a flat layout, then exchanged (_int4_sub_x_flat; offline fewer instructions where a thread holds one row,
-        not timed yet). Needs K % 8 == 0 and 4-byte aligned weight rows (the tuner's prune checks)."""
+        a flat layout, then exchanged (_int4_sub_x_flat). PREFETCH: the next step's weight words, scales, mins and
+        x are loaded before this step's math (registers double-buffered), so a thread has a load in flight while it
+        computes: Triton's pipeliner leaves these loads alone (the same SASS at 1 and 3 stages), and a thread
+        otherwise waits out each step's load latency with nothing in flight. Needs K % 8 == 0 and 4-byte aligned
+        weight rows (the tuner's prune checks)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
         RUNS: tl.constexpr = WORDS // RUN
-        offs_w = tl.arange(0, WORDS)
         num_groups = K // GROUP
         acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)       # code . x * 2^-49 * scale
         acc_low = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)   # sum(x) * min (sum(x) * scale)
         up = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
         up_low = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
-        for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
-            offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
-            g_mask = offs_g < num_groups
-            word = offs_g[:, None] * WORDS + offs_w[None, :]                          # [GPB, WORDS]
-            mask = None if EVEN else n_mask[:, None, None] & g_mask[None, :, None]
-            sg_mask = None if EVEN else n_mask[:, None] & g_mask[None, :]
-            x_mask = None if EVEN else g_mask[:, None]
-            if XPRE:
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_flat(x_row_ptr, offs_g, x_mask, GROUP, WORDS,
-                                                                         RUNS, RUN, GROUPS_PER_BLOCK, EVEN)
-            else:
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_words(x_row_ptr, word, x_mask, WORDS, RUNS, RUN,
-                                                                          GROUPS_PER_BLOCK, EVEN)
-            dot, low = _int4_sub_rows(w_ptr, s_ptr, mn_ptr, row, word, offs_g, mask, sg_mask, stride_wn, stride_sn,
-                                      x0, x1, x2, x3, x4, x5, x6, x7, x_sum, HAS_MINS, EVEN, RUNS, RUN)
-            acc += dot
-            acc_low += low
+        if PREFETCH:                                                        # the first step's loads
+            x_raw = _int4_sub_x_load(x_row_ptr, 0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
+            words, scale, low = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row, n_mask, 0, num_groups, stride_wn,
+                                                stride_sn, WORDS, GROUPS_PER_BLOCK, HAS_MINS, EVEN, False)
+            words_up, scale_up, low_up = words, scale, low
             if GATED:
-                dot, low = _int4_sub_rows(w_ptr, s_ptr, mn_ptr, row_up, word, offs_g, mask, sg_mask, stride_wn,
-                                          stride_sn, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, HAS_MINS, EVEN, RUNS, RUN)
-                up += dot
-                up_low += low
+                words_up, scale_up, low_up = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row_up, n_mask, 0, num_groups,
+                                                             stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
+                                                             HAS_MINS, EVEN, False)
+        for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
+            if PREFETCH:                       # this step's loads came with the last step; the next step's now
+                step_words, step_scale, step_low = words, scale, low
+                step_words_up, step_scale_up, step_low_up = words_up, scale_up, low_up
+                step_x = x_raw
+                x_raw = _int4_sub_x_load(x_row_ptr, g0 + GROUPS_PER_BLOCK, num_groups, GROUP, WORDS,
+                                         GROUPS_PER_BLOCK, EVEN, True, XPRE)
+                words, scale, low = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row, n_mask, g0 + GROUPS_PER_BLOCK,
+                                                    num_groups, stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
+                                                    HAS_MINS, EVEN, True)
+                if GATED:
+                    words_up, scale_up, low_up = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row_up, n_mask,
+                                                                 g0 + GROUPS_PER_BLOCK, num_groups, stride_wn,
+                                                                 stride_sn, WORDS, GROUPS_PER_BLOCK, HAS_MINS, EVEN,
+                                                                 True)
+            else:
+                step_x = _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False,
+                                          XPRE)
+                step_words, step_scale, step_low = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row, n_mask, g0, num_groups,
+                                                                   stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
+                                                                   HAS_MINS, EVEN, False)
+                step_words_up, step_scale_up, step_low_up = step_words, step_scale, step_low
+                if GATED:
+                    step_words_up, step_scale_up, step_low_up = _int4_sub_loads(
+                        w_ptr, s_ptr, mn_ptr, row_up, n_mask, g0, num_groups, stride_wn, stride_sn, WORDS,
+                        GROUPS_PER_BLOCK, HAS_MINS, EVEN, False)
+            if XPRE:
+                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_flat(step_x, GROUP, WORDS, RUNS, RUN,
+                                                                         GROUPS_PER_BLOCK)
+            else:
+                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_words(step_x, x_row_ptr.dtype.element_ty, WORDS,
+                                                                          RUNS, RUN, GROUPS_PER_BLOCK)
+            acc += _int4_sub_runs(step_words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale
+            acc_low += x_sum * step_low
+            if GATED:
+                up += _int4_sub_runs(step_words_up, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale_up
+                up_low += x_sum * step_low_up
         if not HAS_MINS:                                                    # code - 8: the low term is -8 * scale
             acc_low *= -8.0
             up_low *= -8.0
@@ -406,9 +460,10 @@ if HAS_TRITON:
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
-                      INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False):
+                      INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False):
         """INT4_ROW (one x row, no NORM; a config option the tuner weighs against the group-sum loop):
-        _int4_row_dot's per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even). PDL:
+        _int4_row_dot's per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even); with
+        INT4_SUB, _int4_sub_dot's form of it, with its XPRE and PREFETCH options. PDL:
         launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
         before as it starts (no weight chunk before the wait, unlike gemv.py's: neither loop has its first step
         peeled)."""
@@ -427,7 +482,7 @@ if HAS_TRITON:
         if INT4_ROW and INT4_SUB:
             dot, dot_up = _int4_sub_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K,
                                         stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N, GROUPS_PER_BLOCK, EVEN,
-                                        XPRE)
+                                        XPRE, PREFETCH)
             acc += dot
             acc_up += dot_up
         elif INT4_ROW:
