@@ -11,7 +11,8 @@
 #                                            # (general, ROW and ROW + SUM16 configs; about 2 minutes warm)
 #   bash benchmarks/quant_session.sh int4sub # int4's one-row loops, INT4_SUB (with and without PREFETCH) against
 #                                            # INT4_ROW: the CPU-side kernel tests natively, then
-#                                            # benchmarks/int4_sub_grid.py --prefetch (~5 minutes)
+#                                            # benchmarks/int4_sub_grid.py --prefetch (~5 minutes); the tests
+#                                            # include int4's graph tuner on the GPU
 #   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV, int8's SUM16 loop and int4's
 #                                            # INT4_ROW and INT4_SUB loops on two llama-7b shapes
 #                                            # (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
@@ -44,8 +45,9 @@ case "$part" in
         | cut -c1-600
     ;;
   int4sub)
-    timeout 70 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
-        -k "nibbles_as_subnormals or subnormal_loop or int4_sub" 2>&1 | tee "$OUT/gpu-tests-int4-sub.log" | tail -3
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
+        -k "nibbles_as_subnormals or subnormal_loop or int4_sub or w4_gemv_graph_tuned" 2>&1 \
+        | tee "$OUT/gpu-tests-int4-sub.log" | tail -3
     timeout 480 python3 benchmarks/int4_sub_grid.py --prefetch 2>&1 | tee "$OUT/int4-sub-grid.log" | grep -v -i warn \
         | cut -c1-600
     ;;

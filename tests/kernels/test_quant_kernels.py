@@ -219,6 +219,71 @@ def test_int4_sub_configs_only_where_they_apply():
     assert quant_gemv._prune_int4(row + sub, args, **{**flags, "NORM": True}) == []
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["residual", "gated"])
+def test_w4_gemv_graph_tuned(monkeypatch, gated):
+    """TIERLLM_GEMV_TUNER=graph for the int4 GEMV (on an H200 Triton's tuner timed its best configs at 1.4-3.3x
+    their time in a graph): only the configs its prune keeps for the call are timed (here every loop's, none with
+    inline PTX under the interpreter), each on the weight's copies, the fastest is taken, remembered per shape and
+    kept as a site for step tuning, and a residual launch adds the product once."""
+    from tierllm.kernels import graph_tuning
+    n, k, quant = 20, 256, QuantConfig(bits=4, group_size=64)
+    w, _ = _quantized(2 * n if gated else n, k, quant, seed=41)
+    x = 2 * _x(1, k, torch.float16, seed=42)
+    kept = [c for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("NIBBLES") != 2]
+    assert any(c.kwargs.get("INT4_SUB") for c in kept) and len(kept) < len(quant_gemv._INT4_CONFIGS)
+    fastest = kept[-1]
+    timed = []
+
+    def fake_seconds(launch, copies):
+        assert len(copies) == 2 and copies[0] is w["qweight"] and copies[1].shape == w["qweight"].shape
+        launch(copies[1])
+        launch(copies[0])
+        timed.append(launch)
+        return 0.5 if len(timed) == len(kept) else 1.0
+
+    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "graph")
+    monkeypatch.setattr(quant_gemv, "is_interpreted", lambda: False)
+    monkeypatch.setattr(graph_tuning, "graph_seconds", fake_seconds)
+    monkeypatch.setattr(graph_tuning, "weight_copies", lambda weight: [weight, weight.clone()])
+    monkeypatch.setattr(quant_gemv._w4_graph_tuner, "cache", {})
+    monkeypatch.setattr(graph_tuning, "TUNED_SITES", [])
+
+    def launch(seed: int) -> None:
+        kwargs = {"gated": True} if gated else _fusion_inputs("residual", 1, n, k, torch.float16, seed=seed)
+        check_fused_gemv(functools.partial(quant_gemv.w4_gemv_triton, x, w["qweight"], w["scales"], w["mins"],
+                                           quant.group_size),
+                         functools.partial(quant_gemv.w4_fused_ref, x.float(), w["qweight"], w["scales"], w["mins"],
+                                           quant.group_size), 1, n, kwargs)
+    launch(seed=5)
+    assert len(timed) == len(kept)
+    assert list(quant_gemv._w4_graph_tuner.cache.values()) == [fastest]
+    [site] = graph_tuning.TUNED_SITES
+    assert site.cache is quant_gemv._w4_graph_tuner.cache and site.block_m == 1
+    assert set(site.timings) == set(kept) and site.timings[fastest] == 500.0
+    launch(seed=6)
+    assert len(timed) == len(kept)                                     # the second call took the remembered one
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="times CUDA graphs: GPU only")
+@pytest.mark.parametrize("gated", [False, True], ids=["residual", "gated"])
+def test_w4_gemv_graph_tuned_on_gpu(monkeypatch, gated):
+    """The int4 GEMV under TIERLLM_GEMV_TUNER=graph with real CUDA-graph timings and PDL launches (the inline-PTX
+    and INT4_SUB configs among them): a config is picked and remembered, the result matches the reference, the
+    residual gets the product once."""
+    n, k, quant = 300, 1024, QuantConfig(bits=4, group_size=64)
+    w, _ = _quantized(2 * n if gated else n, k, quant, seed=43)
+    x = _x(1, k, torch.bfloat16, seed=44)
+    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "graph")
+    monkeypatch.setattr(quant_gemv._w4_graph_tuner, "cache", {})
+    check_fused_gemv(functools.partial(quant_gemv.w4_gemv_triton, x, w["qweight"], w["scales"], w["mins"],
+                                       quant.group_size, pdl=True),
+                     functools.partial(quant_gemv.w4_fused_ref, x.float(), w["qweight"], w["scales"], w["mins"],
+                                       quant.group_size), 1, n,
+                     {"gated": True} if gated else _fusion_inputs("residual", 1, n, k, torch.bfloat16, seed=7))
+    [config] = quant_gemv._w4_graph_tuner.cache.values()
+    assert config in quant_gemv._INT4_CONFIGS
+
+
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("fusion", list(FUSIONS))
 @pytest.mark.parametrize("sum16", [False, True], ids=["per_lane", "sum16"])

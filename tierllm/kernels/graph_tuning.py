@@ -6,7 +6,9 @@ which each GEMV starts while the kernel before it ends (programmatic dependent l
 ramp-up and tail count differently there, and the rankings differ: on an H100 the autotuner's pick for the
 llama-13b TP=2 gate/up GEMV ranked 15th of 70 configs timed in graphs (benchmarks/decode_gemv_sweep.py). Here
 each config is timed as REPEATS launches back to back in one CUDA graph, launched as the call asks (with PDL or
-not), each on the next of enough copies of the weight that none is still in L2 when its turn comes."""
+not), each on the next of enough copies of the weight that none is still in L2 when its turn comes. For the
+shortest kernels the two timings part most: on an H200 Triton's autotuner timed the int4 o_proj GEMV's best
+config at 25-28 us, which takes 8.5 us in a graph (benchmarks/notes/gpu-decode.md)."""
 from __future__ import annotations
 
 import logging
@@ -96,14 +98,17 @@ class GraphTuner:
         self.configs = configs
         self.cache: dict = {}
 
-    def pick(self, key, launch: Callable[[object, torch.Tensor], None], weight: torch.Tensor, block_m: int):
-        """tune_site on a key's first call, remembered; block_m: the x rows' bucket (the decode batch)."""
+    def pick(self, key, launch: Callable[[object, torch.Tensor], None], weight: torch.Tensor, block_m: int,
+             configs: list | None = None):
+        """tune_site on a key's first call, remembered; block_m: the x rows' bucket (the decode batch); configs: the
+        ones that apply to this call (a kernel's prune), else all."""
+        configs = configs or self.configs
         if key in self.cache:
             return self.cache[key]
         if weight.is_cuda and torch.cuda.is_current_stream_capturing():   # no timing there: untuned, not cached
-            log.warning("graph tuning: first call of %s inside a CUDA-graph capture; using %s", key, self.configs[0])
-            return self.configs[0]
-        return tune_site(self.cache, key, self.configs, launch, weight, block_m)
+            log.warning("graph tuning: first call of %s inside a CUDA-graph capture; using %s", key, configs[0])
+            return configs[0]
+        return tune_site(self.cache, key, configs, launch, weight, block_m)
 
 
 @dataclass
