@@ -13,6 +13,8 @@
 #                                            # INT4_ROW: the CPU-side kernel tests natively, then
 #                                            # benchmarks/int4_sub_grid.py --prefetch (~5 minutes); the tests
 #                                            # include int4's graph tuner on the GPU
+#   bash benchmarks/quant_session.sh small-batch # benchmarks/small_batch_paths.py: at batch 1-8, the int4 and int8
+#                                            # GEMVs against the GEMM (and bf16's GEMV, cuBLAS) per llama-7b shape
 #   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV, int8's SUM16 loop and int4's
 #                                            # INT4_ROW and INT4_SUB loops on two llama-7b shapes
 #                                            # (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
@@ -20,7 +22,7 @@
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
 set -uo pipefail
-part=${1:?part: tests, probe, int8, int4sub, ncu or bench}
+part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$part" in
@@ -51,6 +53,9 @@ case "$part" in
     timeout 480 python3 benchmarks/int4_sub_grid.py --prefetch 2>&1 | tee "$OUT/int4-sub-grid.log" | grep -v -i warn \
         | cut -c1-600
     ;;
+  small-batch)
+    timeout 420 python3 benchmarks/small_batch_paths.py 2>&1 | tee "$OUT/small-batch-paths.log" | grep -v -i warn
+    ;;
   ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
     timeout 400 "$NCU" --clock-control none -k regex:_gemv_body --section SpeedOfLight --section Occupancy \
@@ -63,5 +68,5 @@ case "$part" in
     timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: tests, probe, int8, int4sub, ncu or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: tests, probe, int8, int4sub, small-batch, ncu or bench" >&2; exit 2 ;;
 esac
