@@ -33,6 +33,10 @@
 #                                                  # decode-step tuning (TIERLLM_STEP_TUNER=1); with 4 GPUs TP=1 with it
 #                                                  # on GPU 2 meanwhile, else after (~8 min with 4 GPUs);
 #                                                  # everything in $OUT/step_ab.tgz
+#   bash benchmarks/tp_session.sh prefetch-ab [TP] # the L2 prefetch's GPU tests, then fused_ab.py: llama-13b at TP (2 by
+#                                                  # default, or 1) without and with TIERLLM_L2_PREFETCH=1 (o_proj's
+#                                                  # weight prefetched during the attention), no TP=1 reference at
+#                                                  # TP=2: run both parts (~5 minutes each on a fresh machine)
 #   bash benchmarks/tp_session.sh invariant        # invariant mode: its GPU tests, then agreement on smollm2-1.7b
 #                                                  # and llama-13b at TP=1/2(/4), no speed runs (~8 min)
 # ALL_REDUCE: auto (default: the engine's own, fused on GPUs), nccl, symm_mem or fused. The fp32-reference
@@ -40,7 +44,7 @@
 # tp-1-2-llama-13b-symm-mem-h100x4-partial.json.
 set -uo pipefail
 part=${1:?part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps, gate-up-sweeps,
-  survey, step-ab or invariant}
+  survey, step-ab, prefetch-ab or invariant}
 all_reduce=${2:-auto}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -151,6 +155,14 @@ case "$part" in
     python3 benchmarks/timeline_segments.py $dir/timeline-*.json $dir/tp1/timeline-*.json
     tar -czf "$OUT/step_ab.tgz" -C /tmp step_ab
     ;;
+  prefetch-ab)
+    tp=${2:-2}
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py -k "l2_prefetch" 2>&1 \
+        | tee "$OUT/l2_prefetch_tests.log" | tail -3
+    python3 benchmarks/fused_ab.py --tp "$tp" --no-tp1 --variant base: --variant prefetch:TIERLLM_L2_PREFETCH=1 \
+        --no-reverse --timeout 400 2>"$OUT/prefetch_ab_tp$tp.err" | tee "$OUT/prefetch_ab_tp$tp.log"
+    python3 benchmarks/timeline_segments.py "$OUT"/timeline-*.json
+    ;;
   invariant)
     tp=$([ "$gpus" -ge 4 ] && echo 1,2,4 || echo 1,2)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py \
@@ -159,5 +171,5 @@ case "$part" in
         --invariant 2>&1 | tee "$OUT/tp_gpu_invariant.log" | grep -v "^\s*$" | tail -25
     ;;
   *) echo "unknown part $part: micro, 13b, 70b, fused-tests, fused-ab, pdl-ab, chain-ab, base-ab, tuner-ab, sweeps," \
-          "gate-up-sweeps, survey, step-ab or invariant" >&2; exit 2 ;;
+          "gate-up-sweeps, survey, step-ab, prefetch-ab or invariant" >&2; exit 2 ;;
 esac

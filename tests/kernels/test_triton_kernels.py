@@ -119,6 +119,51 @@ def test_paged_decode_attention(dtype, heads, kv_heads, window):
     assert torch.equal(out[~live], torch.zeros_like(out[~live]))
 
 
+def test_l2_prefetch_span_is_opt_in_and_gpu_only(monkeypatch):
+    """No prefetch unless TIERLLM_L2_PREFETCH=1, and then only for a weight on a GPU with bulk prefetch: never on
+    CPU tensors or under the interpreter. On a GPU, the span is the weight's 16-byte aligned tail, at most
+    L2_SHARE of L2."""
+    from tierllm.kernels import _dispatch, l2_prefetch
+    weight = torch.randn(300, 64, device=DEVICE).to(torch.float16)
+    monkeypatch.delenv("TIERLLM_L2_PREFETCH", raising=False)
+    assert l2_prefetch.prefetch_span(weight) is None
+    monkeypatch.setenv("TIERLLM_L2_PREFETCH", "1")
+    assert l2_prefetch.prefetch_span(torch.randn(300, 64).half()) is None
+    assert l2_prefetch.prefetch_span(None) is None
+    span = l2_prefetch.prefetch_span(weight)
+    if DEVICE != "cuda" or _dispatch.is_interpreted() or torch.cuda.get_device_capability()[0] < 9:
+        assert span is None
+    else:
+        start, nbytes = span
+        assert start % 16 == 0 and nbytes % 16 == 0 and start + nbytes == weight.data_ptr() + weight.nbytes
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or torch.cuda.get_device_capability()[0] < 9,
+                    reason="bulk L2 prefetch: sm90 GPUs only")
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_paged_decode_attention_with_l2_prefetch_is_unchanged(monkeypatch, kv_heads):
+    """The split kernel prefetching a weight into L2 (kernels/l2_prefetch.py) computes the same bits, with and
+    without programmatic dependent launch, also when the span is longer than its programs may each ask for."""
+    from tierllm.kernels import l2_prefetch
+    torch.manual_seed(21)
+    lens = [1, 37, 150, 0, 64]
+    k_cache, v_cache, tables = _random_paged(lens, kv_heads, 64, 16, torch.bfloat16)
+    q = torch.randn(len(lens), 8, 64, device=DEVICE).to(torch.bfloat16)
+    ctx = torch.tensor(lens, device=DEVICE)
+    weight = torch.randn(4096, 4096, device=DEVICE, dtype=torch.bfloat16)          # 32 MiB
+    monkeypatch.setenv("TIERLLM_L2_PREFETCH", "1")
+    span = l2_prefetch.prefetch_span(weight)
+    assert span is not None
+    for pdl in ("0", "1"):
+        monkeypatch.setenv("TIERLLM_PDL", pdl)
+        plain = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 0.2)
+        for prefetch in (span, (weight.data_ptr(), weight.nbytes)):
+            out = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 0.2,
+                                                                 l2_prefetch=prefetch)
+            torch.cuda.synchronize()
+            assert torch.equal(out, plain)
+
+
 @pytest.mark.parametrize("window", [None, 50])
 def test_paged_decode_attention_splits_share_short_contexts(window):
     """Block tables as wide as a captured graph's (40 blocks) and contexts far shorter: the splits divide each

@@ -19,17 +19,25 @@ if HAS_TRITON:
     import triton.language as tl
 
     from tierllm.kernels._dispatch import pdl_start
+    from tierllm.kernels.l2_prefetch import l2_prefetch_share
 
     @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
                              out_ptr, part_acc_ptr, part_ml_ptr, stride_qs, stride_qh, stride_bt, stride_os,
-                             stride_oh, scale, num_kv_heads, window, GROUP: tl.constexpr,
-                             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, PDL: tl.constexpr):
+                             stride_oh, scale, num_kv_heads, window, prefetch_addr, prefetch_bytes,
+                             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                             BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                             PDL: tl.constexpr, L2_PREFETCH: tl.constexpr):
+        """L2_PREFETCH: once its predecessor is done (the QKV GEMV's stream with it), every program also
+        prefetches its share of [prefetch_addr, + prefetch_bytes) into L2 (the next kernel's weight,
+        kernels/l2_prefetch.py)."""
         pdl_start(PDL)
         seq = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
+        if L2_PREFETCH:
+            l2_prefetch_share(prefetch_addr, prefetch_bytes, (seq * tl.num_programs(1) + kv_head) * NUM_SPLITS + split,
+                              tl.num_programs(0) * tl.num_programs(1) * NUM_SPLITS)
         context_len = tl.load(context_lens_ptr + seq)
         first = 0                                                 # first visible key
         if HAS_WINDOW:
@@ -102,8 +110,9 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, de
 
 
 def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
-                                  split_kv_heads=None):
-    """split_kv_heads: the KV head count the split count is computed from (None: the cache's)."""
+                                  split_kv_heads=None, l2_prefetch=None):
+    """split_kv_heads: the KV head count the split count is computed from (None: the cache's); l2_prefetch:
+    (address, bytes) the split kernel prefetches into L2 (kernels/l2_prefetch.prefetch_span), or None."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -122,8 +131,9 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, q.stride(0), q.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        HAS_WINDOW=sliding_window is not None, **pdl, num_warps=4)
+        *(l2_prefetch or (0, 0)), GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None, **pdl, L2_PREFETCH=l2_prefetch is not None,
+        num_warps=4)
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
                                                     HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl)
@@ -154,8 +164,8 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
-                           split_kv_heads=None):
+                           split_kv_heads=None, l2_prefetch=None):
     if use_triton(q) and q.dtype in (torch.float16, torch.bfloat16):
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window,
-                                             split_kv_heads)
+                                             split_kv_heads, l2_prefetch)
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)

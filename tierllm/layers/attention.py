@@ -46,9 +46,11 @@ class Attention(nn.Module):
         self.cpu_attention = None                  # KV offload, on steps it attends on the CPU (see offload/kv_offload)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
-                cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+                l2_prefetch: tuple[int, int] | None = None) -> torch.Tensor:
         """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]; cos_sin: rotary
-        tables of the step's positions, applied to q and k together with the cache write. -> [num_tokens, H*d]"""
+        tables of the step's positions, applied to q and k together with the cache write; l2_prefetch: the next
+        kernel's weight span that pure-decode steps prefetch into L2 (kernels/l2_prefetch.py). -> [num_tokens, H*d]"""
         if self.cpu_attention is not None:
             return self.cpu_attention.attend(self, q, k, v, meta, cos_sin)
         if cos_sin is not None:
@@ -59,7 +61,7 @@ class Attention(nn.Module):
         if num_decode == q.shape[0]:
             out = kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
                                                  meta.decode_context_lens, self.scale, self.sliding_window,
-                                                 self.split_kv_heads)
+                                                 self.split_kv_heads, l2_prefetch)
         elif num_decode == 0:
             out = kernels.paged_prefill_attention(q, k, v, self.k_cache, self.v_cache, meta.prefill_block_tables,
                                             meta.prefill_query_lens, meta.prefill_context_lens, self.scale,
