@@ -11,6 +11,7 @@ from test_triton_kernels import (
     _float,
     _fusion_inputs,
     check_fused_gemv,
+    fake_graph_tuning,
     tune_and_launch,
 )
 
@@ -241,12 +242,7 @@ def test_w4_gemv_graph_tuned(monkeypatch, gated):
         timed.append(launch)
         return 0.5 if len(timed) == len(kept) else 1.0
 
-    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "graph")
-    monkeypatch.setattr(quant_gemv, "is_interpreted", lambda: False)
-    monkeypatch.setattr(graph_tuning, "graph_seconds", fake_seconds)
-    monkeypatch.setattr(graph_tuning, "weight_copies", lambda weight: [weight, weight.clone()])
-    monkeypatch.setattr(quant_gemv._w4_graph_tuner, "cache", {})
-    monkeypatch.setattr(graph_tuning, "TUNED_SITES", [])
+    fake_graph_tuning(monkeypatch, quant_gemv, quant_gemv._w4_graph_tuner, fake_seconds)
 
     def launch(seed: int) -> None:
         kwargs = {"gated": True} if gated else _fusion_inputs("residual", 1, n, k, torch.float16, seed=seed)

@@ -395,6 +395,19 @@ def test_triton_tuned_gemv_launch_leaves_its_site_for_step_tuning(monkeypatch):
     assert len(graph_tuning.TUNED_SITES) == 1
 
 
+def fake_graph_tuning(monkeypatch, module, tuner, fake_seconds) -> None:
+    """TIERLLM_GEMV_TUNER=graph on CPU: `module`'s launches take the graph tuner's path (the interpreter runs them),
+    graph_seconds is `fake_seconds(launch, copies)`, each weight has one copy besides itself, and `tuner` and the
+    tuned sites start empty."""
+    from tierllm.kernels import graph_tuning
+    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "graph")
+    monkeypatch.setattr(module, "is_interpreted", lambda: False)
+    monkeypatch.setattr(graph_tuning, "graph_seconds", fake_seconds)
+    monkeypatch.setattr(graph_tuning, "weight_copies", lambda weight: [weight, weight.clone()])
+    monkeypatch.setattr(tuner, "cache", {})
+    monkeypatch.setattr(graph_tuning, "TUNED_SITES", [])
+
+
 @pytest.mark.parametrize("fusion", ["residual", "norm_gated"])
 def test_gemv_graph_tuned(monkeypatch, fusion):
     """TIERLLM_GEMV_TUNER=graph: every config is timed (here: run on both weight copies, a made-up time; on CPU
@@ -415,12 +428,7 @@ def test_gemv_graph_tuned(monkeypatch, fusion):
         timed.append(launch)
         return 1.0 if len(timed) - 1 != gemv._CONFIGS.index(fastest) else 0.5
 
-    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "graph")
-    monkeypatch.setattr(gemv, "is_interpreted", lambda: False)
-    monkeypatch.setattr(graph_tuning, "graph_seconds", fake_seconds)
-    monkeypatch.setattr(graph_tuning, "weight_copies", lambda weight: [weight, weight.clone()])
-    monkeypatch.setattr(gemv._graph_tuner, "cache", {})
-    monkeypatch.setattr(graph_tuning, "TUNED_SITES", [])
+    fake_graph_tuning(monkeypatch, gemv, gemv._graph_tuner, fake_seconds)
     kwargs = _fusion_inputs(fusion, rows, n, k, torch.float16, seed=3)
     check_fused_gemv(functools.partial(gemv.gemv_triton, x, w), functools.partial(gemv.fused_linear_ref, x.float(),
                      w.float()), rows, n, kwargs)
