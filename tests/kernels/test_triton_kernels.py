@@ -123,14 +123,16 @@ def test_l2_prefetch_span_is_opt_in_and_gpu_only(monkeypatch):
     """No prefetch unless TIERLLM_L2_PREFETCH=1, and then only for a weight on a GPU with bulk prefetch: never on
     CPU tensors or under the interpreter. On a GPU, the span is the weight's 16-byte aligned tail, at most
     L2_SHARE of L2."""
+    from types import SimpleNamespace
+
     from tierllm.kernels import _dispatch, l2_prefetch
     weight = torch.randn(300, 64, device=DEVICE).to(torch.float16)
     monkeypatch.delenv("TIERLLM_L2_PREFETCH", raising=False)
-    assert l2_prefetch.prefetch_span(weight) is None
+    assert l2_prefetch.prefetch_span(SimpleNamespace(weight=weight)) is None
     monkeypatch.setenv("TIERLLM_L2_PREFETCH", "1")
-    assert l2_prefetch.prefetch_span(torch.randn(300, 64).half()) is None
-    assert l2_prefetch.prefetch_span(None) is None
-    span = l2_prefetch.prefetch_span(weight)
+    assert l2_prefetch.prefetch_span(SimpleNamespace(weight=torch.randn(300, 64).half())) is None
+    assert l2_prefetch.prefetch_span(SimpleNamespace()) is None
+    span = l2_prefetch.prefetch_span(SimpleNamespace(weight=weight))
     if DEVICE != "cuda" or _dispatch.is_interpreted() or torch.cuda.get_device_capability()[0] < 9:
         assert span is None
     else:
@@ -144,6 +146,8 @@ def test_l2_prefetch_span_is_opt_in_and_gpu_only(monkeypatch):
 def test_paged_decode_attention_with_l2_prefetch_is_unchanged(monkeypatch, kv_heads):
     """The split kernel prefetching a weight into L2 (kernels/l2_prefetch.py) computes the same bits, with and
     without programmatic dependent launch, also when the span is longer than its programs may each ask for."""
+    from types import SimpleNamespace
+
     from tierllm.kernels import l2_prefetch
     torch.manual_seed(21)
     lens = [1, 37, 150, 0, 64]
@@ -152,7 +156,7 @@ def test_paged_decode_attention_with_l2_prefetch_is_unchanged(monkeypatch, kv_he
     ctx = torch.tensor(lens, device=DEVICE)
     weight = torch.randn(4096, 4096, device=DEVICE, dtype=torch.bfloat16)          # 32 MiB
     monkeypatch.setenv("TIERLLM_L2_PREFETCH", "1")
-    span = l2_prefetch.prefetch_span(weight)
+    span = l2_prefetch.prefetch_span(SimpleNamespace(weight=weight))
     assert span is not None
     for pdl in ("0", "1"):
         monkeypatch.setenv("TIERLLM_PDL", pdl)

@@ -36,10 +36,16 @@ def _l2_bytes(device_index: int) -> int | None:
     return props.L2_cache_size if props.major >= 9 else None
 
 
-def prefetch_span(weight: torch.Tensor | None) -> tuple[int, int] | None:
-    """(address, bytes) of the tail of `weight` to prefetch (16-byte aligned, at most L2_SHARE of L2), or None
-    where prefetching is off or cannot run (no weight, not on a CUDA GPU with bulk prefetch, the interpreter)."""
-    if weight is None or not l2_prefetch_enabled() or not weight.is_cuda or is_interpreted():
+def prefetch_span(module) -> tuple[int, int] | None:
+    """(address, bytes) of the tail of the weight a linear `module` streams at decode (a quantized layer's codes,
+    else its weight; 16-byte aligned, at most L2_SHARE of L2), or None where prefetching is off or cannot run (no
+    such weight, not on a CUDA GPU with bulk prefetch, the interpreter). Called per layer per step: off, it reads
+    the environment only."""
+    if not l2_prefetch_enabled():
+        return None
+    weight = getattr(module, "qweight", None)
+    weight = weight if weight is not None else getattr(module, "weight", None)
+    if weight is None or not weight.is_cuda or is_interpreted():
         return None
     l2 = _l2_bytes(weight.device.index if weight.device.index is not None else torch.cuda.current_device())
     if l2 is None:
@@ -48,12 +54,6 @@ def prefetch_span(weight: torch.Tensor | None) -> tuple[int, int] | None:
     nbytes = min(total, int(L2_SHARE * l2)) // 16 * 16
     start = weight.data_ptr() + (total - nbytes) // 16 * 16
     return (start, nbytes) if nbytes and start % 16 == 0 else None
-
-
-def module_weight(module) -> torch.Tensor | None:
-    """The tensor a linear module streams at decode: a quantized layer's codes, else its weight."""
-    weight = getattr(module, "qweight", None)
-    return weight if weight is not None else getattr(module, "weight", None)
 
 
 if HAS_TRITON:

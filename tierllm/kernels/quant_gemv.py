@@ -355,6 +355,24 @@ if HAS_TRITON:
         return words, scale, low
 
     @triton.jit
+    def _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups, stride_wn,
+                             stride_sn, GROUP: tl.constexpr, WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+                             HAS_MINS: tl.constexpr, GATED: tl.constexpr, EVEN: tl.constexpr, GUARD: tl.constexpr,
+                             XPRE: tl.constexpr):
+        """Every load of _int4_sub_dot's step of groups g0 .. g0 + GPB: x's raw values (_int4_sub_x_load), then the
+        gate (or only) rows' words, scales and mins and, GATED, the up rows' (_int4_sub_loads; else the gate rows'
+        again, loaded once)."""
+        x_raw = _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, GUARD, XPRE)
+        words, scale, low = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row, n_mask, g0, num_groups, stride_wn, stride_sn,
+                                            WORDS, GROUPS_PER_BLOCK, HAS_MINS, EVEN, GUARD)
+        words_up, scale_up, low_up = words, scale, low
+        if GATED:
+            words_up, scale_up, low_up = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row_up, n_mask, g0, num_groups,
+                                                         stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK, HAS_MINS,
+                                                         EVEN, GUARD)
+        return x_raw, words, scale, low, words_up, scale_up, low_up
+
+    @triton.jit
     def _int4_sub_x_flat(x_raw, GROUP: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr,
                          GROUPS_PER_BLOCK: tl.constexpr):
         """XPRE: x's step (_int4_sub_x_load: [GPB, GROUP]) converted, summed per run and scaled per nibble position
@@ -399,40 +417,21 @@ if HAS_TRITON:
         up = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
         up_low = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
         if PREFETCH:                                                        # the first step's loads
-            x_raw = _int4_sub_x_load(x_row_ptr, 0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
-            words, scale, low = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row, n_mask, 0, num_groups, stride_wn,
-                                                stride_sn, WORDS, GROUPS_PER_BLOCK, HAS_MINS, EVEN, False)
-            words_up, scale_up, low_up = words, scale, low
-            if GATED:
-                words_up, scale_up, low_up = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row_up, n_mask, 0, num_groups,
-                                                             stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
-                                                             HAS_MINS, EVEN, False)
+            x_raw, words, scale, low, words_up, scale_up, low_up = _int4_sub_step_loads(
+                x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, 0, num_groups, stride_wn, stride_sn, GROUP, WORDS,
+                GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN, False, XPRE)
         for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
             if PREFETCH:                       # this step's loads came with the last step; the next step's now
-                step_words, step_scale, step_low = words, scale, low
+                step_x, step_words, step_scale, step_low = x_raw, words, scale, low
                 step_words_up, step_scale_up, step_low_up = words_up, scale_up, low_up
-                step_x = x_raw
-                x_raw = _int4_sub_x_load(x_row_ptr, g0 + GROUPS_PER_BLOCK, num_groups, GROUP, WORDS,
-                                         GROUPS_PER_BLOCK, EVEN, True, XPRE)
-                words, scale, low = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row, n_mask, g0 + GROUPS_PER_BLOCK,
-                                                    num_groups, stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
-                                                    HAS_MINS, EVEN, True)
-                if GATED:
-                    words_up, scale_up, low_up = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row_up, n_mask,
-                                                                 g0 + GROUPS_PER_BLOCK, num_groups, stride_wn,
-                                                                 stride_sn, WORDS, GROUPS_PER_BLOCK, HAS_MINS, EVEN,
-                                                                 True)
+                x_raw, words, scale, low, words_up, scale_up, low_up = _int4_sub_step_loads(
+                    x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0 + GROUPS_PER_BLOCK, num_groups,
+                    stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN, True, XPRE)
             else:
-                step_x = _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False,
-                                          XPRE)
-                step_words, step_scale, step_low = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row, n_mask, g0, num_groups,
-                                                                   stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
-                                                                   HAS_MINS, EVEN, False)
-                step_words_up, step_scale_up, step_low_up = step_words, step_scale, step_low
-                if GATED:
-                    step_words_up, step_scale_up, step_low_up = _int4_sub_loads(
-                        w_ptr, s_ptr, mn_ptr, row_up, n_mask, g0, num_groups, stride_wn, stride_sn, WORDS,
-                        GROUPS_PER_BLOCK, HAS_MINS, EVEN, False)
+                step_x, step_words, step_scale, step_low, step_words_up, step_scale_up, step_low_up = \
+                    _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups,
+                                         stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN,
+                                         False, XPRE)
             if XPRE:
                 x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_flat(step_x, GROUP, WORDS, RUNS, RUN,
                                                                          GROUPS_PER_BLOCK)

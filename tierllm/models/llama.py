@@ -7,7 +7,7 @@ from torch import nn
 from tierllm import kernels
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.distributed.sharding import check_tp_size
-from tierllm.kernels.l2_prefetch import module_weight, prefetch_span
+from tierllm.kernels.l2_prefetch import prefetch_span
 from tierllm.layers.attention import Attention, AttentionMetadata, invariant_split_heads
 from tierllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from tierllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -53,7 +53,7 @@ class LlamaAttention(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
         out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta, cos_sin,
-                        prefetch_span(module_weight(self.o_proj)))     # TIERLLM_L2_PREFETCH=1, else None
+                        prefetch_span(self.o_proj))                    # TIERLLM_L2_PREFETCH=1, else None
         return self.o_proj(out) if residual is None else self.o_proj.fused(out, residual=residual)
 
 
