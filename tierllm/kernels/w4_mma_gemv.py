@@ -149,35 +149,65 @@ if HAS_TRITON:
         return tl.reshape(even, [WARPS * 32]), tl.reshape(odd, [WARPS * 32])
 
     @triton.jit
-    def _masked_load(at, ok, MASK: tl.constexpr):
-        """tl.load(at), zeros where not ok if MASK."""
-        if MASK:
-            return tl.load(at, mask=ok, other=0)
-        return tl.load(at)
+    def _take(t, u, UNROLL: tl.constexpr):
+        """Slice u of an integer tensor [UNROLL, T, C] whose UNROLL axis each thread holds whole -> [T, C] (folds to a
+        choice of registers)."""
+        return tl.sum(tl.where((tl.arange(0, UNROLL) == u)[:, None, None], t, 0), axis=0)
 
     @triton.jit
-    def _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2, xf3, xf4, xf5, xf6,
-                     xf7, sx0, sx1, sx2, sx3, acc0, acc1, acc2, acc3, HAS_MINS: tl.constexpr, SUBNORMAL: tl.constexpr,
-                     EMULATE: tl.constexpr, WARPS: tl.constexpr, MASK: tl.constexpr):
-        """One 16-row tile's group (the iteration's u-th of the warp): its loads, MMAs and scales added into the
-        accumulators acc0..acc3 [T] (rows r0, r0, r1, r1; columns 2 tig, 2 tig + 1), returned. w_at, s_at, mn_at:
-        [T] pointers to row r0's first word, scale and min of the warp's groups this iteration (row r1 is
-        rows_apart_* further); ok0, ok1: row r0's and r1's load masks, where MASK. xf*: x's fragments (EMULATE:
-        xf0 is x [T, 16]); sx*: x's group sums per accumulator."""
-        w0_at = w_at[:, None] + (u * 8 + tl.arange(0, 2))[None, :]          # [T, 2]: k 16 tig .. + 15
-        r0w0, r0w1 = tl.split(_masked_load(w0_at, ok0[:, None], MASK))
-        r1w0, r1w1 = tl.split(_masked_load(w0_at + rows_apart_w, ok1[:, None], MASK))
-        s0 = _masked_load(s_at + u, ok0, MASK).to(tl.float32)
-        s1 = _masked_load(s_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
+    def _take_half(bits, u, UNROLL: tl.constexpr):
+        """Slice u of fp16 bits [T, UNROLL] (int16) -> [T] fp32."""
+        picked = tl.sum(tl.where((tl.arange(0, UNROLL) == u)[None, :], bits, 0), axis=1)
+        return picked.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _w4_mma_loads(w_at, s_at, mn_at, rows_apart_w, rows_apart_s, row_ok0, row_ok1, live, HAS_MINS: tl.constexpr,
+                      UNROLL: tl.constexpr):
+        """One tile's loads for the warp's UNROLL groups of an iteration: rows r0's and r1's words [UNROLL, T, 2]
+        (k 16 tig .. + 15 of each group), their scales and mins as fp16 bits [T, UNROLL] (int16; the scales again
+        when symmetric). w_at: [T] int32 pointers to row r0's words of the first group; s_at, mn_at: [T] int16
+        pointers to its scale and min; row r1 is rows_apart_* further. row_ok0, row_ok1: [T] the rows are in the
+        weight; live: [T] the warp's groups left from the first.
+        (The shapes keep each T index on its own thread: Triton spreads threads over the dimensions after the
+        contiguous one, last first, so UNROLL goes first where it is not the contiguous one.)"""
+        u = tl.arange(0, UNROLL)
+        w0_at = w_at[None, :, None] + (u * 8)[:, None, None] + tl.arange(0, 2)[None, None, :]   # [UNROLL, T, 2]
+        w_live = u[:, None] < live[None, :]                                                   # [UNROLL, T]
+        w0 = tl.load(w0_at, mask=(w_live & row_ok0[None, :])[:, :, None], other=0)
+        w1 = tl.load(w0_at + rows_apart_w, mask=(w_live & row_ok1[None, :])[:, :, None], other=0)
+        s_live = u[None, :] < live[:, None]                                                   # [T, UNROLL]
+        ok0 = s_live & row_ok0[:, None]
+        ok1 = s_live & row_ok1[:, None]
+        s0_at = s_at[:, None] + u[None, :]                                                    # [T, UNROLL]
+        s0 = tl.load(s0_at, mask=ok0, other=0)
+        s1 = tl.load(s0_at + rows_apart_s, mask=ok1, other=0)
+        m0, m1 = s0, s1
         if HAS_MINS:
-            m0 = _masked_load(mn_at + u, ok0, MASK).to(tl.float32)
-            m1 = _masked_load(mn_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
+            m0_at = mn_at[:, None] + u[None, :]
+            m0 = tl.load(m0_at, mask=ok0, other=0)
+            m1 = tl.load(m0_at + rows_apart_s, mask=ok1, other=0)
+        return w0, w1, s0, s1, m0, m1
+
+    @triton.jit
+    def _w4_mma_tile(w0, w1, s0, s1, m0, m1, u, xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3, acc0,
+                     acc1, acc2, acc3, HAS_MINS: tl.constexpr, SUBNORMAL: tl.constexpr, EMULATE: tl.constexpr,
+                     WARPS: tl.constexpr, UNROLL: tl.constexpr):
+        """One 16-row tile's group u of the iteration (_w4_mma_loads' tensors): its MMAs and scales added into the
+        accumulators acc0..acc3 [T] (rows r0, r0, r1, r1; columns 2 tig, 2 tig + 1), returned. xf*: x's fragments
+        (EMULATE: xf0 is x [T, 16]); sx*: x's group sums per accumulator."""
+        r0w0, r0w1 = tl.split(_take(w0, u, UNROLL))
+        r1w0, r1w1 = tl.split(_take(w1, u, UNROLL))
+        scale0 = _take_half(s0, u, UNROLL)
+        scale1 = _take_half(s1, u, UNROLL)
+        if HAS_MINS:
+            low0 = _take_half(m0, u, UNROLL)
+            low1 = _take_half(m1, u, UNROLL)
         else:                                                               # code - 8
-            m0 = -8.0 * s0
-            m1 = -8.0 * s1
+            low0 = -8.0 * scale0
+            low1 = -8.0 * scale1
         if not SUBNORMAL:                                                   # the codes read as 128 + code
-            m0 -= 128.0 * s0
-            m1 -= 128.0 * s1
+            low0 -= 128.0 * scale0
+            low1 -= 128.0 * scale1
         if EMULATE:
             d0, d1 = _emulated_row(_emulated_codes(r0w0, r0w1, SUBNORMAL), xf0, WARPS, SUBNORMAL)
             d2, d3 = _emulated_row(_emulated_codes(r1w0, r1w1, SUBNORMAL), xf0, WARPS, SUBNORMAL)
@@ -186,36 +216,33 @@ if HAS_TRITON:
                 asm=_TILE_ASM_SUB if SUBNORMAL else _TILE_ASM_MAGIC, constraints="=r," * 4 + "r," * 11 + "r",
                 args=[r0w0, r0w1, r1w0, r1w1, xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7], dtype=(tl.float32,) * 4,
                 is_pure=True, pack=1)
-        acc0 += s0 * d0                                                     # two FMAs per accumulator
-        acc0 += m0 * sx0
-        acc1 += s0 * d1
-        acc1 += m0 * sx1
-        acc2 += s1 * d2
-        acc2 += m1 * sx2
-        acc3 += s1 * d3
-        acc3 += m1 * sx3
+        acc0 += scale0 * d0                                                 # two FMAs per accumulator
+        acc0 += low0 * sx0
+        acc1 += scale0 * d1
+        acc1 += low0 * sx1
+        acc2 += scale1 * d2
+        acc2 += low1 * sx2
+        acc3 += scale1 * d3
+        acc3 += low1 * sx3
         return acc0, acc1, acc2, acc3
 
     @triton.jit
-    def _w4_mma_iteration(x_at, w_at, s_at, mn_at, M, gid, live, row_ok0, row_ok1, rows_apart_w, rows_apart_s,
-                          b_apart_w, b_apart_s, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS: tl.constexpr,
-                          TILES: tl.constexpr, UNROLL: tl.constexpr, WARPS: tl.constexpr, SUBNORMAL: tl.constexpr,
-                          EMULATE: tl.constexpr, MASKED: tl.constexpr, EVEN_N: tl.constexpr):
-        """One loop iteration: the warp's UNROLL groups (pointers x_at, w_at, s_at, mn_at at the first) for its one
-        or two tiles (tile b: b_apart_* further). MASKED: the last iteration, live [T] the warp's groups left in K;
-        row_ok*: the rows' masks where N is not a whole number of tiles (not EVEN_N)."""
+    def _w4_mma_math(x_at, x_ok, live, wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1, a0, a1, a2, a3,
+                     b0, b1, b2, b3, HAS_MINS: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr,
+                     WARPS: tl.constexpr, SUBNORMAL: tl.constexpr, EMULATE: tl.constexpr, MASKED: tl.constexpr):
+        """One iteration's math on its loads (tile a's, and tile b's where TILES == 2): per group, x's fragments (x_at:
+        [T] int32 pointers to the lane's x words of the first group; x_ok: the lane holds an x row; MASKED: live [T],
+        the warp's groups left in K), then each tile's MMAs."""
         T: tl.constexpr = 32 * WARPS
         for u in tl.static_range(UNROLL):
-            ok0, ok1, x_ok = row_ok0, row_ok1, gid < M
+            ok = x_ok
             if MASKED:
-                g_ok = live > u                                             # the u-th group is still in K
-                x_ok = x_ok & g_ok
-                ok0, ok1 = ok0 & g_ok, ok1 & g_ok
+                ok = ok & (live > u)
             # x[gid, 16 tig .. + 15] as 8 words of two, in two 16-byte loads of [T, 4] (one of [T, 8] would take
             # two threads per row, and a shuffle through shared memory to give each thread its own)
             x_u = x_at[:, None] + (u * 32 + tl.arange(0, 4))[None, :]
-            x_low = tl.load(x_u, mask=x_ok[:, None], other=0)                # [T, 4]: k 0-7 of the lane's 16
-            x_high = tl.load(x_u + 4, mask=x_ok[:, None], other=0)           # k 8-15
+            x_low = tl.load(x_u, mask=ok[:, None], other=0)                 # [T, 4]: k 0-7 of the lane's 16
+            x_high = tl.load(x_u + 4, mask=ok[:, None], other=0)            # k 8-15
             if EMULATE:
                 x_raw = tl.reshape(tl.permute(tl.join(x_low, x_high), (0, 2, 1)), [T, 8])
                 x = tl.reshape(tl.join((x_raw << 16).to(tl.float32, bitcast=True),
@@ -229,15 +256,27 @@ if HAS_TRITON:
                     asm=_X_ASM_SUB if SUBNORMAL else _X_ASM_MAGIC, constraints="=r," * 12 + "r," * 7 + "r",
                     args=[e0, e1, e2, e3, e4, e5, e6, e7], dtype=(tl.int32,) * 8 + (tl.float32,) * 4,
                     is_pure=True, pack=1)
-            a0, a1, a2, a3 = _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2,
-                                          xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3, a0, a1, a2, a3, HAS_MINS,
-                                          SUBNORMAL, EMULATE, WARPS, MASKED or not EVEN_N)
+            a0, a1, a2, a3 = _w4_mma_tile(wa0, wa1, sa0, sa1, ma0, ma1, u, xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7,
+                                          sx0, sx1, sx2, sx3, a0, a1, a2, a3, HAS_MINS, SUBNORMAL, EMULATE, WARPS,
+                                          UNROLL)
             if TILES == 2:
-                b0, b1, b2, b3 = _w4_mma_tile(w_at + b_apart_w, s_at + b_apart_s, mn_at + b_apart_s, u,
-                                              rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2, xf3, xf4, xf5,
-                                              xf6, xf7, sx0, sx1, sx2, sx3, b0, b1, b2, b3, HAS_MINS, SUBNORMAL,
-                                              EMULATE, WARPS, MASKED or not EVEN_N)
+                b0, b1, b2, b3 = _w4_mma_tile(wb0, wb1, sb0, sb1, mb0, mb1, u, xf0, xf1, xf2, xf3, xf4, xf5, xf6,
+                                              xf7, sx0, sx1, sx2, sx3, b0, b1, b2, b3, HAS_MINS, SUBNORMAL, EMULATE,
+                                              WARPS, UNROLL)
         return a0, a1, a2, a3, b0, b1, b2, b3
+
+    @triton.jit
+    def _w4_mma_both_loads(w_at, s_at, mn_at, rows_apart_w, rows_apart_s, b_apart_w, b_apart_s, row_ok0, row_ok1,
+                           live, HAS_MINS: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr):
+        """_w4_mma_loads for tile a and (TILES == 2) tile b, b_apart_* further (else tile a's again, not loaded)."""
+        wa0, wa1, sa0, sa1, ma0, ma1 = _w4_mma_loads(w_at, s_at, mn_at, rows_apart_w, rows_apart_s, row_ok0,
+                                                     row_ok1, live, HAS_MINS, UNROLL)
+        wb0, wb1, sb0, sb1, mb0, mb1 = wa0, wa1, sa0, sa1, ma0, ma1
+        if TILES == 2:
+            wb0, wb1, sb0, sb1, mb0, mb1 = _w4_mma_loads(w_at + b_apart_w, s_at + b_apart_s, mn_at + b_apart_s,
+                                                         rows_apart_w, rows_apart_s, row_ok0, row_ok1, live, HAS_MINS,
+                                                         UNROLL)
+        return wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1
 
     @triton.jit
     def _w4_mma_out(acc, row, col, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr):
@@ -259,7 +298,7 @@ if HAS_TRITON:
                             stride_ym, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                             RESIDUAL: tl.constexpr, TWO_TILES: tl.constexpr, WARPS: tl.constexpr,
                             UNROLL: tl.constexpr, SUBNORMAL: tl.constexpr, EMULATE: tl.constexpr,
-                            EVEN_N: tl.constexpr, PDL: tl.constexpr = False):
+                            PDL: tl.constexpr = False):
         """Grid: one program per 16 output rows (32 with TWO_TILES, not GATED), WARPS warps each; GATED: the weight
         holds [gate; up] (2N rows) and y gets SiLU(gate) * up. stride_xw, stride_ww: x's and the weight's row strides
         in int32 words."""
@@ -273,15 +312,17 @@ if HAS_TRITON:
         TILE_ROWS: tl.constexpr = 32 if (TWO_TILES and not GATED) else 16
         row_a = tl.program_id(0) * TILE_ROWS + gid                          # [T]: rows row_a and row_a + 8
         TILES: tl.constexpr = 2 if (GATED or TWO_TILES) else 1
-        row_ok0 = row_a < N                      # (the up rows' too); unused under EVEN_N, which TWO_TILES needs
+        row_ok0 = row_a < N                      # (the up rows' too); TWO_TILES needs N a whole number of tiles b
         row_ok1 = row_a + 8 < N
         # the warp's pointers at its first group (warp * UNROLL); each iteration moves them WARPS * UNROLL groups
         first = warp * UNROLL
         x_at = x_ptr.to(tl.pointer_type(tl.int32)) + gid * stride_xw + first * 32 + tig * 8
+        x_ok = gid < M
         w_at = w_ptr.to(tl.pointer_type(tl.int32)) + row_a * stride_ww + first * 8 + tig * 2
-        s_at = s_ptr + row_a * stride_sn + first
-        mn_at = mn_ptr + row_a * stride_sn + first
+        s_at = s_ptr.to(tl.pointer_type(tl.int16)) + row_a * stride_sn + first
+        mn_at = mn_ptr.to(tl.pointer_type(tl.int16)) + row_a * stride_sn + first
         b_rows = N if GATED else 16                                         # tile b's rows past tile a's
+        apart = (8 * stride_ww, 8 * stride_sn, b_rows * stride_ww, b_rows * stride_sn)
         a0 = tl.zeros([T], tl.float32)
         a1 = tl.zeros([T], tl.float32)
         a2 = tl.zeros([T], tl.float32)
@@ -292,21 +333,33 @@ if HAS_TRITON:
         b3 = tl.zeros([T], tl.float32)
         STEP: tl.constexpr = WARPS * UNROLL
         whole = num_groups // STEP
-        for _ in range(whole):
-            a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
-                x_at, w_at, s_at, mn_at, M, gid, gid, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
-                b_rows * stride_ww, b_rows * stride_sn, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS, TILES, UNROLL,
-                WARPS, SUBNORMAL, EMULATE, False, EVEN_N)
-            x_at += STEP * 32
+        no_groups = gid * 0                                                 # [T] live counts
+        # software pipelined: each iteration's weights, scales and mins are loaded while the one before computes
+        wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1 = _w4_mma_both_loads(
+            w_at, s_at, mn_at, apart[0], apart[1], apart[2], apart[3], row_ok0, row_ok1,
+            no_groups + tl.where(whole > 0, UNROLL, 0), HAS_MINS, TILES, UNROLL)
+        for it in range(whole):
             w_at += STEP * 8
             s_at += STEP
             mn_at += STEP
+            more = it + 1 < whole
+            na0, na1, nsa0, nsa1, nma0, nma1, nb0, nb1, nsb0, nsb1, nmb0, nmb1 = _w4_mma_both_loads(
+                w_at, s_at, mn_at, apart[0], apart[1], apart[2], apart[3], row_ok0, row_ok1,
+                no_groups + tl.where(more, UNROLL, 0), HAS_MINS, TILES, UNROLL)
+            a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_math(
+                x_at, x_ok, gid, wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1, a0, a1, a2, a3, b0, b1,
+                b2, b3, HAS_MINS, TILES, UNROLL, WARPS, SUBNORMAL, EMULATE, False)
+            x_at += STEP * 32
+            wa0, wa1, sa0, sa1, ma0, ma1 = na0, na1, nsa0, nsa1, nma0, nma1
+            wb0, wb1, sb0, sb1, mb0, mb1 = nb0, nb1, nsb0, nsb1, nmb0, nmb1
         if whole * STEP < num_groups:                                       # the last groups: some warps idle
             live = num_groups - whole * STEP - first                        # [T]: this warp's groups left
-            a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
-                x_at, w_at, s_at, mn_at, M, gid, live, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
-                b_rows * stride_ww, b_rows * stride_sn, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS, TILES, UNROLL,
-                WARPS, SUBNORMAL, EMULATE, True, EVEN_N)
+            wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1 = _w4_mma_both_loads(
+                w_at, s_at, mn_at, apart[0], apart[1], apart[2], apart[3], row_ok0, row_ok1, live, HAS_MINS, TILES,
+                UNROLL)
+            a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_math(
+                x_at, x_ok, live, wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1, a0, a1, a2, a3, b0, b1,
+                b2, b3, HAS_MINS, TILES, UNROLL, WARPS, SUBNORMAL, EMULATE, True)
         SCALE: tl.constexpr = 8589934592.0 if SUBNORMAL else 1.0            # 2^33: the code products' scale
         lane = tl.arange(0, 32)
         row = tl.program_id(0) * TILE_ROWS + lane // 4
@@ -373,7 +426,6 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
         x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, m, n, k,
         x.stride(0) // 2, qweight.stride(0) // 4, scales.stride(0), y.stride(0), HAS_MINS=mins is not None,
         HAS_BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None, TWO_TILES=two_tiles, WARPS=warps,
-        UNROLL=unroll, SUBNORMAL=subnormal, EMULATE=is_interpreted(), EVEN_N=n % tile_rows == 0, num_warps=warps,
-        num_stages=1,
+        UNROLL=unroll, SUBNORMAL=subnormal, EMULATE=is_interpreted(), num_warps=warps, num_stages=1,
         **pdl_options(x, pdl))
     return y
