@@ -18,11 +18,13 @@
 #   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV, int8's SUM16 loop and int4's
 #                                            # INT4_ROW and INT4_SUB loops on two llama-7b shapes
 #                                            # (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
+#   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
+#                                            # CUDA-core one on three llama-7b shapes (benchmarks/w4_mma_ncu.py)
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
 set -uo pipefail
-part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu or bench}
+part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu, mma-ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$part" in
@@ -64,9 +66,17 @@ case "$part" in
     grep -E "rel err|_gemv_body|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots|Registers Per" \
         "$OUT/gemv-ncu.txt" | cut -c1-160
     ;;
+  mma-ncu)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+    timeout 400 "$NCU" --clock-control none -k regex:w4_ --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+        python3 benchmarks/w4_mma_ncu.py > "$OUT/w4-mma-ncu.txt" 2>&1
+    grep -E "rel err|w4_|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issued Warp|No Eligible|Warp Cycles Per Issued|L2 Hit|Mem Busy|Max Bandwidth|One or More" \
+        "$OUT/w4-mma-ncu.txt" | cut -c1-150
+    ;;
   bench)
     timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: tests, probe, int8, int4sub, small-batch, ncu or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: tests, probe, int8, int4sub, small-batch, ncu, mma-ncu or bench" >&2; exit 2 ;;
 esac

@@ -298,7 +298,7 @@ if HAS_TRITON:
                             stride_ym, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                             RESIDUAL: tl.constexpr, TWO_TILES: tl.constexpr, WARPS: tl.constexpr,
                             UNROLL: tl.constexpr, SUBNORMAL: tl.constexpr, EMULATE: tl.constexpr,
-                            PDL: tl.constexpr = False):
+                            PIPELINE: tl.constexpr, PDL: tl.constexpr = False):
         """Grid: one program per 16 output rows (32 with TWO_TILES, not GATED), WARPS warps each; GATED: the weight
         holds [gate; up] (2N rows) and y gets SiLU(gate) * up. stride_xw, stride_ww: x's and the weight's row strides
         in int32 words."""
@@ -334,24 +334,35 @@ if HAS_TRITON:
         STEP: tl.constexpr = WARPS * UNROLL
         whole = num_groups // STEP
         no_groups = gid * 0                                                 # [T] live counts
-        # software pipelined: each iteration's weights, scales and mins are loaded while the one before computes
-        wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1 = _w4_mma_both_loads(
-            w_at, s_at, mn_at, apart[0], apart[1], apart[2], apart[3], row_ok0, row_ok1,
-            no_groups + tl.where(whole > 0, UNROLL, 0), HAS_MINS, TILES, UNROLL)
-        for it in range(whole):
-            w_at += STEP * 8
-            s_at += STEP
-            mn_at += STEP
-            more = it + 1 < whole
-            na0, na1, nsa0, nsa1, nma0, nma1, nb0, nb1, nsb0, nsb1, nmb0, nmb1 = _w4_mma_both_loads(
+        if PIPELINE:    # each iteration's weights, scales and mins load while the one before computes
+            wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1 = _w4_mma_both_loads(
                 w_at, s_at, mn_at, apart[0], apart[1], apart[2], apart[3], row_ok0, row_ok1,
-                no_groups + tl.where(more, UNROLL, 0), HAS_MINS, TILES, UNROLL)
-            a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_math(
-                x_at, x_ok, gid, wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1, a0, a1, a2, a3, b0, b1,
-                b2, b3, HAS_MINS, TILES, UNROLL, WARPS, SUBNORMAL, EMULATE, False)
-            x_at += STEP * 32
-            wa0, wa1, sa0, sa1, ma0, ma1 = na0, na1, nsa0, nsa1, nma0, nma1
-            wb0, wb1, sb0, sb1, mb0, mb1 = nb0, nb1, nsb0, nsb1, nmb0, nmb1
+                no_groups + tl.where(whole > 0, UNROLL, 0), HAS_MINS, TILES, UNROLL)
+            for it in range(whole):
+                w_at += STEP * 8
+                s_at += STEP
+                mn_at += STEP
+                na0, na1, nsa0, nsa1, nma0, nma1, nb0, nb1, nsb0, nsb1, nmb0, nmb1 = _w4_mma_both_loads(
+                    w_at, s_at, mn_at, apart[0], apart[1], apart[2], apart[3], row_ok0, row_ok1,
+                    no_groups + tl.where(it + 1 < whole, UNROLL, 0), HAS_MINS, TILES, UNROLL)
+                a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_math(
+                    x_at, x_ok, gid, wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1, a0, a1, a2, a3, b0,
+                    b1, b2, b3, HAS_MINS, TILES, UNROLL, WARPS, SUBNORMAL, EMULATE, False)
+                x_at += STEP * 32
+                wa0, wa1, sa0, sa1, ma0, ma1 = na0, na1, nsa0, nsa1, nma0, nma1
+                wb0, wb1, sb0, sb1, mb0, mb1 = nb0, nb1, nsb0, nsb1, nmb0, nmb1
+        else:
+            for it in range(whole):
+                wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1 = _w4_mma_both_loads(
+                    w_at, s_at, mn_at, apart[0], apart[1], apart[2], apart[3], row_ok0, row_ok1, no_groups + UNROLL,
+                    HAS_MINS, TILES, UNROLL)
+                a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_math(
+                    x_at, x_ok, gid, wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1, a0, a1, a2, a3, b0,
+                    b1, b2, b3, HAS_MINS, TILES, UNROLL, WARPS, SUBNORMAL, EMULATE, False)
+                x_at += STEP * 32
+                w_at += STEP * 8
+                s_at += STEP
+                mn_at += STEP
         if whole * STEP < num_groups:                                       # the last groups: some warps idle
             live = num_groups - whole * STEP - first                        # [T]: this warp's groups left
             wa0, wa1, sa0, sa1, ma0, ma1, wb0, wb1, sb0, sb1, mb0, mb1 = _w4_mma_both_loads(
@@ -410,7 +421,7 @@ def w4_mma_supported(x: torch.Tensor, qweight: torch.Tensor, group_size: int) ->
 def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                 bias: torch.Tensor | None = None, *, gated: bool = False, residual: torch.Tensor | None = None,
                 warps: int = 4, unroll: int = 2, two_tiles: bool = False, subnormal: bool = True,
-                pdl: bool = False) -> torch.Tensor:
+                pipeline: bool = False, pdl: bool = False) -> torch.Tensor:
     """x: bf16 [M, K] (M <= 8); qweight: uint8 [N, K // 2]; scales / mins: [N, K // 64] (mins None = symmetric) ->
     [M, N] (gated: the weight has 2N rows [gate; up] and y = SiLU(gate) * up, [M, N]); residual: add into it in
     place and return it. Check w4_mma_supported first."""
@@ -426,6 +437,7 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
         x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, m, n, k,
         x.stride(0) // 2, qweight.stride(0) // 4, scales.stride(0), y.stride(0), HAS_MINS=mins is not None,
         HAS_BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None, TWO_TILES=two_tiles, WARPS=warps,
-        UNROLL=unroll, SUBNORMAL=subnormal, EMULATE=is_interpreted(), num_warps=warps, num_stages=1,
+        UNROLL=unroll, SUBNORMAL=subnormal, EMULATE=is_interpreted(), PIPELINE=pipeline, num_warps=warps,
+        num_stages=1,
         **pdl_options(x, pdl))
     return y
