@@ -28,9 +28,9 @@ from tierllm.quant.quantize import quantize_weight  # noqa: E402
 GROUP = 64
 CUDA_CORE = dict(BLOCK_N=4, GROUPS_PER_BLOCK=16, INT4_ROW=True, INT4_SUB=True, XPRE=True, num_warps=4, num_stages=1)
 # name: (rows, K, gated, residual, tensor-core configs)
-SHAPES = {"o": (4096, 4096, False, True, [dict(warps=8, unroll=4), dict(warps=8, unroll=1, pipeline=True)]),
-          "down": (4096, 11008, False, True, [dict(warps=8, unroll=4), dict(warps=8, unroll=1, pipeline=True)]),
-          "gate_up": (22016, 4096, True, False, [dict(warps=2, unroll=4), dict(warps=2, unroll=1, pipeline=True)])}
+SHAPES = {"o": (4096, 4096, False, True, [dict(WARPS=8, UNROLL=4, TWO_TILES=False)]),
+          "down": (4096, 11008, False, True, [dict(WARPS=8, UNROLL=4, TWO_TILES=False)]),
+          "gate_up": (22016, 4096, True, False, [dict(WARPS=2, UNROLL=4, TWO_TILES=False)])}
 
 
 def main() -> int:
@@ -44,10 +44,9 @@ def main() -> int:
         for config in configs:
             for _ in range(2):
                 y = torch.zeros(1, n, device="cuda", dtype=torch.bfloat16)
-                w4_mma_gemv(x, q["qweight"], q["scales"], q["mins"], gated=gated, residual=y if residual else None,
-                            **config)
-                y = y if residual else w4_mma_gemv(x, q["qweight"], q["scales"], q["mins"], gated=gated, **config)
-            print(f"{name} tensor cores {config}: rel err {rel_err(y, ref):.1e}", flush=True)
+                out = w4_mma_gemv(x, q["qweight"], q["scales"], q["mins"], gated=gated,
+                                  residual=y if residual else None, config=config)
+            print(f"{name} tensor cores {config}: rel err {rel_err(out, ref):.1e}", flush=True)
         flags = {"GROUP": GROUP, "HAS_MINS": True, "HAS_BIAS": False, "NORM": False, "GATED": gated,
                  "RESIDUAL": False}
         even = quant_gemv.w4_even({"N": n, "K": k, **flags, **CUDA_CORE})

@@ -22,6 +22,7 @@ from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
+from tierllm.kernels.w4_mma_gemv import w4_mma_gemv, w4_mma_supported
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
 
 MAX_QUANT_GEMV_ROWS = 8
@@ -550,6 +551,10 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     symmetric) -> [M, N]. Fusions and pdl as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N
     rows)."""
     m, k = x.shape
+    if m > 1 and norm_weight is None and w4_mma_supported(x, qweight, group_size):
+        # the tensor-core GEMV: x's rows are the MMA's columns, so 2-8 rows cost what one does (this kernel streams
+        # the weight once per row, from L2 after the first)
+        return w4_mma_gemv(x, qweight, scales, mins, bias, gated=gated, residual=residual, pdl=pdl)
     y = fused_output(x, qweight.shape[0], None, norm_weight, gated, residual)
     n = y.shape[1]
     m_bucket = triton.next_power_of_2(m)
