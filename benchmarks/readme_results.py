@@ -321,7 +321,7 @@ INT4_H200_RUNS = ["quant-bf16-int4-llama-7b-h200-run1.json", "quant-bf16-int4-ll
                   "quant-bf16-int4-step-tuner-llama-7b-h200.json"]
 
 
-def h200_int4_paragraph(runs: list[dict], grid: dict) -> str:
+def h200_int4_paragraph(runs: list[dict], grid: dict, mma_run: dict, mma_grid: dict) -> str:
     """The first bf16 + int4 calls on an H200 (INT4_H200_RUNS: Triton's tuner twice, then step tuning) and the
     int4 one-row loops' grid with XPRE (int4_sub_grid.py)."""
     def run(doc: dict, name: str) -> str:
@@ -340,7 +340,20 @@ def h200_int4_paragraph(runs: list[dict], grid: dict) -> str:
             + f", {layer:.1f} us per layer at each shape's best: about 1.65x bf16 end to end even with perfect picks. "
             "2.8x would need the int4 GEMVs at ~79% of the copy rate, as int8's best loop streams with twice the "
             "bytes per weight: a loop with half the instructions per code again, not tuning "
-            "(`benchmarks/notes/gpu-decode.md`).")
+            "(`benchmarks/notes/gpu-decode.md`). " + mma_sentence(mma_run, mma_grid))
+
+
+def mma_sentence(doc: dict, grid: dict) -> str:
+    """The tensor-core int4 GEMV (w4_mma_gemv.py): its grid against the CUDA-core loops and its end-to-end run."""
+    speedup = doc["results"]["speedup_vs_bf16"]["int4"]
+    best = {name: row["best"] for name, row in grid["linears"].items()}
+    per_layer = {key: round(sum(b[key]["us"] for b in best.values()), 1) for key in ("mma_m1", "mma_m8", "cuda_core_m1")}
+    return (f"The int4 GEMV on the tensor cores (`kernels/w4_mma_gemv.py`, x's rows as the MMA's columns; "
+            f"[grid](benchmarks/results/w4-mma-grid-h200.json)) takes {per_layer['mma_m1']} us per layer at batch 1 "
+            f"(the CUDA-core loops {per_layer['cuda_core_m1']}) and {per_layer['mma_m8']} at batch 8. It serves 2-8 "
+            f"rows since e595173: [int4 batch-8 decode {speedup['batch8_decode']}x bf16, batch 1 "
+            f"{speedup['batch1_decode']}x](benchmarks/results/quant-bf16-int4-mma-llama-7b-h200.json) "
+            "(batch 8 was 0.69-0.72x).")
 
 
 def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200: dict,
@@ -449,7 +462,9 @@ def main() -> None:
                                          [results(name) for name in INT8_GRAPH_TUNER_RUNS],
                                          results("int8-row-grid-sum16-h200.json"), results("int8-row-ab-sum16-h200.json")),
                                      h200_int4_paragraph([results(name) for name in INT4_H200_RUNS],
-                                                         results("int4-sub-grid-xpre-h200.json"))))
+                                                         results("int4-sub-grid-xpre-h200.json"),
+                                                         results("quant-bf16-int4-mma-llama-7b-h200.json"),
+                                                         results("w4-mma-grid-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 

@@ -4,7 +4,8 @@ written back. Layouts: tierllm/quant/formats.py.
 int8: gemv.py's kernel (INT8 set): each program streams BLOCK_N int8 rows in BLOCK_K chunks for all M rows;
 the per-channel scale is applied once at the end. One x row (batch-1 decode) takes its ROW loop alone (per-lane
 accumulation, int8 codes as fp32 subnormals: gemv.int8_as_subnormal).
-int4: one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the grid, so the M programs
+int4: 2-8 bf16 x rows with groups of 64 (and no norm prologue) go to w4_mma_gemv.py, on the tensor cores.
+Otherwise one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the grid, so the M programs
 reading the same weight block run together and only the first reads HBM; each step covers GROUPS_PER_BLOCK whole
 groups, and the group's scale (and min) multiply the group's partial dot product instead of every weight. For one
 x row (batch-1 decode) int4 also has a one-row loop, INT4_ROW configs the tuner weighs against the loop above, in
@@ -549,7 +550,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                    pdl: bool = False) -> torch.Tensor:
     """x: [M, K] (last dim contiguous); qweight: uint8 [N, K // 2]; scales / mins: [N, K // G] (mins None =
     symmetric) -> [M, N]. Fusions and pdl as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N
-    rows)."""
+    rows). Several rows where w4_mma_supported: w4_mma_gemv."""
     m, k = x.shape
     if m > 1 and norm_weight is None and w4_mma_supported(x, qweight, group_size):
         # the tensor-core GEMV: x's rows are the MMA's columns, so 2-8 rows cost what one does (this kernel streams
