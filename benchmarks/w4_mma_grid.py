@@ -5,10 +5,8 @@ reference at M = 1, 3 and 8; then every config is timed as the graph tuner times
 CUDA graphs cycling through enough copies of the codes, scales and mins to miss L2), against the HBM copy rate
 measured in the same run. The CUDA-core kernel runs its tuner list's configs for one x row in the same harness.
 JSON to $OUT/w4-mma-grid.json.
---ab: instead, per linear the two fastest configs of the committed grid (benchmarks/results/w4-mma-grid-h200.json)
-with and without LOADS_FIRST, and the CUDA-core kernel's fastest config there only; JSON to $OUT/w4-mma-ab.json.
 
-    python benchmarks/w4_mma_grid.py [--ab] [LINEAR ...]"""
+    python benchmarks/w4_mma_grid.py [LINEAR ...]"""
 from __future__ import annotations
 
 import itertools
@@ -56,19 +54,7 @@ def mma_launch(x, q, y, config, gated, residual, m):
     return w4_mma_gemv.w4_mma_gemv(x[:m], q["qweight"], q["scales"], q["mins"], gated=gated, config=config)
 
 
-COMMITTED = Path(__file__).resolve().parent / "results" / "w4-mma-grid-h200.json"
-
-
-def ab_configs(name: str) -> tuple[list[dict], list[dict]]:
-    """--ab: the committed grid's two fastest tensor-core configs at batch 1, each without and with LOADS_FIRST;
-    the CUDA-core kernel's fastest there."""
-    row = json.loads(COMMITTED.read_text())["linears"][name]
-    fastest = [t["config"] for t in row["mma"] if t["m"] == 1 and "us" in t][:2]
-    return ([{**c, "LOADS_FIRST": first} for c in fastest for first in (False, True)],
-            [row["best"]["cuda_core_m1"]["config"]])
-
-
-def linear_grid(name: str, hbm_Bps: float, ab: bool = False) -> dict:
+def linear_grid(name: str, hbm_Bps: float) -> dict:
     n_rows, k, spec = LINEARS[name]
     gated, residual = spec.get("gated", False), spec.get("residual", False)
     n = n_rows // 2 if gated else n_rows
@@ -83,13 +69,11 @@ def linear_grid(name: str, hbm_Bps: float, ab: bool = False) -> dict:
     for m in (1, 3, 8):                                                 # correctness first, every row count
         ref = quant_gemv.w4_fused_ref(x[:m], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated,
                                       residual=y[:m].clone() if residual else None).float()
-        for config in ab_configs(name)[0][:2] if ab else mma_configs(gated)[:1]:
-            got = mma_launch(x, q, y.clone(), config, gated, residual, m)
-            row["checks"].append({"m": m, "config": config, "rel_err": rel_err(got, ref)})
+        got = mma_launch(x, q, y.clone(), mma_configs(gated)[0], gated, residual, m)
+        row["checks"].append({"m": m, "rel_err": rel_err(got, ref)})
     print(json.dumps({name: row["checks"]}), flush=True)
     for m in (1, 8):
-        configs = (ab_configs(name)[0] if ab else mma_configs(gated)) if m == 1 else \
-            [t["config"] for t in row["mma"] if "us" in t][:4]
+        configs = mma_configs(gated) if m == 1 else [t["config"] for t in row["mma"] if "us" in t][:4]
         for config in configs:
             def launch(qc, c=config, m=m):
                 mma_launch(x, qc, y, c, gated, residual, m)
@@ -103,9 +87,8 @@ def linear_grid(name: str, hbm_Bps: float, ab: bool = False) -> dict:
         row["mma"].sort(key=lambda t: (t["m"], t.get("us", 1e9)))
     flags = {"GROUP": GROUP, "HAS_MINS": True, "HAS_BIAS": False, "NORM": False, "GATED": gated,
              "RESIDUAL": residual}
-    cuda_core = ab_configs(name)[1] if ab else [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-                                                for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_ROW")]
-    for config in cuda_core:                                            # the CUDA-core one-row loops
+    for c in [c for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_ROW")]:   # the CUDA-core one-row loops
+        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
         even = quant_gemv.w4_even({"N": n, "K": k, **flags, **config})
 
         def launch(qc, config=config, even=even):
@@ -135,10 +118,9 @@ def main() -> int:
               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
               "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE,
               "preset": "llama-7b linears, bf16 activations, int4 group 64 asymmetric", "linears": {}}
-    ab = "--ab" in sys.argv
-    out_path = Path(os.environ.get("OUT", "/tmp")) / ("w4-mma-ab.json" if ab else "w4-mma-grid.json")
-    for name in [arg for arg in sys.argv[1:] if arg != "--ab"] or ["o", "qkv", "gate_up", "down"]:
-        result["linears"][name] = linear_grid(name, hbm_Bps, ab)
+    out_path = Path(os.environ.get("OUT", "/tmp")) / "w4-mma-grid.json"
+    for name in sys.argv[1:] or ["o", "qkv", "gate_up", "down"]:
+        result["linears"][name] = linear_grid(name, hbm_Bps)
         result["wall_s"] = round(time.perf_counter() - started)
         out_path.write_text(json.dumps(result, indent=1))          # rewritten per linear: a cut call keeps them
         torch.cuda.empty_cache()

@@ -81,9 +81,9 @@ if HAS_TRITON:
 
     def _tile_group_asm() -> str:
         """PTX: one 16-row tile's group of 64 k. $4, $5: row r0's words (k 0-7, 8-15 of the lane's 16), $6, $7: row
-        r1's; $8..$15: x's fragments; $16: zero, the accumulators' start -> $0..$3 the group's accumulators (rows r0,
-        r0, r1, r1; columns 2 tig, 2 tig + 1), times 2^-33."""
-        body = ["{", ".reg .b32 t, a<16>;", ".reg .f32 d0, d1, d2, d3;"]
+        r1's; $8..$15: x's fragments -> $0..$3 the group's accumulators (rows r0, r0, r1, r1; columns 2 tig,
+        2 tig + 1), times 2^-33."""
+        body = ["{", ".reg .b32 t, a<16>;", ".reg .f32 z, d0, d1, d2, d3;", "mov.f32 z, 0f00000000;"]
         for word, operand in enumerate((4, 6, 5, 7)):          # a[4 * word ..]: r0 W0, r1 W0, r0 W1, r1 W1
             base = 4 * word
             body += [f"shr.u32 t, ${operand}, 8;",
@@ -91,7 +91,7 @@ if HAS_TRITON:
                      f"and.b32 a{base + 2}, t, 0x000F000F;", f"and.b32 a{base + 3}, t, 0x00F000F0;"]
         for step in range(4):
             first = 8 * (step // 2) + 2 * (step % 2)           # the step's words: r0 at a[first], r1 at a[first + 4]
-            acc = "$16, $16, $16, $16" if step == 0 else "d0, d1, d2, d3"
+            acc = "z, z, z, z" if step == 0 else "d0, d1, d2, d3"
             body.append(f"{_MMA} {{d0, d1, d2, d3}}, {{a{first}, a{first + 4}, a{first + 1}, a{first + 5}}}, "
                         f"{{${8 + 2 * step}, ${9 + 2 * step}}}, {{{acc}}};")
         body += [f"mov.b32 ${i}, d{i};" for i in range(4)] + ["}"]
@@ -149,90 +149,52 @@ if HAS_TRITON:
         return tl.load(at)
 
     @triton.jit
-    def _w4_mma_tile_loads(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, HAS_MINS: tl.constexpr,
-                           MASK: tl.constexpr):
-        """One 16-row tile's loads for the iteration's u-th group: rows r0's and r1's words [T, 2] (k 16 tig .. + 15)
-        and their scales and mins [T] (the scales again when symmetric). w_at, s_at, mn_at: [T] pointers to row r0's
-        first word, scale and min of the warp's groups this iteration (row r1 is rows_apart_* further); ok0, ok1:
-        row r0's and r1's load masks, where MASK."""
-        w0_at = w_at[:, None] + (u * 8 + tl.arange(0, 2))[None, :]
-        r0 = _masked_load(w0_at, ok0[:, None], MASK)
-        r1 = _masked_load(w0_at + rows_apart_w, ok1[:, None], MASK)
-        s0 = _masked_load(s_at + u, ok0, MASK)
-        s1 = _masked_load(s_at + rows_apart_s + u, ok1, MASK)
-        m0, m1 = s0, s1
+    def _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2, xf3, xf4, xf5, xf6,
+                     xf7, sx0, sx1, sx2, sx3, acc0, acc1, acc2, acc3, HAS_MINS: tl.constexpr, EMULATE: tl.constexpr,
+                     WARPS: tl.constexpr, MASK: tl.constexpr):
+        """One 16-row tile's group (the iteration's u-th of the warp): its loads, MMAs and scales added into the
+        accumulators acc0..acc3 [T] (rows r0, r0, r1, r1; columns 2 tig, 2 tig + 1), returned. w_at, s_at, mn_at:
+        [T] pointers to row r0's first word, scale and min of the warp's groups this iteration (row r1 is
+        rows_apart_* further); ok0, ok1: row r0's and r1's load masks, where MASK. xf*: x's fragments (EMULATE:
+        xf0 is x [T, 16]); sx*: x's group sums per accumulator."""
+        w0_at = w_at[:, None] + (u * 8 + tl.arange(0, 2))[None, :]          # [T, 2]: k 16 tig .. + 15
+        r0w0, r0w1 = tl.split(_masked_load(w0_at, ok0[:, None], MASK))
+        r1w0, r1w1 = tl.split(_masked_load(w0_at + rows_apart_w, ok1[:, None], MASK))
+        s0 = _masked_load(s_at + u, ok0, MASK).to(tl.float32)
+        s1 = _masked_load(s_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
         if HAS_MINS:
-            m0 = _masked_load(mn_at + u, ok0, MASK)
-            m1 = _masked_load(mn_at + rows_apart_s + u, ok1, MASK)
-        return r0, r1, s0, s1, m0, m1
-
-    @triton.jit
-    def _w4_mma_tile(r0, r1, s0, s1, m0, m1, xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3, acc0, acc1,
-                     acc2, acc3, HAS_MINS: tl.constexpr, EMULATE: tl.constexpr, WARPS: tl.constexpr):
-        """One 16-row tile's group (_w4_mma_tile_loads' tensors): its MMAs and scales added into the accumulators
-        acc0..acc3 [T] (rows r0, r0, r1, r1; columns 2 tig, 2 tig + 1), returned. xf*: x's fragments (EMULATE: xf0
-        is x [T, 16]); sx*: x's group sums per accumulator."""
-        r0w0, r0w1 = tl.split(r0)
-        r1w0, r1w1 = tl.split(r1)
-        scale0 = s0.to(tl.float32)
-        scale1 = s1.to(tl.float32)
-        if HAS_MINS:
-            low0 = m0.to(tl.float32)
-            low1 = m1.to(tl.float32)
+            m0 = _masked_load(mn_at + u, ok0, MASK).to(tl.float32)
+            m1 = _masked_load(mn_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
         else:                                                               # code - 8
-            low0 = -8.0 * scale0
-            low1 = -8.0 * scale1
+            m0 = -8.0 * s0
+            m1 = -8.0 * s1
         if EMULATE:
             d0, d1 = _emulated_row(_emulated_codes(r0w0, r0w1), xf0, WARPS)
             d2, d3 = _emulated_row(_emulated_codes(r1w0, r1w1), xf0, WARPS)
         else:
-            # the MMAs start from 0 * (the scales and mins): without that dependency ptxas issues their loads after
-            # the MMAs, and each iteration waits out a second memory latency for them
-            zero = (scale0 + scale1 + low0 + low1) * 0.0
             d0, d1, d2, d3 = tl.inline_asm_elementwise(
-                asm=_TILE_ASM, constraints="=r," * 4 + "r," * 12 + "r",
-                args=[r0w0, r0w1, r1w0, r1w1, xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, zero],
-                dtype=(tl.float32,) * 4, is_pure=True, pack=1)
-        acc0 += scale0 * d0                                                 # two FMAs per accumulator
-        acc0 += low0 * sx0
-        acc1 += scale0 * d1
-        acc1 += low0 * sx1
-        acc2 += scale1 * d2
-        acc2 += low1 * sx2
-        acc3 += scale1 * d3
-        acc3 += low1 * sx3
+                asm=_TILE_ASM, constraints="=r," * 4 + "r," * 11 + "r",
+                args=[r0w0, r0w1, r1w0, r1w1, xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7], dtype=(tl.float32,) * 4,
+                is_pure=True, pack=1)
+        acc0 += s0 * d0                                                     # two FMAs per accumulator
+        acc0 += m0 * sx0
+        acc1 += s0 * d1
+        acc1 += m0 * sx1
+        acc2 += s1 * d2
+        acc2 += m1 * sx2
+        acc3 += s1 * d3
+        acc3 += m1 * sx3
         return acc0, acc1, acc2, acc3
-
-    @triton.jit
-    def _x_fragments(x_low, x_high, EMULATE: tl.constexpr, WARPS: tl.constexpr):
-        """x's words for a group ([T, 4] each: k 0-7 and 8-15 of the lane's 16) -> the MMA's B fragments xf0..xf7 and
-        the group sums sx0..sx3 (EMULATE: xf0 is x [T, 16] fp32, xf1..xf7 unused)."""
-        if EMULATE:
-            T: tl.constexpr = 32 * WARPS
-            x_raw = tl.reshape(tl.permute(tl.join(x_low, x_high), (0, 2, 1)), [T, 8])
-            x = tl.reshape(tl.join((x_raw << 16).to(tl.float32, bitcast=True),
-                                   (x_raw & -65536).to(tl.float32, bitcast=True)), [T, 16])
-            xf0, sx0, sx1, sx2, sx3 = _emulated_x(x, WARPS)
-            xf1, xf2, xf3, xf4, xf5, xf6, xf7 = sx0, sx0, sx0, sx0, sx0, sx0, sx0
-        else:
-            e0, e1, e2, e3 = _split4(x_low)
-            e4, e5, e6, e7 = _split4(x_high)
-            xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3 = tl.inline_asm_elementwise(
-                asm=_X_ASM, constraints="=r," * 12 + "r," * 7 + "r", args=[e0, e1, e2, e3, e4, e5, e6, e7],
-                dtype=(tl.int32,) * 8 + (tl.float32,) * 4, is_pure=True, pack=1)
-        return xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3
 
     @triton.jit
     def _w4_mma_iteration(x_at, w_at, s_at, mn_at, M, gid, live, row_ok0, row_ok1, rows_apart_w, rows_apart_s,
                           b_apart_w, b_apart_s, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS: tl.constexpr,
                           TILES: tl.constexpr, UNROLL: tl.constexpr, WARPS: tl.constexpr, EMULATE: tl.constexpr,
-                          MASKED: tl.constexpr, EVEN_N: tl.constexpr, LOADS_FIRST: tl.constexpr):
+                          MASKED: tl.constexpr, EVEN_N: tl.constexpr):
         """One loop iteration: the warp's UNROLL groups (pointers x_at, w_at, s_at, mn_at at the first) for its one
         or two tiles (tile b: b_apart_* further). MASKED: the last iteration, live [T] the warp's groups left in K;
-        row_ok*: the rows' masks where N is not a whole number of tiles (not EVEN_N). LOADS_FIRST: every load of the
-        iteration is issued before its first MMA (else ptxas interleaves them, group by group)."""
-        MASK: tl.constexpr = MASKED or not EVEN_N
-        xl, xh, ar0, ar1, as0, as1, am0, am1, br0, br1, bs0, bs1, bm0, bm1 = (), (), (), (), (), (), (), (), (), (), (), (), (), ()
+        row_ok*: the rows' masks where N is not a whole number of tiles (not EVEN_N)."""
+        T: tl.constexpr = 32 * WARPS
         for u in tl.static_range(UNROLL):
             ok0, ok1, x_ok = row_ok0, row_ok1, gid < M
             if MASKED:
@@ -244,40 +206,27 @@ if HAS_TRITON:
             x_u = x_at[:, None] + (u * 32 + tl.arange(0, 4))[None, :]
             x_low = tl.load(x_u, mask=x_ok[:, None], other=0)                # [T, 4]: k 0-7 of the lane's 16
             x_high = tl.load(x_u + 4, mask=x_ok[:, None], other=0)           # k 8-15
-            ta = _w4_mma_tile_loads(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, HAS_MINS, MASK)
-            tb = ta
-            if TILES == 2:
-                tb = _w4_mma_tile_loads(w_at + b_apart_w, s_at + b_apart_s, mn_at + b_apart_s, u, rows_apart_w,
-                                        rows_apart_s, ok0, ok1, HAS_MINS, MASK)
-            if LOADS_FIRST:                 # kept for the second loop
-                xl, xh = xl + (x_low,), xh + (x_high,)
-                ar0, ar1, as0, as1, am0, am1 = ar0 + (ta[0],), ar1 + (ta[1],), as0 + (ta[2],), as1 + (ta[3],), \
-                    am0 + (ta[4],), am1 + (ta[5],)
-                br0, br1, bs0, bs1, bm0, bm1 = br0 + (tb[0],), br1 + (tb[1],), bs0 + (tb[2],), bs1 + (tb[3],), \
-                    bm0 + (tb[4],), bm1 + (tb[5],)
+            if EMULATE:
+                x_raw = tl.reshape(tl.permute(tl.join(x_low, x_high), (0, 2, 1)), [T, 8])
+                x = tl.reshape(tl.join((x_raw << 16).to(tl.float32, bitcast=True),
+                                       (x_raw & -65536).to(tl.float32, bitcast=True)), [T, 16])
+                xf0, sx0, sx1, sx2, sx3 = _emulated_x(x, WARPS)
+                xf1, xf2, xf3, xf4, xf5, xf6, xf7 = sx0, sx0, sx0, sx0, sx0, sx0, sx0
             else:
-                xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3 = _x_fragments(x_low, x_high, EMULATE,
-                                                                                          WARPS)
-                a0, a1, a2, a3 = _w4_mma_tile(ta[0], ta[1], ta[2], ta[3], ta[4], ta[5], xf0, xf1, xf2, xf3, xf4, xf5,
-                                              xf6, xf7, sx0, sx1, sx2, sx3, a0, a1, a2, a3, HAS_MINS, EMULATE, WARPS)
-                if TILES == 2:
-                    b0, b1, b2, b3 = _w4_mma_tile(tb[0], tb[1], tb[2], tb[3], tb[4], tb[5], xf0, xf1, xf2, xf3, xf4,
-                                                  xf5, xf6, xf7, sx0, sx1, sx2, sx3, b0, b1, b2, b3, HAS_MINS, EMULATE,
-                                                  WARPS)
-        if LOADS_FIRST:
-            if not EMULATE:                 # ptxas keeps the loads above a warp barrier (else it sinks them)
-                tl.inline_asm_elementwise("bar.warp.sync -1;\n mov.b32 $0, $1;", "=r,r", [gid], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-            for u in tl.static_range(UNROLL):
-                xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3 = _x_fragments(xl[u], xh[u], EMULATE,
-                                                                                          WARPS)
-                a0, a1, a2, a3 = _w4_mma_tile(ar0[u], ar1[u], as0[u], as1[u], am0[u], am1[u], xf0, xf1, xf2, xf3,
-                                              xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3, a0, a1, a2, a3, HAS_MINS,
-                                              EMULATE, WARPS)
-                if TILES == 2:
-                    b0, b1, b2, b3 = _w4_mma_tile(br0[u], br1[u], bs0[u], bs1[u], bm0[u], bm1[u], xf0, xf1, xf2, xf3,
-                                                  xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3, b0, b1, b2, b3, HAS_MINS,
-                                                  EMULATE, WARPS)
+                e0, e1, e2, e3 = _split4(x_low)
+                e4, e5, e6, e7 = _split4(x_high)
+                xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3 = tl.inline_asm_elementwise(
+                    asm=_X_ASM, constraints="=r," * 12 + "r," * 7 + "r",
+                    args=[e0, e1, e2, e3, e4, e5, e6, e7], dtype=(tl.int32,) * 8 + (tl.float32,) * 4,
+                    is_pure=True, pack=1)
+            a0, a1, a2, a3 = _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2,
+                                          xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3, a0, a1, a2, a3, HAS_MINS,
+                                          EMULATE, WARPS, MASKED or not EVEN_N)
+            if TILES == 2:
+                b0, b1, b2, b3 = _w4_mma_tile(w_at + b_apart_w, s_at + b_apart_s, mn_at + b_apart_s, u,
+                                              rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2, xf3, xf4, xf5,
+                                              xf6, xf7, sx0, sx1, sx2, sx3, b0, b1, b2, b3, HAS_MINS, EMULATE,
+                                              WARPS, MASKED or not EVEN_N)
         return a0, a1, a2, a3, b0, b1, b2, b3
 
     @triton.jit
@@ -300,7 +249,7 @@ if HAS_TRITON:
                             stride_ym, M_BUCKET, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                             RESIDUAL: tl.constexpr, TWO_TILES: tl.constexpr, WARPS: tl.constexpr,
                             UNROLL: tl.constexpr, EMULATE: tl.constexpr, EVEN_N: tl.constexpr,
-                            LOADS_FIRST: tl.constexpr = False, PDL: tl.constexpr = False):
+                            PDL: tl.constexpr = False):
         """Grid: one program per 16 output rows (32 with TWO_TILES, not GATED), WARPS warps each; GATED: the weight
         holds [gate; up] (2N rows) and y gets SiLU(gate) * up. stride_xw, stride_ww: x's and the weight's row strides
         in int32 words; M_BUCKET: x's rows to the next power of 2, the tuners' key only. EVEN_N: N is a whole number
@@ -338,7 +287,7 @@ if HAS_TRITON:
             a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
                 x_at, w_at, s_at, mn_at, M, gid, gid, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
                 b_rows * stride_ww, b_rows * stride_sn, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS, TILES, UNROLL,
-                WARPS, EMULATE, False, EVEN_N, LOADS_FIRST)
+                WARPS, EMULATE, False, EVEN_N)
             x_at += STEP * 32
             w_at += STEP * 8
             s_at += STEP
@@ -348,7 +297,7 @@ if HAS_TRITON:
             a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
                 x_at, w_at, s_at, mn_at, M, gid, live, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
                 b_rows * stride_ww, b_rows * stride_sn, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS, TILES, UNROLL,
-                WARPS, EMULATE, True, EVEN_N, LOADS_FIRST)
+                WARPS, EMULATE, True, EVEN_N)
         SCALE: tl.constexpr = 8589934592.0                                  # 2^33: the code products' scale
         lane = tl.arange(0, 32)
         row = tl.program_id(0) * TILE_ROWS + lane // 4
