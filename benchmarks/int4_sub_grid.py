@@ -23,12 +23,11 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int8_row_ab import LINEARS, PEERS_NOTE, timed_config  # noqa: E402
+from int8_row_ab import LINEARS, grid_header, timed_config  # noqa: E402
 from quant_kernel_sweep import rel_err  # noqa: E402
 
 import tierllm  # noqa: E402
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
-from tierllm.bench.results import versions  # noqa: E402
 from tierllm.kernels import quant_gemv  # noqa: E402
 from tierllm.kernels.graph_tuning import weight_copies  # noqa: E402
 from tierllm.quant.quantize import quantize_weight  # noqa: E402
@@ -99,10 +98,8 @@ def main() -> int:
     started = time.perf_counter()
     hbm_Bps = hbm_copy_GBps() * 1e9
     torch.manual_seed(0)
-    result = {"benchmark": "int4_sub_grid", "device": torch.cuda.get_device_name(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
-              "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE,
-              "preset": "llama-7b linears, batch 1, bf16 activations, int4 group 64 asymmetric", "linears": {}}
+    result = grid_header("int4_sub_grid", hbm_Bps,
+                         preset="llama-7b linears, batch 1, bf16 activations, int4 group 64 asymmetric", linears={})
     out_path = Path(os.environ.get("OUT", "/tmp")) / "int4-sub-grid.json"
     args = sys.argv[1:]
     stages = (1,)

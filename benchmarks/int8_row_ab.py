@@ -48,6 +48,14 @@ PEERS_NOTE = ("kernel-level A/B inside this engine: no peer engine runs these ke
               "rate measured in the same run")
 
 
+def grid_header(benchmark: str, hbm_Bps: float, **fields) -> dict:
+    """The fields every kernel grid's JSON opens with: benchmark, device, date, versions, the HBM copy rate measured in
+    the same run, the peers note, then `fields`."""
+    return {"benchmark": benchmark, "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "versions": {**versions(), "triton": triton.__version__}, "hbm_copy_GBps": round(hbm_Bps / 1e9, 1),
+            "peers_note": PEERS_NOTE, **fields}
+
+
 def general_only(residual: bool):
     """An int8 GEMV tuner over the general loop's configs only (the engine's before the ROW loop)."""
     configs = [c for c in quant_gemv._INT8_CONFIGS if not c.kwargs.get("ROW")]
@@ -147,10 +155,8 @@ def main() -> int:
     started = time.perf_counter()
     if "--grid" in sys.argv:
         hbm_Bps = hbm_copy_GBps() * 1e9
-        result = {"benchmark": "int8_row_grid", "device": torch.cuda.get_device_name(),
-                  "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  "versions": {**versions(), "triton": triton.__version__}, "hbm_copy_GBps": round(hbm_Bps / 1e9, 1),
-                  "peers_note": PEERS_NOTE, "linears": grid(hbm_Bps), "wall_s": round(time.perf_counter() - started)}
+        result = grid_header("int8_row_grid", hbm_Bps, linears=grid(hbm_Bps),
+                             wall_s=round(time.perf_counter() - started))
         out_path = Path(os.environ.get("OUT", "/tmp")) / "int8-row-grid.json"
         out_path.write_text(json.dumps(result, indent=1))
         print(f"wrote {out_path} in {result['wall_s']} s")
@@ -158,11 +164,7 @@ def main() -> int:
     out_path = Path(os.environ.get("OUT", "/tmp")) / "int8-row-ab.json"
     hbm_Bps = hbm_copy_GBps() * 1e9
     torch.manual_seed(0)
-    result = {"benchmark": "int8_row_ab", "device": torch.cuda.get_device_name(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
-              "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE,
-              "preset": "llama-7b, batch 1, bf16 activations",
-              "linears": {}}
+    result = grid_header("int8_row_ab", hbm_Bps, preset="llama-7b, batch 1, bf16 activations", linears={})
     totals: dict[str, float] = {}
     for name, (n_rows, k, spec) in LINEARS.items():
         residual = spec.get("residual", False)

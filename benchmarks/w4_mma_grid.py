@@ -1,9 +1,9 @@
 """The tensor-core int4 GEMV (tierllm/kernels/w4_mma_gemv.py) against the CUDA-core one (quant_gemv.py) at batch 1
 (and 8), one GPU, on `llama-7b`'s decode linears as int4 decode launches them (bf16 x, group 64, asymmetric): qkv
-plain, o and down adding into the residual, gate/up with SiLU-and-mul. First each form is checked against the torch
-reference at M = 1, 3 and 8; then every config is timed as the graph tuner times one (graph_tuning.graph_seconds:
-CUDA graphs cycling through enough copies of the codes, scales and mins to miss L2), against the HBM copy rate
-measured in the same run. The CUDA-core kernel runs its tuner list's configs for one x row in the same harness.
+plain, o and down adding into the residual, gate/up with SiLU-and-mul. Every config is checked against the torch
+reference (fp32), then timed as the graph tuner times one (graph_tuning.graph_seconds: CUDA graphs cycling through
+enough copies of the codes, scales and mins to miss L2), against the HBM copy rate measured in the same run: the
+tensor-core kernel's grid at batch 1, its four fastest at batch 8, and the CUDA-core kernel's one-row configs.
 JSON to $OUT/w4-mma-grid.json.
 
     python benchmarks/w4_mma_grid.py [LINEAR ...]"""
@@ -22,14 +22,13 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int8_row_ab import LINEARS, PEERS_NOTE  # noqa: E402
+from int8_row_ab import LINEARS, grid_header, timed_config  # noqa: E402
 from quant_kernel_sweep import rel_err  # noqa: E402
 
 import tierllm  # noqa: E402
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
-from tierllm.bench.results import versions  # noqa: E402
 from tierllm.kernels import quant_gemv, w4_mma_gemv  # noqa: E402
-from tierllm.kernels.graph_tuning import graph_seconds, weight_copies  # noqa: E402
+from tierllm.kernels.graph_tuning import weight_copies  # noqa: E402
 from tierllm.quant.quantize import quantize_weight  # noqa: E402
 
 GROUP = 64
@@ -65,28 +64,22 @@ def linear_grid(name: str, hbm_Bps: float) -> dict:
     copies = quant_copies(q)
     y = torch.zeros(8, n, device="cuda", dtype=torch.bfloat16)
     row = {"shape": [n_rows, k], "fusions": "gated" if gated else "residual" if residual else "none",
-           "int4_bytes": int4_bytes, "copies": len(copies), "checks": [], "mma": [], "cuda_core": []}
-    for m in (1, 3, 8):                                                 # correctness first, every row count
-        ref = quant_gemv.w4_fused_ref(x[:m], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated,
-                                      residual=y[:m].clone() if residual else None).float()
-        got = mma_launch(x, q, y.clone(), mma_configs(gated)[0], gated, residual, m)
-        row["checks"].append({"m": m, "rel_err": rel_err(got, ref)})
-    print(json.dumps({name: row["checks"]}), flush=True)
-    for m in (1, 8):
+           "int4_bytes": int4_bytes, "copies": len(copies), "mma": [], "cuda_core": []}
+    for m in (1, 8):                     # each config checked against the reference, then timed over the copies
+        ref = quant_gemv.w4_fused_ref(x[:m], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
         configs = mma_configs(gated) if m == 1 else [t["config"] for t in row["mma"] if "us" in t][:4]
         for config in configs:
             def launch(qc, c=config, m=m):
-                mma_launch(x, qc, y, c, gated, residual, m)
-            try:
-                seconds = graph_seconds(launch, copies)
-            except Exception as failure:
-                row["mma"].append({"m": m, "config": config, "error": f"{type(failure).__name__}: {failure}"[:200]})
-                continue
-            row["mma"].append({"m": m, "config": config, "us": round(seconds * 1e6, 2),
-                               "fraction_of_hbm_copy": round(int4_bytes / seconds / hbm_Bps, 3)})
+                return mma_launch(x, qc, y, c, gated, residual, m)
+
+            def error(c=config, m=m):
+                return rel_err(mma_launch(x, q, y.zero_(), c, gated, residual, m), ref)
+            row["mma"].append({"m": m, **timed_config(config, lambda: None, error, launch, copies, int4_bytes,
+                                                      hbm_Bps)})
         row["mma"].sort(key=lambda t: (t["m"], t.get("us", 1e9)))
     flags = {"GROUP": GROUP, "HAS_MINS": True, "HAS_BIAS": False, "NORM": False, "GATED": gated,
              "RESIDUAL": residual}
+    ref = quant_gemv.w4_fused_ref(x[:1], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
     for c in [c for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_ROW")]:   # the CUDA-core one-row loops
         config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
         even = quant_gemv.w4_even({"N": n, "K": k, **flags, **config})
@@ -95,13 +88,12 @@ def linear_grid(name: str, hbm_Bps: float) -> dict:
             quant_gemv._w4_gemv_body[(1, triton.cdiv(n, config["BLOCK_N"]))](
                 x, qc["qweight"], qc["scales"], qc["mins"], qc["scales"], qc["scales"], y, 1, n, k, x.stride(0),
                 qc["qweight"].stride(0), qc["scales"].stride(0), y.stride(0), 1e-6, **flags, **config, EVEN=even)
-        try:
-            seconds = graph_seconds(launch, copies)
-        except Exception as failure:
-            row["cuda_core"].append({"config": config, "error": f"{type(failure).__name__}: {failure}"[:200]})
-            continue
-        row["cuda_core"].append({"config": config, "us": round(seconds * 1e6, 2),
-                                 "fraction_of_hbm_copy": round(int4_bytes / seconds / hbm_Bps, 3)})
+
+        def run_once(launch=launch):
+            y.zero_()                                             # residual launches add into it
+            launch(q)
+        row["cuda_core"].append(timed_config(config, run_once, lambda: rel_err(y[:1], ref), launch, copies,
+                                             int4_bytes, hbm_Bps))
     row["cuda_core"].sort(key=lambda t: t.get("us", 1e9))
     best = {f"mma_m{m}": next((t for t in row["mma"] if t["m"] == m and "us" in t), None) for m in (1, 8)}
     best["cuda_core_m1"] = next((t for t in row["cuda_core"] if "us" in t), None)
@@ -114,10 +106,8 @@ def main() -> int:
     started = time.perf_counter()
     hbm_Bps = hbm_copy_GBps() * 1e9
     torch.manual_seed(0)
-    result = {"benchmark": "w4_mma_grid", "device": torch.cuda.get_device_name(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
-              "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE,
-              "preset": "llama-7b linears, bf16 activations, int4 group 64 asymmetric", "linears": {}}
+    result = grid_header("w4_mma_grid", hbm_Bps, preset="llama-7b linears, bf16 activations, int4 group 64 asymmetric",
+                         linears={})
     out_path = Path(os.environ.get("OUT", "/tmp")) / "w4-mma-grid.json"
     for name in sys.argv[1:] or ["o", "qkv", "gate_up", "down"]:
         result["linears"][name] = linear_grid(name, hbm_Bps)
