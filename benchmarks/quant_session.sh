@@ -18,13 +18,15 @@
 #   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV, int8's SUM16 loop and int4's
 #                                            # INT4_ROW and INT4_SUB loops on two llama-7b shapes
 #                                            # (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
+#   bash benchmarks/quant_session.sh mma     # the tensor-core int4 GEMV's tests natively, then w4_mma_grid.py with the
+#                                            # software-pipelined loop (--stages 1,3; ~6 minutes warm)
 #   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
 #                                            # CUDA-core one on three llama-7b shapes (benchmarks/w4_mma_ncu.py)
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
 set -uo pipefail
-part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu, mma-ncu or bench}
+part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu, mma, mma-ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$part" in
@@ -66,6 +68,12 @@ case "$part" in
     grep -E "rel err|_gemv_body|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots|Registers Per" \
         "$OUT/gemv-ncu.txt" | cut -c1-160
     ;;
+  mma)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_w4_mma_gemv.py 2>&1 \
+        | tee "$OUT/gpu-tests-w4-mma.log" | tail -3
+    timeout 420 python3 benchmarks/w4_mma_grid.py --stages 1,3 2>&1 | tee "$OUT/w4-mma-grid.log" | grep -v -i warn \
+        | grep best | cut -c1-700
+    ;;
   mma-ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
     timeout 400 "$NCU" --clock-control none -k regex:w4_ --section SpeedOfLight --section Occupancy \
@@ -78,5 +86,5 @@ case "$part" in
     timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: tests, probe, int8, int4sub, small-batch, ncu, mma-ncu or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: tests, probe, int8, int4sub, small-batch, ncu, mma, mma-ncu or bench" >&2; exit 2 ;;
 esac

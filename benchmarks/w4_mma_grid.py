@@ -6,7 +6,7 @@ enough copies of the codes, scales and mins to miss L2), against the HBM copy ra
 tensor-core kernel's grid at batch 1, its four fastest at batch 8, and the CUDA-core kernel's one-row configs.
 JSON to $OUT/w4-mma-grid.json.
 
-    python benchmarks/w4_mma_grid.py [LINEAR ...]"""
+    python benchmarks/w4_mma_grid.py [--stages 1,3] [LINEAR ...]   (STAGES values to grid; default 1)"""
 from __future__ import annotations
 
 import itertools
@@ -34,10 +34,13 @@ from tierllm.quant.quantize import quantize_weight  # noqa: E402
 GROUP = 64
 
 
-def mma_configs(gated: bool) -> list[dict]:
-    """Warps, groups per warp per iteration and (not gated) two tiles per program."""
-    return [dict(WARPS=w, UNROLL=u, TWO_TILES=two)
-            for w, u, two in itertools.product((2, 4, 8), (1, 2, 4), (False,) if gated else (False, True))]
+def mma_configs(gated: bool, stages: tuple[int, ...] = (1,)) -> list[dict]:
+    """Warps, groups per warp per iteration and (not gated) two tiles per program; with `stages` beyond 1 also the
+    software-pipelined loop (STAGES: cp.async copies of weights, scales and mins; 2 or more groups per iteration,
+    so that each row's scales are 4 bytes or more)."""
+    return [dict(WARPS=w, UNROLL=u, TWO_TILES=two, **({"STAGES": st} if st > 1 else {}))
+            for w, u, two, st in itertools.product((2, 4, 8), (1, 2, 4), (False,) if gated else (False, True), stages)
+            if st == 1 or u >= 2]
 
 
 def quant_copies(q: dict) -> list[dict]:
@@ -53,7 +56,7 @@ def mma_launch(x, q, y, config, gated, residual, m):
     return w4_mma_gemv.w4_mma_gemv(x[:m], q["qweight"], q["scales"], q["mins"], gated=gated, config=config)
 
 
-def linear_grid(name: str, hbm_Bps: float) -> dict:
+def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...]) -> dict:
     n_rows, k, spec = LINEARS[name]
     gated, residual = spec.get("gated", False), spec.get("residual", False)
     n = n_rows // 2 if gated else n_rows
@@ -67,7 +70,7 @@ def linear_grid(name: str, hbm_Bps: float) -> dict:
            "int4_bytes": int4_bytes, "copies": len(copies), "mma": [], "cuda_core": []}
     for m in (1, 8):                     # each config checked against the reference, then timed over the copies
         ref = quant_gemv.w4_fused_ref(x[:m], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
-        configs = mma_configs(gated) if m == 1 else [t["config"] for t in row["mma"] if "us" in t][:4]
+        configs = mma_configs(gated, stages) if m == 1 else [t["config"] for t in row["mma"] if "us" in t][:4]
         for config in configs:
             def launch(qc, c=config, m=m):
                 return mma_launch(x, qc, y, c, gated, residual, m)
@@ -109,8 +112,15 @@ def main() -> int:
     result = grid_header("w4_mma_grid", hbm_Bps, preset="llama-7b linears, bf16 activations, int4 group 64 asymmetric",
                          linears={})
     out_path = Path(os.environ.get("OUT", "/tmp")) / "w4-mma-grid.json"
-    for name in sys.argv[1:] or ["o", "qkv", "gate_up", "down"]:
-        result["linears"][name] = linear_grid(name, hbm_Bps)
+    args = sys.argv[1:]
+    stages = (1,)
+    if "--stages" in args:
+        at = args.index("--stages")
+        stages = tuple(int(st) for st in args[at + 1].split(","))
+        del args[at:at + 2]
+    result["stages"] = list(stages)
+    for name in args or ["o", "qkv", "gate_up", "down"]:
+        result["linears"][name] = linear_grid(name, hbm_Bps, stages)
         result["wall_s"] = round(time.perf_counter() - started)
         out_path.write_text(json.dumps(result, indent=1))          # rewritten per linear: a cut call keeps them
         torch.cuda.empty_cache()

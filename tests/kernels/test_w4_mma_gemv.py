@@ -15,11 +15,13 @@ from tierllm.kernels._dispatch import HAS_TRITON
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
 # (N, K, x rows, config): ragged N, K ending mid-iteration (5 groups of 64 over 2 warps x 2), every row count's
-# column layout, two tiles per program
+# column layout, two tiles per program, the software-pipelined loop (STAGES; on CPU its vector scale loads, on a GPU
+# also its cp.async copies and x by PTX) with whole iterations before the last
 CASES = [(40, 320, 1, dict(WARPS=2, UNROLL=2, TWO_TILES=False)),
          (48, 256, 3, dict(WARPS=1, UNROLL=1, TWO_TILES=False)),
          (64, 320, 8, dict(WARPS=2, UNROLL=2, TWO_TILES=True)),
-         (16, 192, 5, dict(WARPS=4, UNROLL=1, TWO_TILES=False))]
+         (16, 192, 5, dict(WARPS=4, UNROLL=1, TWO_TILES=False)),
+         (40, 1216, 2, dict(WARPS=2, UNROLL=4, TWO_TILES=False, STAGES=3))]
 
 
 def _launch_and_ref(n, k, m, config, fusion, symmetric, seed):
