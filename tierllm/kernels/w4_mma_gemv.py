@@ -109,7 +109,9 @@ if HAS_TRITON:
     @triton.jit
     def _x_words(at, ok):
         """The 4 int32 words at `at` ([T] pointers, 16-byte aligned) where ok [T], else zeros: one 16-byte load by
-        PTX (ld.global.nc), which Triton's software pipeliner leaves to the loop body (x is small and cached)."""
+        PTX (ld.global.nc), which Triton's software pipeliner leaves to the loop body (x is small and cached). Marked
+        pure (marked impure, its x work doubled in the SASS): its pointers come through the loop's carried values, so
+        it cannot move above the kernel's wait for its predecessor (PDL)."""
         return tl.inline_asm_elementwise(
             asm="""{
             .reg .pred p;
