@@ -461,15 +461,16 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
                 pdl: bool = False, config: dict | None = None) -> torch.Tensor:
     """x: bf16 [M, K] (M <= 8); qweight: uint8 [N, K // 2]; scales / mins: [N, K // 64] (mins None = symmetric) ->
     [M, N] (gated: the weight has 2N rows [gate; up] and y = SiLU(gate) * up, [M, N]); residual: add into it in
-    place and return it. Check w4_mma_supported first. config: {"WARPS", "UNROLL", "TWO_TILES"} instead of the
-    tuner's pick (benchmarks)."""
+    place and return it. Check w4_mma_supported first. config: {"WARPS", "UNROLL", "TWO_TILES"[, "STAGES"]}
+    instead of the tuner's pick (benchmarks, tests)."""
     m, k = x.shape
     y = fused_output(x, qweight.shape[0], None, None, gated, residual)
     n = y.shape[1]
     args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, m, n, k,
             x.stride(0) // 2, qweight.stride(0) // 4, scales.stride(0), y.stride(0))
-    flags = {"HAS_MINS": mins is not None, "HAS_BIAS": bias is not None, "GATED": gated, "RESIDUAL": residual is not None,
-             "EMULATE": _dispatch.is_interpreted(), **pdl_options(x, pdl)}    # (the tests patch is_interpreted)
+    flags = {"HAS_MINS": mins is not None, "HAS_BIAS": bias is not None, "GATED": gated,
+             "RESIDUAL": residual is not None, "EMULATE": _dispatch.is_interpreted(),    # (tests patch is_interpreted)
+             **pdl_options(x, pdl)}
     m_bucket = triton.next_power_of_2(m)
 
     def launch(chosen: dict, out_args: tuple = args) -> None:
@@ -478,6 +479,7 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
             raise ValueError(f"TWO_TILES needs N a multiple of 32, got {n}")
         _w4_mma_even[(triton.cdiv(n, _tile_rows(meta)),)](*out_args, M_BUCKET=m_bucket, **meta,
                                                           num_warps=chosen["WARPS"], num_stages=1)
+
     if config is not None or is_interpreted():
         launch(config or {"WARPS": 2, "UNROLL": 2, "TWO_TILES": False})
     elif graph_tuning():                     # timed as CUDA graphs replay it
