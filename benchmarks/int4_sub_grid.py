@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int8_row_ab import LINEARS, grid_header, timed_config  # noqa: E402
+from int8_row_ab import LINEARS, grid_header, grid_linears, int_list_option, timed_config  # noqa: E402
 from quant_kernel_sweep import rel_err  # noqa: E402
 
 import tierllm  # noqa: E402
@@ -100,24 +99,13 @@ def main() -> int:
     torch.manual_seed(0)
     result = grid_header("int4_sub_grid", hbm_Bps,
                          preset="llama-7b linears, batch 1, bf16 activations, int4 group 64 asymmetric", linears={})
-    out_path = Path(os.environ.get("OUT", "/tmp")) / "int4-sub-grid.json"
     args = sys.argv[1:]
-    stages = (1,)
-    if "--stages" in args:
-        at = args.index("--stages")
-        stages = tuple(int(s) for s in args[at + 1].split(","))
-        del args[at:at + 2]
+    stages = int_list_option(args, "--stages", (1,))
     prefetch = (False, True) if "--prefetch" in args else (False,)
     args = [arg for arg in args if arg != "--prefetch"]
     result["sub_stages"], result["sub_prefetch"] = list(stages), list(prefetch)
-    for name in args or ["qkv", "gate_up", "down", "o"]:
-        result["linears"][name] = linear_grid(name, hbm_Bps, stages, prefetch)
-        result["wall_s"] = round(time.perf_counter() - started)
-        out_path.write_text(json.dumps(result, indent=1))          # rewritten per linear: a cut call keeps them
-        torch.cuda.empty_cache()
-    print(f"wrote {out_path} in {result['wall_s']} s")
-    return 0
-
+    return grid_linears(result, args or ["qkv", "gate_up", "down", "o"],
+                        lambda name: linear_grid(name, hbm_Bps, stages, prefetch), "int4-sub-grid.json", started)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -52,8 +52,31 @@ def grid_header(benchmark: str, hbm_Bps: float, **fields) -> dict:
     """The fields every kernel grid's JSON opens with: benchmark, device, date, versions, the HBM copy rate measured in
     the same run, the peers note, then `fields`."""
     return {"benchmark": benchmark, "device": torch.cuda.get_device_name(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__}, "hbm_copy_GBps": round(hbm_Bps / 1e9, 1),
-            "peers_note": PEERS_NOTE, **fields}
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
+            "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE, **fields}
+
+
+def int_list_option(args: list[str], flag: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """`flag 1,3` in args -> (1, 3), both removed from args; else default."""
+    if flag not in args:
+        return default
+    at = args.index(flag)
+    values = tuple(int(value) for value in args[at + 1].split(","))
+    del args[at:at + 2]
+    return values
+
+
+def grid_linears(result: dict, names: list[str], linear_grid, out_name: str, started: float) -> int:
+    """result["linears"][name] = linear_grid(name) for each name, the JSON rewritten to $OUT/out_name after each (a
+    call cut short keeps the linears done)."""
+    out_path = Path(os.environ.get("OUT", "/tmp")) / out_name
+    for name in names:
+        result["linears"][name] = linear_grid(name)
+        result["wall_s"] = round(time.perf_counter() - started)
+        out_path.write_text(json.dumps(result, indent=1))
+        torch.cuda.empty_cache()
+    print(f"wrote {out_path} in {result['wall_s']} s")
+    return 0
 
 
 def general_only(residual: bool):

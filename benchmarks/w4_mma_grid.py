@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int8_row_ab import LINEARS, grid_header, timed_config  # noqa: E402
+from int8_row_ab import LINEARS, grid_header, grid_linears, int_list_option, timed_config  # noqa: E402
 from quant_kernel_sweep import rel_err  # noqa: E402
 
 import tierllm  # noqa: E402
@@ -111,22 +110,11 @@ def main() -> int:
     torch.manual_seed(0)
     result = grid_header("w4_mma_grid", hbm_Bps, preset="llama-7b linears, bf16 activations, int4 group 64 asymmetric",
                          linears={})
-    out_path = Path(os.environ.get("OUT", "/tmp")) / "w4-mma-grid.json"
     args = sys.argv[1:]
-    stages = (1,)
-    if "--stages" in args:
-        at = args.index("--stages")
-        stages = tuple(int(st) for st in args[at + 1].split(","))
-        del args[at:at + 2]
+    stages = int_list_option(args, "--stages", (1,))
     result["stages"] = list(stages)
-    for name in args or ["o", "qkv", "gate_up", "down"]:
-        result["linears"][name] = linear_grid(name, hbm_Bps, stages)
-        result["wall_s"] = round(time.perf_counter() - started)
-        out_path.write_text(json.dumps(result, indent=1))          # rewritten per linear: a cut call keeps them
-        torch.cuda.empty_cache()
-    print(f"wrote {out_path} in {result['wall_s']} s")
-    return 0
-
+    return grid_linears(result, args or ["o", "qkv", "gate_up", "down"],
+                        lambda name: linear_grid(name, hbm_Bps, stages), "w4-mma-grid.json", started)
 
 if __name__ == "__main__":
     sys.exit(main())
