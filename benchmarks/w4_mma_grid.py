@@ -6,7 +6,7 @@ enough copies of the codes, scales and mins to miss L2), against the HBM copy ra
 tensor-core kernel's grid at batch 1, its four fastest at batch 8, and the CUDA-core kernel's one-row configs.
 JSON to $OUT/w4-mma-grid.json.
 
-    python benchmarks/w4_mma_grid.py [--stages 1,3] [LINEAR ...]   (STAGES values to grid; default 1)"""
+    python benchmarks/w4_mma_grid.py [--warps 2,4,8] [--unroll 1,2,4] [LINEAR ...]   (the grid's WARPS, UNROLL)"""
 from __future__ import annotations
 
 import itertools
@@ -33,13 +33,10 @@ from tierllm.quant.quantize import quantize_weight  # noqa: E402
 GROUP = 64
 
 
-def mma_configs(gated: bool, stages: tuple[int, ...] = (1,)) -> list[dict]:
-    """Warps, groups per warp per iteration and (not gated) two tiles per program; with `stages` beyond 1 also the
-    software-pipelined loop (STAGES: cp.async copies of weights, scales and mins; 2 or more groups per iteration,
-    so that each row's scales are 4 bytes or more)."""
-    return [dict(WARPS=w, UNROLL=u, TWO_TILES=two, **({"STAGES": st} if st > 1 else {}))
-            for w, u, two, st in itertools.product((2, 4, 8), (1, 2, 4), (False,) if gated else (False, True), stages)
-            if st == 1 or u >= 2]
+def mma_configs(gated: bool, warps: tuple[int, ...], unrolls: tuple[int, ...]) -> list[dict]:
+    """Warps, groups per warp per iteration and (not gated) two tiles per program."""
+    return [dict(WARPS=w, UNROLL=u, TWO_TILES=two)
+            for w, u, two in itertools.product(warps, unrolls, (False,) if gated else (False, True))]
 
 
 def quant_copies(q: dict) -> list[dict]:
@@ -55,7 +52,7 @@ def mma_launch(x, q, y, config, gated, residual, m):
     return w4_mma_gemv.w4_mma_gemv(x[:m], q["qweight"], q["scales"], q["mins"], gated=gated, config=config)
 
 
-def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...]) -> dict:
+def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tuple[int, ...]) -> dict:
     n_rows, k, spec = LINEARS[name]
     gated, residual = spec.get("gated", False), spec.get("residual", False)
     n = n_rows // 2 if gated else n_rows
@@ -69,7 +66,7 @@ def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...]) -> dict:
            "int4_bytes": int4_bytes, "copies": len(copies), "mma": [], "cuda_core": []}
     for m in (1, 8):                     # each config checked against the reference, then timed over the copies
         ref = quant_gemv.w4_fused_ref(x[:m], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
-        configs = mma_configs(gated, stages) if m == 1 else [t["config"] for t in row["mma"] if "us" in t][:4]
+        configs = mma_configs(gated, warps, unrolls) if m == 1 else [t["config"] for t in row["mma"] if "us" in t][:4]
         for config in configs:
             def launch(qc, c=config, m=m):
                 return mma_launch(x, qc, y, c, gated, residual, m)
@@ -111,10 +108,10 @@ def main() -> int:
     result = grid_header("w4_mma_grid", hbm_Bps, preset="llama-7b linears, bf16 activations, int4 group 64 asymmetric",
                          linears={})
     args = sys.argv[1:]
-    stages = int_list_option(args, "--stages", (1,))
-    result["stages"] = list(stages)
+    warps, unrolls = int_list_option(args, "--warps", (2, 4, 8)), int_list_option(args, "--unroll", (1, 2, 4))
+    result["warps"], result["unroll"] = list(warps), list(unrolls)
     return grid_linears(result, args or ["o", "qkv", "gate_up", "down"],
-                        lambda name: linear_grid(name, hbm_Bps, stages), "w4-mma-grid.json", started)
+                        lambda name: linear_grid(name, hbm_Bps, warps, unrolls), "w4-mma-grid.json", started)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,13 +15,11 @@ from tierllm.kernels._dispatch import HAS_TRITON
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
 # (N, K, x rows, config): ragged N, K ending mid-iteration (5 groups of 64 over 2 warps x 2), every row count's
-# column layout, two tiles per program, the software-pipelined loop (STAGES; on CPU its vector scale loads, on a GPU
-# also its cp.async copies and x by PTX) with whole iterations before the last
+# column layout, two tiles per program
 CASES = [(40, 320, 1, dict(WARPS=2, UNROLL=2, TWO_TILES=False)),
          (48, 256, 3, dict(WARPS=1, UNROLL=1, TWO_TILES=False)),
          (64, 320, 8, dict(WARPS=2, UNROLL=2, TWO_TILES=True)),
-         (16, 192, 5, dict(WARPS=4, UNROLL=1, TWO_TILES=False)),
-         (40, 1216, 2, dict(WARPS=2, UNROLL=4, TWO_TILES=False, STAGES=3))]
+         (16, 192, 5, dict(WARPS=4, UNROLL=1, TWO_TILES=False))]
 
 
 def _launch_and_ref(n, k, m, config, fusion, symmetric, seed):
@@ -107,3 +105,38 @@ def test_w4_mma_gemv_graph_tuned(monkeypatch):
     assert list(w4_mma_gemv._graph_tuner.cache.values()) == [kept[-1]]
     check_fused_gemv(launch, ref, m, n, _launch_and_ref(n, k, m, None, "residual", False, seed=7)[2])
     assert len(timed) == len(kept)                           # remembered
+
+
+@pytest.mark.parametrize("winner", ["tensor_cores", "cuda_cores"])
+def test_w4_gemv_one_row_graph_tuned_across_kernels(monkeypatch, winner):
+    """TIERLLM_GEMV_TUNER=graph, one bf16 row: the tensor-core kernel's configs are timed with the CUDA-core loops',
+    the fastest of either kernel is taken and remembered, and a residual launch adds the product once."""
+    n, k = 48, 256
+    w, _ = _quantized(n, k, QuantConfig(bits=4, group_size=64), seed=11)
+    x = _x(1, k, torch.bfloat16, seed=12)
+    mma_calls, timed = [], []
+    real = quant_gemv.w4_mma_gemv
+    monkeypatch.setattr(quant_gemv, "w4_mma_gemv", lambda *args, **kwargs: mma_calls.append(kwargs["config"]) or
+                        real(*args, **kwargs))
+
+    def fake_seconds(launch, copies):
+        before = len(mma_calls)
+        launch(copies[1])
+        timed.append(len(mma_calls) > before)                 # this config ran on the tensor cores
+        return 0.5 if timed[-1] == (winner == "tensor_cores") else 1.0
+
+    fake_graph_tuning(monkeypatch, quant_gemv, quant_gemv._w4_graph_tuner, fake_seconds)
+    kept = w4_mma_gemv.tuned_configs(n)
+    residual = _x(1, n, torch.bfloat16, seed=13)
+    launch = functools.partial(quant_gemv.w4_gemv_triton, x, w["qweight"], w["scales"], w["mins"], 64)
+    if winner == "tensor_cores" or DEVICE == "cuda":          # (the CUDA-core loop's bf16 stores are wrong on CPU)
+        check_fused_gemv(launch, functools.partial(quant_gemv.w4_fused_ref, x.float(), w["qweight"], w["scales"],
+                                                   w["mins"], 64), 1, n, {"residual": residual})
+    else:
+        launch(residual=residual)
+    assert sum(timed) == len(kept) and len(timed) > len(kept)   # both kernels' configs timed
+    [config] = quant_gemv._w4_graph_tuner.cache.values()
+    assert bool(config.kwargs.get(quant_gemv.TENSOR_CORES)) == (winner == "tensor_cores")
+    calls, tunings = len(mma_calls), len(timed)
+    launch(residual=residual)                                  # remembered: no timing, the chosen kernel runs
+    assert len(timed) == tunings and len(mma_calls) == calls + (winner == "tensor_cores")

@@ -4,7 +4,8 @@ written back. Layouts: tierllm/quant/formats.py.
 int8: gemv.py's kernel (INT8 set): each program streams BLOCK_N int8 rows in BLOCK_K chunks for all M rows;
 the per-channel scale is applied once at the end. One x row (batch-1 decode) takes its ROW loop alone (per-lane
 accumulation, int8 codes as fp32 subnormals: gemv.int8_as_subnormal).
-int4: 2-8 bf16 x rows with groups of 64 (and no norm prologue) go to w4_mma_gemv.py, on the tensor cores.
+int4: 2-8 bf16 x rows with groups of 64 (and no norm prologue) go to w4_mma_gemv.py, on the tensor cores; one
+such row too where the graph tuner (TIERLLM_GEMV_TUNER=graph) times it faster than the loops below.
 Otherwise one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the grid, so the M programs
 reading the same weight block run together and only the first reads HBM; each step covers GROUPS_PER_BLOCK whole
 groups, and the group's scale (and min) multiply the group's partial dot product instead of every weight. For one
@@ -23,10 +24,12 @@ from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
+from tierllm.kernels.w4_mma_gemv import tuned_configs as w4_mma_tuned_configs
 from tierllm.kernels.w4_mma_gemv import w4_mma_gemv, w4_mma_supported
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
 
 MAX_QUANT_GEMV_ROWS = 8
+TENSOR_CORES = "TENSOR_CORES"        # marks the int4 graph tuner's w4_mma_gemv configs among its one-row choices
 
 if HAS_TRITON:
     import triton
@@ -550,7 +553,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                    pdl: bool = False) -> torch.Tensor:
     """x: [M, K] (last dim contiguous); qweight: uint8 [N, K // 2]; scales / mins: [N, K // G] (mins None =
     symmetric) -> [M, N]. Fusions and pdl as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N
-    rows). Several rows where w4_mma_supported: w4_mma_gemv."""
+    rows). Several rows where w4_mma_supported: w4_mma_gemv; one row there too where TIERLLM_GEMV_TUNER=graph
+    times it faster."""
     m, k = x.shape
     if m > 1 and norm_weight is None and w4_mma_supported(x, qweight, group_size):
         # the tensor-core GEMV: x's rows are the MMA's columns, so 2-8 rows cost what one does (this kernel streams
@@ -573,18 +577,31 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         kernel.fn[(m, triton.cdiv(n, 8))](*args(qweight, y), **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2,
                                           INT4_ROW=one_row)
     elif graph_tuning():                     # Triton's tuner timed these at 1.4-3.3x a graph's time
-        def launch(config, w: torch.Tensor, out: torch.Tensor = y) -> None:
+        # one row: the tensor-core kernel's configs compete with the CUDA-core loops' (on an H200 each kernel was
+        # the faster on two of llama-7b's four shapes: benchmarks/results/w4-mma-grid-h200.json)
+        tensor_cores = m == 1 and norm_weight is None and w4_mma_supported(x, qweight, group_size)
+
+        def launch(config, w: torch.Tensor, out: torch.Tensor = y) -> torch.Tensor:
+            if config.kwargs.get(TENSOR_CORES):
+                return w4_mma_gemv(x, w, scales, mins, bias, gated=gated, pdl=pdl,
+                                   residual=out if residual is not None else None,
+                                   config={name: v for name, v in config.kwargs.items() if name != TENSOR_CORES})
             _w4_gemv_even[(m, triton.cdiv(n, config.kwargs["BLOCK_N"]))](*args(w, out), **flags,
                                                                         **config.all_kwargs(), **pdl_options(x, pdl))
-        key = (m_bucket, n, k, tuple(flags.values()), x.dtype)
+            return out
+        key = (m_bucket, n, k, tuple(flags.values()), x.dtype, tensor_cores)
         config = _w4_graph_tuner.cache.get(key)
         if config is None:
             scratch = y.clone() if residual is not None else y      # tuning adds into the residual many times
             named = {"x_ptr": x, "w_ptr": qweight, "M_BUCKET": m_bucket, "stride_xm": x.stride(0),
                      "stride_wn": qweight.stride(0), **flags}
+            configs = _prune_int4(_INT4_CONFIGS, named)
+            if tensor_cores:
+                configs += [triton.Config({**c.kwargs, TENSOR_CORES: True}, num_warps=c.num_warps, num_stages=1)
+                            for c in w4_mma_tuned_configs(n)]
             config = _w4_graph_tuner.pick(key, lambda config, w: launch(config, w, scratch), qweight, m_bucket,
-                                          configs=_prune_int4(_INT4_CONFIGS, named))
-        launch(config, qweight)
+                                          configs=configs)
+        return launch(config, qweight)
     else:                                    # its tuned site recorded: quant_gpu.py's picks, step tuning
         launch_recording_sites(kernel, lambda: kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](
             *args(qweight, y), **flags, **pdl_options(x, pdl)), m_bucket)

@@ -32,10 +32,9 @@ The program's warps split K (each warp takes UNROLL adjacent groups, the program
 iteration) and sum their partial results at the end.
 
 At batch 1 the loop is latency-bound: ptxas interleaves an iteration's loads with its MMAs and issues the scales'
-after them, so few bytes are in flight per SM (benchmarks/notes/gpu-decode.md). STAGES > 1 (not yet timed on a GPU,
-not in the tuners' list) lets Triton software-pipeline the loop: the weights and each row's scale and min vectors
-(one load per row per iteration, 4 bytes or more with UNROLL >= 2) travel by cp.async into shared memory STAGES - 1
-iterations ahead, without holding registers; x, small and cached, is loaded by PTX the pipeliner leaves alone.
+after them, so few bytes are in flight per SM (benchmarks/notes/gpu-decode.md). Software-pipelining it through
+cp.async (Triton's num_stages, each row's scales and mins as vector loads) was slower on every llama-7b shape on an
+H200 (benchmarks/results/w4-mma-grid-stages-h200.json) and was removed.
 
 The CPU interpreter runs no PTX: there EMULATE computes the same fragments' products with Triton ops on the same
 loads (the layout, masks and epilogue are what the interpreter tests), and tests/gpu checks the PTX path against
@@ -107,24 +106,6 @@ if HAS_TRITON:
     _TILE_ASM = tl.constexpr(_tile_group_asm())
 
     @triton.jit
-    def _x_words(at, ok):
-        """The 4 int32 words at `at` ([T] pointers, 16-byte aligned) where ok [T], else zeros: one 16-byte load by
-        PTX (ld.global.nc), which Triton's software pipeliner leaves to the loop body (x is small and cached). Marked
-        pure (marked impure, its x work doubled in the SASS): its pointers come through the loop's carried values, so
-        it cannot move above the kernel's wait for its predecessor (PDL)."""
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .pred p;
-            setp.ne.b32 p, $5, 0;
-            mov.b32 $0, 0;
-            mov.b32 $1, 0;
-            mov.b32 $2, 0;
-            mov.b32 $3, 0;
-            @p ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];
-            }""", constraints="=r,=r,=r,=r,l,r", args=[at, ok.to(tl.int32)], dtype=(tl.int32,) * 4, is_pure=True,
-            pack=1)
-
-    @triton.jit
     def _split4(words):
         """[T, 4] -> its 4 columns, [T] each."""
         even, odd = tl.split(tl.reshape(words, [words.shape[0], 2, 2]))                    # columns 0, 2 | 1, 3
@@ -173,44 +154,25 @@ if HAS_TRITON:
         return tl.load(at)
 
     @triton.jit
-    def _half_column(bits, u, UNROLL: tl.constexpr):
-        """Column u of fp16 bits [T, UNROLL] (int16; each thread holds its row whole) -> [T] fp32."""
-        picked = tl.sum(tl.where((tl.arange(0, UNROLL) == u)[None, :], bits, 0), axis=1)
-        return picked.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-    @triton.jit
-    def _w4_mma_scales(s_at, mn_at, rows_apart_s, ok0, ok1, HAS_MINS: tl.constexpr, UNROLL: tl.constexpr,
-                       MASK: tl.constexpr):
-        """A tile's scales and mins for the warp's UNROLL groups of an iteration, one vector load per row each:
-        fp16 bits [T, UNROLL] for rows r0 and r1 (the scales again when symmetric). s_at, mn_at: [T] int16 pointers
-        to row r0's first; ok0, ok1: [T, UNROLL] masks, where MASK. (With UNROLL >= 2 the loads are 4 bytes or more
-        per thread, what a software-pipelined loop can copy asynchronously.)"""
-        s0_at = s_at[:, None] + tl.arange(0, UNROLL)[None, :]
-        s0 = _masked_load(s0_at, ok0, MASK)
-        s1 = _masked_load(s0_at + rows_apart_s, ok1, MASK)
-        m0, m1 = s0, s1
-        if HAS_MINS:
-            m0_at = mn_at[:, None] + tl.arange(0, UNROLL)[None, :]
-            m0 = _masked_load(m0_at, ok0, MASK)
-            m1 = _masked_load(m0_at + rows_apart_s, ok1, MASK)
-        return s0, s1, m0, m1
-
-    @triton.jit
-    def _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, vectors, xf0, xf1, xf2, xf3, xf4,
-                     xf5, xf6, xf7, sx0, sx1, sx2, sx3, acc0, acc1, acc2, acc3, HAS_MINS: tl.constexpr,
-                     EMULATE: tl.constexpr, WARPS: tl.constexpr, MASK: tl.constexpr, UNROLL: tl.constexpr,
-                     VECTORS: tl.constexpr):
-        """One 16-row tile's group (the iteration's u-th of the warp): its loads and MMAs, scaled and added into the
+    def _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2, xf3, xf4, xf5, xf6,
+                     xf7, sx0, sx1, sx2, sx3, acc0, acc1, acc2, acc3, HAS_MINS: tl.constexpr, EMULATE: tl.constexpr,
+                     WARPS: tl.constexpr, MASK: tl.constexpr):
+        """One 16-row tile's group (the iteration's u-th of the warp): its loads, MMAs and scales added into the
         accumulators acc0..acc3 [T] (rows r0, r0, r1, r1; columns 2 tig, 2 tig + 1), returned. w_at, s_at, mn_at:
         [T] pointers to row r0's first word, scale and min of the warp's groups this iteration (row r1 is
-        rows_apart_* further); ok0, ok1: row r0's and r1's load masks [T], where MASK; VECTORS: the scales and mins
-        from `vectors` instead (_group_scales). xf*: x's fragments (EMULATE: xf0 is x [T, 16]); sx*: x's group sums
-        per accumulator."""
+        rows_apart_* further); ok0, ok1: row r0's and r1's load masks, where MASK. xf*: x's fragments (EMULATE:
+        xf0 is x [T, 16]); sx*: x's group sums per accumulator."""
         w0_at = w_at[:, None] + (u * 8 + tl.arange(0, 2))[None, :]          # [T, 2]: k 16 tig .. + 15
         r0w0, r0w1 = tl.split(_masked_load(w0_at, ok0[:, None], MASK))
         r1w0, r1w1 = tl.split(_masked_load(w0_at + rows_apart_w, ok1[:, None], MASK))
-        s0, s1, m0, m1 = _group_scales(s_at, mn_at, rows_apart_s, u, ok0, ok1, vectors, HAS_MINS, UNROLL, MASK,
-                                       VECTORS)
+        s0 = _masked_load(s_at + u, ok0, MASK).to(tl.float32)
+        s1 = _masked_load(s_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
+        if HAS_MINS:
+            m0 = _masked_load(mn_at + u, ok0, MASK).to(tl.float32)
+            m1 = _masked_load(mn_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
+        else:                                                               # code - 8
+            m0 = -8.0 * s0
+            m1 = -8.0 * s1
         if EMULATE:
             d0, d1 = _emulated_row(_emulated_codes(r0w0, r0w1), xf0, WARPS)
             d2, d3 = _emulated_row(_emulated_codes(r1w0, r1w1), xf0, WARPS)
@@ -230,69 +192,25 @@ if HAS_TRITON:
         return acc0, acc1, acc2, acc3
 
     @triton.jit
-    def _group_scales(s_at, mn_at, rows_apart_s, u, ok0, ok1, vectors, HAS_MINS: tl.constexpr, UNROLL: tl.constexpr,
-                      MASK: tl.constexpr, VECTORS: tl.constexpr):
-        """Group u's scales and mins of rows r0 and r1 as fp32 [T] (the min -8 * scale when symmetric): loaded here
-        (s_at, mn_at: [T] fp16 pointers to row r0's of the iteration's first group; ok0, ok1: [T] masks, where
-        MASK), or, VECTORS, taken from _w4_mma_scales' loads (`vectors`)."""
-        if VECTORS:
-            s0 = _half_column(vectors[0], u, UNROLL)
-            s1 = _half_column(vectors[1], u, UNROLL)
-            m0 = _half_column(vectors[2], u, UNROLL)
-            m1 = _half_column(vectors[3], u, UNROLL)
-        else:
-            s0 = _masked_load(s_at + u, ok0, MASK).to(tl.float32)
-            s1 = _masked_load(s_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
-            m0, m1 = s0, s1
-            if HAS_MINS:
-                m0 = _masked_load(mn_at + u, ok0, MASK).to(tl.float32)
-                m1 = _masked_load(mn_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
-        if not HAS_MINS:                                                    # code - 8
-            m0 = -8.0 * s0
-            m1 = -8.0 * s1
-        return s0, s1, m0, m1
-
-    @triton.jit
     def _w4_mma_iteration(x_at, w_at, s_at, mn_at, M, gid, live, row_ok0, row_ok1, rows_apart_w, rows_apart_s,
                           b_apart_w, b_apart_s, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS: tl.constexpr,
                           TILES: tl.constexpr, UNROLL: tl.constexpr, WARPS: tl.constexpr, EMULATE: tl.constexpr,
-                          MASKED: tl.constexpr, EVEN_N: tl.constexpr, PIPELINED: tl.constexpr):
+                          MASKED: tl.constexpr, EVEN_N: tl.constexpr):
         """One loop iteration: the warp's UNROLL groups (pointers x_at, w_at, s_at, mn_at at the first) for its one
         or two tiles (tile b: b_apart_* further). MASKED: the last iteration, live [T] the warp's groups left in K;
-        row_ok*: the rows' masks where N is not a whole number of tiles (not EVEN_N). PIPELINED (a loop Triton
-        software-pipelines): each row's scales and mins of the UNROLL groups in one vector load (what it can copy
-        asynchronously), and x by PTX (which it leaves alone: x's copies would fill shared memory)."""
+        row_ok*: the rows' masks where N is not a whole number of tiles (not EVEN_N)."""
         T: tl.constexpr = 32 * WARPS
-        MASK: tl.constexpr = MASKED or not EVEN_N
-        va, vb = (gid,), (gid,)                                            # PIPELINED: the scale and min vectors
-        if PIPELINED:
-            g_ok = tl.arange(0, UNROLL)[None, :] < UNROLL                   # [1, UNROLL]: all
-            if MASKED:
-                g_ok = tl.arange(0, UNROLL)[None, :] < live[:, None]        # the groups still in K
-            bits_at, min_bits_at = s_at.to(tl.pointer_type(tl.int16)), mn_at.to(tl.pointer_type(tl.int16))
-            va = _w4_mma_scales(bits_at, min_bits_at, rows_apart_s, row_ok0[:, None] & g_ok, row_ok1[:, None] & g_ok,
-                                HAS_MINS, UNROLL, MASK)
-            vb = va
-            if TILES == 2:
-                vb = _w4_mma_scales(bits_at + b_apart_s, min_bits_at + b_apart_s, rows_apart_s,
-                                    row_ok0[:, None] & g_ok, row_ok1[:, None] & g_ok, HAS_MINS, UNROLL, MASK)
         for u in tl.static_range(UNROLL):
             ok0, ok1, x_ok = row_ok0, row_ok1, gid < M
             if MASKED:
-                g_live = live > u                                           # the u-th group is still in K
-                x_ok = x_ok & g_live
-                ok0, ok1 = ok0 & g_live, ok1 & g_live
-            if PIPELINED and not EMULATE:
-                e0, e1, e2, e3 = _x_words(x_at + u * 32, x_ok)
-                e4, e5, e6, e7 = _x_words(x_at + u * 32 + 4, x_ok)
-            else:
-                # x[gid, 16 tig .. + 15] as 8 words of two, in two 16-byte loads of [T, 4] (one of [T, 8] would
-                # take two threads per row, and a shuffle through shared memory to give each thread its own)
-                x_u = x_at[:, None] + (u * 32 + tl.arange(0, 4))[None, :]
-                x_low = tl.load(x_u, mask=x_ok[:, None], other=0)            # [T, 4]: k 0-7 of the lane's 16
-                x_high = tl.load(x_u + 4, mask=x_ok[:, None], other=0)       # k 8-15
-                e0, e1, e2, e3 = _split4(x_low)
-                e4, e5, e6, e7 = _split4(x_high)
+                g_ok = live > u                                             # the u-th group is still in K
+                x_ok = x_ok & g_ok
+                ok0, ok1 = ok0 & g_ok, ok1 & g_ok
+            # x[gid, 16 tig .. + 15] as 8 words of two, in two 16-byte loads of [T, 4] (one of [T, 8] would take
+            # two threads per row, and a shuffle through shared memory to give each thread its own)
+            x_u = x_at[:, None] + (u * 32 + tl.arange(0, 4))[None, :]
+            x_low = tl.load(x_u, mask=x_ok[:, None], other=0)                # [T, 4]: k 0-7 of the lane's 16
+            x_high = tl.load(x_u + 4, mask=x_ok[:, None], other=0)           # k 8-15
             if EMULATE:
                 x_raw = tl.reshape(tl.permute(tl.join(x_low, x_high), (0, 2, 1)), [T, 8])
                 x = tl.reshape(tl.join((x_raw << 16).to(tl.float32, bitcast=True),
@@ -300,18 +218,20 @@ if HAS_TRITON:
                 xf0, sx0, sx1, sx2, sx3 = _emulated_x(x, WARPS)
                 xf1, xf2, xf3, xf4, xf5, xf6, xf7 = sx0, sx0, sx0, sx0, sx0, sx0, sx0
             else:
+                e0, e1, e2, e3 = _split4(x_low)
+                e4, e5, e6, e7 = _split4(x_high)
                 xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3 = tl.inline_asm_elementwise(
                     asm=_X_ASM, constraints="=r," * 12 + "r," * 7 + "r",
                     args=[e0, e1, e2, e3, e4, e5, e6, e7], dtype=(tl.int32,) * 8 + (tl.float32,) * 4,
                     is_pure=True, pack=1)
-            a0, a1, a2, a3 = _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, va, xf0, xf1,
-                                          xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3, a0, a1, a2, a3, HAS_MINS,
-                                          EMULATE, WARPS, MASK, UNROLL, PIPELINED)
+            a0, a1, a2, a3 = _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2,
+                                          xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3, a0, a1, a2, a3, HAS_MINS,
+                                          EMULATE, WARPS, MASKED or not EVEN_N)
             if TILES == 2:
-                b0, b1, b2, b3 = _w4_mma_tile(w_at + b_apart_w, s_at + b_apart_s, mn_at + b_apart_s, u, rows_apart_w,
-                                              rows_apart_s, ok0, ok1, vb, xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0,
-                                              sx1, sx2, sx3, b0, b1, b2, b3, HAS_MINS, EMULATE, WARPS, MASK, UNROLL,
-                                              PIPELINED)
+                b0, b1, b2, b3 = _w4_mma_tile(w_at + b_apart_w, s_at + b_apart_s, mn_at + b_apart_s, u,
+                                              rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2, xf3, xf4, xf5,
+                                              xf6, xf7, sx0, sx1, sx2, sx3, b0, b1, b2, b3, HAS_MINS, EMULATE,
+                                              WARPS, MASKED or not EVEN_N)
         return a0, a1, a2, a3, b0, b1, b2, b3
 
     @triton.jit
@@ -334,7 +254,7 @@ if HAS_TRITON:
                             stride_ym, M_BUCKET, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                             RESIDUAL: tl.constexpr, TWO_TILES: tl.constexpr, WARPS: tl.constexpr,
                             UNROLL: tl.constexpr, EMULATE: tl.constexpr, EVEN_N: tl.constexpr,
-                            STAGES: tl.constexpr = 1, PDL: tl.constexpr = False):
+                            PDL: tl.constexpr = False):
         """Grid: one program per 16 output rows (32 with TWO_TILES, not GATED), WARPS warps each; GATED: the weight
         holds [gate; up] (2N rows) and y gets SiLU(gate) * up. stride_xw, stride_ww: x's and the weight's row strides
         in int32 words; M_BUCKET: x's rows to the next power of 2, the tuners' key only. EVEN_N: N is a whole number
@@ -368,11 +288,11 @@ if HAS_TRITON:
         b3 = tl.zeros([T], tl.float32)
         STEP: tl.constexpr = WARPS * UNROLL
         whole = num_groups // STEP
-        for _ in tl.range(whole, num_stages=STAGES):       # STAGES > 1: cp.async pipelining
+        for _ in range(whole):
             a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
                 x_at, w_at, s_at, mn_at, M, gid, gid, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
                 b_rows * stride_ww, b_rows * stride_sn, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS, TILES, UNROLL,
-                WARPS, EMULATE, False, EVEN_N, STAGES > 1)
+                WARPS, EMULATE, False, EVEN_N)
             x_at += STEP * 32
             w_at += STEP * 8
             s_at += STEP
@@ -382,7 +302,7 @@ if HAS_TRITON:
             a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
                 x_at, w_at, s_at, mn_at, M, gid, live, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
                 b_rows * stride_ww, b_rows * stride_sn, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS, TILES, UNROLL,
-                WARPS, EMULATE, True, EVEN_N, STAGES > 1)
+                WARPS, EMULATE, True, EVEN_N)
         SCALE: tl.constexpr = 8589934592.0                                  # 2^33: the code products' scale
         lane = tl.arange(0, 32)
         row = tl.program_id(0) * TILE_ROWS + lane // 4
@@ -448,6 +368,11 @@ if HAS_TRITON:
     _graph_tuner = GraphTuner(_CONFIGS)                                 # TIERLLM_GEMV_TUNER=graph
 
 
+def tuned_configs(n: int) -> list:
+    """The tuners' configs (triton.Config) that apply to an N-row output."""
+    return _prune(_CONFIGS, {"N": n})
+
+
 def w4_mma_supported(x: torch.Tensor, qweight: torch.Tensor, group_size: int) -> bool:
     """Where w4_mma_gemv applies: bf16 x of at most 8 rows, groups of 64, x rows and weight rows at 16-byte
     boundaries (its vector loads)."""
@@ -461,8 +386,8 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
                 pdl: bool = False, config: dict | None = None) -> torch.Tensor:
     """x: bf16 [M, K] (M <= 8); qweight: uint8 [N, K // 2]; scales / mins: [N, K // 64] (mins None = symmetric) ->
     [M, N] (gated: the weight has 2N rows [gate; up] and y = SiLU(gate) * up, [M, N]); residual: add into it in
-    place and return it. Check w4_mma_supported first. config: {"WARPS", "UNROLL", "TWO_TILES"[, "STAGES"]}
-    instead of the tuner's pick (benchmarks, tests)."""
+    place and return it. Check w4_mma_supported first. config: {"WARPS", "UNROLL", "TWO_TILES"} instead of the
+    tuner's pick (benchmarks, tests)."""
     m, k = x.shape
     y = fused_output(x, qweight.shape[0], None, None, gated, residual)
     n = y.shape[1]
@@ -488,7 +413,7 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
         if chosen is None:
             scratch = args[:5] + (y.clone() if residual is not None else y,) + args[6:]   # tuning adds into it
             chosen = _graph_tuner.pick(key, lambda c, w: launch(c.kwargs, scratch[:1] + (w,) + scratch[2:]),
-                                       qweight, m_bucket, configs=_prune(_CONFIGS, {"N": n}))
+                                       qweight, m_bucket, configs=tuned_configs(n))
         launch(chosen.kwargs)
     else:                                    # Triton's autotuner; its tuned site recorded (step tuning)
         kernel = _w4_mma_residual_tuned if residual is not None else _w4_mma_tuned
