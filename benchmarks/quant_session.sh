@@ -71,7 +71,8 @@ case "$part" in
   mma)
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_w4_mma_gemv.py 2>&1 \
         | tee "$OUT/gpu-tests-w4-mma.log" | tail -3
-    timeout 420 python3 benchmarks/w4_mma_grid.py --warps 4,8,16 --unroll 2,4,8 2>&1 | tee "$OUT/w4-mma-grid.log" | grep -v -i warn \
+    timeout 420 python3 benchmarks/w4_mma_grid.py --warps 4,8,16 --unroll 2,4,8 2>&1 | tee "$OUT/w4-mma-grid.log" \
+        | grep -v -i warn \
         | grep best | cut -c1-700
     ;;
   mma-ncu)
