@@ -595,7 +595,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             scratch = y.clone() if residual is not None else y      # tuning adds into the residual many times
             named = {"x_ptr": x, "w_ptr": qweight, "M_BUCKET": m_bucket, "stride_xm": x.stride(0),
                      "stride_wn": qweight.stride(0), **flags}
-            configs = _prune_int4(_INT4_CONFIGS, named)
+            configs = list(_prune_int4(_INT4_CONFIGS, named))           # (the prune may return the list itself)
             if tensor_cores:
                 configs += [triton.Config({**c.kwargs, TENSOR_CORES: True}, num_warps=c.num_warps, num_stages=1)
                             for c in w4_mma_tuned_configs(n)]

@@ -349,10 +349,11 @@ if HAS_TRITON:
         return args["N"] % _tile_rows(args) == 0
 
     # From benchmarks/results/w4-mma-grid-h200.json at batch 8 (each llama-7b shape's two fastest): warps, groups per
-    # warp per iteration, two 16-row tiles per program (not gated: each warp's x fragments serve both)
+    # warp per iteration, two 16-row tiles per program (not gated: each warp's x fragments serve both); the last two
+    # from the wider grid of w4-mma-grid-wide-h200.json (down's fastest at batch 1, o's and down's at batch 8)
     _CONFIGS = [triton.Config({"WARPS": w, "UNROLL": u, "TWO_TILES": two}, num_warps=w, num_stages=1)
                 for w, u, two in [(8, 4, False), (8, 2, False), (4, 4, True), (4, 2, False), (2, 4, False),
-                                  (4, 1, False), (4, 4, False)]]
+                                  (4, 1, False), (4, 4, False), (16, 2, False), (8, 8, False)]]
     _KEY = ["M_BUCKET", "N", "K", "GATED", "RESIDUAL"]
 
     def _prune(configs, named_args, **kwargs):
