@@ -137,6 +137,7 @@ def test_w4_gemv_one_row_graph_tuned_across_kernels(monkeypatch, winner):
     assert sum(timed) == len(kept) and len(timed) > len(kept)   # both kernels' configs timed
     [config] = quant_gemv._w4_graph_tuner.cache.values()
     assert bool(config.kwargs.get(quant_gemv.TENSOR_CORES)) == (winner == "tensor_cores")
+    assert not any(quant_gemv.TENSOR_CORES in c.kwargs for c in quant_gemv._INT4_CONFIGS)   # the tuners' list intact
     calls, tunings = len(mma_calls), len(timed)
     launch(residual=residual)                                  # remembered: no timing, the chosen kernel runs
     assert len(timed) == tunings and len(mma_calls) == calls + (winner == "tensor_cores")
