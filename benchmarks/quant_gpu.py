@@ -27,6 +27,7 @@ from tierllm.bench.presets import build_preset_hf_model
 from tierllm.bench.probe import hbm_copy_GBps, matmul_TFLOPs, pinned_copy_GBps
 from tierllm.bench.quant_presets import preset_quant_checkpoint
 from tierllm.bench.results import check, print_checks, write_result
+from tierllm.kernels.graph_tuning import graph_tuning
 
 PRESET = "llama-7b"
 VARIANTS = ["bf16", "int8", "int4", "w8a8"]
@@ -214,7 +215,8 @@ def main() -> int:
                 "int8": "per channel, symmetric", "w8a8": "per-token int8 activations x per-channel int8 weights",
                 "cuda_graphs": True,
                 "tuner_env": {name: os.environ[name] for name in ("TIERLLM_STEP_TUNER", "TIERLLM_GEMV_TUNER")
-                              if name in os.environ}}
+                              if name in os.environ},
+                "gemv_tuner": "graph" if graph_tuning() else "triton"}
     results: dict = {"batch1_kernels": kernels}
     checks: list = []
     for variant in variants:             # the JSON is rewritten after each: a run cut short keeps what it measured

@@ -305,7 +305,7 @@ def h200_int8_sum16_paragraph(runs: list[dict], graph_runs: list[dict], grid: di
             f"every other ([grid](benchmarks/results/int8-row-grid-sum16-h200.json): {best}), and eight of them "
             "joined the int8 tuner's list. Per decode layer, the tuner's picks, all four linears with their fusions "
             f"([A/B](benchmarks/results/int8-row-ab-sum16-h200.json)): int8 {layer['int8 fused, all configs']} us "
-            f"against bf16's {layer['bf16 fused']}. Three calls on one H200 with the default tuner (bf16 / int8 "
+            f"against bf16's {layer['bf16 fused']}. Three calls on one H200 with Triton's tuner (bf16 / int8 "
             "ms/token, int8/bf16; CUDA graphs for batch 1-8 only): "
             + ", ".join(run(doc, name) for doc, name in zip(runs, INT8_SUM16_RUNS))
             + f": the batch-1 int8 target (1.7x) is met in each ({min(ratio)}-{max(ratio)}x). With the graph tuner "
@@ -313,17 +313,17 @@ def h200_int8_sum16_paragraph(runs: list[dict], graph_runs: list[dict], grid: di
             + ", and before the SUM16 configs " + run(graph_runs[0], INT8_GRAPH_TUNER_RUNS[0])
             + ". The JSONs record each batch-1 pick: Triton's tuner, which times each kernel alone, took different "
             "configs from run to run on every shape (three qkv configs in three runs); the graph tuner took the "
-            "grid's best on the three shapes the grid timed. It stays opt-in: on an H100 at TP=2 it lost to "
-            "Triton's pick for one GEMV (benchmarks/notes/tp-history.md).")
+            "grid's best on the three shapes the grid timed. It has been the default since the int4 run below; on an "
+            "H100 at TP=2 it lost to Triton's pick for one GEMV (benchmarks/notes/tp-history.md).")
 
 
 INT4_H200_RUNS = ["quant-bf16-int4-llama-7b-h200-run1.json", "quant-bf16-int4-llama-7b-h200-run2.json",
                   "quant-bf16-int4-step-tuner-llama-7b-h200.json"]
 
 
-def h200_int4_paragraph(runs: list[dict], grid: dict, mma_run: dict, mma_grid: dict) -> str:
-    """The first bf16 + int4 calls on an H200 (INT4_H200_RUNS: Triton's tuner twice, then step tuning) and the
-    int4 one-row loops' grid with XPRE (int4_sub_grid.py)."""
+def h200_int4_paragraph(runs: list[dict], grid: dict, mma_run: dict, mma_grid: dict, graph_run: dict) -> str:
+    """The first bf16 + int4 calls on an H200 (INT4_H200_RUNS: Triton's tuner twice, then step tuning), the
+    int4 one-row loops' grid with XPRE (int4_sub_grid.py), the tensor-core GEMV and the graph tuner's run."""
     def run(doc: dict, name: str) -> str:
         b1 = {v: doc["results"][v]["batch1"]["decode_ms_per_step"] for v in ("bf16", "int4")}
         return (f"[{b1['bf16']} / {b1['int4']}, {doc['results']['speedup_vs_bf16']['int4']['batch1_decode']}x]"
@@ -340,7 +340,8 @@ def h200_int4_paragraph(runs: list[dict], grid: dict, mma_run: dict, mma_grid: d
             + f", {layer:.1f} us per layer at each shape's best: about 1.65x bf16 end to end even with perfect picks. "
             "2.8x would need the int4 GEMVs at ~79% of the copy rate, as int8's best loop streams with twice the "
             "bytes per weight: a loop with half the instructions per code again, not tuning "
-            "(`benchmarks/notes/gpu-decode.md`). " + mma_sentence(mma_run, mma_grid))
+            "(`benchmarks/notes/gpu-decode.md`). " + mma_sentence(mma_run, mma_grid) + " "
+            + graph_tuner_sentence(graph_run))
 
 
 def mma_sentence(doc: dict, grid: dict) -> str:
@@ -354,6 +355,26 @@ def mma_sentence(doc: dict, grid: dict) -> str:
             f"rows since e595173: [int4 batch-8 decode {speedup['batch8_decode']}x bf16, batch 1 "
             f"{speedup['batch1_decode']}x](benchmarks/results/quant-bf16-int4-mma-llama-7b-h200.json) "
             "(batch 8 was 0.69-0.72x; bf16's batch-8 step is 3.2x its batch-1 step, a weak baseline).")
+
+
+def graph_tuner_sentence(doc: dict) -> str:
+    """The run with the graph tuner (now the default), one int4 row choosing its kernel, and bf16 through cuBLAS."""
+    r = doc["results"]
+    ms = {v: {b: r[v][f"batch{b}"]["decode_ms_per_step"] for b in (1, 8)} for v in ("bf16", "int4", "bf16_cublas")}
+    names = {"(1, 12288, 4096,": "qkv", "(1, 4096, 4096,": "o", "(1, 11008, 4096,": "gate/up", "(1, 4096, 11008,": "down"}
+    cores = {"tensor": [], "CUDA": []}
+    for pick in r["int4"]["batch1_tuner_picks"]:
+        name = next((n for key, n in names.items() if pick["key"].startswith(key)), None)
+        if name:
+            cores["tensor" if "TENSOR_CORES: True" in pick["picked"] else "CUDA"].append(name)
+    return ("With the graph tuner (now the default), which also picks one int4 row's kernel per shape (here tensor "
+            f"cores on {' and '.join(cores['tensor'])}, CUDA cores on {' and '.join(cores['CUDA'])}; "
+            f"[JSON](benchmarks/results/quant-bf16-int4-graph-tuner-llama-7b-h200.json), {doc['versions']['commit']}): int4 "
+            f"batch-1 decode {ms['int4'][1]} ms/token against bf16's {ms['bf16'][1]}, "
+            f"{r['speedup_vs_bf16']['int4']['batch1_decode']}x (target 2.8x: not met). At batch 8, int4 took "
+            f"{ms['int4'][8]} ms per step against {ms['bf16'][8]} for bf16 through its GEMV and {ms['bf16_cublas'][8]} "
+            f"through cuBLAS and separate kernels (`TIERLLM_GEMV=0`; at batch 1 {ms['bf16_cublas'][1]}): "
+            f"{ms['bf16_cublas'][8] / ms['int4'][8]:.2f}x the cuBLAS baseline, the fair one.")
 
 
 def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200: dict,
@@ -464,7 +485,8 @@ def main() -> None:
                                      h200_int4_paragraph([results(name) for name in INT4_H200_RUNS],
                                                          results("int4-sub-grid-xpre-h200.json"),
                                                          results("quant-bf16-int4-mma-llama-7b-h200.json"),
-                                                         results("w4-mma-grid-h200.json"))))
+                                                         results("w4-mma-grid-h200.json"),
+                                                         results("quant-bf16-int4-graph-tuner-llama-7b-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 

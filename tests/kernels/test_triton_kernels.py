@@ -344,8 +344,9 @@ def test_fused_linear_dispatch(fusion):
 
 
 def tune_and_launch(monkeypatch, module, kernel, launch, num_configs: int | None = None):
-    """launch() through the launcher's autotune branch, on CPU too: each config is "timed" by running it twice, as
-    the benchmark does (many times), then the first one is taken and run once more. num_configs: how many configs
+    """launch() through the launcher's Triton-autotuner branch (TIERLLM_GEMV_TUNER=triton), on CPU too: each config
+    is "timed" by running it twice, as the benchmark does (many times), then the first one is taken and run once
+    more. num_configs: how many configs
     the tuner's pruning leaves (default: all)."""
     timed = []
 
@@ -355,6 +356,7 @@ def tune_and_launch(monkeypatch, module, kernel, launch, num_configs: int | None
         timed.append(len(timed))
         return [float(len(timed))] * len(quantiles)
 
+    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "triton")
     monkeypatch.setattr(module, "is_interpreted", lambda: False)
     monkeypatch.setitem(kernel.__dict__, "do_bench", bench)          # Autotuner.do_bench is a cached_property
     monkeypatch.setattr(kernel, "cache", {})
@@ -526,3 +528,13 @@ def test_residual_gemv_tunes_long_rows_over_one_row_per_warp():
     long_rows = prune(gemv._CONFIGS, {"N": 5120, "K": 13824})
     assert long_rows and all(c.kwargs["BLOCK_N"] <= c.num_warps for c in long_rows)
     assert len(long_rows) < len(gemv._CONFIGS)
+
+
+def test_graph_tuner_is_the_default(monkeypatch):
+    """The decode GEMVs' configs are timed in CUDA graphs unless TIERLLM_GEMV_TUNER=triton asks for Triton's
+    autotuner."""
+    from tierllm.kernels.graph_tuning import graph_tuning
+    monkeypatch.delenv("TIERLLM_GEMV_TUNER", raising=False)
+    assert graph_tuning()
+    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "triton")
+    assert not graph_tuning()

@@ -261,7 +261,7 @@ if HAS_TRITON:
 
     _gemv_residual_kernel = triton.autotune(configs=_CONFIGS, key=_KEY, restore_value=["y_ptr"],
                                             prune_configs_by={"early_config_prune": _prune_long_rows})(_gemv_body)
-    _graph_tuner = GraphTuner(_CONFIGS)                                  # TIERLLM_GEMV_TUNER=graph (launch_gemv)
+    _graph_tuner = GraphTuner(_CONFIGS)                                  # graph_tuning.py (the default; launch_gemv)
 
 
 def fused_output(x: torch.Tensor, rows: int, out_dtype: torch.dtype | None, norm_weight: torch.Tensor | None,
@@ -305,8 +305,8 @@ def launch_gemv(kernel, graph_tuner, x: torch.Tensor, weight: torch.Tensor, scal
                 bias: torch.Tensor | None, norm_weight: torch.Tensor | None, y: torch.Tensor, eps: float, *,
                 gated: bool, residual: bool, int8: bool, pdl: bool) -> None:
     """One launch of _gemv_body writing y (checked by fused_output; with `residual`, y is the residual, added into:
-    the tuners leave it as they found it), its config from `kernel` (Triton's autotuner, or its plain function under
-    the interpreter) or, with TIERLLM_GEMV_TUNER=graph, from `graph_tuner` (graph_tuning.py). scales: the int8
+    the tuners leave it as they found it), its config from `graph_tuner` (graph_tuning.py, the default), or from
+    `kernel` (Triton's autotuner, TIERLLM_GEMV_TUNER=triton; its plain function under the interpreter). scales: the int8
     weight's per-channel scales (int8), else any tensor (unread)."""
     m, k = x.shape
     n = y.shape[1]

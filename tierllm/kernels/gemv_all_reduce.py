@@ -203,8 +203,8 @@ if HAS_TRITON:
             _finish_tile(acc, b_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, HAS_BIAS)
 
     # Tuned per shape on the EXCHANGE=False twin, each rank for itself (the ranks' tiles need not match: a part is
-    # found by its columns), on a scratch copy of the residual; by Triton's autotuner, or with
-    # TIERLLM_GEMV_TUNER=graph timed in CUDA graphs (graph_tuning.py).
+    # found by its columns), on a scratch copy of the residual; timed in CUDA graphs (graph_tuning.py, the
+    # default), or by Triton's autotuner (TIERLLM_GEMV_TUNER=triton).
     # Not pruned as gemv.py's residual GEMVs of long rows are: on 2 H200s, llama-13b's down projection at TP=2 took
     # 27.5 us per layer with the one-row-per-warp configs against 25.2 with this whole list (its pick: 4 rows, 2
     # warps), its exchange counting (benchmarks/notes/tp-history.md).

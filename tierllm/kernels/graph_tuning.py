@@ -1,5 +1,5 @@
-"""Launch-config tuning of the decode GEMVs timed the way decode runs them (TIERLLM_GEMV_TUNER=graph; the default,
-"triton", is Triton's autotuner).
+"""Launch-config tuning of the decode GEMVs timed the way decode runs them: the default on CUDA
+(TIERLLM_GEMV_TUNER=graph); TIERLLM_GEMV_TUNER=triton takes Triton's autotuner instead.
 
 Triton's autotuner times one launch at a time from the host, after flushing L2. Decode replays CUDA graphs in
 which each GEMV starts while the kernel before it ends (programmatic dependent launch, gemv.py), so a config's
@@ -8,7 +8,9 @@ llama-13b TP=2 gate/up GEMV ranked 15th of 70 configs timed in graphs (benchmark
 each config is timed as REPEATS launches back to back in one CUDA graph, launched as the call asks (with PDL or
 not), each on the next of enough copies of the weight that none is still in L2 when its turn comes. For the
 shortest kernels the two timings part most: on an H200 Triton's autotuner timed the int4 o_proj GEMV's best
-config at 25-28 us, which takes 8.5 us in a graph (benchmarks/notes/gpu-decode.md)."""
+config at 25-28 us, which takes 8.5 us in a graph (benchmarks/notes/gpu-decode.md). The default since int4
+`llama-7b` batch-1 decode on an H200 took 2.62 ms/token with it against 3.40 with Triton's picks, bf16 4.26-4.30
+against 4.28-4.55, int8 2.28 against 2.37-2.48 (benchmarks/results/quant-*-h200.json)."""
 from __future__ import annotations
 
 import logging
@@ -26,7 +28,7 @@ L2_MULTIPLE = 3             # the copies together span this many times the L2 ca
 
 
 def graph_tuning() -> bool:
-    return os.environ.get("TIERLLM_GEMV_TUNER", "triton") == "graph"
+    return os.environ.get("TIERLLM_GEMV_TUNER", "graph") != "triton"
 
 
 def weight_copies(weight: torch.Tensor) -> list[torch.Tensor]:

@@ -5,7 +5,7 @@ int8: gemv.py's kernel (INT8 set): each program streams BLOCK_N int8 rows in BLO
 the per-channel scale is applied once at the end. One x row (batch-1 decode) takes its ROW loop alone (per-lane
 accumulation, int8 codes as fp32 subnormals: gemv.int8_as_subnormal).
 int4: 2-8 bf16 x rows with groups of 64 (and no norm prologue) go to w4_mma_gemv.py, on the tensor cores; one
-such row too where the graph tuner (TIERLLM_GEMV_TUNER=graph) times it faster than the loops below.
+such row too where the graph tuner (graph_tuning.py, the default) times it faster than the loops below.
 Otherwise one program per (row of x, BLOCK_N weight rows) with x's rows adjacent in the grid, so the M programs
 reading the same weight block run together and only the first reads HBM; each step covers GROUPS_PER_BLOCK whole
 groups, and the group's scale (and min) multiply the group's partial dot product instead of every weight. For one
@@ -74,7 +74,7 @@ if HAS_TRITON:
                                       prune_configs_by={"early_config_prune": prune_row_configs})(_gemv_body)
     _w8_gemv_residual_kernel = triton.autotune(configs=_INT8_CONFIGS, key=_KEY, restore_value=["y_ptr"],
                                                prune_configs_by={"early_config_prune": prune_row_configs})(_gemv_body)
-    _w8_graph_tuner = GraphTuner(_INT8_CONFIGS)                         # TIERLLM_GEMV_TUNER=graph
+    _w8_graph_tuner = GraphTuner(_INT8_CONFIGS)                         # graph_tuning.py (the default tuner)
 
     _INT4_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb}, num_warps=w, num_stages=s)
                      for bn, gpb, w, s in [(4, 16, 4, 3), (8, 8, 4, 3), (8, 16, 8, 2), (16, 8, 8, 2),
@@ -532,7 +532,7 @@ if HAS_TRITON:
                                       prune_configs_by={"early_config_prune": _prune_int4})(_w4_gemv_even)
     _w4_gemv_residual_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY, restore_value=["y_ptr"],
                                                prune_configs_by={"early_config_prune": _prune_int4})(_w4_gemv_even)
-    _w4_graph_tuner = GraphTuner(_INT4_CONFIGS)                         # TIERLLM_GEMV_TUNER=graph
+    _w4_graph_tuner = GraphTuner(_INT4_CONFIGS)                         # graph_tuning.py (the default tuner)
 
 
 def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
@@ -553,8 +553,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                    pdl: bool = False) -> torch.Tensor:
     """x: [M, K] (last dim contiguous); qweight: uint8 [N, K // 2]; scales / mins: [N, K // G] (mins None =
     symmetric) -> [M, N]. Fusions and pdl as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N
-    rows). Several rows where w4_mma_supported: w4_mma_gemv; one row there too where TIERLLM_GEMV_TUNER=graph
-    times it faster."""
+    rows). Several rows where w4_mma_supported: w4_mma_gemv; one row there too where the graph tuner
+    (the default) times it faster."""
     m, k = x.shape
     if m > 1 and norm_weight is None and w4_mma_supported(x, qweight, group_size):
         # the tensor-core GEMV: x's rows are the MMA's columns, so 2-8 rows cost what one does (this kernel streams

@@ -366,7 +366,7 @@ if HAS_TRITON:
         _w4_mma_even)
     _w4_mma_residual_tuned = triton.autotune(configs=_CONFIGS, key=_KEY, restore_value=["y_ptr"],
                                              prune_configs_by={"early_config_prune": _prune})(_w4_mma_even)
-    _graph_tuner = GraphTuner(_CONFIGS)                                 # TIERLLM_GEMV_TUNER=graph
+    _graph_tuner = GraphTuner(_CONFIGS)                                 # graph_tuning.py (the default tuner)
 
 
 def tuned_configs(n: int) -> list:

@@ -89,7 +89,7 @@ class ModelRunner:
         every rank at once, rank 0's plan and verdicts broadcast."""
         if self.kv_offload is not None:
             logger.warning("tierllm: TIERLLM_STEP_TUNER=1 needs the KV cache on the GPU; this engine keeps the configs "
-                           "Triton's autotuner picks")
+                           "the GEMV tuner picked")
             return []
         state = self.parallel
         share = (lambda value: broadcast_from_driver(value, state)) if state.tp_size > 1 else (lambda value: value)
