@@ -6,7 +6,8 @@ A proxy to compare kernel variants between GPU sessions, not a timing.
 
     python benchmarks/kernel_loop_stats.py w4_gemv --block-n 8 --groups 8 --warps 4 --stages 2 [--row]
     python benchmarks/kernel_loop_stats.py w8_gemv --block-n 4 --block-k 4096 --warps 4 --stages 1 [--row]
-    python benchmarks/kernel_loop_stats.py w4_gemm --block-m 64 --block-n 128 --split-k 4 --warps 8 --stages 3 [--swap-ab] [--half]"""
+    python benchmarks/kernel_loop_stats.py w4_gemm --block-m 64 --block-n 128 --split-k 4 --warps 8 --stages 3 [--swap-ab] [--half]
+    python benchmarks/kernel_loop_stats.py w4_mma --warps 8 --unroll 4 --split-k 2 --stages 1 [--gated]"""
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tierllm.kernels import gemv, quant_gemm, quant_gemv  # noqa: E402
+from tierllm.kernels import gemv, quant_gemm, quant_gemv, w4_mma_gemv  # noqa: E402
 
 FUSIONS = {"HAS_BIAS": False, "NORM": False, "GATED": False, "RESIDUAL": False}
 
@@ -41,7 +42,15 @@ def kernels(args) -> dict:
                  ("y_ptr", "*bf16"), ("ws_ptr", "*fp32"), ("count_ptr", "*i32"), ("M", "i32"), ("N", "i32"),
                  ("K", "i32"), ("M_BUCKET", "i32"), ("stride_xm", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"),
                  ("stride_ym", "i32")]
+    mma_args = [("x_ptr", "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
+                ("y_ptr", "*bf16"), ("ws_ptr", "*fp32"), ("count_ptr", "*i32"), ("M", "i32"), ("N", "i32"),
+                ("K", "i32"), ("stride_xw", "i32"), ("stride_ww", "i32"), ("stride_sn", "i32"), ("stride_ym", "i32"),
+                ("M_BUCKET", "i32")]
     return {
+        "w4_mma": (w4_mma_gemv._w4_mma_gemv_kernel, mma_args,
+                   {"HAS_MINS": True, "HAS_BIAS": False, "GATED": args.gated, "RESIDUAL": not args.gated,
+                    "TWO_TILES": False, "WARPS": args.warps, "UNROLL": args.unroll, "EMULATE": False, "EVEN_N": True,
+                    "SPLIT_K": args.split_k, "PDL": True}),
         "w4_gemm": (quant_gemm._quant_gemm_kernel.fn, gemm_args,
                     {"BITS": 4, "GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "BLOCK_M": args.block_m,
                      "BLOCK_N": args.block_n, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": args.split_k,
@@ -87,9 +96,10 @@ def loop_stats(fn, arguments, constexprs, warps: int, stages: int) -> tuple[Coun
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kernel", choices=["w4_gemv", "w8_gemv", "w4_gemm"])
+    parser.add_argument("kernel", choices=["w4_gemv", "w8_gemv", "w4_gemm", "w4_mma"])
     parser.add_argument("--block-m", type=int, default=64, help="w4_gemm: BLOCK_M")
-    parser.add_argument("--split-k", type=int, default=1, help="w4_gemm: SPLIT_K")
+    parser.add_argument("--split-k", type=int, default=1, help="w4_gemm, w4_mma: SPLIT_K")
+    parser.add_argument("--unroll", type=int, default=4, help="w4_mma: UNROLL (groups per warp per iteration)")
     parser.add_argument("--swap-ab", action="store_true", help="w4_gemm: the weight tile as the dot's first operand")
     parser.add_argument("--half", action="store_true", help="w4_gemm: dequantize in the activation dtype")
     parser.add_argument("--block-n", type=int, default=8, help="w4_gemm: at least 16 (the dot's minimum)")
@@ -115,7 +125,8 @@ def main() -> int:
         parser.error("w4_gemm: --block-m and --block-n must be at least 16 (tl.dot's minimum)")
     fn, arguments, constexprs = kernels(args)[args.kernel]
     mix, conversions, registers = loop_stats(fn, arguments, constexprs, args.warps, args.stages)
-    weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}[args.kernel]
+    weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}.get(
+        args.kernel, 0) or 16 * 32 * args.unroll * args.warps                      # w4_mma: 16 rows per warp group
     weight_bytes *= 2 if args.gated else 1                                         # the gate and the up rows
     per_thread = weight_bytes / (32 * args.warps)
     print(f"{args.kernel}: {sum(mix.values())} SASS instructions per loop iteration (per thread), "

@@ -16,7 +16,7 @@ from test_triton_kernels import (
 )
 
 from tierllm.config import QuantConfig
-from tierllm.kernels import _dispatch, act_quant, gemv, int8_gemm, quant_gemm, quant_gemv
+from tierllm.kernels import _dispatch, act_quant, gemv, int8_gemm, quant_gemm, quant_gemv, split_k
 from tierllm.kernels._dispatch import HAS_TRITON
 from tierllm.quant.quantize import quantize_weight
 
@@ -121,7 +121,7 @@ def test_quant_gemm(dtype, quant, m):
                                        bias.to(dtype))
     assert _rel_err(out, ref) < 1e-2
     # split K (2 splits in the interpreter, K=128): the tiles' last programs reset their counters
-    assert quant_gemm._SPLIT_K_COUNTERS[x.device].count_nonzero().item() == 0
+    assert split_k._COUNTERS[x.device].count_nonzero().item() == 0
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)

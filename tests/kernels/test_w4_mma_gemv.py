@@ -9,17 +9,20 @@ from test_quant_kernels import DEVICE, _quantized, _rel_err, _x
 from test_triton_kernels import check_fused_gemv, fake_graph_tuning
 
 from tierllm.config import QuantConfig
-from tierllm.kernels import quant_gemv, w4_mma_gemv
+from tierllm.kernels import quant_gemv, split_k, w4_mma_gemv
 from tierllm.kernels._dispatch import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
 # (N, K, x rows, config): ragged N, K ending mid-iteration (5 groups of 64 over 2 warps x 2), every row count's
-# column layout, two tiles per program
+# column layout, two tiles per program, K split into runs of unequal length (7 groups in 3: 2, 2, 3), with and
+# without two tiles
 CASES = [(40, 320, 1, dict(WARPS=2, UNROLL=2, TWO_TILES=False)),
          (48, 256, 3, dict(WARPS=1, UNROLL=1, TWO_TILES=False)),
          (64, 320, 8, dict(WARPS=2, UNROLL=2, TWO_TILES=True)),
-         (16, 192, 5, dict(WARPS=4, UNROLL=1, TWO_TILES=False))]
+         (16, 192, 5, dict(WARPS=4, UNROLL=1, TWO_TILES=False)),
+         (40, 448, 1, dict(WARPS=2, UNROLL=1, TWO_TILES=False, SPLIT_K=3)),
+         (64, 512, 2, dict(WARPS=1, UNROLL=2, TWO_TILES=True, SPLIT_K=2))]
 
 
 def _launch_and_ref(n, k, m, config, fusion, symmetric, seed):
@@ -90,7 +93,7 @@ def test_w4_mma_gemv_graph_tuned(monkeypatch):
     and remembered per shape, and a residual launch adds the product once."""
     n, k, m = 48, 256, 2
     timed = []
-    kept = w4_mma_gemv._prune(w4_mma_gemv._CONFIGS, {"N": n})
+    kept = w4_mma_gemv.tuned_configs(n, k)
     assert len(kept) < len(w4_mma_gemv._CONFIGS)             # no two-tile config: 48 rows are not pairs of 16
 
     def fake_seconds(launch, copies):
@@ -126,7 +129,7 @@ def test_w4_gemv_one_row_graph_tuned_across_kernels(monkeypatch, winner):
         return 0.5 if timed[-1] == (winner == "tensor_cores") else 1.0
 
     fake_graph_tuning(monkeypatch, quant_gemv, quant_gemv._w4_graph_tuner, fake_seconds)
-    kept = w4_mma_gemv.tuned_configs(n)
+    kept = w4_mma_gemv.tuned_configs(n, k)
     residual = _x(1, n, torch.bfloat16, seed=13)
     launch = functools.partial(quant_gemv.w4_gemv_triton, x, w["qweight"], w["scales"], w["mins"], 64)
     if winner == "tensor_cores" or DEVICE == "cuda":          # (the CUDA-core loop's bf16 stores are wrong on CPU)
@@ -141,3 +144,17 @@ def test_w4_gemv_one_row_graph_tuned_across_kernels(monkeypatch, winner):
     calls, tunings = len(mma_calls), len(timed)
     launch(residual=residual)                                  # remembered: no timing, the chosen kernel runs
     assert len(timed) == tunings and len(mma_calls) == calls + (winner == "tensor_cores")
+
+
+def test_w4_mma_gemv_split_k_same_bits_every_launch():
+    """SPLIT_K: the counters are left at zero for the next launch, and the tile's runs are summed in run order,
+    so launch after launch gives the same bits; a split finer than K's groups is refused."""
+    config = dict(WARPS=2, UNROLL=1, TWO_TILES=False, SPLIT_K=4)
+    launch, ref, kwargs = _launch_and_ref(40, 512, 2, config, "gated", symmetric=False, seed=21)
+    first = launch(**kwargs)
+    assert _rel_err(first, ref(**kwargs)) < 1e-2
+    assert not split_k._COUNTERS[first.device].any()
+    for _ in range(2):
+        assert torch.equal(launch(**kwargs), first)
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        _launch_and_ref(40, 128, 1, dict(config, SPLIT_K=3), "none", False, 4)[0]()

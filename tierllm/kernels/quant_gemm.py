@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.dequant import dequantize_triton
 from tierllm.kernels.gemv import unfused_linear
+from tierllm.kernels.split_k import split_k_counters
 from tierllm.kernels.quant_gemv import (
     MAX_QUANT_GEMV_ROWS,
     w4_gemv_triton,
@@ -236,10 +237,6 @@ if HAS_TRITON:
                  mask=m_mask[:, None] & n_mask[None, :])
 
 
-_SPLIT_K_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_RETIRED_COUNTERS: list[torch.Tensor] = []     # outgrown counters: CUDA graphs may still point at them
-
-
 @functools.lru_cache(maxsize=256)
 def _workspace_numel(m: int, n: int, tiles: tuple[tuple[int, int, int], ...]) -> int:
     """fp32 values the split configs among `tiles` (BLOCK_M, BLOCK_N, SPLIT_K) need for an [m, n] output (computed
@@ -251,17 +248,9 @@ def _workspace_numel(m: int, n: int, tiles: tuple[tuple[int, int, int], ...]) ->
 def _split_k_buffers(m: int, n: int, device: torch.device, tiles: tuple[tuple[int, int, int], ...]
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-K workspace for an [m, n] output, big enough for every (BLOCK_M, BLOCK_N, SPLIT_K) in `tiles`
-    (fp32 partial tiles, SPLIT_K per output tile), and the per-tile counters (int32, zero between launches: the
-    last program of a tile resets its own; kept per device, grown when a launch needs more)."""
+    (fp32 partial tiles, SPLIT_K per output tile), and the per-tile counters (split_k.py)."""
     workspace = torch.empty(_workspace_numel(m, n, tiles), dtype=torch.float32, device=device)
-    num_tiles = triton.cdiv(m, 16) * triton.cdiv(n, 16)                     # the smallest tiles: the most of them
-    counters = _SPLIT_K_COUNTERS.get(device)
-    if counters is None or counters.numel() < num_tiles:
-        if counters is not None:
-            _RETIRED_COUNTERS.append(counters)
-        counters = _SPLIT_K_COUNTERS[device] = torch.zeros(max(num_tiles, 1 << 16), dtype=torch.int32,
-                                                           device=device)
-    return workspace, counters
+    return workspace, split_k_counters(device, triton.cdiv(m, 16) * triton.cdiv(n, 16))   # the smallest tiles
 
 
 def quant_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,

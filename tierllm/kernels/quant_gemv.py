@@ -598,7 +598,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             configs = list(_prune_int4(_INT4_CONFIGS, named))           # (the prune may return the list itself)
             if tensor_cores:
                 configs += [triton.Config({**c.kwargs, TENSOR_CORES: True}, num_warps=c.num_warps, num_stages=1)
-                            for c in w4_mma_tuned_configs(n)]
+                            for c in w4_mma_tuned_configs(n, k)]
             config = _w4_graph_tuner.pick(key, lambda config, w: launch(config, w, scratch), qweight, m_bucket,
                                           configs=configs)
         return launch(config, qweight)

@@ -47,6 +47,7 @@ from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_output
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
+from tierllm.kernels.split_k import split_k_counters
 
 W4_MMA_GROUP = 64
 W4_MMA_MAX_ROWS = 8
@@ -250,15 +251,64 @@ if HAS_TRITON:
         return tl.sum(tl.reshape(acc, [WARPS, 32]), axis=0) * SCALE
 
     @triton.jit
-    def _w4_mma_gemv_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, M, N, K, stride_xw, stride_ww, stride_sn,
-                            stride_ym, M_BUCKET, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-                            RESIDUAL: tl.constexpr, TWO_TILES: tl.constexpr, WARPS: tl.constexpr,
-                            UNROLL: tl.constexpr, EMULATE: tl.constexpr, EVEN_N: tl.constexpr,
-                            PDL: tl.constexpr = False):
-        """Grid: one program per 16 output rows (32 with TWO_TILES, not GATED), WARPS warps each; GATED: the weight
-        holds [gate; up] (2N rows) and y gets SiLU(gate) * up. stride_xw, stride_ww: x's and the weight's row strides
-        in int32 words; M_BUCKET: x's rows to the next power of 2, the tuners' key only. EVEN_N: N is a whole number
-        of the programs' rows (TWO_TILES needs it)."""
+    def _split_k_sum(ws_ptr, count_ptr, a0, a1, a2, a3, b0, b1, b2, b3, TILES: tl.constexpr, SPLIT_K: tl.constexpr):
+        """Program (t, s) of a split K: its tile's partial sums a* (and b* for a second tile), [32] per lane, go to
+        slot s of tile t's workspace [SPLIT_K, 4 * TILES, 32]; the tile's counter counts the programs done, and the
+        last one reads the SPLIT_K slots back and sums them in slot order (the same bits whichever program finishes
+        last), then sets the counter back to 0 for the next launch. -> the sums (zeros elsewhere) and whether this
+        program was the last."""
+        COMP: tl.constexpr = 4 * TILES
+        lane = tl.arange(0, 32)
+        tile_ws = ws_ptr + tl.program_id(0) * (SPLIT_K * COMP * 32) + lane
+        mine = tile_ws + tl.program_id(1) * (COMP * 32)
+        tl.store(mine, a0)
+        tl.store(mine + 32, a1)
+        tl.store(mine + 64, a2)
+        tl.store(mine + 96, a3)
+        if TILES == 2:
+            tl.store(mine + 128, b0)
+            tl.store(mine + 160, b1)
+            tl.store(mine + 192, b2)
+            tl.store(mine + 224, b3)
+        tl.debug_barrier()                           # every thread's stores made before the release below
+        done = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        last = done == SPLIT_K - 1
+        read = lane < tl.where(last, 32, 0)          # [32]: all lanes in the last program, none elsewhere
+        a0 = tl.zeros([32], tl.float32)
+        a1 = tl.zeros([32], tl.float32)
+        a2 = tl.zeros([32], tl.float32)
+        a3 = tl.zeros([32], tl.float32)
+        if TILES == 2:
+            b0 = tl.zeros([32], tl.float32)
+            b1 = tl.zeros([32], tl.float32)
+            b2 = tl.zeros([32], tl.float32)
+            b3 = tl.zeros([32], tl.float32)
+        for split in tl.static_range(SPLIT_K):       # .cg: from L2, where the other SMs' stores are
+            slot = tile_ws + split * (COMP * 32)
+            a0 += tl.load(slot, mask=read, other=0.0, cache_modifier=".cg")
+            a1 += tl.load(slot + 32, mask=read, other=0.0, cache_modifier=".cg")
+            a2 += tl.load(slot + 64, mask=read, other=0.0, cache_modifier=".cg")
+            a3 += tl.load(slot + 96, mask=read, other=0.0, cache_modifier=".cg")
+            if TILES == 2:
+                b0 += tl.load(slot + 128, mask=read, other=0.0, cache_modifier=".cg")
+                b1 += tl.load(slot + 160, mask=read, other=0.0, cache_modifier=".cg")
+                b2 += tl.load(slot + 192, mask=read, other=0.0, cache_modifier=".cg")
+                b3 += tl.load(slot + 224, mask=read, other=0.0, cache_modifier=".cg")
+        tl.store(count_ptr + tl.program_id(0), 0, mask=last)
+        return a0, a1, a2, a3, b0, b1, b2, b3, last
+
+    @triton.jit
+    def _w4_mma_gemv_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, stride_xw,
+                            stride_ww, stride_sn, stride_ym, M_BUCKET, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            GATED: tl.constexpr, RESIDUAL: tl.constexpr, TWO_TILES: tl.constexpr,
+                            WARPS: tl.constexpr, UNROLL: tl.constexpr, EMULATE: tl.constexpr, EVEN_N: tl.constexpr,
+                            SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False):
+        """Grid: (one program per 16 output rows (32 with TWO_TILES, not GATED), SPLIT_K), WARPS warps each; GATED:
+        the weight holds [gate; up] (2N rows) and y gets SiLU(gate) * up. stride_xw, stride_ww: x's and the weight's
+        row strides in int32 words; M_BUCKET: x's rows to the next power of 2, the tuners' key only. EVEN_N: N is a
+        whole number of the programs' rows (TWO_TILES needs it). SPLIT_K > 1: program (t, s) takes the s-th of
+        SPLIT_K runs of K's groups and the last of a tile's programs to finish adds them up (_split_k_sum; ws_ptr,
+        count_ptr: its fp32 workspace and int32 counters, zero)."""
         pdl_start(PDL)
         T: tl.constexpr = 32 * WARPS
         thread = tl.arange(0, T)
@@ -266,17 +316,22 @@ if HAS_TRITON:
         gid = (thread % 32) // 4
         tig = thread % 4
         num_groups = K // 64
+        group0 = 0                                                          # the program's first group
+        if SPLIT_K > 1:
+            group0 = tl.program_id(1) * num_groups // SPLIT_K
+            num_groups = (tl.program_id(1) + 1) * num_groups // SPLIT_K - group0
         TILE_ROWS: tl.constexpr = 32 if (TWO_TILES and not GATED) else 16
         row_a = tl.program_id(0) * TILE_ROWS + gid                          # [T]: rows row_a and row_a + 8
         TILES: tl.constexpr = 2 if (GATED or TWO_TILES) else 1
         row_ok0 = row_a < N                      # (the up rows' too); unused under EVEN_N, which TWO_TILES needs
         row_ok1 = row_a + 8 < N
-        # the warp's pointers at its first group (warp * UNROLL); each iteration moves them WARPS * UNROLL groups
+        # the warp's pointers at its first group (group0 + warp * UNROLL); each iteration moves them WARPS * UNROLL
+        # groups
         first = warp * UNROLL
-        x_at = x_ptr.to(tl.pointer_type(tl.int32)) + gid * stride_xw + first * 32 + tig * 8
-        w_at = w_ptr.to(tl.pointer_type(tl.int32)) + row_a * stride_ww + first * 8 + tig * 2
-        s_at = s_ptr + row_a * stride_sn + first
-        mn_at = mn_ptr + row_a * stride_sn + first
+        x_at = x_ptr.to(tl.pointer_type(tl.int32)) + gid * stride_xw + (group0 + first) * 32 + tig * 8
+        w_at = w_ptr.to(tl.pointer_type(tl.int32)) + row_a * stride_ww + (group0 + first) * 8 + tig * 2
+        s_at = s_ptr + row_a * stride_sn + group0 + first
+        mn_at = mn_ptr + row_a * stride_sn + group0 + first
         b_rows = N if GATED else 16                                         # tile b's rows past tile a's
         a0 = tl.zeros([T], tl.float32)
         a1 = tl.zeros([T], tl.float32)
@@ -316,6 +371,11 @@ if HAS_TRITON:
             b1 = _warp_sum(b1, WARPS, SCALE)
             b2 = _warp_sum(b2, WARPS, SCALE)
             b3 = _warp_sum(b3, WARPS, SCALE)
+        m_out = M                                           # the x rows whose outputs this program writes
+        if SPLIT_K > 1:                                     # only the tile's last program to finish writes
+            a0, a1, a2, a3, b0, b1, b2, b3, last = _split_k_sum(ws_ptr, count_ptr, a0, a1, a2, a3, b0, b1, b2, b3,
+                                                                TILES, SPLIT_K)
+            m_out = tl.where(last, M, 0)
         if GATED:                                           # bias: gate rows' then up rows' (b_ptr + N)
             if HAS_BIAS:
                 a0 += tl.load(b_ptr + row).to(tl.float32)
@@ -331,15 +391,15 @@ if HAS_TRITON:
             a2 = a2 / (1.0 + tl.exp(-a2)) * b2
             a3 = a3 / (1.0 + tl.exp(-a3)) * b3
         BIAS: tl.constexpr = HAS_BIAS and not GATED
-        _w4_mma_out(a0, row, col, b_ptr, y_ptr, M, N, stride_ym, BIAS, RESIDUAL)
-        _w4_mma_out(a1, row, col + 1, b_ptr, y_ptr, M, N, stride_ym, BIAS, RESIDUAL)
-        _w4_mma_out(a2, row + 8, col, b_ptr, y_ptr, M, N, stride_ym, BIAS, RESIDUAL)
-        _w4_mma_out(a3, row + 8, col + 1, b_ptr, y_ptr, M, N, stride_ym, BIAS, RESIDUAL)
+        _w4_mma_out(a0, row, col, b_ptr, y_ptr, m_out, N, stride_ym, BIAS, RESIDUAL)
+        _w4_mma_out(a1, row, col + 1, b_ptr, y_ptr, m_out, N, stride_ym, BIAS, RESIDUAL)
+        _w4_mma_out(a2, row + 8, col, b_ptr, y_ptr, m_out, N, stride_ym, BIAS, RESIDUAL)
+        _w4_mma_out(a3, row + 8, col + 1, b_ptr, y_ptr, m_out, N, stride_ym, BIAS, RESIDUAL)
         if TWO_TILES and not GATED:
-            _w4_mma_out(b0, row + 16, col, b_ptr, y_ptr, M, N, stride_ym, BIAS, RESIDUAL)
-            _w4_mma_out(b1, row + 16, col + 1, b_ptr, y_ptr, M, N, stride_ym, BIAS, RESIDUAL)
-            _w4_mma_out(b2, row + 24, col, b_ptr, y_ptr, M, N, stride_ym, BIAS, RESIDUAL)
-            _w4_mma_out(b3, row + 24, col + 1, b_ptr, y_ptr, M, N, stride_ym, BIAS, RESIDUAL)
+            _w4_mma_out(b0, row + 16, col, b_ptr, y_ptr, m_out, N, stride_ym, BIAS, RESIDUAL)
+            _w4_mma_out(b1, row + 16, col + 1, b_ptr, y_ptr, m_out, N, stride_ym, BIAS, RESIDUAL)
+            _w4_mma_out(b2, row + 24, col, b_ptr, y_ptr, m_out, N, stride_ym, BIAS, RESIDUAL)
+            _w4_mma_out(b3, row + 24, col + 1, b_ptr, y_ptr, m_out, N, stride_ym, BIAS, RESIDUAL)
 
 
     def _tile_rows(meta: dict) -> int:
@@ -351,15 +411,24 @@ if HAS_TRITON:
     # From benchmarks/results/w4-mma-grid-h200.json at batch 8 (each llama-7b shape's two fastest): warps, groups per
     # warp per iteration, two 16-row tiles per program (not gated: each warp's x fragments serve both); the last two
     # from the wider grid of w4-mma-grid-wide-h200.json (down's fastest at batch 1, o's and down's at batch 8)
-    _CONFIGS = [triton.Config({"WARPS": w, "UNROLL": u, "TWO_TILES": two}, num_warps=w, num_stages=1)
-                for w, u, two in [(8, 4, False), (8, 2, False), (4, 4, True), (4, 2, False), (2, 4, False),
-                                  (4, 1, False), (4, 4, False), (16, 2, False), (8, 8, False)]]
+    # Split K (not yet timed on a GPU): at batch 1 on the 4096-row shapes a warp streams its slice of K over 2-5
+    # dependent iterations, each waiting out a memory latency (benchmarks/notes/gpu-decode.md); split in 2 or 4,
+    # each program's warps take one or two.
+    _CONFIGS = [triton.Config({"WARPS": w, "UNROLL": u, "TWO_TILES": two, "SPLIT_K": split}, num_warps=w,
+                              num_stages=1)
+                for w, u, two, split in [(8, 4, False, 1), (8, 2, False, 1), (4, 4, True, 1), (4, 2, False, 1),
+                                         (2, 4, False, 1), (4, 1, False, 1), (4, 4, False, 1), (16, 2, False, 1),
+                                         (8, 8, False, 1), (8, 4, False, 2), (8, 2, False, 4), (4, 4, False, 4),
+                                         (4, 4, True, 2)]]
     _KEY = ["M_BUCKET", "N", "K", "GATED", "RESIDUAL"]
 
     def _prune(configs, named_args, **kwargs):
-        """Two tiles only where N holds whole pairs of them (tile b has no row masks)."""
-        n = {**named_args, **kwargs}["N"]
-        return [c for c in configs if not c.kwargs["TWO_TILES"] or n % 32 == 0] or configs[:1]
+        """Two tiles only where N holds whole pairs of them (tile b has no row masks); K split no finer than into
+        single groups."""
+        args = {**named_args, **kwargs}
+        n, groups = args["N"], args["K"] // W4_MMA_GROUP
+        return [c for c in configs if (not c.kwargs["TWO_TILES"] or n % 32 == 0)
+                and c.kwargs.get("SPLIT_K", 1) <= groups] or configs[:1]
 
     _w4_mma_even = triton.heuristics({"EVEN_N": _even_n})(_w4_mma_gemv_kernel)
     _w4_mma_tuned = triton.autotune(configs=_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _prune})(
@@ -369,9 +438,9 @@ if HAS_TRITON:
     _graph_tuner = GraphTuner(_CONFIGS)                                 # graph_tuning.py (the default tuner)
 
 
-def tuned_configs(n: int) -> list:
-    """The tuners' configs (triton.Config) that apply to an N-row output."""
-    return _prune(_CONFIGS, {"N": n})
+def tuned_configs(n: int, k: int) -> list:
+    """The tuners' configs (triton.Config) that apply to an [M, K] x [K, N] product."""
+    return _prune(_CONFIGS, {"N": n, "K": k})
 
 
 def w4_mma_supported(x: torch.Tensor, qweight: torch.Tensor, group_size: int) -> bool:
@@ -387,13 +456,18 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
                 pdl: bool = False, config: dict | None = None) -> torch.Tensor:
     """x: bf16 [M, K] (M <= 8); qweight: uint8 [N, K // 2]; scales / mins: [N, K // 64] (mins None = symmetric) ->
     [M, N] (gated: the weight has 2N rows [gate; up] and y = SiLU(gate) * up, [M, N]); residual: add into it in
-    place and return it. Check w4_mma_supported first. config: {"WARPS", "UNROLL", "TWO_TILES"} instead of the
-    tuner's pick (benchmarks, tests)."""
+    place and return it. Check w4_mma_supported first. config: {"WARPS", "UNROLL", "TWO_TILES"[, "SPLIT_K"]}
+    instead of the tuner's pick (benchmarks, tests)."""
     m, k = x.shape
     y = fused_output(x, qweight.shape[0], None, None, gated, residual)
     n = y.shape[1]
-    args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, m, n, k,
-            x.stride(0) // 2, qweight.stride(0) // 4, scales.stride(0), y.stride(0))
+    tiles = triton.cdiv(n, 16)                      # the most programs per K run (one 16-row tile each)
+    split_max = max(c.kwargs["SPLIT_K"] for c in _CONFIGS) if config is None else config.get("SPLIT_K", 1)
+    # the split-K workspace [tiles, SPLIT_K, 8, 32] (fp32 partials) and counters (split_k.py)
+    workspace = torch.empty(tiles * split_max * 256, dtype=torch.float32, device=x.device) if split_max > 1 else y
+    counters = split_k_counters(x.device, tiles) if split_max > 1 else y
+    args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y,
+            workspace, counters, m, n, k, x.stride(0) // 2, qweight.stride(0) // 4, scales.stride(0), y.stride(0))
     flags = {"HAS_MINS": mins is not None, "HAS_BIAS": bias is not None, "GATED": gated,
              "RESIDUAL": residual is not None, "EMULATE": _dispatch.is_interpreted(),    # (tests patch is_interpreted)
              **pdl_options(x, pdl)}
@@ -403,8 +477,11 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
         meta = {**flags, **chosen}
         if not _even_n({"N": n, **meta}) and meta["TWO_TILES"]:
             raise ValueError(f"TWO_TILES needs N a multiple of 32, got {n}")
-        _w4_mma_even[(triton.cdiv(n, _tile_rows(meta)),)](*out_args, M_BUCKET=m_bucket, **meta,
-                                                          num_warps=chosen["WARPS"], num_stages=1)
+        split = meta.get("SPLIT_K", 1)
+        if not 1 <= split <= min(split_max, k // W4_MMA_GROUP):
+            raise ValueError(f"SPLIT_K must be 1 to {k // W4_MMA_GROUP} (K's groups), got {split}")
+        _w4_mma_even[(triton.cdiv(n, _tile_rows(meta)), split)](*out_args, M_BUCKET=m_bucket, **meta,
+                                                                num_warps=chosen["WARPS"], num_stages=1)
 
     if config is not None or is_interpreted():
         launch(config or {"WARPS": 2, "UNROLL": 2, "TWO_TILES": False})
@@ -414,10 +491,11 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
         if chosen is None:
             scratch = args[:5] + (y.clone() if residual is not None else y,) + args[6:]   # tuning adds into it
             chosen = _graph_tuner.pick(key, lambda c, w: launch(c.kwargs, scratch[:1] + (w,) + scratch[2:]),
-                                       qweight, m_bucket, configs=tuned_configs(n))
+                                       qweight, m_bucket, configs=tuned_configs(n, k))
         launch(chosen.kwargs)
     else:                                    # Triton's autotuner; its tuned site recorded (step tuning)
         kernel = _w4_mma_residual_tuned if residual is not None else _w4_mma_tuned
-        launch_recording_sites(kernel, lambda: kernel[lambda meta: (triton.cdiv(n, _tile_rows(meta)),)](
+        launch_recording_sites(kernel, lambda: kernel[lambda meta: (triton.cdiv(n, _tile_rows(meta)),
+                                                                    meta["SPLIT_K"])](
             *args, M_BUCKET=m_bucket, **flags), m_bucket)
     return y
