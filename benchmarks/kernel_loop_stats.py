@@ -6,7 +6,8 @@ A proxy to compare kernel variants between GPU sessions, not a timing.
 
     python benchmarks/kernel_loop_stats.py w4_gemv --block-n 8 --groups 8 --warps 4 --stages 2 [--row]
     python benchmarks/kernel_loop_stats.py w8_gemv --block-n 4 --block-k 4096 --warps 4 --stages 1 [--row]
-    python benchmarks/kernel_loop_stats.py w4_gemm --block-m 64 --block-n 128 --split-k 4 --warps 8 --stages 3 [--swap-ab] [--half]
+    python benchmarks/kernel_loop_stats.py w4_gemm --block-m 64 --block-n 128 --split-k 4 --warps 8 --stages 3 \
+        [--swap-ab] [--half]
     python benchmarks/kernel_loop_stats.py w4_mma --warps 8 --unroll 4 --split-k 2 --stages 1 [--gated]"""
 from __future__ import annotations
 

@@ -18,8 +18,9 @@
 #   bash benchmarks/quant_session.sh ncu     # Nsight Compute sections of the bf16 GEMV, int8's SUM16 loop and int4's
 #                                            # INT4_ROW and INT4_SUB loops on two llama-7b shapes
 #                                            # (benchmarks/gemv_ncu.py), to $OUT/gemv-ncu.txt
-#   bash benchmarks/quant_session.sh mma     # the tensor-core int4 GEMV's tests natively, then w4_mma_grid.py over
-#                                            # 4-16 warps and 2-8 groups per warp per iteration (~6 minutes warm)
+#   bash benchmarks/quant_session.sh mma     # the tensor-core int4 GEMV's tests natively (SPLIT_K among them), then
+#                                            # w4_mma_grid.py over 4-8 warps, 2-4 groups per warp per iteration and
+#                                            # K in 1, 2 or 4 runs per tile (~6 minutes warm)
 #   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
 #                                            # CUDA-core one on three llama-7b shapes (benchmarks/w4_mma_ncu.py)
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
@@ -71,8 +72,8 @@ case "$part" in
   mma)
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_w4_mma_gemv.py 2>&1 \
         | tee "$OUT/gpu-tests-w4-mma.log" | tail -3
-    timeout 420 python3 benchmarks/w4_mma_grid.py --warps 4,8,16 --unroll 2,4,8 2>&1 | tee "$OUT/w4-mma-grid.log" \
-        | grep -v -i warn | cut -c1-700
+    timeout 420 python3 benchmarks/w4_mma_grid.py --warps 4,8 --unroll 2,4 --split 1,2,4 2>&1 \
+        | tee "$OUT/w4-mma-grid.log" | grep -v -i warn | cut -c1-700
     ;;
   mma-ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)

@@ -6,7 +6,8 @@ enough copies of the codes, scales and mins to miss L2), against the HBM copy ra
 tensor-core kernel's grid at batch 1, its four fastest at batch 8, and the CUDA-core kernel's one-row configs.
 JSON to $OUT/w4-mma-grid.json.
 
-    python benchmarks/w4_mma_grid.py [--warps 2,4,8] [--unroll 1,2,4] [LINEAR ...]   (the grid's WARPS, UNROLL)"""
+    python benchmarks/w4_mma_grid.py [--warps 2,4,8] [--unroll 1,2,4] [--split 1] [LINEAR ...]
+(the grid's WARPS, UNROLL and SPLIT_K values)"""
 from __future__ import annotations
 
 import itertools
@@ -33,10 +34,10 @@ from tierllm.quant.quantize import quantize_weight  # noqa: E402
 GROUP = 64
 
 
-def mma_configs(gated: bool, warps: tuple[int, ...], unrolls: tuple[int, ...]) -> list[dict]:
-    """Warps, groups per warp per iteration and (not gated) two tiles per program."""
-    return [dict(WARPS=w, UNROLL=u, TWO_TILES=two)
-            for w, u, two in itertools.product(warps, unrolls, (False,) if gated else (False, True))]
+def mma_configs(gated: bool, warps: tuple[int, ...], unrolls: tuple[int, ...], splits: tuple[int, ...]) -> list[dict]:
+    """Warps, groups per warp per iteration, (not gated) two tiles per program and runs of K per tile."""
+    return [dict(WARPS=w, UNROLL=u, TWO_TILES=two, SPLIT_K=split)
+            for w, u, two, split in itertools.product(warps, unrolls, (False,) if gated else (False, True), splits)]
 
 
 def quant_copies(q: dict) -> list[dict]:
@@ -52,7 +53,8 @@ def mma_launch(x, q, y, config, gated, residual, m):
     return w4_mma_gemv.w4_mma_gemv(x[:m], q["qweight"], q["scales"], q["mins"], gated=gated, config=config)
 
 
-def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tuple[int, ...]) -> dict:
+def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tuple[int, ...],
+                splits: tuple[int, ...]) -> dict:
     n_rows, k, spec = LINEARS[name]
     gated, residual = spec.get("gated", False), spec.get("residual", False)
     n = n_rows // 2 if gated else n_rows
@@ -66,7 +68,8 @@ def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tupl
            "int4_bytes": int4_bytes, "copies": len(copies), "mma": [], "cuda_core": []}
     for m in (1, 8):                     # each config checked against the reference, then timed over the copies
         ref = quant_gemv.w4_fused_ref(x[:m], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
-        configs = mma_configs(gated, warps, unrolls) if m == 1 else [t["config"] for t in row["mma"] if "us" in t][:4]
+        configs = (mma_configs(gated, warps, unrolls, splits) if m == 1
+                   else [t["config"] for t in row["mma"] if "us" in t][:4])
         for config in configs:
             def launch(qc, c=config, m=m):
                 return mma_launch(x, qc, y, c, gated, residual, m)
@@ -109,9 +112,10 @@ def main() -> int:
                          linears={})
     args = sys.argv[1:]
     warps, unrolls = int_list_option(args, "--warps", (2, 4, 8)), int_list_option(args, "--unroll", (1, 2, 4))
-    result["warps"], result["unroll"] = list(warps), list(unrolls)
+    splits = int_list_option(args, "--split", (1,))
+    result["warps"], result["unroll"], result["split"] = list(warps), list(unrolls), list(splits)
     return grid_linears(result, args or ["o", "qkv", "gate_up", "down"],
-                        lambda name: linear_grid(name, hbm_Bps, warps, unrolls), "w4-mma-grid.json", started)
+                        lambda name: linear_grid(name, hbm_Bps, warps, unrolls, splits), "w4-mma-grid.json", started)
 
 if __name__ == "__main__":
     sys.exit(main())

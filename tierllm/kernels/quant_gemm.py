@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.dequant import dequantize_triton
 from tierllm.kernels.gemv import unfused_linear
-from tierllm.kernels.split_k import split_k_counters
 from tierllm.kernels.quant_gemv import (
     MAX_QUANT_GEMV_ROWS,
     w4_gemv_triton,
@@ -23,6 +22,7 @@ from tierllm.kernels.quant_gemv import (
     w8_gemv_triton,
     w8_linear_ref,
 )
+from tierllm.kernels.split_k import split_k_counters
 
 # From this many rows the matmul is compute-bound and this kernel's in-register dequantization of every tile
 # costs more than one dequantizing pass (2.5-3 bytes per weight of traffic) plus cuBLAS: on an H100, at M=64, it

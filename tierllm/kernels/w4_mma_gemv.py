@@ -411,15 +411,12 @@ if HAS_TRITON:
     # From benchmarks/results/w4-mma-grid-h200.json at batch 8 (each llama-7b shape's two fastest): warps, groups per
     # warp per iteration, two 16-row tiles per program (not gated: each warp's x fragments serve both); the last two
     # from the wider grid of w4-mma-grid-wide-h200.json (down's fastest at batch 1, o's and down's at batch 8)
-    # Split K (not yet timed on a GPU): at batch 1 on the 4096-row shapes a warp streams its slice of K over 2-5
-    # dependent iterations, each waiting out a memory latency (benchmarks/notes/gpu-decode.md); split in 2 or 4,
-    # each program's warps take one or two.
-    _CONFIGS = [triton.Config({"WARPS": w, "UNROLL": u, "TWO_TILES": two, "SPLIT_K": split}, num_warps=w,
-                              num_stages=1)
-                for w, u, two, split in [(8, 4, False, 1), (8, 2, False, 1), (4, 4, True, 1), (4, 2, False, 1),
-                                         (2, 4, False, 1), (4, 1, False, 1), (4, 4, False, 1), (16, 2, False, 1),
-                                         (8, 8, False, 1), (8, 4, False, 2), (8, 2, False, 4), (4, 4, False, 4),
-                                         (4, 4, True, 2)]]
+    # SPLIT_K > 1 is not in the list until a GPU grid times it (benchmarks/w4_mma_grid.py --split 1,2,4): at batch 1
+    # on the 4096-row shapes a warp streams its slice of K over 2-5 dependent iterations, each waiting out a memory
+    # latency (benchmarks/notes/gpu-decode.md), which runs of K over more programs would cut to one or two.
+    _CONFIGS = [triton.Config({"WARPS": w, "UNROLL": u, "TWO_TILES": two, "SPLIT_K": 1}, num_warps=w, num_stages=1)
+                for w, u, two in [(8, 4, False), (8, 2, False), (4, 4, True), (4, 2, False), (2, 4, False),
+                                  (4, 1, False), (4, 4, False), (16, 2, False), (8, 8, False)]]
     _KEY = ["M_BUCKET", "N", "K", "GATED", "RESIDUAL"]
 
     def _prune(configs, named_args, **kwargs):
