@@ -1,6 +1,7 @@
 """Every Triton kernel against its torch reference on random inputs: on CPU through the Triton interpreter
 (TRITON_INTERPRET=1, set in tests/conftest.py when there is no GPU), on CUDA natively."""
 import functools
+import itertools
 import importlib
 
 import pytest
@@ -325,13 +326,14 @@ def test_gemv_fused_rejects_unsupported_combinations():
 @pytest.mark.parametrize("fusion", list(FUSIONS))
 def test_fused_linear_dispatch(fusion):
     """fused_linear on fp32 (no GEMV: rms_norm -> linear -> silu_and_mul -> residual.add_) matches the reference,
-    updating the residual in place; in fp16 on CUDA it takes the fused kernel."""
+    updating the residual in place; in fp16 on CUDA one row takes the fused kernel, 3 rows the separate kernels
+    with cuBLAS."""
     from tierllm.kernels import gemv
     torch.manual_seed(9)
-    rows, n, k = 3, 24, 64
+    n, k = 24, 64
     gated = FUSIONS[fusion].get("gated", False)
     dtypes = [torch.float32] + ([torch.float16] if DEVICE == "cuda" else [])
-    for dtype in dtypes:
+    for dtype, rows in itertools.product(dtypes, (1, 3)):
         x = (2 * torch.randn(rows, k, device=DEVICE)).to(dtype)
         w = torch.randn(2 * n if gated else n, k, device=DEVICE).to(dtype)
         b = torch.randn(w.shape[0], device=DEVICE).to(dtype)

@@ -22,7 +22,13 @@ from tierllm.kernels.activation import silu_and_mul
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
 from tierllm.kernels.norm import rms_norm
 
-MAX_GEMV_ROWS = 8
+MAX_GEMV_ROWS = 8           # the most x rows the GEMV kernels take (the decode form's batch; int8, int4, TP)
+# fp16/bf16 weights: `linear` and `fused_linear` take the GEMV for one x row; 2-8 rows go to cuBLAS (and the separate
+# norm, SiLU-and-mul and residual kernels). On an H200 (llama-7b, CUDA graphs) the batch-8 decode step took 5.03 ms
+# that way against 14.72 through the GEMV, whose per-row FMAs bind it beyond one row, while at batch 1 the GEMV led,
+# 4.27 against 4.38 (benchmarks/results/quant-bf16-int4-graph-tuner-llama-7b-h200.json). Rows 2-7 are not timed
+# yet (benchmarks/small_batch_paths.py).
+GEMV_ROWS = 1
 
 if HAS_TRITON:
     import triton
@@ -374,12 +380,12 @@ def takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """[M, K] @ [N, K]^T: the GEMV kernel for decode-sized M in fp16/bf16 on CUDA, cuBLAS otherwise.
+    """[M, K] @ [N, K]^T: the GEMV kernel for one x row in fp16/bf16 on CUDA (GEMV_ROWS), cuBLAS otherwise.
     out_dtype=torch.float32 returns the fp32 accumulator instead of rounding it to x's dtype (partial sums that
     are all-reduced before rounding). TIERLLM_GEMV=0 sends everything to cuBLAS (for A/B runs). A tensor-core
     variant (x padded to 16 rows, pipelined weight tiles) measured 2-6% slower than this one on an H100 and was
     dropped."""
-    if takes_gemv(x, weight):
+    if x.shape[0] <= GEMV_ROWS and takes_gemv(x, weight):
         return gemv_triton(x, weight, bias, out_dtype)
     return linear_ref(x, weight, bias, out_dtype)
 
@@ -405,7 +411,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """`linear` with the decode fusions (see gemv_triton; semantics: fused_linear_ref, except that residual is
     updated in place and returned): one GEMV launch where `linear` would take the GEMV, the separate kernels
     otherwise. pdl: gemv_triton's."""
-    if takes_gemv(x, weight) and (residual is None or residual.stride(-1) == 1):
+    if x.shape[0] <= GEMV_ROWS and takes_gemv(x, weight) and (residual is None or residual.stride(-1) == 1):
         return gemv_triton(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=residual,
                            pdl=pdl)
     return unfused_linear(x, lambda h: linear(h, weight, bias), norm_weight, eps, gated, residual)
