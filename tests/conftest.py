@@ -13,6 +13,8 @@ import torch
 # Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before Triton is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Every test tunes afresh, and none writes the user's tuning cache (tests of the cache point it elsewhere).
+os.environ["TIERLLM_TUNING_CACHE"] = "0"
 
 import pytest  # noqa: E402
 import transformers  # noqa: E402

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tierllm.kernels.tuning_cache import store_timings, stored_timings
+
 log = logging.getLogger(__name__)
 
 REPEATS = 8                 # launches per graph
@@ -85,9 +87,15 @@ def time_configs(configs: list, launch: Callable[[object, torch.Tensor], None], 
 
 def tune_site(cache: dict, key, configs: list, launch: Callable[[object, torch.Tensor], None],
               weight: torch.Tensor, block_m: int):
-    """cache[key] = the fastest of `configs` in time_configs, kept as a TunedSite (its graph timings) for
-    runner/step_tuning.py as Triton-tuned keys are; returns it."""
-    timings = time_configs(configs, launch, weight)
+    """cache[key] = the fastest of `configs` in time_configs (or in the timings an earlier process kept on disk:
+    tuning_cache.py), kept as a TunedSite (its graph timings) for runner/step_tuning.py as Triton-tuned keys are;
+    returns it."""
+    timings = stored_timings(key, configs, weight.device)
+    if timings is None:
+        timings = time_configs(configs, launch, weight)
+        store_timings(key, configs, weight.device, timings)
+    else:
+        log.info("graph tuning: %s from the tuning cache", key)
     cache[key] = min(timings, key=timings.get)
     TUNED_SITES.append(TunedSite(cache, key, timings, block_m))
     return cache[key]

@@ -1,0 +1,79 @@
+"""The graph tuner's timings kept on disk (tierllm/kernels/tuning_cache.py): a later process takes its picks without
+timing, a changed config list or an unreadable file times afresh, TIERLLM_TUNING_CACHE=0 keeps nothing. The
+launches here are made up (no kernel runs): what is tested is which configs get timed and which one is taken."""
+import json
+
+import pytest
+import torch
+
+from tierllm.kernels._dispatch import HAS_TRITON
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+MS = {1: 3.0, 2: 1.0, 3: 2.0, 4: 0.5}                 # BLOCK -> made-up ms per launch
+
+
+@pytest.fixture
+def tuning(monkeypatch, tmp_path):
+    """(tune(configs) -> the pick, the configs timed so far, the cache file); each tune() starts as a new process
+    would: an empty in-memory cache. BLOCK=3 is refused by the compiler."""
+    import triton
+    from triton.runtime.errors import OutOfResources
+
+    from tierllm.kernels import graph_tuning
+
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("TIERLLM_TUNING_CACHE", str(path))
+    monkeypatch.setattr(graph_tuning, "TUNED_SITES", [])
+    monkeypatch.setattr(graph_tuning, "weight_copies", lambda weight: [weight])
+    timed = []
+
+    def launch(config, weight):
+        if config.kwargs["BLOCK"] == 3:
+            raise OutOfResources(300000, 232448, "shared memory")
+        timed.append(config)
+
+    def fake_seconds(run, copies):
+        run(copies[0])
+        return MS[timed[-1].kwargs["BLOCK"]] / 1e3
+
+    monkeypatch.setattr(graph_tuning, "graph_seconds", fake_seconds)
+
+    def tune(blocks):
+        configs = [triton.Config({"BLOCK": b}, num_warps=4) for b in blocks]
+        return graph_tuning.tune_site({}, (7, "key"), configs, launch, torch.zeros(4, 4), 1)
+    return tune, timed, path
+
+
+def test_a_later_process_takes_the_cached_pick_without_timing(tuning):
+    from tierllm.kernels import graph_tuning
+    tune, timed, path = tuning
+    assert tune([1, 2, 3]).kwargs["BLOCK"] == 2
+    assert [c.kwargs["BLOCK"] for c in timed] == [1, 2] and path.exists()
+    assert tune([1, 2, 3]).kwargs["BLOCK"] == 2
+    assert len(timed) == 2                                          # nothing timed the second time
+    first, second = graph_tuning.TUNED_SITES                        # both kept for step tuning, same timings
+    assert {c.kwargs["BLOCK"]: t for c, t in second.timings.items()} == {1: 3.0, 2: 1.0}
+    assert [str(c) for c in first.timings] == [str(c) for c in second.timings]
+
+
+def test_a_changed_config_list_times_again(tuning):
+    tune, timed, _ = tuning
+    tune([1, 2, 3])
+    assert tune([1, 2, 3, 4]).kwargs["BLOCK"] == 4
+    assert [c.kwargs["BLOCK"] for c in timed] == [1, 2, 1, 2, 4]
+
+
+def test_an_unreadable_cache_times_afresh_and_is_rewritten(tuning):
+    tune, timed, path = tuning
+    path.write_text("{not json")
+    assert tune([1, 2]).kwargs["BLOCK"] == 2 and len(timed) == 2
+    assert len(json.loads(path.read_text())) == 1
+
+
+def test_tuning_cache_off(tuning, monkeypatch):
+    tune, timed, path = tuning
+    monkeypatch.setenv("TIERLLM_TUNING_CACHE", "0")
+    tune([1, 2])
+    tune([1, 2])
+    assert len(timed) == 4 and not path.exists()
