@@ -26,9 +26,12 @@
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
+# The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
+# .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
 part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu, mma, mma-ncu or bench}
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
+trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$part" in
   tests)
