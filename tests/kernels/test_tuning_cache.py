@@ -77,3 +77,11 @@ def test_tuning_cache_off(tuning, monkeypatch):
     tune([1, 2])
     tune([1, 2])
     assert len(timed) == 4 and not path.exists()
+
+
+def test_an_unwritable_cache_is_passed_over(tuning, monkeypatch, tmp_path):
+    tune, timed, _ = tuning
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TIERLLM_TUNING_CACHE", str(blocker / "tuning.json"))    # its folder is a file
+    assert tune([1, 2]).kwargs["BLOCK"] == 2 and len(timed) == 2

@@ -87,4 +87,9 @@ def store_timings(key, configs: list, device: torch.device, timings: dict) -> No
             json.dump(data, file)
         os.replace(file.name, path)            # whole or not at all, for processes tuning side by side
     except OSError as error:
-        log.warning("tuning cache %s not written (%s)", path, error)
+        _warn_once(f"tuning cache {path} not written ({error}); set TIERLLM_TUNING_CACHE to a writable file, or 0")
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
