@@ -1,8 +1,8 @@
 """Every Triton kernel against its torch reference on random inputs: on CPU through the Triton interpreter
 (TRITON_INTERPRET=1, set in tests/conftest.py when there is no GPU), on CUDA natively."""
 import functools
-import itertools
 import importlib
+import itertools
 
 import pytest
 import torch
@@ -324,12 +324,16 @@ def test_gemv_fused_rejects_unsupported_combinations():
 
 
 @pytest.mark.parametrize("fusion", list(FUSIONS))
-def test_fused_linear_dispatch(fusion):
+def test_fused_linear_dispatch(fusion, monkeypatch):
     """fused_linear on fp32 (no GEMV: rms_norm -> linear -> silu_and_mul -> residual.add_) matches the reference,
     updating the residual in place; in fp16 on CUDA one row takes the fused kernel, 3 rows the separate kernels
-    with cuBLAS."""
+    with cuBLAS (GEMV_ROWS)."""
     from tierllm.kernels import gemv
     torch.manual_seed(9)
+    gemv_rows = []
+    real = gemv.gemv_triton
+    monkeypatch.setattr(gemv, "gemv_triton", lambda x, *args, **kwargs: gemv_rows.append(x.shape[0]) or
+                        real(x, *args, **kwargs))
     n, k = 24, 64
     gated = FUSIONS[fusion].get("gated", False)
     dtypes = [torch.float32] + ([torch.float16] if DEVICE == "cuda" else [])
@@ -343,13 +347,13 @@ def test_fused_linear_dispatch(fusion):
         out = gemv.fused_linear(x, w, b, **kwargs)
         assert residual is None or out is residual
         assert _rel_err(out, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert gemv_rows == ([1] if DEVICE == "cuda" else [])
 
 
 def tune_and_launch(monkeypatch, module, kernel, launch, num_configs: int | None = None):
     """launch() through the launcher's Triton-autotuner branch (TIERLLM_GEMV_TUNER=triton), on CPU too: each config
     is "timed" by running it twice, as the benchmark does (many times), then the first one is taken and run once
-    more. num_configs: how many configs
-    the tuner's pruning leaves (default: all)."""
+    more. num_configs: how many configs the tuner's pruning leaves (default: all)."""
     timed = []
 
     def bench(kernel_call, quantiles):
