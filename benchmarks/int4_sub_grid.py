@@ -22,14 +22,12 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int8_row_ab import LINEARS, grid_header, grid_linears, int_list_option, timed_config  # noqa: E402
+from int8_row_ab import grid_header, grid_linears, int4_linear, int_list_option, timed_config  # noqa: E402
 from quant_kernel_sweep import rel_err  # noqa: E402
 
-import tierllm  # noqa: E402
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.kernels import quant_gemv  # noqa: E402
 from tierllm.kernels.graph_tuning import weight_copies  # noqa: E402
-from tierllm.quant.quantize import quantize_weight  # noqa: E402
 
 GROUP = 64
 
@@ -58,13 +56,7 @@ def loop_name(config: dict) -> str:
 
 
 def linear_grid(name: str, hbm_Bps: float, stages: tuple[int, ...], prefetch: tuple[bool, ...]) -> dict:
-    n_rows, k, spec = LINEARS[name]
-    gated, residual = spec.get("gated", False), spec.get("residual", False)
-    n = n_rows // 2 if gated else n_rows
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    q = quantize_weight(torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) * 0.02,
-                        tierllm.QuantConfig(bits=4, group_size=GROUP))
-    int4_bytes = sum(t.numel() * t.element_size() for t in q.values())
+    n_rows, k, n, gated, residual, x, q, int4_bytes = int4_linear(name, 1, GROUP)
     copies = weight_copies(q["qweight"])
     ref = quant_gemv.w4_fused_ref(x, q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
     y = torch.zeros(1, n, device="cuda", dtype=torch.bfloat16)          # residual launches add into it

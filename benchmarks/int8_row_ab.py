@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import triton
@@ -46,6 +47,29 @@ LINEARS = {"qkv": (3 * HIDDEN, HIDDEN, {"norm": True}), "o": (HIDDEN, HIDDEN, {"
            "down": (HIDDEN, INTERMEDIATE, {"residual": True})}
 PEERS_NOTE = ("kernel-level A/B inside this engine: no peer engine runs these kernels; the ceiling is the HBM copy "
               "rate measured in the same run")
+
+
+class Int4Linear(NamedTuple):
+    """One of LINEARS as the int4 grids time it on the GPU (int4_linear)."""
+    n_rows: int
+    k: int
+    n: int                       # output features: half the weight rows when gated
+    gated: bool
+    residual: bool
+    x: torch.Tensor              # [x rows, k] bf16
+    q: dict                      # quantize_weight's int4 tensors: qweight, scales, mins
+    int4_bytes: int
+
+
+def int4_linear(name: str, x_rows: int, group: int) -> Int4Linear:
+    """LINEARS[name] with random bf16 x rows and a random weight quantized to int4 (groups of `group`, asymmetric)."""
+    n_rows, k, spec = LINEARS[name]
+    gated, residual = spec.get("gated", False), spec.get("residual", False)
+    x = torch.randn(x_rows, k, device="cuda", dtype=torch.bfloat16)
+    q = quantize_weight(torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) * 0.02,
+                        tierllm.QuantConfig(bits=4, group_size=group))
+    return Int4Linear(n_rows, k, n_rows // 2 if gated else n_rows, gated, residual, x, q,
+                      sum(t.numel() * t.element_size() for t in q.values()))
 
 
 def grid_header(benchmark: str, hbm_Bps: float, **fields) -> dict:

@@ -22,14 +22,12 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int8_row_ab import LINEARS, grid_header, grid_linears, int_list_option, timed_config  # noqa: E402
+from int8_row_ab import grid_header, grid_linears, int4_linear, int_list_option, timed_config  # noqa: E402
 from quant_kernel_sweep import rel_err  # noqa: E402
 
-import tierllm  # noqa: E402
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.kernels import quant_gemv, w4_mma_gemv  # noqa: E402
 from tierllm.kernels.graph_tuning import weight_copies  # noqa: E402
-from tierllm.quant.quantize import quantize_weight  # noqa: E402
 
 GROUP = 64
 
@@ -55,13 +53,7 @@ def mma_launch(x, q, y, config, gated, residual, m):
 
 def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tuple[int, ...],
                 splits: tuple[int, ...]) -> dict:
-    n_rows, k, spec = LINEARS[name]
-    gated, residual = spec.get("gated", False), spec.get("residual", False)
-    n = n_rows // 2 if gated else n_rows
-    x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
-    q = quantize_weight(torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16) * 0.02,
-                        tierllm.QuantConfig(bits=4, group_size=GROUP))
-    int4_bytes = sum(t.numel() * t.element_size() for t in q.values())
+    n_rows, k, n, gated, residual, x, q, int4_bytes = int4_linear(name, 8, GROUP)
     copies = quant_copies(q)
     y = torch.zeros(8, n, device="cuda", dtype=torch.bfloat16)
     row = {"shape": [n_rows, k], "fusions": "gated" if gated else "residual" if residual else "none",

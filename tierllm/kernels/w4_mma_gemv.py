@@ -418,6 +418,7 @@ if HAS_TRITON:
                 for w, u, two in [(8, 4, False), (8, 2, False), (4, 4, True), (4, 2, False), (2, 4, False),
                                   (4, 1, False), (4, 4, False), (16, 2, False), (8, 8, False)]]
     _KEY = ["M_BUCKET", "N", "K", "GATED", "RESIDUAL"]
+    _TUNED_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _CONFIGS)        # the workspace the tuners' picks may need
 
     def _prune(configs, named_args, **kwargs):
         """Two tiles only where N holds whole pairs of them (tile b has no row masks); K split no finer than into
@@ -459,7 +460,7 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
     y = fused_output(x, qweight.shape[0], None, None, gated, residual)
     n = y.shape[1]
     tiles = triton.cdiv(n, 16)                      # the most programs per K run (one 16-row tile each)
-    split_max = max(c.kwargs["SPLIT_K"] for c in _CONFIGS) if config is None else config.get("SPLIT_K", 1)
+    split_max = _TUNED_SPLIT_K if config is None else config.get("SPLIT_K", 1)
     # the split-K workspace [tiles, SPLIT_K, 8, 32] (fp32 partials) and counters (split_k.py)
     workspace = torch.empty(tiles * split_max * 256, dtype=torch.float32, device=x.device) if split_max > 1 else y
     counters = split_k_counters(x.device, tiles) if split_max > 1 else y
