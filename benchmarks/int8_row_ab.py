@@ -76,7 +76,7 @@ def grid_header(benchmark: str, hbm_Bps: float, **fields) -> dict:
     """The fields every kernel grid's JSON opens with: benchmark, device, date, versions, the HBM copy rate measured in
     the same run, the peers note, then `fields`."""
     return {"benchmark": benchmark, "device": torch.cuda.get_device_name(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
             "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE, **fields}
 
 

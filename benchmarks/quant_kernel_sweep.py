@@ -177,7 +177,7 @@ def main() -> int:
     from tierllm.bench.results import versions
 
     result = {"benchmark": "quant_kernel_sweep", "device": torch.cuda.get_device_name(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
               "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "rows": []}
     if not autotuned_only:
         result["fusions"] = fusion_rows()

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -92,7 +91,7 @@ def main() -> int:
     hbm_Bps = hbm_copy_GBps() * 1e9
     torch.manual_seed(0)
     result = {"benchmark": "small_batch_paths", "device": torch.cuda.get_device_name(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": {**versions(), "triton": triton.__version__},
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
               "hbm_copy_GBps": round(hbm_Bps / 1e9, 1), "peers_note": PEERS_NOTE + "; cuBLAS bf16 is timed for scale",
               "gemv_tuner": os.environ.get("TIERLLM_GEMV_TUNER", "triton"), "linears": {}}
     out_path = Path(os.environ.get("OUT", "/tmp")) / "small-batch-paths.json"

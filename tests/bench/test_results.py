@@ -12,6 +12,10 @@ def test_result_file_carries_versions_and_a_source_digest(tmp_path, monkeypatch)
     results.write_result(out, "unit", torch.device("cpu"), {"x": 1.0}, {}, {"y": 2}, [], {"s": 3})
     doc = json.loads(out.read_text())
     assert "TIERLLM_EXAMPLE_FLAG" not in doc["versions"].get("tierllm_env", {})
+    from tierllm.kernels._dispatch import HAS_TRITON
+    if HAS_TRITON:                                                 # the kernels' compiler is named too
+        import triton
+        assert doc["versions"]["triton"] == triton.__version__
     monkeypatch.setenv("TIERLLM_EXAMPLE_FLAG", "1")                 # any TIERLLM_* variable is named in the result
     assert results.versions()["tierllm_env"]["TIERLLM_EXAMPLE_FLAG"] == "1"
     digest = doc["versions"]["source_sha256"]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from tierllm.kernels._dispatch import HAS_TRITON
+
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
@@ -52,6 +54,9 @@ def versions() -> dict:
     out = {"tierllm": tierllm.__version__, "commit": _git_commit(), "source_sha256": source_digest(),
            "torch": torch.__version__, "transformers": transformers.__version__,
            "python": platform.python_version()}
+    if HAS_TRITON:                                   # the compiler behind every Triton kernel's timing
+        import triton
+        out["triton"] = triton.__version__
     flags = {k: v for k, v in os.environ.items() if k.startswith("TIERLLM_")}   # staged paths, kernel overrides
     return {**out, "tierllm_env": flags} if flags else out
 
