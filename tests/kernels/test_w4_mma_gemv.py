@@ -65,8 +65,10 @@ def test_w4_mma_gemv_every_tuned_config():
 
 
 def test_w4_gemv_sends_several_rows_to_the_tensor_cores(monkeypatch):
-    """w4_gemv_triton: 2-8 bf16 rows (groups of 64, no norm prologue) go to w4_mma_gemv; one row, fp16 x, other
-    group sizes and the norm prologue stay on the CUDA-core loops."""
+    """w4_gemv_triton under Triton's tuner: 2-8 bf16 rows (groups of 64, no norm prologue) go to w4_mma_gemv; one
+    row, fp16 x, other group sizes and the norm prologue stay on the CUDA-core loops. (The graph tuner also times
+    one row on the tensor cores: test_quant_kernels.py's w4_gemv_graph_tuned.)"""
+    monkeypatch.setenv("TIERLLM_GEMV_TUNER", "triton")
     calls = []
     real = quant_gemv.w4_mma_gemv
     monkeypatch.setattr(quant_gemv, "w4_mma_gemv", lambda *args, **kwargs: calls.append(args[0].shape) or

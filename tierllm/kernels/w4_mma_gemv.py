@@ -411,12 +411,13 @@ if HAS_TRITON:
     # From benchmarks/results/w4-mma-grid-h200.json at batch 8 (each llama-7b shape's two fastest): warps, groups per
     # warp per iteration, two 16-row tiles per program (not gated: each warp's x fragments serve both); the last two
     # from the wider grid of w4-mma-grid-wide-h200.json (down's fastest at batch 1, o's and down's at batch 8)
-    # SPLIT_K > 1 is not in the list until a GPU grid times it (benchmarks/w4_mma_grid.py --split 1,2,4): at batch 1
-    # on the 4096-row shapes a warp streams its slice of K over 2-5 dependent iterations, each waiting out a memory
-    # latency (benchmarks/notes/gpu-decode.md), which runs of K over more programs would cut to one or two.
-    _CONFIGS = [triton.Config({"WARPS": w, "UNROLL": u, "TWO_TILES": two, "SPLIT_K": 1}, num_warps=w, num_stages=1)
-                for w, u, two in [(8, 4, False), (8, 2, False), (4, 4, True), (4, 2, False), (2, 4, False),
-                                  (4, 1, False), (4, 4, False), (16, 2, False), (8, 8, False)]]
+    # from w4-mma-grid-split-h200.json (K in 1, 2 or 4 runs per tile): 4 warps x 2 with K in 4 runs, down's fastest
+    # at batch 1 (14.61 us against 15.12 unsplit); splitting K won on no other shape
+    _CONFIGS = [triton.Config({"WARPS": w, "UNROLL": u, "TWO_TILES": two, "SPLIT_K": split}, num_warps=w,
+                              num_stages=1)
+                for w, u, two, split in [(8, 4, False, 1), (8, 2, False, 1), (4, 4, True, 1), (4, 2, False, 1),
+                                         (2, 4, False, 1), (4, 1, False, 1), (4, 4, False, 1), (16, 2, False, 1),
+                                         (8, 8, False, 1), (4, 2, False, 4)]]
     _KEY = ["M_BUCKET", "N", "K", "GATED", "RESIDUAL"]
     _TUNED_SPLIT_K = max(c.kwargs["SPLIT_K"] for c in _CONFIGS)        # the workspace the tuners' picks may need
 
@@ -460,25 +461,30 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
     y = fused_output(x, qweight.shape[0], None, None, gated, residual)
     n = y.shape[1]
     tiles = triton.cdiv(n, 16)                      # the most programs per K run (one 16-row tile each)
-    split_max = _TUNED_SPLIT_K if config is None else config.get("SPLIT_K", 1)
-    # the split-K workspace [tiles, SPLIT_K, 8, 32] (fp32 partials) and counters (split_k.py)
-    workspace = torch.empty(tiles * split_max * 256, dtype=torch.float32, device=x.device) if split_max > 1 else y
-    counters = split_k_counters(x.device, tiles) if split_max > 1 else y
-    args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y,
-            workspace, counters, m, n, k, x.stride(0) // 2, qweight.stride(0) // 4, scales.stride(0), y.stride(0))
+    args = (x, qweight, scales, mins if mins is not None else scales, bias if bias is not None else scales, y)
+    sizes = (m, n, k, x.stride(0) // 2, qweight.stride(0) // 4, scales.stride(0), y.stride(0))
     flags = {"HAS_MINS": mins is not None, "HAS_BIAS": bias is not None, "GATED": gated,
              "RESIDUAL": residual is not None, "EMULATE": _dispatch.is_interpreted(),    # (tests patch is_interpreted)
              **pdl_options(x, pdl)}
     m_bucket = triton.next_power_of_2(m)
+
+    def split_k_buffers(split: int) -> tuple:
+        """The split-K workspace [tiles, split, 8, 32] (fp32 partials) and counters (split_k.py); y stands in for
+        both where K is not split."""
+        if split == 1:
+            return y, y
+        return (torch.empty(tiles * split * 256, dtype=torch.float32, device=x.device),
+                split_k_counters(x.device, tiles))
 
     def launch(chosen: dict, out_args: tuple = args) -> None:
         meta = {**flags, **chosen}
         if not _even_n({"N": n, **meta}) and meta["TWO_TILES"]:
             raise ValueError(f"TWO_TILES needs N a multiple of 32, got {n}")
         split = meta.get("SPLIT_K", 1)
-        if not 1 <= split <= min(split_max, k // W4_MMA_GROUP):
+        if not 1 <= split <= k // W4_MMA_GROUP:
             raise ValueError(f"SPLIT_K must be 1 to {k // W4_MMA_GROUP} (K's groups), got {split}")
-        _w4_mma_even[(triton.cdiv(n, _tile_rows(meta)), split)](*out_args, M_BUCKET=m_bucket, **meta,
+        _w4_mma_even[(triton.cdiv(n, _tile_rows(meta)), split)](*out_args, *split_k_buffers(split), *sizes,
+                                                                M_BUCKET=m_bucket, **meta,
                                                                 num_warps=chosen["WARPS"], num_stages=1)
 
     if config is not None or is_interpreted():
@@ -487,7 +493,7 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
         key = (m_bucket, n, k, gated, residual is not None, bias is not None, mins is not None)
         chosen = _graph_tuner.cache.get(key)
         if chosen is None:
-            scratch = args[:5] + (y.clone() if residual is not None else y,) + args[6:]   # tuning adds into it
+            scratch = args[:5] + (y.clone() if residual is not None else y,)     # tuning adds into it
             chosen = _graph_tuner.pick(key, lambda c, w: launch(c.kwargs, scratch[:1] + (w,) + scratch[2:]),
                                        qweight, m_bucket, configs=tuned_configs(n, k))
         launch(chosen.kwargs)
@@ -495,5 +501,5 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
         kernel = _w4_mma_residual_tuned if residual is not None else _w4_mma_tuned
         launch_recording_sites(kernel, lambda: kernel[lambda meta: (triton.cdiv(n, _tile_rows(meta)),
                                                                     meta["SPLIT_K"])](
-            *args, M_BUCKET=m_bucket, **flags), m_bucket)
+            *args, *split_k_buffers(_TUNED_SPLIT_K), *sizes, M_BUCKET=m_bucket, **flags), m_bucket)
     return y
