@@ -51,7 +51,7 @@ def kernels(args) -> dict:
         "w4_mma": (w4_mma_gemv._w4_mma_gemv_kernel, mma_args,
                    {"HAS_MINS": True, "HAS_BIAS": False, "GATED": args.gated, "RESIDUAL": not args.gated,
                     "TWO_TILES": False, "WARPS": args.warps, "UNROLL": args.unroll, "EMULATE": False, "EVEN_N": True,
-                    "SPLIT_K": args.split_k, "L2_TILE": args.l2_tile, "PDL": True}),
+                    "SPLIT_K": args.split_k, "PDL": True}),
         "w4_gemm": (quant_gemm._quant_gemm_kernel.fn, gemm_args,
                     {"BITS": 4, "GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "BLOCK_M": args.block_m,
                      "BLOCK_N": args.block_n, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": args.split_k,
@@ -119,7 +119,6 @@ def main() -> int:
     parser.add_argument("--prefetch", action="store_true",
                         help="w4_gemv --row --sub: the next step's loads before this step's math (PREFETCH)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
-    parser.add_argument("--l2-tile", action="store_true", help="w4_mma: L2_TILE (bulk L2 prefetch of the tile)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()

@@ -6,10 +6,9 @@ enough copies of the codes, scales and mins to miss L2), against the HBM copy ra
 tensor-core kernel's grid at batch 1, its four fastest at batch 8, and the CUDA-core kernel's one-row configs.
 JSON to $OUT/w4-mma-grid.json.
 
-    python benchmarks/w4_mma_grid.py [--warps 2,4,8] [--unroll 1,2,4] [--split 1] [--l2-tile 0,1] [--tuned]
-        [--sub-only] [LINEAR ...]
-(the grid's WARPS, UNROLL, SPLIT_K and L2_TILE values; L2_TILE applies to both kernels' configs; --tuned: the
-tuners' tensor-core configs instead of the grid; --sub-only: of the CUDA-core loops only INT4_SUB's)"""
+    python benchmarks/w4_mma_grid.py [--warps 2,4,8] [--unroll 1,2,4] [--split 1] [--tuned] [--sub-only] [LINEAR ...]
+(the grid's WARPS, UNROLL and SPLIT_K values; --tuned: the tuners' tensor-core configs instead of the grid;
+--sub-only: of the CUDA-core loops only INT4_SUB's)"""
 from __future__ import annotations
 
 import itertools
@@ -34,13 +33,10 @@ from tierllm.kernels.graph_tuning import weight_copies  # noqa: E402
 GROUP = 64
 
 
-def mma_configs(gated: bool, warps: tuple[int, ...], unrolls: tuple[int, ...], splits: tuple[int, ...],
-                l2_tiles: tuple[bool, ...]) -> list[dict]:
-    """Warps, groups per warp per iteration, (not gated) two tiles per program, runs of K per tile and the tile's
-    bulk L2 prefetch."""
-    return [dict(WARPS=w, UNROLL=u, TWO_TILES=two, SPLIT_K=split, L2_TILE=l2)
-            for w, u, two, split, l2 in itertools.product(warps, unrolls, (False,) if gated else (False, True), splits,
-                                                          l2_tiles)]
+def mma_configs(gated: bool, warps: tuple[int, ...], unrolls: tuple[int, ...], splits: tuple[int, ...]) -> list[dict]:
+    """Warps, groups per warp per iteration, (not gated) two tiles per program and runs of K per tile."""
+    return [dict(WARPS=w, UNROLL=u, TWO_TILES=two, SPLIT_K=split)
+            for w, u, two, split in itertools.product(warps, unrolls, (False,) if gated else (False, True), splits)]
 
 
 def quant_copies(q: dict) -> list[dict]:
@@ -56,13 +52,13 @@ def mma_launch(x, q, y, config, gated, residual, m):
     return w4_mma_gemv.w4_mma_gemv(x[:m], q["qweight"], q["scales"], q["mins"], gated=gated, config=config)
 
 
-def tuned_mma_configs(n: int, k: int, l2_tiles: tuple[bool, ...]) -> list[dict]:
-    """The tuners' tensor-core configs for an [N, K] weight, each with every L2_TILE choice."""
-    return [{**c.kwargs, "L2_TILE": l2} for c, l2 in itertools.product(w4_mma_gemv.tuned_configs(n, k), l2_tiles)]
+def tuned_mma_configs(n: int, k: int) -> list[dict]:
+    """The tuners' tensor-core configs for an [N, K] weight."""
+    return [dict(c.kwargs) for c in w4_mma_gemv.tuned_configs(n, k)]
 
 
 def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tuple[int, ...],
-                splits: tuple[int, ...], l2_tiles: tuple[bool, ...], tuned: bool, sub_only: bool) -> dict:
+                splits: tuple[int, ...], tuned: bool, sub_only: bool) -> dict:
     n_rows, k, n, gated, residual, x, q, int4_bytes = int4_linear(name, 8, GROUP)
     copies = quant_copies(q)
     y = torch.zeros(8, n, device="cuda", dtype=torch.bfloat16)
@@ -70,7 +66,7 @@ def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tupl
            "int4_bytes": int4_bytes, "copies": len(copies), "mma": [], "cuda_core": []}
     for m in (1, 8):                     # each config checked against the reference, then timed over the copies
         ref = quant_gemv.w4_fused_ref(x[:m], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
-        grid = tuned_mma_configs(n, k, l2_tiles) if tuned else mma_configs(gated, warps, unrolls, splits, l2_tiles)
+        grid = tuned_mma_configs(n, k) if tuned else mma_configs(gated, warps, unrolls, splits)
         configs = (grid if m == 1
                    else [t["config"] for t in row["mma"] if "us" in t][:4])
         for config in configs:
@@ -86,8 +82,8 @@ def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tupl
              "RESIDUAL": residual}
     ref = quant_gemv.w4_fused_ref(x[:1], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
     loops = [c for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_SUB" if sub_only else "INT4_ROW")]
-    for c, l2 in itertools.product(loops, l2_tiles):
-        config = {**c.kwargs, "L2_TILE": l2, "num_warps": c.num_warps, "num_stages": c.num_stages}  # CUDA-core loops
+    for c in loops:                                                     # the CUDA-core one-row loops
+        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
         even = quant_gemv.w4_even({"N": n, "K": k, **flags, **config})
 
         def launch(qc, config=config, even=even):
@@ -117,13 +113,12 @@ def main() -> int:
     args = sys.argv[1:]
     warps, unrolls = int_list_option(args, "--warps", (2, 4, 8)), int_list_option(args, "--unroll", (1, 2, 4))
     splits = int_list_option(args, "--split", (1,))
-    l2_tiles = tuple(bool(v) for v in int_list_option(args, "--l2-tile", (0,)))
     result["warps"], result["unroll"], result["split"] = list(warps), list(unrolls), list(splits)
     tuned, sub_only = "--tuned" in args, "--sub-only" in args
     args = [a for a in args if a not in ("--tuned", "--sub-only")]
-    result["l2_tile"], result["tuned_configs"], result["sub_only"] = list(l2_tiles), tuned, sub_only
+    result["tuned_configs"], result["sub_only"] = tuned, sub_only
     return grid_linears(result, args or ["o", "qkv", "gate_up", "down"],
-                        lambda name: linear_grid(name, hbm_Bps, warps, unrolls, splits, l2_tiles, tuned, sub_only),
+                        lambda name: linear_grid(name, hbm_Bps, warps, unrolls, splits, tuned, sub_only),
                         "w4-mma-grid.json", started)
 
 if __name__ == "__main__":

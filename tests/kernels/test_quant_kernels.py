@@ -410,7 +410,7 @@ def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion, m):
 @pytest.mark.parametrize("fusion", list(FUSIONS))
 def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
     """fused_quant_linear on fp32 (rms_norm -> quant_linear -> silu_and_mul -> residual.add_) matches the
-    reference, updating the residual in place; in fp16 on CUDA it takes the GEMV with GEMV_FUSIONS inside."""
+    reference, updating the residual in place; in fp16 on CUDA too, through the Triton kernels."""
     m, n, k = 3, 16, 128
     w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=4)
     for dtype in [torch.float32] + ([torch.float16] if DEVICE == "cuda" else []):
@@ -465,6 +465,33 @@ def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, m, mo
                          "pdl": True}]
     assert residual is None or out is residual
     assert _rel_err(out, expected) < 2e-2
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quant_linear_takes_the_gemv_up_to_its_formats_rows(bits, monkeypatch):
+    """quant_linear and fused_quant_linear send up to QUANT_GEMV_ROWS[bits] x rows to the format's GEMV (int8: 2,
+    where the GEMM beat its GEMV at 4 and 8 rows on an H200; int4: 8) and more to the tensor-core GEMM. (The
+    launchers are stood in for, so this runs on any device.)"""
+    taken = []
+
+    def stand_in(name):
+        def launch(x, qweight, *rest, **kwargs):
+            taken.append(name)
+            return torch.zeros(x.shape[0], qweight.shape[0], dtype=x.dtype)
+        return launch
+
+    monkeypatch.setattr(quant_gemm, "use_triton", lambda t: True)
+    for name in ("w8_gemv_triton", "w4_gemv_triton", "quant_gemm_triton"):
+        monkeypatch.setattr(quant_gemm, name, stand_in("gemm" if name == "quant_gemm_triton" else "gemv"))
+    w, _ = _quantized(16, 128, QuantConfig(bits=bits), seed=18)
+    rows = list(range(1, quant_gemv.MAX_QUANT_GEMV_ROWS + 2))
+    for m in rows:
+        x = _x(m, 128, torch.bfloat16, seed=m)
+        quant_gemm.quant_linear(x, w["qweight"], w["scales"], w.get("mins"), bits, 64)
+        quant_gemm.fused_quant_linear(x, w["qweight"], w["scales"], w.get("mins"), bits, 64)
+    limit = quant_gemv.QUANT_GEMV_ROWS[bits]
+    assert limit == (2 if bits == 8 else quant_gemv.MAX_QUANT_GEMV_ROWS)
+    assert taken == [path for m in rows for path in 2 * ["gemv" if m <= limit else "gemm"]]
 
 
 @pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.name)

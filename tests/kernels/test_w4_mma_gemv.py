@@ -160,33 +160,3 @@ def test_w4_mma_gemv_split_k_same_bits_every_launch():
         assert torch.equal(launch(**kwargs), first)
     with pytest.raises(ValueError, match="SPLIT_K"):
         _launch_and_ref(40, 128, 1, dict(config, SPLIT_K=3), "none", False, 4)[0]()
-
-
-@pytest.mark.skipif(DEVICE == "cpu", reason="L2_TILE is a PTX bulk prefetch, which the interpreter drops")
-@pytest.mark.parametrize("fusion", ["gated", "residual"])
-def test_l2_tile_prefetch_gives_the_same_bits(fusion):
-    """L2_TILE (each program's weight, scale and min rows bulk-prefetched into L2 first) on both int4 kernels: the
-    tensor-core one with ragged N (the last tile's rows trimmed) and with K split (the prefetch shared out over a
-    tile's programs), and the CUDA-core INT4_SUB loop: the same bits as without, and within rounding of the
-    reference."""
-    def copied(kwargs):                       # the residual is added into in place: each launch its own copy
-        return {name: v.clone() if isinstance(v, torch.Tensor) else v for name, v in kwargs.items()}
-
-    for n, k, m, config in (CASES[0], CASES[4]):
-        launch, ref, kwargs = _launch_and_ref(n, k, m, config, fusion, symmetric=False, seed=21)
-        prefetched = {**config, "L2_TILE": True}
-        check_fused_gemv(functools.partial(launch, config=prefetched), ref, m, n, copied(kwargs))
-        assert torch.equal(launch(**copied(kwargs)), launch(config=prefetched, **copied(kwargs)))
-    n, k, gated = 40, 448, fusion == "gated"
-    w, _ = _quantized(2 * n if gated else n, k, QuantConfig(bits=4, group_size=64), seed=22)
-    x = _x(1, k, torch.bfloat16, seed=23)
-    flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "NORM": False, "GATED": gated, "RESIDUAL": not gated,
-             "INT4_ROW": True, "INT4_SUB": True, "BLOCK_N": 16, "GROUPS_PER_BLOCK": 4}
-    outs = []
-    for l2_tile in (False, True):
-        y = _x(1, n, torch.bfloat16, seed=24)
-        quant_gemv._w4_gemv_body[(1, 3)](x, w["qweight"], w["scales"], w["mins"], w["scales"], w["scales"], y, 1, n, k,
-                                         x.stride(0), w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6,
-                                         **flags, L2_TILE=l2_tile, num_warps=4)
-        outs.append(y)
-    assert torch.equal(outs[0], outs[1])

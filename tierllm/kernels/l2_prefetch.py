@@ -76,30 +76,3 @@ if HAS_TRITON:
             "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
             "=r,l,r", [tl.full([1], 0, tl.int64) + addr + start, tl.full([1], 0, tl.int32) + size], dtype=tl.int32,
             is_pure=False, pack=1)
-
-    @triton.jit
-    def l2_prefetch_rows(base_ptr, row0, rows, row_bytes, share, shares):
-        """Share `share` of `shares` of the bytes of `rows` rows from row `row0` of a row-major tensor at base_ptr
-        (`row_bytes` apart) into L2: the span trimmed to 16-byte boundaries (the bulk prefetch's unit; a few bytes
-        at either end may stay out). For a kernel prefetching the weight rows it is about to stream."""
-        begin = base_ptr.to(tl.int64) + row0.to(tl.int64) * row_bytes
-        end = begin + tl.maximum(rows, 0).to(tl.int64) * row_bytes
-        begin = (begin + 15) // 16 * 16
-        end = end // 16 * 16
-        l2_prefetch_share(begin, tl.maximum(end - begin, 0), share, shares)
-
-    @triton.jit
-    def l2_prefetch_quant_tile(w_ptr, w_row_bytes, s_ptr, mn_ptr, row0, rows, N, stride_sn, HAS_MINS: tl.constexpr,
-                               GATED: tl.constexpr, share, shares):
-        """A quantized GEMV program's rows [row0, row0 + rows) of its weight codes, scales and mins (mins only
-        where HAS_MINS; also the up rows, N further, when GATED), share `share` of `shares` of each, into L2:
-        asked for before the program streams them, so that HBM fetches the whole tile while the program's own
-        loads, a few per thread at a time, wait on L2."""
-        s_row_bytes = stride_sn * (s_ptr.dtype.element_ty.primitive_bitwidth // 8)
-        for half in tl.static_range(2 if GATED else 1):
-            first = row0 + half * N
-            l2_prefetch_rows(w_ptr, first, rows, w_row_bytes, share, shares)
-            l2_prefetch_rows(s_ptr, first, rows, s_row_bytes, share, shares)
-            if HAS_MINS:
-                l2_prefetch_rows(mn_ptr, first, rows, s_row_bytes, share, shares)
-

@@ -16,7 +16,7 @@ from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.dequant import dequantize_triton
 from tierllm.kernels.gemv import unfused_linear
 from tierllm.kernels.quant_gemv import (
-    MAX_QUANT_GEMV_ROWS,
+    QUANT_GEMV_ROWS,
     w4_gemv_triton,
     w4_linear_ref,
     w8_gemv_triton,
@@ -291,10 +291,10 @@ def _args(x, qweight, scales, mins, bias, y, workspace, counters) -> tuple:
 
 def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  bits: int, group_size: int | None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Weight-only quantized linear, [M, K] -> [M, N]: Triton (GEMV for M <= 8, GEMM above) for fp16/bf16
-    activations on CUDA, the torch reference (dequantize + matmul) otherwise."""
+    """Weight-only quantized linear, [M, K] -> [M, N]: Triton (the GEMV up to QUANT_GEMV_ROWS[bits] rows, the GEMM
+    above) for fp16/bf16 activations on CUDA, the torch reference (dequantize + matmul) otherwise."""
     if x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1:
-        if x.shape[0] <= MAX_QUANT_GEMV_ROWS:
+        if x.shape[0] <= QUANT_GEMV_ROWS[bits]:
             if bits == 8:
                 return w8_gemv_triton(x, qweight, scales, bias)
             return w4_gemv_triton(x, qweight, scales, mins, group_size, bias)
@@ -330,7 +330,7 @@ def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     pdl: the GEMV and the separate norm and SiLU-and-mul kernels around it are launched with programmatic
     dependent launch (gemv.py)."""
     if not (x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
-            and x.shape[0] <= MAX_QUANT_GEMV_ROWS and (residual is None or residual.stride(-1) == 1)):
+            and x.shape[0] <= QUANT_GEMV_ROWS[bits] and (residual is None or residual.stride(-1) == 1)):
         return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias),
                               norm_weight, eps, gated, residual)
     inside = (ONE_ROW_GEMV_FUSIONS if x.shape[0] == 1 else GEMV_FUSIONS)[bits]

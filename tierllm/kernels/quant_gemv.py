@@ -28,7 +28,13 @@ from tierllm.kernels.w4_mma_gemv import tuned_configs as w4_mma_tuned_configs
 from tierllm.kernels.w4_mma_gemv import w4_mma_gemv, w4_mma_supported
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
 
-MAX_QUANT_GEMV_ROWS = 8
+MAX_QUANT_GEMV_ROWS = 8             # the most x rows the quantized GEMV kernels take
+# The most x rows each weight format's linears send to its GEMV rather than the tensor-core GEMM (quant_gemm.py),
+# from benchmarks/results/small-batch-paths-h200.json (llama-7b's four shapes, 1-8 rows): int8's GEMV reads each
+# weight once for all rows but does each row's math on the CUDA cores, so at 4 and 8 rows the GEMM beat it on every
+# shape (gate/up at 8 rows: 40.4 against 105.5 us) and at 2 rows they split two shapes each within 6%; int4's
+# tensor-core GEMV (w4_mma_gemv.py) beat the GEMM at every row count.
+QUANT_GEMV_ROWS = {8: 2, 4: MAX_QUANT_GEMV_ROWS}
 TENSOR_CORES = "TENSOR_CORES"        # marks the int4 graph tuner's w4_mma_gemv configs among its one-row choices
 
 if HAS_TRITON:
@@ -37,7 +43,6 @@ if HAS_TRITON:
 
     from tierllm.kernels._dispatch import pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
-    from tierllm.kernels.l2_prefetch import l2_prefetch_quant_tile
 
     @triton.jit
     def codes_to_f32(codes):
@@ -465,19 +470,13 @@ if HAS_TRITON:
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
-                      INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                      L2_TILE: tl.constexpr = False):
+                      INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False):
         """INT4_ROW (one x row, no NORM; a config option the tuner weighs against the group-sum loop):
         _int4_row_dot's per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even); with
         INT4_SUB, _int4_sub_dot's form of it, with its XPRE and PREFETCH options. PDL:
         launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
         before as it starts (no weight chunk before the wait, unlike gemv.py's: neither loop has its first step
-        peeled). L2_TILE: the program's weight, scale and min rows are first asked for by bulk L2 prefetches
-        (l2_prefetch.l2_prefetch_quant_tile; the programs of one row block share them out), before the wait."""
-        if L2_TILE:
-            row0 = tl.program_id(1) * BLOCK_N
-            l2_prefetch_quant_tile(w_ptr, stride_wn, s_ptr, mn_ptr, row0, tl.minimum(BLOCK_N, N - row0), N, stride_sn,
-                                   HAS_MINS, GATED, tl.program_id(0), tl.num_programs(0))
+        peeled)."""
         pdl_start(PDL)
         m = tl.program_id(0)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

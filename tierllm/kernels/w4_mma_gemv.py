@@ -57,7 +57,6 @@ if HAS_TRITON:
     import triton.language as tl
 
     from tierllm.kernels._dispatch import pdl_start
-    from tierllm.kernels.l2_prefetch import l2_prefetch_quant_tile
 
     _MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
     _X_PAIRS = """
@@ -303,20 +302,13 @@ if HAS_TRITON:
                             stride_ww, stride_sn, stride_ym, M_BUCKET, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
                             GATED: tl.constexpr, RESIDUAL: tl.constexpr, TWO_TILES: tl.constexpr,
                             WARPS: tl.constexpr, UNROLL: tl.constexpr, EMULATE: tl.constexpr, EVEN_N: tl.constexpr,
-                            SPLIT_K: tl.constexpr = 1, L2_TILE: tl.constexpr = False, PDL: tl.constexpr = False):
+                            SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False):
         """Grid: (one program per 16 output rows (32 with TWO_TILES, not GATED), SPLIT_K), WARPS warps each; GATED:
         the weight holds [gate; up] (2N rows) and y gets SiLU(gate) * up. stride_xw, stride_ww: x's and the weight's
         row strides in int32 words; M_BUCKET: x's rows to the next power of 2, the tuners' key only. EVEN_N: N is a
         whole number of the programs' rows (TWO_TILES needs it). SPLIT_K > 1: program (t, s) takes the s-th of
         SPLIT_K runs of K's groups and the last of a tile's programs to finish adds them up (_split_k_sum; ws_ptr,
-        count_ptr: its fp32 workspace and int32 counters, zero). L2_TILE: the program first asks for its tile's
-        weight, scale and min rows (its share of them under SPLIT_K) by bulk L2 prefetches, so that HBM streams the
-        tile while the warps' own loads, a few per thread at a time, wait on L2 (kernels/l2_prefetch.py)."""
-        TILE_ROWS: tl.constexpr = 32 if (TWO_TILES and not GATED) else 16
-        if L2_TILE:                  # before the wait: the weights do not depend on the kernel before (PDL)
-            row0 = tl.program_id(0) * TILE_ROWS
-            l2_prefetch_quant_tile(w_ptr, stride_ww * 4, s_ptr, mn_ptr, row0, tl.minimum(TILE_ROWS, N - row0), N,
-                                   stride_sn, HAS_MINS, GATED, tl.program_id(1), SPLIT_K)
+        count_ptr: its fp32 workspace and int32 counters, zero)."""
         pdl_start(PDL)
         T: tl.constexpr = 32 * WARPS
         thread = tl.arange(0, T)
@@ -328,6 +320,7 @@ if HAS_TRITON:
         if SPLIT_K > 1:
             group0 = tl.program_id(1) * num_groups // SPLIT_K
             num_groups = (tl.program_id(1) + 1) * num_groups // SPLIT_K - group0
+        TILE_ROWS: tl.constexpr = 32 if (TWO_TILES and not GATED) else 16
         row_a = tl.program_id(0) * TILE_ROWS + gid                          # [T]: rows row_a and row_a + 8
         TILES: tl.constexpr = 2 if (GATED or TWO_TILES) else 1
         row_ok0 = row_a < N                      # (the up rows' too); unused under EVEN_N, which TWO_TILES needs
@@ -485,7 +478,6 @@ def w4_mma_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mi
 
     def launch(chosen: dict, out_args: tuple = args) -> None:
         meta = {**flags, **chosen}
-        meta["L2_TILE"] = bool(meta.get("L2_TILE")) and not meta["EMULATE"]    # (the interpreter runs no PTX)
         if not _even_n({"N": n, **meta}) and meta["TWO_TILES"]:
             raise ValueError(f"TWO_TILES needs N a multiple of 32, got {n}")
         split = meta.get("SPLIT_K", 1)
