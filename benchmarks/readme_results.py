@@ -377,6 +377,30 @@ def graph_tuner_sentence(doc: dict) -> str:
             f"{ms['bf16_cublas'][8] / ms['int4'][8]:.2f}x the cuBLAS baseline, the fair one.")
 
 
+def small_batch_sentence(grid: dict, int8_run: dict, int4_run: dict) -> str:
+    """The batch 1-8 paths per shape (small_batch_paths.py), int8's GEMV / GEMM cut-off that followed, and the
+    bf16 + int8 and bf16 + int4 calls after it (bf16's 2-8 rows through cuBLAS by default)."""
+    rows = grid["linears"]["gate_up"]["rows"]["8"]
+    step = {name: {v: doc["results"][v]["batch8"]["decode_ms_per_step"] for v in ("bf16", name)}
+            for name, doc in (("int8", int8_run), ("int4", int4_run))}
+    b1 = int4_run["results"]["int4"]["batch1"]["decode_ms_per_step"]
+    return ("Batches 2-8, timed per path and shape ([JSON](benchmarks/results/small-batch-paths-h200.json)): int8's "
+            "GEMV does each x row's math on the CUDA cores, so from 4 rows up the tensor-core GEMM beat it on every "
+            f"shape (gate/up at 8 rows {rows['int8_gemm']['us']} against {rows['int8_gemv']['us']} us); int8 now "
+            "sends at most 2 rows to its GEMV (`QUANT_GEMV_ROWS`), and its batch-8 decode step took "
+            f"{step['int8']['int8']} ms against {step['int8']['bf16']} for bf16 through cuBLAS "
+            "([JSON](benchmarks/results/quant-bf16-int8-batch8-gemm-llama-7b-h200.json); 11.77 ms through its GEMV "
+            "before). int4's tensor-core GEMV won at every row count: batch 8 "
+            f"{step['int4']['int4']} ms against bf16's {step['int4']['bf16']}, "
+            f"{int4_run['results']['speedup_vs_bf16']['int4']['batch8_decode']}x, and batch 1 still {b1} ms/token, "
+            f"{int4_run['results']['speedup_vs_bf16']['int4']['batch1_decode']}x "
+            "([JSON](benchmarks/results/quant-bf16-int4-split-k-llama-7b-h200.json)). Two kernel changes for batch 1 "
+            "were timed there: K split over a tile's programs won only down's shape (14.61 against 15.12 us; "
+            "[grid](benchmarks/results/w4-mma-grid-split-h200.json)), and a bulk L2 prefetch of each program's tile "
+            "lost on every shape's best config ([grid](benchmarks/results/w4-mma-grid-l2-tile-h200.json)) and was "
+            "removed.")
+
+
 def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200: dict,
                   h200_rerun: dict, int8_row_runs: list[dict], int8_row_grid: dict, sum16: str,
                   int4_h200: str) -> list[str]:
@@ -486,7 +510,11 @@ def main() -> None:
                                                          results("int4-sub-grid-xpre-h200.json"),
                                                          results("quant-bf16-int4-mma-llama-7b-h200.json"),
                                                          results("w4-mma-grid-h200.json"),
-                                                         results("quant-bf16-int4-graph-tuner-llama-7b-h200.json"))))
+                                                         results("quant-bf16-int4-graph-tuner-llama-7b-h200.json"))
+                                     + " " + small_batch_sentence(
+                                         results("small-batch-paths-h200.json"),
+                                         results("quant-bf16-int8-batch8-gemm-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-split-k-llama-7b-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
