@@ -54,8 +54,9 @@ def measure_engine(tp_size: int, hbm_GBps: float, trace_path: Path) -> dict:
            "batch1_kernel_table_rank0": batch1_kernel_table(engine, vocab)}
     row["tuned_configs_rank0"] = tuned_configs(engine)
     row["step_tuning_rank0"] = getattr(engine.engine.runner, "step_tuning_report", None)  # TIERLLM_STEP_TUNER=1
-    try:
-        row["timeline_rank0"] = batch1_kernel_timeline(engine, vocab, trace_path)
+    try:                                    # (an older ROOT's tierllm may not have kernel_timeline)
+        from tierllm.bench.kernel_timeline import profile_decode_timeline
+        row["timeline_rank0"] = profile_decode_timeline(engine, vocab, trace_path)
     except Exception as error:              # a diagnostic: the measured row is kept without it
         row["timeline_rank0"] = {"error": repr(error)}
     engine.close()
@@ -77,45 +78,6 @@ def tuned_configs(engine) -> dict:
     for key, config in (fused.configs.items() if fused is not None else ()):
         picks[f"fused{key}"] = str(config)
     return picks
-
-
-def batch1_kernel_timeline(engine, vocab: int, trace_path: Path) -> dict:
-    """Rank 0's GPU timeline of 8 batch-1 decode steps (kernels inside the CUDA graphs included): per kernel name,
-    the calls per step, the mean duration and the mean gap since the previous kernel ended (negative: it overlapped
-    it, as programmatic dependent launch allows). Steps end at the sampling's argmax (`reduce_kernel`). The raw
-    kernel list goes to trace_path."""
-    import statistics
-
-    from torch.profiler import ProfilerActivity, profile
-
-    from tierllm.bench.generate_bench import _random_prompts
-
-    prompt = _random_prompts(1, 16, vocab, 5).cuda()
-    engine.generate(prompt, max_new_tokens=4, min_new_tokens=4)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        engine.generate(prompt, max_new_tokens=10, min_new_tokens=10)
-    prof.export_chrome_trace(str(trace_path))
-    events = json.loads(trace_path.read_text())["traceEvents"]
-    kernels = sorted((e["ts"], e["dur"], e["name"][:48]) for e in events if e.get("cat") == "kernel")
-    trace_path.write_text(json.dumps(kernels))
-    ends = [i for i, (_, _, name) in enumerate(kernels) if name.startswith("void at::native::reduce_kernel")]
-    steps = [kernels[a + 1:b + 1] for a, b in zip(ends[1:], ends[2:])]          # whole decode steps only
-    by_name: dict[str, dict] = {}
-    for step in steps:
-        last_end = step[0][0]
-        for ts, dur, name in step:
-            entry = by_name.setdefault(name, {"calls": 0, "dur": 0.0, "gap": 0.0})
-            entry["calls"] += 1
-            entry["dur"] += dur
-            entry["gap"] += ts - last_end
-            last_end = max(last_end, ts + dur)
-    table = {name: {"per_step": round(e["calls"] / len(steps), 1), "dur_us": round(e["dur"] / e["calls"], 2),
-                    "gap_before_us": round(e["gap"] / e["calls"], 2)}
-             for name, e in sorted(by_name.items(), key=lambda item: -item[1]["dur"])}
-    spans = [step[-1][0] + step[-1][1] - step[0][0] for step in steps]
-    busy = [sum(dur for _, dur, _ in step) for step in steps]
-    return {"steps": len(steps), "step_span_us_median": round(statistics.median(spans), 1),
-            "kernel_us_sum_median": round(statistics.median(busy), 1), "by_kernel": table}
 
 
 def run_child(tp_size: int, label: str, env: dict, hbm_GBps: float, out_dir: Path, timeout: int) -> dict:

@@ -4,7 +4,8 @@ bandwidth, measured in the same run). The quantized models are built layer by la
 
     python benchmarks/quant_gpu.py [--out PATH] [--variants bf16,int8,int4,w8a8] [--skip-w8a8] [--kernels-only]
 
-Writes JSON with the checks of issue #5 (int8 >= 1.7x and int4 >= 2.8x bf16 at batch 1; int4 no slower than
+Each variant's batch-1 step is also recorded kernel by kernel (bench/kernel_timeline.py: durations and the gaps
+between kernels, the raw list to timeline-VARIANT-b1.json beside the JSON). Writes JSON with the checks of issue #5 (int8 >= 1.7x and int4 >= 2.8x bf16 at batch 1; int4 no slower than
 bf16 at batch 64) to --out (default: $OUT/quant-llama-7b.json, or benchmarks/results/ without $OUT), rewritten
 after each variant."""
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tierllm.api import InferenceEngine, build_engine
 from tierllm.bench.copy_overlap import profile_copy_overlap
 from tierllm.bench.generate_bench import _random_prompts
 from tierllm.bench.gpu_bench import _time_ours
+from tierllm.bench.kernel_timeline import profile_decode_timeline
 from tierllm.bench.presets import build_preset_hf_model
 from tierllm.bench.probe import hbm_copy_GBps, matmul_TFLOPs, pinned_copy_GBps
 from tierllm.bench.quant_presets import preset_quant_checkpoint
@@ -82,6 +84,10 @@ def _measure(variant: str, args, hbm_Bps: float) -> dict:
     engine.generate(short, max_new_tokens=2, min_new_tokens=2)   # a 16-row prefill tunes outside the window
     batch_n["decode_ops_16_steps"] = profile_copy_overlap(
         lambda: engine.generate(short, max_new_tokens=17, min_new_tokens=17), top=14)["ops_by_device_time"]
+    try:                     # a diagnostic: batch 1's kernels and the gaps between them (the raw list beside --out)
+        timeline = profile_decode_timeline(engine, vocab, args.out.with_name(f"timeline-{variant}-b1.json"))
+    except Exception as error:
+        timeline = {"error": repr(error)}
     weight_bytes = _decode_bytes(engine.model)
     roofline_ms = weight_bytes / hbm_Bps * 1e3
     out = {"variant": variant, "build_s": round(build_s, 1), "decode_weight_bytes": weight_bytes,
@@ -89,7 +95,7 @@ def _measure(variant: str, args, hbm_Bps: float) -> dict:
            "batch1_weight_roofline_ms": round(roofline_ms, 3),
            "batch1_fraction_of_roofline": round(roofline_ms / batch1["decode_ms_per_step"], 4),
            "cuda_graph_capture_s": round(engine.engine.runner.graphs.capture_seconds, 1),
-           "batch1_tuner_picks": _batch1_picks(TUNED_SITES[sites_before:]),
+           "batch1_tuner_picks": _batch1_picks(TUNED_SITES[sites_before:]), "batch1_timeline": timeline,
            "step_tuning": engine.engine.runner.step_tuning_report}                 # TIERLLM_STEP_TUNER=1
     print(f"{variant:>5}: built in {build_s:.0f} s | batch 1 decode {batch1['decode_ms_per_step']:.2f} ms/token "
           f"({batch1['decode_tok_s']:.1f} tok/s, roofline {roofline_ms:.2f} ms) | batch {args.batch} decode "
