@@ -5,9 +5,9 @@ bandwidth, measured in the same run). The quantized models are built layer by la
     python benchmarks/quant_gpu.py [--out PATH] [--variants bf16,int8,int4,w8a8] [--skip-w8a8] [--kernels-only]
 
 Each variant's batch-1 step is also recorded kernel by kernel (bench/kernel_timeline.py: durations and the gaps
-between kernels, the raw list to timeline-VARIANT-b1.json beside the JSON). Writes JSON with the checks of issue #5 (int8 >= 1.7x and int4 >= 2.8x bf16 at batch 1; int4 no slower than
-bf16 at batch 64) to --out (default: $OUT/quant-llama-7b.json, or benchmarks/results/ without $OUT), rewritten
-after each variant."""
+between kernels, the raw list to timeline-VARIANT-b1.json beside the JSON). Writes JSON with the checks of issue #5
+(int8 >= 1.7x and int4 >= 2.8x bf16 at batch 1; int4 no slower than bf16 at batch 64) to --out (default:
+$OUT/quant-llama-7b.json, or benchmarks/results/ without $OUT), rewritten after each variant."""
 from __future__ import annotations
 
 import argparse
