@@ -202,22 +202,53 @@ def test_int4_subnormal_loop_matches_the_row_loop(quant, n, k, gated, xpre):
 
 def test_int4_sub_configs_only_where_they_apply():
     """The int4 tuner's prune keeps INT4_SUB configs for one x row on weight rows at 4-byte boundaries (it reads
-    int32 words of codes) and drops them, keeping INT4_ROW's, where a row starts elsewhere."""
+    int32 words of codes) and drops them, keeping INT4_ROW's, where a row starts elsewhere; with a norm prologue
+    only INT4_SUB's, and only on a norm weight of x's dtype."""
     class Tensor:
-        def __init__(self, address: int):
-            self.address = address
+        def __init__(self, address: int, dtype=torch.bfloat16):
+            self.address, self.dtype = address, dtype
 
         def data_ptr(self) -> int:
             return self.address
 
     row, sub = quant_gemv._ROW_CONFIGS, quant_gemv._SUB_CONFIGS
-    args = {"x_ptr": Tensor(256), "stride_xm": 4096, "w_ptr": Tensor(512), "stride_wn": 2048}
+    args = {"x_ptr": Tensor(256), "stride_xm": 4096, "w_ptr": Tensor(512), "stride_wn": 2048, "g_ptr": Tensor(768)}
     flags = {"M_BUCKET": 1, "NORM": False, "GROUP": 64}
+    norm = {**flags, "NORM": True}
     assert quant_gemv._prune_int4(row + sub, args, **flags) == row + sub
     assert quant_gemv._prune_int4(row + sub, {**args, "stride_wn": 2046}, **flags) == row
     assert quant_gemv._prune_int4(row + sub, {**args, "w_ptr": Tensor(514)}, **flags) == row
     assert quant_gemv._prune_int4(row + sub, args, **{**flags, "M_BUCKET": 2}) == []
-    assert quant_gemv._prune_int4(row + sub, args, **{**flags, "NORM": True}) == []
+    assert quant_gemv._prune_int4(row + sub, args, **norm) == sub
+    assert quant_gemv._prune_int4(row + sub, {**args, "g_ptr": Tensor(768, torch.float32)}, **norm) == []
+    assert quant_gemv._prune_int4(row + sub, {**args, "w_ptr": Tensor(514)}, **norm) == []
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["residual", "gated"])
+@pytest.mark.parametrize("xpre,prefetch", [(False, False), (True, False), (True, True)],
+                         ids=["x_per_thread", "xpre", "xpre_prefetch"])
+def test_int4_sub_loop_with_the_norm_prologue(gated, xpre, prefetch):
+    """NORM in the INT4_SUB loop (x times the norm weight in the loop, rstd from the raw x's squares in the
+    epilogue; TIERLLM_INT4_NORM_INSIDE=1 sends decode's norms there): against rms_norm -> the int4 linear in fp32,
+    ragged row and group blocks, x prepared per thread or once per program, with and without PREFETCH."""
+    from tierllm.kernels.gemv import fused_linear_ref
+    from tierllm.quant.formats import dequantize_int4
+
+    n, k, quant = 19, 384, QuantConfig(bits=4, group_size=64)
+    w, bias = _quantized(2 * n if gated else n, k, quant, seed=51)
+    x = 2 * _x(1, k, torch.float16, seed=52)
+    g = (1 + 0.5 * _x(1, k, torch.float16, seed=53)).reshape(k)
+    y = torch.empty(1, n, dtype=torch.float16, device=DEVICE) if gated else _x(1, n, torch.float16, seed=54)
+    start = y.clone()
+    flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": True, "GATED": gated, "RESIDUAL": not gated,
+             "INT4_ROW": True, "INT4_SUB": True, "BLOCK_N": 8, "GROUPS_PER_BLOCK": 4}
+    quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 8))](
+        x, w["qweight"], w["scales"], w["mins"], bias.half(), g, y, 1, n, k, x.stride(0), w["qweight"].stride(0),
+        w["scales"].stride(0), y.stride(0), 1e-6, **flags, EVEN=False, XPRE=xpre, PREFETCH=prefetch)
+    dense = dequantize_int4(w["qweight"], w["scales"], w["mins"], 64, torch.float32)
+    ref = fused_linear_ref(x.float(), dense, bias.float(), norm_weight=g.float(), gated=gated)
+    ref = ref if gated else ref + start.float()
+    assert _rel_err(y, ref) < 1e-3
 
 
 @pytest.mark.parametrize("gated", [False, True], ids=["residual", "gated"])
@@ -431,10 +462,14 @@ def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
 @pytest.mark.parametrize("quant", QUANTS[:2], ids=lambda q: q.name)
 @pytest.mark.parametrize("fusion", list(FUSIONS))
 @pytest.mark.parametrize("m", [1, 2])
-def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, m, monkeypatch):
-    """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] (ONE_ROW_GEMV_FUSIONS for one x row) reach its
-    launcher and the others run as the separate kernels around it; the result keeps the fused semantics; pdl
-    reaches the GEMV. (The launchers are stood in for by the fp32 references, so this runs on any device.)"""
+@pytest.mark.parametrize("int4_norm_inside", ["0", "1"])
+def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, m, int4_norm_inside, monkeypatch):
+    """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] (one_row_fusions for one x row: int4's norm too
+    under TIERLLM_INT4_NORM_INSIDE=1) reach its launcher and the others run as the separate kernels around it; the
+    result keeps the fused semantics; pdl reaches the GEMV. (The launchers are stood in for by the fp32
+    references, so this runs on any device.)"""
+    monkeypatch.setenv("TIERLLM_INT4_NORM_INSIDE", int4_norm_inside)
+    assert ("norm" in quant_gemm.one_row_fusions(4)) == (int4_norm_inside == "1")
     launched = []
 
     def fake_gemv(x, qweight, scales, *rest, norm_weight=None, eps=1e-6, gated=False, residual=None, pdl=None):
@@ -458,7 +493,7 @@ def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, m, mo
     expected = ref(x, *args, b, **kwargs)
     out = quant_gemm.fused_quant_linear(x, w["qweight"], w["scales"], mins, quant.bits, quant.group_size, b, **kwargs,
                                         pdl=True)
-    inside = (quant_gemm.ONE_ROW_GEMV_FUSIONS if m == 1 else quant_gemm.GEMV_FUSIONS)[quant.bits]
+    inside = quant_gemm.one_row_fusions(quant.bits) if m == 1 else quant_gemm.GEMV_FUSIONS[quant.bits]
     assert launched == [{"norm": "norm_weight" in kwargs and "norm" in inside,
                          "gated": kwargs["gated"] and "gated" in inside,
                          "residual": residual is not None and "residual" in inside,

@@ -2,12 +2,14 @@
 [BLOCK_K, BLOCK_N] tile of packed weights, dequantizes it in registers to the activation dtype and feeds
 tl.dot; nothing dequantized goes back to memory. int4: BLOCK_K <= group size, so one scale (and min) per column
 covers a tile; the low and high nibbles are interleaved back into K order in registers.
-`quant_linear` dispatches: the GEMV kernels for M <= 8, this kernel up to DEQUANT_MIN_ROWS, then one dequantizing
-pass and cuBLAS; the torch reference on CPU / fp32. `fused_quant_linear` adds the decode fusions (RMSNorm prologue,
-SiLU-and-mul, residual add; see gemv.py), those that pay inside the GEMV where it applies (GEMV_FUSIONS)."""
+`quant_linear` dispatches: the GEMV kernels up to QUANT_GEMV_ROWS[bits] rows, this kernel up to DEQUANT_MIN_ROWS,
+then one dequantizing pass and cuBLAS; the torch reference on CPU / fp32. `fused_quant_linear` adds the decode
+fusions (RMSNorm prologue, SiLU-and-mul, residual add; see gemv.py), those that pay inside the GEMV where it
+applies (GEMV_FUSIONS)."""
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -318,6 +320,16 @@ GEMV_FUSIONS = {8: frozenset({"residual"}), 4: frozenset({"gated", "residual"})}
 ONE_ROW_GEMV_FUSIONS = {8: frozenset({"norm", "gated", "residual"}), 4: GEMV_FUSIONS[4]}
 
 
+def one_row_fusions(bits: int) -> frozenset:
+    """ONE_ROW_GEMV_FUSIONS[bits], with the RMSNorm inside int4's one-row GEMV where TIERLLM_INT4_NORM_INSIDE=1: its
+    INT4_SUB loop then takes x times the norm weight and applies rstd at the end, one kernel fewer per norm (two per
+    decode layer), but the tensor-core GEMV, which has no norm prologue, drops out of that linear's choice. Opt-in
+    until a GPU A/B times it."""
+    if bits == 4 and os.environ.get("TIERLLM_INT4_NORM_INSIDE") == "1":
+        return ONE_ROW_GEMV_FUSIONS[4] | {"norm"}
+    return ONE_ROW_GEMV_FUSIONS[bits]
+
+
 def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                        bits: int, group_size: int | None, bias: torch.Tensor | None = None, *,
                        norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
@@ -325,7 +337,7 @@ def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     """`quant_linear` with the decode fusions (norm_weight [K]: RMSNorm x first; gated: [gate; up] weights with
     2N rows, silu(gate) * up; residual [M, N]: added into in place and returned); semantics: quant_gemv.w8/
     w4_fused_ref, except that residual is updated in place. Where quant_linear takes the GEMV, the fusions in
-    GEMV_FUSIONS[bits] (ONE_ROW_GEMV_FUSIONS[bits] for one x row) happen inside it and the rest as separate kernels;
+    GEMV_FUSIONS[bits] (one_row_fusions(bits) for one x row) happen inside it and the rest as separate kernels;
     elsewhere all are separate.
     pdl: the GEMV and the separate norm and SiLU-and-mul kernels around it are launched with programmatic
     dependent launch (gemv.py)."""
@@ -333,7 +345,7 @@ def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
             and x.shape[0] <= QUANT_GEMV_ROWS[bits] and (residual is None or residual.stride(-1) == 1)):
         return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias),
                               norm_weight, eps, gated, residual)
-    inside = (ONE_ROW_GEMV_FUSIONS if x.shape[0] == 1 else GEMV_FUSIONS)[bits]
+    inside = one_row_fusions(bits) if x.shape[0] == 1 else GEMV_FUSIONS[bits]
     fused = {"norm_weight": norm_weight if "norm" in inside else None, "eps": eps,
              "gated": gated and "gated" in inside, "residual": residual if "residual" in inside else None}
     if bits == 8:

@@ -116,18 +116,22 @@ if HAS_TRITON:
     _INT4_CONFIGS += _SUB_CONFIGS
 
     def _prune_int4(configs, named_args, **kwargs):
-        """INT4_ROW configs only where they apply: one x row, no norm prologue, x rows at 4-byte boundaries (it
-        reads x as int32 words), and INT4_SUB ones only on weight rows at 4-byte boundaries and groups of 8 codes
-        or more (int32 words of them); the inline-PTX ones (NIBBLES=2) not under the interpreter, which runs no PTX
-        (asked through the module: tests stand in for the tuner on CPU by patching this module's
-        is_interpreted)."""
+        """INT4_ROW configs only where they apply: one x row, x rows at 4-byte boundaries (it reads x as int32
+        words), and INT4_SUB ones only on weight rows at 4-byte boundaries and groups of 8 codes or more (int32
+        words of them); with a norm prologue only INT4_SUB ones, on a norm weight of x's dtype (read as x is); the
+        inline-PTX ones (NIBBLES=2) not under the interpreter, which runs no PTX (asked through the module: tests
+        stand in for the tuner on CPU by patching this module's is_interpreted)."""
         flags = {**named_args, **kwargs}
         if _dispatch.is_interpreted():
             configs = [c for c in configs if c.kwargs.get("NIBBLES") != 2]
-        if not (flags["M_BUCKET"] == 1 and not flags["NORM"] and flags["x_ptr"].data_ptr() % 4 == 0
-                and flags["stride_xm"] % 2 == 0):
+        if not (flags["M_BUCKET"] == 1 and flags["x_ptr"].data_ptr() % 4 == 0 and flags["stride_xm"] % 2 == 0):
             return [c for c in configs if not c.kwargs.get("INT4_ROW")]
-        if not (flags["w_ptr"].data_ptr() % 4 == 0 and flags["stride_wn"] % 4 == 0 and flags["GROUP"] >= 8):
+        sub_ok = flags["w_ptr"].data_ptr() % 4 == 0 and flags["stride_wn"] % 4 == 0 and flags["GROUP"] >= 8
+        if flags["NORM"]:
+            g = flags.get("g_ptr")
+            sub_ok = sub_ok and g is not None and g.dtype == flags["x_ptr"].dtype and g.data_ptr() % 4 == 0
+            return [c for c in configs if not c.kwargs.get("INT4_ROW") or (sub_ok and c.kwargs.get("INT4_SUB"))]
+        if not sub_ok:
             return [c for c in configs if not c.kwargs.get("INT4_SUB")]
         return configs
 
@@ -303,11 +307,9 @@ if HAS_TRITON:
         return tl.sum(tl.reshape(products, [products.shape[0], products.shape[1], RUNS, RUN]), axis=3)
 
     @triton.jit
-    def _int4_sub_x_words(xw, DTYPE: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr,
-                          GROUPS_PER_BLOCK: tl.constexpr):
-        """x's step for the weight words of a step, as each thread reads it (_int4_sub_x_load: xw [GPB, WORDS, 4],
-        the 8 activations of each word as 4 int32 words of two, k = 8w + 2j, 8w + 2j + 1), converted and scaled per
-        nibble position -> x_0..x_7 [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, and the run sums [1, GPB, RUNS]."""
+    def _word_halves(xw, DTYPE: tl.constexpr, WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr):
+        """[GPB, WORDS, 4] int32 words of two 16-bit floats (k = 8w + 2j, 8w + 2j + 1) -> the 8 values of each word
+        in k order, fp32 [GPB, WORDS] each."""
         xw_even, xw_odd = tl.split(tl.reshape(xw, [GROUPS_PER_BLOCK, WORDS, 2, 2]))             # j = 0, 2 | 1, 3
         xw0, xw2 = tl.split(xw_even)
         xw1, xw3 = tl.split(xw_odd)
@@ -315,12 +317,27 @@ if HAS_TRITON:
         x2, x3 = halves_to_f32(xw1, DTYPE)
         x4, x5 = halves_to_f32(xw2, DTYPE)
         x6, x7 = halves_to_f32(xw3, DTYPE)
+        return x0, x1, x2, x3, x4, x5, x6, x7
+
+    @triton.jit
+    def _int4_sub_x_words(xw, gw, DTYPE: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr,
+                          GROUPS_PER_BLOCK: tl.constexpr, NORM: tl.constexpr):
+        """x's step for the weight words of a step, as each thread reads it (_int4_sub_x_load: xw [GPB, WORDS, 4],
+        the 8 activations of each word as 4 int32 words of two, k = 8w + 2j, 8w + 2j + 1), converted and scaled per
+        nibble position -> x_0..x_7 [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, the run sums [1, GPB, RUNS] and
+        (NORM) the raw x's sums of squares [GPB], x multiplied by the norm weight's words gw (as xw) first."""
+        x0, x1, x2, x3, x4, x5, x6, x7 = _word_halves(xw, DTYPE, WORDS, GROUPS_PER_BLOCK)
+        sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
+        if NORM:                                # as gemv.rms_prologue: x * g here, rstd in the epilogue
+            sumsq = tl.sum(x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3 + x4 * x4 + x5 * x5 + x6 * x6 + x7 * x7, axis=1)
+            g0, g1, g2, g3, g4, g5, g6, g7 = _word_halves(gw, DTYPE, WORDS, GROUPS_PER_BLOCK)
+            x0, x1, x2, x3, x4, x5, x6, x7 = x0 * g0, x1 * g1, x2 * g2, x3 * g3, x4 * g4, x5 * g5, x6 * g6, x7 * g7
         x_sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7                                    # [GPB, WORDS]
         x_sum = tl.sum(tl.reshape(x_sum, [GROUPS_PER_BLOCK, RUNS, RUN]), axis=2)[None]      # [1, GPB, RUNS]
         # x * 2^(-49 - e_i): 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted top byte
         return (x0 * 1.2676506002282294e30, x1 * 7.922816251426434e28, x2 * 4.951760157141521e27,
                 x3 * 3.094850098213451e26, x4 * 1.9342813113834067e25, x5 * 1.2089258196146292e24,
-                x6 * 1.9342813113834067e25, x7 * 1.2089258196146292e24, x_sum)
+                x6 * 1.9342813113834067e25, x7 * 1.2089258196146292e24, x_sum, sumsq)
 
     @triton.jit
     def _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP: tl.constexpr, WORDS: tl.constexpr,
@@ -384,12 +401,17 @@ if HAS_TRITON:
         return x_raw, words, scale, low, words_up, scale_up, low_up
 
     @triton.jit
-    def _int4_sub_x_flat(x_raw, GROUP: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr,
-                         GROUPS_PER_BLOCK: tl.constexpr):
+    def _int4_sub_x_flat(x_raw, g_raw, GROUP: tl.constexpr, WORDS: tl.constexpr, RUNS: tl.constexpr,
+                         RUN: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, NORM: tl.constexpr):
         """XPRE: x's step (_int4_sub_x_load: [GPB, GROUP]) converted, summed per run and scaled per nibble position
         in one flat layout (each element once per program, not once per thread that reads it), then split into
-        x_0..x_7 [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, and the run sums [1, GPB, RUNS]."""
+        x_0..x_7 [GPB, WORDS] (k = 8w + i) for _int4_sub_runs, the run sums [1, GPB, RUNS] and (NORM) the raw x's
+        sums of squares [GPB], x multiplied by the norm weight g_raw (as x_raw) first."""
         x = x_raw.to(tl.float32)
+        sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
+        if NORM:                                # as gemv.rms_prologue: x * g here, rstd in the epilogue
+            sumsq = tl.sum(x * x, axis=1)
+            x = x * g_raw.to(tl.float32)
         x_sum = tl.sum(tl.reshape(x, [GROUPS_PER_BLOCK, RUNS, RUN * 8]), axis=2)[None]
         i = tl.arange(0, GROUP) % 8
         exponent = 227 - 4 * (i - 2 * (i >= 6).to(tl.int32))     # 127 + 100 - 4i (i < 6), 127 + 84, 127 + 80
@@ -401,13 +423,13 @@ if HAS_TRITON:
         x2, x6 = tl.split(x_b1c0)
         x1, x5 = tl.split(x_b0c1)
         x3, x7 = tl.split(x_b1c1)
-        return x0, x1, x2, x3, x4, x5, x6, x7, x_sum
+        return x0, x1, x2, x3, x4, x5, x6, x7, x_sum, sumsq
 
     @triton.jit
-    def _int4_sub_dot(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K, stride_wn, stride_sn,
+    def _int4_sub_dot(x_row_ptr, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K, stride_wn, stride_sn,
                       GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False,
-                      PREFETCH: tl.constexpr = False):
+                      PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
         form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
         (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
@@ -418,7 +440,9 @@ if HAS_TRITON:
         x are loaded before this step's math (registers double-buffered), so a thread has a load in flight while it
         computes: Triton's pipeliner leaves these loads alone (the same SASS at 1 and 3 stages), and a thread
         otherwise waits out each step's load latency with nothing in flight. Needs K % 8 == 0 and 4-byte aligned
-        weight rows (the tuner's prune checks)."""
+        weight rows (the tuner's prune checks). NORM: x times the norm weight g_ptr (loaded with x's layout at each
+        step, not prefetched: every program reads the same K values, from L2) -> also the raw x's sum of squares,
+        for the epilogue's rstd (gemv.fused_epilogue)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
         RUNS: tl.constexpr = WORDS // RUN
@@ -427,6 +451,7 @@ if HAS_TRITON:
         acc_low = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)   # sum(x) * min (sum(x) * scale)
         up = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
         up_low = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
+        sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
         if PREFETCH:                                                        # the first step's loads
             x_raw, words, scale, low, words_up, scale_up, low_up = _int4_sub_step_loads(
                 x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, 0, num_groups, stride_wn, stride_sn, GROUP, WORDS,
@@ -443,12 +468,16 @@ if HAS_TRITON:
                     _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups,
                                          stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN,
                                          False, XPRE)
+            g_raw = step_x                                                  # (NORM only)
+            if NORM:
+                g_raw = _int4_sub_x_load(g_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
             if XPRE:
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_flat(step_x, GROUP, WORDS, RUNS, RUN,
-                                                                         GROUPS_PER_BLOCK)
+                x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_flat(step_x, g_raw, GROUP, WORDS, RUNS,
+                                                                                  RUN, GROUPS_PER_BLOCK, NORM)
             else:
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_words(step_x, x_row_ptr.dtype.element_ty, WORDS,
-                                                                          RUNS, RUN, GROUPS_PER_BLOCK)
+                x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_words(
+                    step_x, g_raw, x_row_ptr.dtype.element_ty, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
+            sumsq += step_sq
             acc += _int4_sub_runs(step_words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale
             acc_low += x_sum * step_low
             if GATED:
@@ -458,7 +487,7 @@ if HAS_TRITON:
             acc_low *= -8.0
             up_low *= -8.0
         return (tl.sum(tl.sum(acc * 562949953421312.0 + acc_low, axis=2), axis=1),            # 2^49
-                tl.sum(tl.sum(up * 562949953421312.0 + up_low, axis=2), axis=1))
+                tl.sum(tl.sum(up * 562949953421312.0 + up_low, axis=2), axis=1), sumsq)
 
     # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
     # and CUDA graphs capture the biggest batch first, so a key without it tunes the batch-1 launch at M=8
@@ -471,9 +500,9 @@ if HAS_TRITON:
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
                       INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False):
-        """INT4_ROW (one x row, no NORM; a config option the tuner weighs against the group-sum loop):
-        _int4_row_dot's per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even); with
-        INT4_SUB, _int4_sub_dot's form of it, with its XPRE and PREFETCH options. PDL:
+        """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
+        per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
+        _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
         launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
         before as it starts (no weight chunk before the wait, unlike gemv.py's: neither loop has its first step
         peeled)."""
@@ -490,11 +519,12 @@ if HAS_TRITON:
         acc_up = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
         if INT4_ROW and INT4_SUB:
-            dot, dot_up = _int4_sub_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K,
-                                        stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N, GROUPS_PER_BLOCK, EVEN,
-                                        XPRE, PREFETCH)
+            dot, dot_up, sub_sumsq = _int4_sub_dot(x_ptr + m * stride_xm, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up,
+                                                   n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N,
+                                                   GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM)
             acc += dot
             acc_up += dot_up
+            sumsq += sub_sumsq
         elif INT4_ROW:
             dot, dot_up = _int4_row_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K,
                                         stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N, GROUPS_PER_BLOCK,
@@ -599,8 +629,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         config = _w4_graph_tuner.cache.get(key)
         if config is None:
             scratch = y.clone() if residual is not None else y      # tuning adds into the residual many times
-            named = {"x_ptr": x, "w_ptr": qweight, "M_BUCKET": m_bucket, "stride_xm": x.stride(0),
-                     "stride_wn": qweight.stride(0), **flags}
+            named = {"x_ptr": x, "w_ptr": qweight, "g_ptr": norm_weight, "M_BUCKET": m_bucket,
+                     "stride_xm": x.stride(0), "stride_wn": qweight.stride(0), **flags}
             configs = list(_prune_int4(_INT4_CONFIGS, named))           # (the prune may return the list itself)
             if tensor_cores:
                 configs += [triton.Config({**c.kwargs, TENSOR_CORES: True}, num_warps=c.num_warps, num_stages=1)
