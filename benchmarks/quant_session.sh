@@ -21,6 +21,10 @@
 #   bash benchmarks/quant_session.sh mma     # the tensor-core int4 GEMV's tests natively (SPLIT_K among them), then
 #                                            # w4_mma_grid.py over 4-8 warps, 2-4 groups per warp per iteration and
 #                                            # K in 1, 2 or 4 runs per tile (~6 minutes warm)
+#   bash benchmarks/quant_session.sh norm-ab # int4's RMSNorm inside its one-row GEMV (TIERLLM_INT4_NORM_INSIDE=1)
+#                                            # against the separate norm kernels: the INT4_SUB NORM tests natively,
+#                                            # then quant_gpu.py bf16,int4 --batch 8 without and with it, each with
+#                                            # its batch-1 kernel timeline (carry .tuning: ~8 minutes)
 #   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
 #                                            # CUDA-core one on three llama-7b shapes (benchmarks/w4_mma_ncu.py)
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
@@ -29,7 +33,7 @@
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu, mma, mma-ncu or bench}
+part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, mma-ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -78,6 +82,14 @@ case "$part" in
     timeout 420 python3 benchmarks/w4_mma_grid.py --warps 4,8 --unroll 2,4 --split 1,2,4 2>&1 \
         | tee "$OUT/w4-mma-grid.log" | grep -v -i warn | cut -c1-700
     ;;
+  norm-ab)
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
+        -k "norm_prologue or subnormal_loop" 2>&1 | tee "$OUT/gpu-tests-int4-norm.log" | tail -3
+    for inside in 0 1; do
+      TIERLLM_INT4_NORM_INSIDE=$inside timeout 270 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 8 \
+          --no-kernel-table --out "$OUT/quant-int4-norm-inside-$inside.json" 2>&1 | grep -v -i warn | tail -5
+    done
+    ;;
   mma-ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
     timeout 400 "$NCU" --clock-control none -k regex:w4_ --section SpeedOfLight --section Occupancy \
@@ -90,5 +102,5 @@ case "$part" in
     timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: tests, probe, int8, int4sub, small-batch, ncu, mma, mma-ncu or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: tests, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, mma-ncu or bench" >&2; exit 2 ;;
 esac
