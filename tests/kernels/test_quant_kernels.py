@@ -416,8 +416,8 @@ def test_quant_gemv_fused(dtype, quant, m, fusion):
 @pytest.mark.parametrize("m", [1, 2])
 def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion, m):
     """Through the launchers' autotune branch: tuning a RESIDUAL launch leaves the residual as it was. The one-row
-    configs are tuned only for one x row (int4's INT4_ROW also without the norm prologue, their inline-PTX twins
-    only off the interpreter; int8's ROW ones alone, with PTX off there)."""
+    configs are tuned only for one x row (int4's: with the norm prologue only the INT4_SUB ones, the inline-PTX
+    twins only off the interpreter; int8's ROW ones alone, with PTX off there)."""
     n, k = 12, 128
     w, bias = _quantized(2 * n if FUSIONS[fusion].get("gated") else n, k, quant, seed=9)
     x = 2 * _x(m, k, torch.float16, seed=10)
@@ -430,8 +430,10 @@ def test_quant_gemv_fused_autotuned(monkeypatch, quant, fusion, m):
         tuned = len(kernel.configs) - len(row_configs)
     elif quant.bits == 8:            # int8: the one-row loop's configs only (every fusion; PTX off in the interpreter)
         tuned = len(row_configs)
-    else:
-        tuned = len(kernel.configs) - len(row_configs if fusion != "residual" else ptx_configs)
+    elif fusion == "residual":
+        tuned = len(kernel.configs) - len(ptx_configs)
+    else:                            # int4 with the norm prologue: of the one-row loops, INT4_SUB's
+        tuned = len(kernel.configs) - len(row_configs) + len([c for c in row_configs if c.kwargs.get("INT4_SUB")])
     launcher_module = gemv if quant.bits == 8 else quant_gemv          # int8 launches through gemv.launch_gemv
     check_fused_gemv(lambda **kw: tune_and_launch(monkeypatch, launcher_module, kernel, lambda: launch(**kw), tuned),
                      ref, m, n, _fusion_inputs(fusion, m, n, k, torch.float16, seed=11))
