@@ -83,10 +83,10 @@ case "$part" in
         | tee "$OUT/w4-mma-grid.log" | grep -v -i warn | cut -c1-700
     ;;
   norm-ab)
-    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
+    timeout 50 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
         -k "norm_prologue or subnormal_loop" 2>&1 | tee "$OUT/gpu-tests-int4-norm.log" | tail -3
     for inside in 0 1; do
-      TIERLLM_INT4_NORM_INSIDE=$inside timeout 270 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 8 \
+      TIERLLM_INT4_NORM_INSIDE=$inside timeout 265 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 8 \
           --no-kernel-table --out "$OUT/quant-int4-norm-inside-$inside.json" 2>&1 | grep -v -i warn | tail -5
     done
     ;;
