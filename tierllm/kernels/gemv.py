@@ -26,8 +26,8 @@ MAX_GEMV_ROWS = 8           # the most x rows the GEMV kernels take (the decode 
 # fp16/bf16 weights: `linear` and `fused_linear` take the GEMV for one x row; 2-8 rows go to cuBLAS (and the separate
 # norm, SiLU-and-mul and residual kernels). On an H200 (llama-7b, CUDA graphs) the batch-8 decode step took 5.03 ms
 # that way against 14.72 through the GEMV, whose per-row FMAs bind it beyond one row, while at batch 1 the GEMV led,
-# 4.27 against 4.38 (benchmarks/results/quant-bf16-int4-graph-tuner-llama-7b-h200.json). Rows 2-7 are not timed
-# yet (benchmarks/small_batch_paths.py).
+# 4.27 against 4.38 (benchmarks/results/quant-bf16-int4-graph-tuner-llama-7b-h200.json). Per llama-7b shape cuBLAS
+# was already the faster at 2 rows on all four (benchmarks/results/small-batch-paths-h200.json).
 GEMV_ROWS = 1
 
 if HAS_TRITON:

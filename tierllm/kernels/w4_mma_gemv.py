@@ -408,11 +408,11 @@ if HAS_TRITON:
     def _even_n(args: dict) -> bool:
         return args["N"] % _tile_rows(args) == 0
 
-    # From benchmarks/results/w4-mma-grid-h200.json at batch 8 (each llama-7b shape's two fastest): warps, groups per
-    # warp per iteration, two 16-row tiles per program (not gated: each warp's x fragments serve both); the last two
-    # from the wider grid of w4-mma-grid-wide-h200.json (down's fastest at batch 1, o's and down's at batch 8)
-    # from w4-mma-grid-split-h200.json (K in 1, 2 or 4 runs per tile): 4 warps x 2 with K in 4 runs, down's fastest
-    # at batch 1 (14.61 us against 15.12 unsplit); splitting K won on no other shape
+    # Warps, groups per warp per iteration, two 16-row tiles per program (not gated: each warp's x fragments serve
+    # both), runs of K per tile. The first seven from benchmarks/results/w4-mma-grid-h200.json at batch 8 (each
+    # llama-7b shape's two fastest); 16 x 2 and 8 x 8 from the wider grid of w4-mma-grid-wide-h200.json (down's
+    # fastest at batch 1, o's and down's at batch 8); the last from w4-mma-grid-split-h200.json (K in 1, 2 or 4
+    # runs): down's fastest at batch 1 (14.61 us against 15.12 unsplit), where splitting K won on no other shape
     _CONFIGS = [triton.Config({"WARPS": w, "UNROLL": u, "TWO_TILES": two, "SPLIT_K": split}, num_warps=w,
                               num_stages=1)
                 for w, u, two, split in [(8, 4, False, 1), (8, 2, False, 1), (4, 4, True, 1), (4, 2, False, 1),
