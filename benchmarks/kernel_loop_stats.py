@@ -51,7 +51,7 @@ def kernels(args) -> dict:
         "w4_mma": (w4_mma_gemv._w4_mma_gemv_kernel, mma_args,
                    {"HAS_MINS": True, "HAS_BIAS": False, "GATED": args.gated, "RESIDUAL": not args.gated,
                     "TWO_TILES": False, "WARPS": args.warps, "UNROLL": args.unroll, "EMULATE": False, "EVEN_N": True,
-                    "SPLIT_K": args.split_k, "PDL": True, "LOOP_STAGES": args.loop_stages}),
+                    "SPLIT_K": args.split_k, "PDL": True}),
         "w4_gemm": (quant_gemm._quant_gemm_kernel.fn, gemm_args,
                     {"BITS": 4, "GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "BLOCK_M": args.block_m,
                      "BLOCK_N": args.block_n, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": args.split_k,
@@ -61,7 +61,7 @@ def kernels(args) -> dict:
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "GATED": args.gated, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False, "INT4_SUB": args.sub,
-                     "XPRE": args.xpre, "PREFETCH": args.prefetch, "LOOP_STAGES": args.loop_stages}),
+                     "XPRE": args.xpre, "PREFETCH": args.prefetch}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -119,8 +119,6 @@ def main() -> int:
     parser.add_argument("--prefetch", action="store_true",
                         help="w4_gemv --row --sub: the next step's loads before this step's math (PREFETCH)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
-    parser.add_argument("--loop-stages", type=int, default=1,
-                        help="w4_gemv --row --sub, w4_mma: LOOP_STAGES (the K loop software-pipelined, 1 = not)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()

@@ -6,11 +6,9 @@ enough copies of the codes, scales and mins to miss L2), against the HBM copy ra
 tensor-core kernel's grid at batch 1, its four fastest at batch 8, and the CUDA-core kernel's one-row configs.
 JSON to $OUT/w4-mma-grid.json.
 
-    python benchmarks/w4_mma_grid.py [--warps 2,4,8] [--unroll 1,2,4] [--split 1] [--tuned] [--sub-only]
-        [--loop-stages 1,2,4] [LINEAR ...]
+    python benchmarks/w4_mma_grid.py [--warps 2,4,8] [--unroll 1,2,4] [--split 1] [--tuned] [--sub-only] [LINEAR ...]
 (the grid's WARPS, UNROLL and SPLIT_K values; --tuned: the tuners' tensor-core configs instead of the grid;
---sub-only: of the CUDA-core loops only INT4_SUB's; --loop-stages: every config of both kernels at each of these
-LOOP_STAGES, the K loop's software-pipelining depth, 1 = none)"""
+--sub-only: of the CUDA-core loops only INT4_SUB's)"""
 from __future__ import annotations
 
 import itertools
@@ -59,14 +57,8 @@ def tuned_mma_configs(n: int, k: int) -> list[dict]:
     return [dict(c.kwargs) for c in w4_mma_gemv.tuned_configs(n, k)]
 
 
-def with_loop_stages(configs: list[dict], loop_stages: tuple[int, ...]) -> list[dict]:
-    """Each config at each LOOP_STAGES (PREFETCH configs only at 1: they double-buffer in registers instead)."""
-    return [{**c, "LOOP_STAGES": s} if s > 1 else c for c in configs for s in loop_stages
-            if s == 1 or not c.get("PREFETCH")]
-
-
 def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tuple[int, ...],
-                splits: tuple[int, ...], tuned: bool, sub_only: bool, loop_stages: tuple[int, ...] = (1,)) -> dict:
+                splits: tuple[int, ...], tuned: bool, sub_only: bool) -> dict:
     n_rows, k, n, gated, residual, x, q, int4_bytes = int4_linear(name, 8, GROUP)
     copies = quant_copies(q)
     y = torch.zeros(8, n, device="cuda", dtype=torch.bfloat16)
@@ -74,8 +66,7 @@ def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tupl
            "int4_bytes": int4_bytes, "copies": len(copies), "mma": [], "cuda_core": []}
     for m in (1, 8):                     # each config checked against the reference, then timed over the copies
         ref = quant_gemv.w4_fused_ref(x[:m], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
-        grid = with_loop_stages(tuned_mma_configs(n, k) if tuned else mma_configs(gated, warps, unrolls, splits),
-                                loop_stages)
+        grid = tuned_mma_configs(n, k) if tuned else mma_configs(gated, warps, unrolls, splits)
         configs = (grid if m == 1
                    else [t["config"] for t in row["mma"] if "us" in t][:4])
         for config in configs:
@@ -90,10 +81,9 @@ def linear_grid(name: str, hbm_Bps: float, warps: tuple[int, ...], unrolls: tupl
     flags = {"GROUP": GROUP, "HAS_MINS": True, "HAS_BIAS": False, "NORM": False, "GATED": gated,
              "RESIDUAL": residual}
     ref = quant_gemv.w4_fused_ref(x[:1], q["qweight"], q["scales"], q["mins"], GROUP, gated=gated).float()
-    loops = with_loop_stages([{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-                              for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_SUB" if sub_only else "INT4_ROW")],
-                             loop_stages)
-    for config in loops:                                                # the CUDA-core one-row loops
+    loops = [c for c in quant_gemv._INT4_CONFIGS if c.kwargs.get("INT4_SUB" if sub_only else "INT4_ROW")]
+    for c in loops:                                                     # the CUDA-core one-row loops
+        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
         even = quant_gemv.w4_even({"N": n, "K": k, **flags, **config})
 
         def launch(qc, config=config, even=even):
@@ -126,10 +116,9 @@ def main() -> int:
     result["warps"], result["unroll"], result["split"] = list(warps), list(unrolls), list(splits)
     tuned, sub_only = "--tuned" in args, "--sub-only" in args
     args = [a for a in args if a not in ("--tuned", "--sub-only")]
-    loop_stages = int_list_option(args, "--loop-stages", (1,))
-    result["tuned_configs"], result["sub_only"], result["loop_stages"] = tuned, sub_only, list(loop_stages)
+    result["tuned_configs"], result["sub_only"] = tuned, sub_only
     return grid_linears(result, args or ["o", "qkv", "gate_up", "down"],
-                        lambda name: linear_grid(name, hbm_Bps, warps, unrolls, splits, tuned, sub_only, loop_stages),
+                        lambda name: linear_grid(name, hbm_Bps, warps, unrolls, splits, tuned, sub_only),
                         "w4-mma-grid.json", started)
 
 if __name__ == "__main__":

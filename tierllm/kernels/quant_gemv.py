@@ -429,7 +429,7 @@ if HAS_TRITON:
     def _int4_sub_dot(x_row_ptr, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K, stride_wn, stride_sn,
                       GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False,
-                      PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1):
+                      PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
         form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
         (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
@@ -456,7 +456,7 @@ if HAS_TRITON:
             x_raw, words, scale, low, words_up, scale_up, low_up = _int4_sub_step_loads(
                 x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, 0, num_groups, stride_wn, stride_sn, GROUP, WORDS,
                 GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN, False, XPRE)
-        for g0 in tl.range(0, num_groups, GROUPS_PER_BLOCK, num_stages=LOOP_STAGES):
+        for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
             if PREFETCH:                       # this step's loads came with the last step; the next step's now
                 step_x, step_words, step_scale, step_low = x_raw, words, scale, low
                 step_words_up, step_scale_up, step_low_up = words_up, scale_up, low_up
@@ -499,8 +499,7 @@ if HAS_TRITON:
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
-                      INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                      LOOP_STAGES: tl.constexpr = 1):
+                      INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
@@ -522,7 +521,7 @@ if HAS_TRITON:
         if INT4_ROW and INT4_SUB:
             dot, dot_up, sub_sumsq = _int4_sub_dot(x_ptr + m * stride_xm, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up,
                                                    n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N,
-                                                   GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, LOOP_STAGES)
+                                                   GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM)
             acc += dot
             acc_up += dot_up
             sumsq += sub_sumsq

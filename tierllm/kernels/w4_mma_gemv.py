@@ -302,7 +302,7 @@ if HAS_TRITON:
                             stride_ww, stride_sn, stride_ym, M_BUCKET, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr,
                             GATED: tl.constexpr, RESIDUAL: tl.constexpr, TWO_TILES: tl.constexpr,
                             WARPS: tl.constexpr, UNROLL: tl.constexpr, EMULATE: tl.constexpr, EVEN_N: tl.constexpr,
-                            SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1):
+                            SPLIT_K: tl.constexpr = 1, PDL: tl.constexpr = False):
         """Grid: (one program per 16 output rows (32 with TWO_TILES, not GATED), SPLIT_K), WARPS warps each; GATED:
         the weight holds [gate; up] (2N rows) and y gets SiLU(gate) * up. stride_xw, stride_ww: x's and the weight's
         row strides in int32 words; M_BUCKET: x's rows to the next power of 2, the tuners' key only. EVEN_N: N is a
@@ -343,7 +343,7 @@ if HAS_TRITON:
         b3 = tl.zeros([T], tl.float32)
         STEP: tl.constexpr = WARPS * UNROLL
         whole = num_groups // STEP
-        for _ in tl.range(whole, num_stages=LOOP_STAGES):
+        for _ in range(whole):
             a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
                 x_at, w_at, s_at, mn_at, M, gid, gid, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
                 b_rows * stride_ww, b_rows * stride_sn, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS, TILES, UNROLL,
