@@ -91,7 +91,7 @@ def _measure(variant: str, args, hbm_Bps: float) -> dict:
     weight_bytes = _decode_bytes(engine.model)
     roofline_ms = weight_bytes / hbm_Bps * 1e3
     out = {"variant": variant, "build_s": round(build_s, 1), "decode_weight_bytes": weight_bytes,
-           "batch1": batch1, f"batch{args.batch}": batch_n,
+           "batch1": batch1, f"batch{args.batch}" if args.batch > 1 else "batch1_short_gen": batch_n,
            "batch1_weight_roofline_ms": round(roofline_ms, 3),
            "batch1_fraction_of_roofline": round(roofline_ms / batch1["decode_ms_per_step"], 4),
            "cuda_graph_capture_s": round(engine.engine.runner.graphs.capture_seconds, 1),

@@ -183,6 +183,25 @@ def test_paged_decode_attention_splits_share_short_contexts(window):
     assert _rel_err(out, ref) < 1e-2
 
 
+def test_paged_decode_attention_last_split_merges_and_resets_its_counter():
+    """Several splits per KV head (one sequence, two KV heads, a padding row beside it): the last split program
+    of each merges them, so repeated launches give the same bits and leave the shared counters at zero."""
+    from tierllm.kernels.split_k import split_k_counters
+    torch.manual_seed(6)
+    lens = [200, 0]
+    k_cache, v_cache, tables = _random_paged(lens, 2, 32, 16, torch.float16, width=16)
+    q = torch.randn(len(lens), 8, 32, device=DEVICE).to(torch.float16)
+    ctx = torch.tensor(lens, device=DEVICE)
+    assert decode_attention._num_splits(len(lens), 2, 16 * 16, 64, q.device) > 1
+    first = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 0.2)
+    again = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 0.2)
+    ref = decode_attention.paged_decode_attention_ref(q, k_cache, v_cache, tables.long(), ctx, 0.2)
+    assert _rel_err(first[:1], ref[:1]) < 1e-2
+    assert torch.equal(first, again)
+    assert torch.equal(first[1], torch.zeros_like(first[1]))
+    assert not split_k_counters(q.device, 4)[:4].any()
+
+
 QUERY_LENS, CONTEXT_LENS = [70, 5, 33], [70, 90, 100]        # fresh, short chunk, chunk after a cached prefix
 
 

@@ -6,11 +6,14 @@ Why: tuning compiles and times every config of every decode GEMV shape at each b
 cached, a later process compiles only the picked config of each shape.
 
 Where: $TIERLLM_TUNING_CACHE (a JSON file), by default ~/.cache/tierllm/gemv-tuning.json ($XDG_CACHE_HOME is
-honoured); TIERLLM_TUNING_CACHE=0 turns it off. An entry is found by the GPU's name, a hash of tierllm/kernels'
-sources and the Triton and torch versions, the call's tuning key and the configs it weighs, so that changed code
-or a changed list times again. A file that cannot be read or written is passed over (logged), never fatal."""
+honoured); TIERLLM_TUNING_CACHE=0 turns it off. An entry is found by the GPU's name, a hash of the tuned kernels'
+sources (tuned_sources: the modules that use the graph tuner and the kernel modules they import) and the Triton and
+torch versions, the call's tuning key and the configs it weighs, so that changed GEMV code or a changed list times
+again, and a change elsewhere (attention, rotary) does not. A file that cannot be read or written is passed over
+(logged), never fatal."""
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -33,13 +36,39 @@ def cache_path() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tierllm" / "gemv-tuning.json"
 
 
+def _kernel_imports(source: Path) -> set[str]:
+    """The tierllm.kernels modules (by name) that a kernels module imports."""
+    names = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "tierllm.kernels":
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tierllm.kernels."):
+            names.add(node.module.split(".")[2])
+    return names
+
+
+def tuned_sources() -> list[Path]:
+    """The files whose code decides what the graph tuner times: every kernels module that imports graph_tuning, and
+    the kernels modules those import, transitively."""
+    folder = Path(__file__).parent
+    imports = {path.stem: _kernel_imports(path) for path in folder.glob("*.py")}
+    todo = [name for name, used in imports.items() if "graph_tuning" in used]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in imports and name not in seen:
+            seen.add(name)
+            todo.extend(imports[name])
+    return [folder / f"{name}.py" for name in sorted(seen)]
+
+
 @functools.cache
 def _code_version() -> str:
-    """A hash of the kernels' sources and the compiler stack that builds them."""
+    """A hash of the tuned kernels' sources and the compiler stack that builds them."""
     import triton
 
     digest = hashlib.sha256(f"{triton.__version__} {torch.__version__} {torch.version.cuda}".encode())
-    for source in sorted(Path(__file__).parent.glob("*.py")):
+    for source in tuned_sources():
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 
