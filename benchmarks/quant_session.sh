@@ -89,7 +89,7 @@ case "$part" in
         -k "norm_prologue or subnormal_loop or decode_attention or code_hash" 2>&1 \
         | tee "$OUT/gpu-tests-int4-norm-attention.log" | tail -3
     for inside in 1 0; do
-      TIERLLM_INT4_NORM_INSIDE=$inside timeout 260 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 1 \
+      TIERLLM_INT4_NORM_INSIDE=$inside timeout $((inside ? 280 : 200)) python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 1 \
           --no-kernel-table --out "$OUT/quant-int4-norm-inside-$inside.json" 2>&1 | grep -v -i warn | tail -5
       mkdir -p "$OUT/timelines-norm-inside-$inside" && mv "$OUT"/timeline-*.json "$OUT/timelines-norm-inside-$inside/"
     done
