@@ -2,19 +2,17 @@
 
 Triton version: flash-decoding. Programs = (sequence, KV head, split of the context); each walks its split
 in BLOCK_N-token tiles gathered through the block table, keeps an online softmax for the query heads that
-share the KV head (padded to 16 rows for tensor-core dots) and stores its partial result; the last of a KV
-head's split programs to finish (a counter per (sequence, KV head), kernels/split_k.py) merges them, in split
-order, so the merge costs no second kernel. Loop bounds come from context_lens on the device, so the launch is
-CUDA-graph safe. On GPUs with programmatic dependent launch (kernels/_dispatch.py) it is launched with it (PDL):
-it lets the next kernel launch as it starts and waits for its predecessor before it reads anything, so o_proj
-(gemv.py, gemv_all_reduce.py) launches early and loads its first weights while the attention runs."""
+share the KV head (padded to 16 rows for tensor-core dots), and a second kernel merges the splits. Loop
+bounds come from context_lens on the device, so the launch is CUDA-graph safe. On GPUs with programmatic dependent
+launch (kernels/_dispatch.py) both kernels are launched with it (PDL): each lets the next kernel launch as it
+starts and waits for its predecessor before it reads anything, so the chain from the rotary kernel to o_proj
+launches early and o_proj (gemv.py, gemv_all_reduce.py) loads its first weights while the attention runs."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
-from tierllm.kernels.split_k import split_k_counters
 
 if HAS_TRITON:
     import triton
@@ -24,38 +22,13 @@ if HAS_TRITON:
     from tierllm.kernels.l2_prefetch import l2_prefetch_share
 
     @triton.jit
-    def _merge_splits(part_acc_ptr, part_ml_ptr, first_part, row_mask, HEAD_DIM: tl.constexpr,
-                      NUM_SPLITS: tl.constexpr):
-        """The splits' partial results of 16 query rows (first_part [16]: each row's first split slot) -> their
-        softmax-weighted sum [16, HEAD_DIM], added in split order. Loads go to L2 (.cg), where the other
-        programs' stores are."""
-        splits = tl.arange(0, NUM_SPLITS)
-        slots = first_part[:, None] + splits[None, :]                            # [16, NUM_SPLITS]
-        # each split's running max and softmax denominator
-        maxes = tl.load(part_ml_ptr + slots * 2, mask=row_mask[:, None], other=float("-inf"), cache_modifier=".cg")
-        denoms = tl.load(part_ml_ptr + slots * 2 + 1, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
-        top = tl.max(maxes, axis=1)
-        weight = tl.where(denoms > 0, tl.exp(maxes - top[:, None]), 0.0)       # empty splits weigh nothing
-        total = tl.sum(weight * denoms, axis=1)                                  # [16]
-        dims = tl.arange(0, HEAD_DIM)
-        acc = tl.zeros([16, HEAD_DIM], tl.float32)
-        for s in tl.static_range(NUM_SPLITS):
-            weight_s = tl.sum(tl.where(splits[None, :] == s, weight, 0.0), axis=1)             # [16]
-            part = tl.load(part_acc_ptr + (first_part + s)[:, None] * HEAD_DIM + dims[None, :],
-                           mask=row_mask[:, None], other=0.0, cache_modifier=".cg")           # [16, HEAD_DIM]
-            acc += part * weight_s[:, None]
-        return acc / tl.where(total > 0, total, 1.0)[:, None]
-
-    @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-                             out_ptr, part_acc_ptr, part_ml_ptr, count_ptr, stride_qs, stride_qh, stride_bt,
-                             stride_os,
+                             out_ptr, part_acc_ptr, part_ml_ptr, stride_qs, stride_qh, stride_bt, stride_os,
                              stride_oh, scale, num_kv_heads, window, prefetch_addr, prefetch_bytes,
                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
                              PDL: tl.constexpr, L2_PREFETCH: tl.constexpr):
-        """count_ptr: NUM_SPLITS > 1, the int32 counters (zero) of the (sequence, KV head) pairs.
-        L2_PREFETCH: once its predecessor is done (the QKV GEMV's stream with it), every program also
+        """L2_PREFETCH: once its predecessor is done (the QKV GEMV's stream with it), every program also
         prefetches its share of [prefetch_addr, + prefetch_bytes) into L2 (the next kernel's weight,
         kernels/l2_prefetch.py)."""
         pdl_start(PDL)
@@ -98,22 +71,34 @@ if HAS_TRITON:
             v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
-        out_at = out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :]
         if NUM_SPLITS == 1:
             out = acc / tl.where(l > 0, l, 1.0)[:, None]
-            tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+            tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
         else:
-            first_part = (seq * num_kv_heads * GROUP + heads) * NUM_SPLITS                 # [16]
-            part = first_part + split
+            num_heads = num_kv_heads * GROUP
+            part = (seq * num_heads + heads) * NUM_SPLITS + split             # [16]
             tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_mask[:, None])
             tl.store(part_ml_ptr + part * 2, m, mask=row_mask)
             tl.store(part_ml_ptr + part * 2 + 1, l, mask=row_mask)
-            tl.debug_barrier()                   # every thread's stores made before the release below
-            counter = count_ptr + seq * num_kv_heads + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:     # the last split
-                out = _merge_splits(part_acc_ptr, part_ml_ptr, first_part, row_mask, HEAD_DIM, NUM_SPLITS)
-                tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
-                tl.atomic_xchg(counter, 0)                                       # zero for the next launch
+
+    @triton.jit
+    def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_os, stride_oh, num_heads,
+                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
+        pdl_start(PDL)
+        seq = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        splits = tl.arange(0, NUM_SPLITS)
+        part = (seq * num_heads + head) * NUM_SPLITS + splits
+        m = tl.load(part_ml_ptr + part * 2)
+        l = tl.load(part_ml_ptr + part * 2 + 1)
+        m_max = tl.max(m, axis=0)
+        weight = tl.where(l > 0, tl.exp(m - m_max), 0.0)                       # empty splits weigh nothing
+        total = tl.sum(weight * l, axis=0)
+        dims = tl.arange(0, HEAD_DIM)
+        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :])
+        out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(out_ptr + seq * stride_os + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
 
 
 def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, device) -> int:
@@ -138,17 +123,20 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     max_len = block_tables.shape[1] * block_size
     num_splits = triton.next_power_of_2(_num_splits(num_seqs, split_kv_heads or num_kv_heads, max_len, block_n,
                                                     q.device))
-    part_acc = part_ml = counters = out
+    part_acc = part_ml = out
+    pdl = pdl_options(q)
     if num_splits > 1:
         part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
-        counters = split_k_counters(q.device, num_seqs * num_kv_heads)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, counters, q.stride(0), q.stride(1),
+        q, k_cache, v_cache, block_tables, context_lens, out, part_acc, part_ml, q.stride(0), q.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
         *(l2_prefetch or (0, 0)), GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None, **pdl_options(q),
-        L2_PREFETCH=l2_prefetch is not None, num_warps=4)
+        NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None, **pdl, L2_PREFETCH=l2_prefetch is not None,
+        num_warps=4)
+    if num_splits > 1:
+        _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
+                                                    HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl)
     return out
 
 
