@@ -229,8 +229,8 @@ def test_int4_sub_configs_only_where_they_apply():
                          ids=["x_per_thread", "xpre", "xpre_prefetch"])
 def test_int4_sub_loop_with_the_norm_prologue(gated, xpre, prefetch):
     """NORM in the INT4_SUB loop (x times the norm weight in the loop, rstd from the raw x's squares in the
-    epilogue; TIERLLM_INT4_NORM_INSIDE=1 sends decode's norms there): against rms_norm -> the int4 linear in fp32,
-    ragged row and group blocks, x prepared per thread or once per program, with and without PREFETCH."""
+    epilogue; decode's norms go there unless TIERLLM_INT4_NORM_INSIDE=0): against rms_norm -> the int4 linear in
+    fp32, ragged row and group blocks, x prepared per thread or once per program, with and without PREFETCH."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.quant.formats import dequantize_int4
 
@@ -464,14 +464,17 @@ def test_fused_quant_linear_dispatch(quant, fusion, monkeypatch):
 @pytest.mark.parametrize("quant", QUANTS[:2], ids=lambda q: q.name)
 @pytest.mark.parametrize("fusion", list(FUSIONS))
 @pytest.mark.parametrize("m", [1, 2])
-@pytest.mark.parametrize("int4_norm_inside", ["0", "1"])
+@pytest.mark.parametrize("int4_norm_inside", [None, "0"])
 def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, m, int4_norm_inside, monkeypatch):
-    """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] (one_row_fusions for one x row: int4's norm too
-    under TIERLLM_INT4_NORM_INSIDE=1) reach its launcher and the others run as the separate kernels around it; the
-    result keeps the fused semantics; pdl reaches the GEMV. (The launchers are stood in for by the fp32
+    """Where the GEMV applies, the fusions in GEMV_FUSIONS[bits] (one_row_fusions for one x row: int4's norm too,
+    unless TIERLLM_INT4_NORM_INSIDE=0) reach its launcher and the others run as the separate kernels around it;
+    the result keeps the fused semantics; pdl reaches the GEMV. (The launchers are stood in for by the fp32
     references, so this runs on any device.)"""
-    monkeypatch.setenv("TIERLLM_INT4_NORM_INSIDE", int4_norm_inside)
-    assert ("norm" in quant_gemm.one_row_fusions(4)) == (int4_norm_inside == "1")
+    if int4_norm_inside is None:
+        monkeypatch.delenv("TIERLLM_INT4_NORM_INSIDE", raising=False)
+    else:
+        monkeypatch.setenv("TIERLLM_INT4_NORM_INSIDE", int4_norm_inside)
+    assert ("norm" in quant_gemm.one_row_fusions(4)) == (int4_norm_inside is None)
     launched = []
 
     def fake_gemv(x, qweight, scales, *rest, norm_weight=None, eps=1e-6, gated=False, residual=None, pdl=None):

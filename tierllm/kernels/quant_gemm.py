@@ -316,17 +316,18 @@ def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, m
 # than in the bf16 GEMV.
 GEMV_FUSIONS = {8: frozenset({"residual"}), 4: frozenset({"gated", "residual"})}
 # One x row (batch-1 decode): int8 takes gemv.py's ROW loop, whose fusions cost a few instructions per x element
-# shared by all of a thread's rows: all three inside, as in the bf16 GEMV.
-ONE_ROW_GEMV_FUSIONS = {8: frozenset({"norm", "gated", "residual"}), 4: GEMV_FUSIONS[4]}
+# shared by all of a thread's rows: all three inside, as in the bf16 GEMV. int4's INT4_SUB loop takes the norm too
+# (x times the norm weight in the loop, rstd at the end: two kernels fewer per decode layer), though the tensor-core
+# GEMV, which has no norm prologue, then drops out of those linears' choice: on an H200 (llama-7b, batch 1, one
+# call, benchmarks/results/quant-bf16-int4-norm-{inside,separate}-llama-7b-h200.json) 2.59 ms/token against 2.63.
+ONE_ROW_GEMV_FUSIONS = {8: frozenset({"norm", "gated", "residual"}), 4: GEMV_FUSIONS[4] | {"norm"}}
 
 
 def one_row_fusions(bits: int) -> frozenset:
-    """ONE_ROW_GEMV_FUSIONS[bits], with the RMSNorm inside int4's one-row GEMV where TIERLLM_INT4_NORM_INSIDE=1: its
-    INT4_SUB loop then takes x times the norm weight and applies rstd at the end, one kernel fewer per norm (two per
-    decode layer), but the tensor-core GEMV, which has no norm prologue, drops out of that linear's choice. Opt-in
-    until a GPU A/B times it."""
-    if bits == 4 and os.environ.get("TIERLLM_INT4_NORM_INSIDE") == "1":
-        return ONE_ROW_GEMV_FUSIONS[4] | {"norm"}
+    """ONE_ROW_GEMV_FUSIONS[bits]; TIERLLM_INT4_NORM_INSIDE=0 keeps int4's RMSNorms as separate kernels (so that
+    the tensor-core GEMV may take the linears after them)."""
+    if bits == 4 and os.environ.get("TIERLLM_INT4_NORM_INSIDE") == "0":
+        return ONE_ROW_GEMV_FUSIONS[4] - {"norm"}
     return ONE_ROW_GEMV_FUSIONS[bits]
 
 
