@@ -401,6 +401,27 @@ def small_batch_sentence(grid: dict, int8_run: dict, int4_run: dict) -> str:
             "removed.")
 
 
+def norm_inside_sentence(inside: dict, separate: dict, default: dict, loop_stages: dict) -> str:
+    """int4's RMSNorms inside its one-row GEMV against separate norm kernels (one call, batch 1), the default run
+    after it, and the software-pipelined K loop's grid (LOOP_STAGES, removed)."""
+    ms = {name: doc["results"][v]["batch1"]["decode_ms_per_step"]
+          for name, doc, v in (("inside", inside, "int4"), ("separate", separate, "int4"), ("int4", default, "int4"),
+                               ("bf16", default, "bf16"))}
+    best = {name: min(t["us"] for t in row["mma"] + row["cuda_core"] if "us" in t and t.get("m", 1) == 1)
+            for name, row in loop_stages["linears"].items()}
+    return ("int4's RMSNorms now run inside its one-row GEMV (two kernels fewer per decode layer; "
+            "`TIERLLM_INT4_NORM_INSIDE=0` keeps them separate): "
+            f"[{ms['inside']}](benchmarks/results/quant-bf16-int4-norm-inside-llama-7b-h200.json) against "
+            f"[{ms['separate']}](benchmarks/results/quant-bf16-int4-norm-separate-llama-7b-h200.json) ms/token in one "
+            f"call, and at {default['versions']['commit']} [{ms['int4']} against bf16's {ms['bf16']}, "
+            f"{default['results']['speedup_vs_bf16']['int4']['batch1_decode']}x]"
+            "(benchmarks/results/quant-bf16-int4-norm-inside-default-llama-7b-h200.json) (batch 8: "
+            f"{default['results']['speedup_vs_bf16']['int4']['batch8_decode']}x). Software-pipelining both int4 "
+            "GEMVs' K loops through shared memory (cp.async, `tl.range(num_stages=2, 4)`) won no shape "
+            "([grid](benchmarks/results/w4-mma-grid-loop-stages-h200.json), best per linear "
+            + ", ".join(f"{name} {us} us" for name, us in best.items()) + ", all unpipelined) and was removed.")
+
+
 def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200: dict,
                   h200_rerun: dict, int8_row_runs: list[dict], int8_row_grid: dict, sum16: str,
                   int4_h200: str) -> list[str]:
@@ -514,7 +535,12 @@ def main() -> None:
                                      + " " + small_batch_sentence(
                                          results("small-batch-paths-h200.json"),
                                          results("quant-bf16-int8-batch8-gemm-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-split-k-llama-7b-h200.json"))))
+                                         results("quant-bf16-int4-split-k-llama-7b-h200.json"))
+                                     + " " + norm_inside_sentence(
+                                         results("quant-bf16-int4-norm-inside-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-norm-separate-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-norm-inside-default-llama-7b-h200.json"),
+                                         results("w4-mma-grid-loop-stages-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
