@@ -24,7 +24,7 @@
 #   bash benchmarks/quant_session.sh norm-ab # int4's RMSNorm inside its one-row GEMV (TIERLLM_INT4_NORM_INSIDE=1)
 #                                            # against the separate norm kernels: the INT4_SUB NORM and decode
 #                                            # attention tests natively, then quant_gpu.py bf16,int4 --batch 1 with
-#                                            # and without it, each with its batch-1 kernel timeline (~7 minutes with
+#                                            # and without it, each with its batch-1 kernel timeline (~8 minutes with
 #                                            # the GEMVs timed afresh; batch 1 alone: one graph bucket to tune)
 #   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
 #                                            # CUDA-core one on three llama-7b shapes (benchmarks/w4_mma_ncu.py)
@@ -84,13 +84,14 @@ case "$part" in
         | tee "$OUT/w4-mma-grid.log" | grep -v -i warn | cut -c1-700
     ;;
   norm-ab)
-    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
         tests/kernels/test_triton_kernels.py tests/kernels/test_tuning_cache.py \
         -k "norm_prologue or subnormal_loop or decode_attention or code_hash" 2>&1 \
         | tee "$OUT/gpu-tests-int4-norm-attention.log" | tail -3
     for inside in 1 0; do
-      TIERLLM_INT4_NORM_INSIDE=$inside timeout $((inside ? 280 : 200)) python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 1 \
-          --no-kernel-table --out "$OUT/quant-int4-norm-inside-$inside.json" 2>&1 | grep -v -i warn | tail -5
+      TIERLLM_INT4_NORM_INSIDE=$inside timeout $((inside ? 280 : 200)) python3 benchmarks/quant_gpu.py \
+          --variants bf16,int4 --batch 1 --no-kernel-table --out "$OUT/quant-int4-norm-inside-$inside.json" 2>&1 \
+          | grep -v -i warn | tail -5
       mkdir -p "$OUT/timelines-norm-inside-$inside" && mv "$OUT"/timeline-*.json "$OUT/timelines-norm-inside-$inside/"
     done
     ;;

@@ -183,10 +183,9 @@ def test_paged_decode_attention_splits_share_short_contexts(window):
     assert _rel_err(out, ref) < 1e-2
 
 
-def test_paged_decode_attention_last_split_merges_and_resets_its_counter():
-    """Several splits per KV head (one sequence, two KV heads, a padding row beside it): the last split program
-    of each merges them, so repeated launches give the same bits and leave the shared counters at zero."""
-    from tierllm.kernels.split_k import split_k_counters
+def test_paged_decode_attention_splits_per_kv_head_merge_repeatably():
+    """Several splits for each of two KV heads (GQA, one sequence) beside a padding row: the merge matches the
+    reference, repeated launches give the same bits, and the padding row stays zero."""
     torch.manual_seed(6)
     lens = [200, 0]
     k_cache, v_cache, tables = _random_paged(lens, 2, 32, 16, torch.float16, width=16)
@@ -199,7 +198,6 @@ def test_paged_decode_attention_last_split_merges_and_resets_its_counter():
     assert _rel_err(first[:1], ref[:1]) < 1e-2
     assert torch.equal(first, again)
     assert torch.equal(first[1], torch.zeros_like(first[1]))
-    assert not split_k_counters(q.device, 4)[:4].any()
 
 
 QUERY_LENS, CONTEXT_LENS = [70, 5, 33], [70, 90, 100]        # fresh, short chunk, chunk after a cached prefix
