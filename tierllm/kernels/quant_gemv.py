@@ -409,9 +409,8 @@ if HAS_TRITON:
         sums of squares [GPB], x multiplied by the norm weight g_raw (as x_raw) first."""
         x = x_raw.to(tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
-        if NORM:                                # as gemv.rms_prologue: x * g here, rstd in the epilogue
-            sumsq = tl.sum(x * x, axis=1)
-            x = x * g_raw.to(tl.float32)
+        if NORM:                                # x * g here, rstd in the epilogue
+            x, sumsq = rms_prologue(x, g_raw, sumsq)
         x_sum = tl.sum(tl.reshape(x, [GROUPS_PER_BLOCK, RUNS, RUN * 8]), axis=2)[None]
         i = tl.arange(0, GROUP) % 8
         exponent = 227 - 4 * (i - 2 * (i >= 6).to(tl.int32))     # 127 + 100 - 4i (i < 6), 127 + 84, 127 + 80
