@@ -26,6 +26,9 @@
 #                                            # attention tests natively, then quant_gpu.py bf16,int4 --batch 1 with
 #                                            # and without it, each with its batch-1 kernel timeline (~8 minutes with
 #                                            # the GEMVs timed afresh; batch 1 alone: one graph bucket to tune)
+#   bash benchmarks/quant_session.sh batch1  # both int4 GEMVs' kernel tests natively, then quant_gpu.py bf16,int4
+#                                            # --batch 1 with its batch-1 kernel timelines (~6 minutes with the GEMVs
+#                                            # timed afresh)
 #   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
 #                                            # CUDA-core one on three llama-7b shapes (benchmarks/w4_mma_ncu.py)
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
@@ -34,7 +37,7 @@
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, mma-ncu or bench}
+part=${1:?part: tests, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -95,6 +98,13 @@ case "$part" in
       mkdir -p "$OUT/timelines-norm-inside-$inside" && mv "$OUT"/timeline-*.json "$OUT/timelines-norm-inside-$inside/"
     done
     ;;
+  batch1)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_w4_mma_gemv.py \
+        tests/kernels/test_quant_kernels.py -k "w4 or int4 or subnormal or norm_prologue" 2>&1 \
+        | tee "$OUT/gpu-tests-int4-batch1.log" | tail -3
+    timeout 400 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 1 --no-kernel-table \
+        --out "$OUT/quant-int4-batch1.json" 2>&1 | grep -v -i warn | tail -8
+    ;;
   mma-ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
     timeout 400 "$NCU" --clock-control none -k regex:w4_ --section SpeedOfLight --section Occupancy \
@@ -107,5 +117,5 @@ case "$part" in
     timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: tests, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, mma-ncu or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: tests, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench" >&2; exit 2 ;;
 esac

@@ -41,7 +41,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import pdl_start
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
 
     @triton.jit
@@ -383,14 +383,11 @@ if HAS_TRITON:
         return words, scale, low
 
     @triton.jit
-    def _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups, stride_wn,
-                             stride_sn, GROUP: tl.constexpr, WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
-                             HAS_MINS: tl.constexpr, GATED: tl.constexpr, EVEN: tl.constexpr, GUARD: tl.constexpr,
-                             XPRE: tl.constexpr):
-        """Every load of _int4_sub_dot's step of groups g0 .. g0 + GPB: x's raw values (_int4_sub_x_load), then the
-        gate (or only) rows' words, scales and mins and, GATED, the up rows' (_int4_sub_loads; else the gate rows'
-        again, loaded once)."""
-        x_raw = _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, GUARD, XPRE)
+    def _int4_sub_weight_loads(w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups, stride_wn, stride_sn,
+                               WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, HAS_MINS: tl.constexpr,
+                               GATED: tl.constexpr, EVEN: tl.constexpr, GUARD: tl.constexpr):
+        """The weight loads of _int4_sub_dot's step of groups g0 .. g0 + GPB: the gate (or only) rows' words,
+        scales and mins and, GATED, the up rows' (_int4_sub_loads; else the gate rows' again, loaded once)."""
         words, scale, low = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row, n_mask, g0, num_groups, stride_wn, stride_sn,
                                             WORDS, GROUPS_PER_BLOCK, HAS_MINS, EVEN, GUARD)
         words_up, scale_up, low_up = words, scale, low
@@ -398,6 +395,19 @@ if HAS_TRITON:
             words_up, scale_up, low_up = _int4_sub_loads(w_ptr, s_ptr, mn_ptr, row_up, n_mask, g0, num_groups,
                                                          stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK, HAS_MINS,
                                                          EVEN, GUARD)
+        return words, scale, low, words_up, scale_up, low_up
+
+    @triton.jit
+    def _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups, stride_wn,
+                             stride_sn, GROUP: tl.constexpr, WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+                             HAS_MINS: tl.constexpr, GATED: tl.constexpr, EVEN: tl.constexpr, GUARD: tl.constexpr,
+                             XPRE: tl.constexpr):
+        """Every load of _int4_sub_dot's step of groups g0 .. g0 + GPB: x's raw values (_int4_sub_x_load), then the
+        weights' (_int4_sub_weight_loads)."""
+        x_raw = _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, GUARD, XPRE)
+        words, scale, low, words_up, scale_up, low_up = _int4_sub_weight_loads(
+            w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups, stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
+            HAS_MINS, GATED, EVEN, GUARD)
         return x_raw, words, scale, low, words_up, scale_up, low_up
 
     @triton.jit
@@ -425,10 +435,34 @@ if HAS_TRITON:
         return x0, x1, x2, x3, x4, x5, x6, x7, x_sum, sumsq
 
     @triton.jit
+    def _int4_sub_step(acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
+                       step_scale_up, step_low_up, x_row_ptr, g_ptr, g0, num_groups, GROUP: tl.constexpr,
+                       WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+                       GATED: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr, NORM: tl.constexpr):
+        """_int4_sub_dot's math for the step of groups g0 .. g0 + GPB on its loads (_int4_sub_step_loads) -> the
+        accumulators acc, acc_low, up, up_low and sumsq, updated."""
+        g_raw = step_x                                                      # (NORM only)
+        if NORM:
+            g_raw = _int4_sub_x_load(g_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
+        if XPRE:
+            x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_flat(step_x, g_raw, GROUP, WORDS, RUNS, RUN,
+                                                                              GROUPS_PER_BLOCK, NORM)
+        else:
+            x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_words(
+                step_x, g_raw, x_row_ptr.dtype.element_ty, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
+        sumsq += step_sq
+        acc += _int4_sub_runs(step_words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale
+        acc_low += x_sum * step_low
+        if GATED:
+            up += _int4_sub_runs(step_words_up, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale_up
+            up_low += x_sum * step_low_up
+        return acc, acc_low, up, up_low, sumsq
+
+    @triton.jit
     def _int4_sub_dot(x_row_ptr, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K, stride_wn, stride_sn,
                       GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False,
-                      PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False):
+                      PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False, PDL: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
         form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
         (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
@@ -441,7 +475,8 @@ if HAS_TRITON:
         otherwise waits out each step's load latency with nothing in flight. Needs K % 8 == 0 and 4-byte aligned
         weight rows (the tuner's prune checks). NORM: x times the norm weight g_ptr (loaded with x's layout at each
         step, not prefetched: every program reads the same K values, from L2) -> also the raw x's sum of squares,
-        for the epilogue's rstd (gemv.fused_epilogue)."""
+        for the epilogue's rstd (gemv.fused_epilogue). PDL: launched with programmatic dependent launch (gemv.py); the
+        first step's weight loads come before the wait."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
         RUNS: tl.constexpr = WORDS // RUN
@@ -451,37 +486,41 @@ if HAS_TRITON:
         up = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
         up_low = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
-        if PREFETCH:                                                        # the first step's loads
-            x_raw, words, scale, low, words_up, scale_up, low_up = _int4_sub_step_loads(
-                x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, 0, num_groups, stride_wn, stride_sn, GROUP, WORDS,
-                GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN, False, XPRE)
-        for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
-            if PREFETCH:                       # this step's loads came with the last step; the next step's now
+        # the first step's weight words, scales and mins are loaded before the PDL wait (the kernel before writes
+        # none of them: their latency overlaps its tail), x after it
+        if PDL:
+            gdc_launch_dependents()
+        words, scale, low, words_up, scale_up, low_up = _int4_sub_weight_loads(
+            w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, 0, num_groups, stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
+            HAS_MINS, GATED, EVEN, False)
+        if PDL:
+            gdc_wait()
+        x_raw = _int4_sub_x_load(x_row_ptr, 0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
+        if PREFETCH:
+            for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
+                # this step's loads came with the last step; the next step's now
                 step_x, step_words, step_scale, step_low = x_raw, words, scale, low
                 step_words_up, step_scale_up, step_low_up = words_up, scale_up, low_up
                 x_raw, words, scale, low, words_up, scale_up, low_up = _int4_sub_step_loads(
                     x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0 + GROUPS_PER_BLOCK, num_groups,
                     stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN, True, XPRE)
-            else:
+                acc, acc_low, up, up_low, sumsq = _int4_sub_step(
+                    acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
+                    step_scale_up, step_low_up, x_row_ptr, g_ptr, g0, num_groups, GROUP, WORDS, RUNS, RUN,
+                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM)
+        else:
+            acc, acc_low, up, up_low, sumsq = _int4_sub_step(
+                acc, acc_low, up, up_low, sumsq, x_raw, words, scale, low, words_up, scale_up, low_up, x_row_ptr,
+                g_ptr, 0, num_groups, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM)
+            for g0 in range(GROUPS_PER_BLOCK, num_groups, GROUPS_PER_BLOCK):
                 step_x, step_words, step_scale, step_low, step_words_up, step_scale_up, step_low_up = \
                     _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups,
                                          stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN,
                                          False, XPRE)
-            g_raw = step_x                                                  # (NORM only)
-            if NORM:
-                g_raw = _int4_sub_x_load(g_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
-            if XPRE:
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_flat(step_x, g_raw, GROUP, WORDS, RUNS,
-                                                                                  RUN, GROUPS_PER_BLOCK, NORM)
-            else:
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_words(
-                    step_x, g_raw, x_row_ptr.dtype.element_ty, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
-            sumsq += step_sq
-            acc += _int4_sub_runs(step_words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale
-            acc_low += x_sum * step_low
-            if GATED:
-                up += _int4_sub_runs(step_words_up, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale_up
-                up_low += x_sum * step_low_up
+                acc, acc_low, up, up_low, sumsq = _int4_sub_step(
+                    acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
+                    step_scale_up, step_low_up, x_row_ptr, g_ptr, g0, num_groups, GROUP, WORDS, RUNS, RUN,
+                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM)
         if not HAS_MINS:                                                    # code - 8: the low term is -8 * scale
             acc_low *= -8.0
             up_low *= -8.0
@@ -503,9 +542,10 @@ if HAS_TRITON:
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
         launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
-        before as it starts (no weight chunk before the wait, unlike gemv.py's: neither loop has its first step
-        peeled)."""
-        pdl_start(PDL)
+        before as it starts, except in the INT4_SUB loop, which loads its first step's weights before the wait, as
+        gemv.py's loops do."""
+        if not (INT4_ROW and INT4_SUB):
+            pdl_start(PDL)
         m = tl.program_id(0)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
@@ -520,7 +560,7 @@ if HAS_TRITON:
         if INT4_ROW and INT4_SUB:
             dot, dot_up, sub_sumsq = _int4_sub_dot(x_ptr + m * stride_xm, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up,
                                                    n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N,
-                                                   GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM)
+                                                   GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL)
             acc += dot
             acc_up += dot_up
             sumsq += sub_sumsq

@@ -56,7 +56,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import pdl_start
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
 
     _MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
     _X_PAIRS = """
@@ -155,14 +155,12 @@ if HAS_TRITON:
         return tl.load(at)
 
     @triton.jit
-    def _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2, xf3, xf4, xf5, xf6,
-                     xf7, sx0, sx1, sx2, sx3, acc0, acc1, acc2, acc3, HAS_MINS: tl.constexpr, EMULATE: tl.constexpr,
-                     WARPS: tl.constexpr, MASK: tl.constexpr):
-        """One 16-row tile's group (the iteration's u-th of the warp): its loads, MMAs and scales added into the
-        accumulators acc0..acc3 [T] (rows r0, r0, r1, r1; columns 2 tig, 2 tig + 1), returned. w_at, s_at, mn_at:
-        [T] pointers to row r0's first word, scale and min of the warp's groups this iteration (row r1 is
-        rows_apart_* further); ok0, ok1: row r0's and r1's load masks, where MASK. xf*: x's fragments (EMULATE:
-        xf0 is x [T, 16]); sx*: x's group sums per accumulator."""
+    def _w4_mma_tile_loads(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, HAS_MINS: tl.constexpr,
+                           MASK: tl.constexpr):
+        """One 16-row tile's loads for a group (the iteration's u-th of the warp): rows r0's and r1's two words
+        each (k 0-7, 8-15 of the lane's 16), scales and mins. w_at, s_at, mn_at: [T] pointers to row r0's first
+        word, scale and min of the warp's groups this iteration (row r1 is rows_apart_* further); ok0, ok1: row
+        r0's and r1's load masks, where MASK."""
         w0_at = w_at[:, None] + (u * 8 + tl.arange(0, 2))[None, :]          # [T, 2]: k 16 tig .. + 15
         r0w0, r0w1 = tl.split(_masked_load(w0_at, ok0[:, None], MASK))
         r1w0, r1w1 = tl.split(_masked_load(w0_at + rows_apart_w, ok1[:, None], MASK))
@@ -174,6 +172,14 @@ if HAS_TRITON:
         else:                                                               # code - 8
             m0 = -8.0 * s0
             m1 = -8.0 * s1
+        return r0w0, r0w1, r1w0, r1w1, s0, s1, m0, m1
+
+    @triton.jit
+    def _w4_mma_tile(r0w0, r0w1, r1w0, r1w1, s0, s1, m0, m1, xf0, xf1, xf2, xf3, xf4, xf5, xf6, xf7, sx0, sx1,
+                     sx2, sx3, acc0, acc1, acc2, acc3, EMULATE: tl.constexpr, WARPS: tl.constexpr):
+        """One 16-row tile's group on its loads (_w4_mma_tile_loads): its MMAs and scales added into the
+        accumulators acc0..acc3 [T] (rows r0, r0, r1, r1; columns 2 tig, 2 tig + 1), returned. xf*: x's fragments
+        (EMULATE: xf0 is x [T, 16]); sx*: x's group sums per accumulator."""
         if EMULATE:
             d0, d1 = _emulated_row(_emulated_codes(r0w0, r0w1), xf0, WARPS)
             d2, d3 = _emulated_row(_emulated_codes(r1w0, r1w1), xf0, WARPS)
@@ -196,17 +202,28 @@ if HAS_TRITON:
     def _w4_mma_iteration(x_at, w_at, s_at, mn_at, M, gid, live, row_ok0, row_ok1, rows_apart_w, rows_apart_s,
                           b_apart_w, b_apart_s, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS: tl.constexpr,
                           TILES: tl.constexpr, UNROLL: tl.constexpr, WARPS: tl.constexpr, EMULATE: tl.constexpr,
-                          MASKED: tl.constexpr, EVEN_N: tl.constexpr):
+                          MASKED: tl.constexpr, EVEN_N: tl.constexpr, WAIT: tl.constexpr = False):
         """One loop iteration: the warp's UNROLL groups (pointers x_at, w_at, s_at, mn_at at the first) for its one
         or two tiles (tile b: b_apart_* further). MASKED: the last iteration, live [T] the warp's groups left in K;
-        row_ok*: the rows' masks where N is not a whole number of tiles (not EVEN_N)."""
+        row_ok*: the rows' masks where N is not a whole number of tiles (not EVEN_N). WAIT: the kernel's PDL wait
+        comes after the first group's weight loads (nothing before it reads x or y)."""
         T: tl.constexpr = 32 * WARPS
+        MASK: tl.constexpr = MASKED or not EVEN_N
         for u in tl.static_range(UNROLL):
             ok0, ok1, x_ok = row_ok0, row_ok1, gid < M
             if MASKED:
                 g_ok = live > u                                             # the u-th group is still in K
                 x_ok = x_ok & g_ok
                 ok0, ok1 = ok0 & g_ok, ok1 & g_ok
+            ra0, ra1, ra2, ra3, sa0, sa1, ma0, ma1 = _w4_mma_tile_loads(w_at, s_at, mn_at, u, rows_apart_w,
+                                                                        rows_apart_s, ok0, ok1, HAS_MINS, MASK)
+            rb0, rb1, rb2, rb3, sb0, sb1, mb0, mb1 = ra0, ra1, ra2, ra3, sa0, sa1, ma0, ma1
+            if TILES == 2:
+                rb0, rb1, rb2, rb3, sb0, sb1, mb0, mb1 = _w4_mma_tile_loads(
+                    w_at + b_apart_w, s_at + b_apart_s, mn_at + b_apart_s, u, rows_apart_w, rows_apart_s, ok0, ok1,
+                    HAS_MINS, MASK)
+            if WAIT and u == 0:
+                gdc_wait()
             # x[gid, 16 tig .. + 15] as 8 words of two, in two 16-byte loads of [T, 4] (one of [T, 8] would take
             # two threads per row, and a shuffle through shared memory to give each thread its own)
             x_u = x_at[:, None] + (u * 32 + tl.arange(0, 4))[None, :]
@@ -225,14 +242,11 @@ if HAS_TRITON:
                     asm=_X_ASM, constraints="=r," * 12 + "r," * 7 + "r",
                     args=[e0, e1, e2, e3, e4, e5, e6, e7], dtype=(tl.int32,) * 8 + (tl.float32,) * 4,
                     is_pure=True, pack=1)
-            a0, a1, a2, a3 = _w4_mma_tile(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2,
-                                          xf3, xf4, xf5, xf6, xf7, sx0, sx1, sx2, sx3, a0, a1, a2, a3, HAS_MINS,
-                                          EMULATE, WARPS, MASKED or not EVEN_N)
+            a0, a1, a2, a3 = _w4_mma_tile(ra0, ra1, ra2, ra3, sa0, sa1, ma0, ma1, xf0, xf1, xf2, xf3, xf4, xf5, xf6,
+                                          xf7, sx0, sx1, sx2, sx3, a0, a1, a2, a3, EMULATE, WARPS)
             if TILES == 2:
-                b0, b1, b2, b3 = _w4_mma_tile(w_at + b_apart_w, s_at + b_apart_s, mn_at + b_apart_s, u,
-                                              rows_apart_w, rows_apart_s, ok0, ok1, xf0, xf1, xf2, xf3, xf4, xf5,
-                                              xf6, xf7, sx0, sx1, sx2, sx3, b0, b1, b2, b3, HAS_MINS, EMULATE,
-                                              WARPS, MASKED or not EVEN_N)
+                b0, b1, b2, b3 = _w4_mma_tile(rb0, rb1, rb2, rb3, sb0, sb1, mb0, mb1, xf0, xf1, xf2, xf3, xf4, xf5,
+                                              xf6, xf7, sx0, sx1, sx2, sx3, b0, b1, b2, b3, EMULATE, WARPS)
         return a0, a1, a2, a3, b0, b1, b2, b3
 
     @triton.jit
@@ -308,8 +322,11 @@ if HAS_TRITON:
         row strides in int32 words; M_BUCKET: x's rows to the next power of 2, the tuners' key only. EVEN_N: N is a
         whole number of the programs' rows (TWO_TILES needs it). SPLIT_K > 1: program (t, s) takes the s-th of
         SPLIT_K runs of K's groups and the last of a tile's programs to finish adds them up (_split_k_sum; ws_ptr,
-        count_ptr: its fp32 workspace and int32 counters, zero)."""
-        pdl_start(PDL)
+        count_ptr: its fp32 workspace and int32 counters, zero). PDL: launched with programmatic dependent launch
+        (gemv.py): it lets the next kernel launch as it starts and waits for the one before after its first weight
+        loads."""
+        if PDL:
+            gdc_launch_dependents()
         T: tl.constexpr = 32 * WARPS
         thread = tl.arange(0, T)
         warp = thread // 32
@@ -343,7 +360,17 @@ if HAS_TRITON:
         b3 = tl.zeros([T], tl.float32)
         STEP: tl.constexpr = WARPS * UNROLL
         whole = num_groups // STEP
-        for _ in range(whole):
+        # the first iteration is peeled, masked as a last one (K may hold less than one): its first weight loads
+        # come before the PDL wait (the kernel before writes none of them: their latency overlaps its tail)
+        a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
+            x_at, w_at, s_at, mn_at, M, gid, num_groups - first, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
+            b_rows * stride_ww, b_rows * stride_sn, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS, TILES, UNROLL,
+            WARPS, EMULATE, True, EVEN_N, PDL)
+        x_at += STEP * 32
+        w_at += STEP * 8
+        s_at += STEP
+        mn_at += STEP
+        for _ in range(1, whole):
             a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
                 x_at, w_at, s_at, mn_at, M, gid, gid, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
                 b_rows * stride_ww, b_rows * stride_sn, a0, a1, a2, a3, b0, b1, b2, b3, HAS_MINS, TILES, UNROLL,
@@ -352,7 +379,7 @@ if HAS_TRITON:
             w_at += STEP * 8
             s_at += STEP
             mn_at += STEP
-        if whole * STEP < num_groups:                                       # the last groups: some warps idle
+        if (whole > 0) & (whole * STEP < num_groups):                       # the last groups: some warps idle
             live = num_groups - whole * STEP - first                        # [T]: this warp's groups left
             a0, a1, a2, a3, b0, b1, b2, b3 = _w4_mma_iteration(
                 x_at, w_at, s_at, mn_at, M, gid, live, row_ok0, row_ok1, 8 * stride_ww, 8 * stride_sn,
