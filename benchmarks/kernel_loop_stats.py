@@ -33,7 +33,7 @@ FUSIONS = {"HAS_BIAS": False, "NORM": False, "GATED": False, "RESIDUAL": False}
 
 def kernels(args) -> dict:
     """name -> (jit function, [(argument, type)], constexprs)."""
-    w4_args = [("x_ptr", "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
+    w4_args = [("x_ptr", "*fp32" if args.xglobal else "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
                ("g_ptr", "*fp16"), ("y_ptr", "*bf16"), ("M_BUCKET", "i32"), ("N", "i32"), ("K", "i32"),
                ("stride_xm", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"), ("stride_ym", "i32"), ("eps", "fp32")]
     w8_args = [("x_ptr", "*bf16"), ("w_ptr", "*i8"), ("s_ptr", "*fp16"), ("b_ptr", "*fp16"), ("g_ptr", "*fp16"),
@@ -61,7 +61,7 @@ def kernels(args) -> dict:
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "GATED": args.gated, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False, "INT4_SUB": args.sub,
-                     "XPRE": args.xpre, "PREFETCH": args.prefetch}),
+                     "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -118,6 +118,8 @@ def main() -> int:
                         help="w4_gemv --row --sub: XPRE (x converted and scaled once per program, then shared)")
     parser.add_argument("--prefetch", action="store_true",
                         help="w4_gemv --row --sub: the next step's loads before this step's math (PREFETCH)")
+    parser.add_argument("--xglobal", action="store_true",
+                        help="w4_gemv --row --sub: x prepared by int4_prepared_x.py (XGLOBAL)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)

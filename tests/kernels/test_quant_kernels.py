@@ -251,12 +251,59 @@ def test_int4_sub_loop_with_the_norm_prologue(gated, xpre, prefetch):
     assert _rel_err(y, ref) < 1e-3
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "norm"])
+def test_prepared_x_matches_its_reference(group, norm):
+    """int4_prepared_x's kernel (x's planes per nibble position, scaled, then its run sums; the norm applied first
+    where a norm weight is given) against its torch form, K not a whole number of the kernel's blocks."""
+    from tierllm.kernels import int4_prepared_x
+
+    k = 1280
+    x = 2 * _x(1, k, torch.float16, seed=61)
+    g = (1 + 0.5 * _x(1, k, torch.float16, seed=62)).reshape(k) if norm else None
+    out = int4_prepared_x.prepare_x_triton(x, group, g)
+    ref = int4_prepared_x.prepare_x_ref(x, group, g)
+    assert out.shape == ref.shape == (int4_prepared_x.prepared_x_size(k, group),)
+    assert _rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("n,k", [(24, 256), (19, 384)])                 # whole blocks (EVEN), partial ones
+@pytest.mark.parametrize("gated,norm", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["residual", "gated", "norm_residual", "norm_gated"])
+def test_int4_sub_loop_on_prepared_x(n, k, gated, norm):
+    """XGLOBAL: the INT4_SUB loop on x prepared by int4_prepared_x's kernel (its norm applied there, no x work in
+    the loop) against the norm and the int4 linear in fp32: gated or adding into the residual, ragged row and group
+    blocks."""
+    from tierllm.kernels.gemv import fused_linear_ref
+    from tierllm.kernels.int4_prepared_x import prepare_x_triton
+    from tierllm.quant.formats import dequantize_int4
+
+    quant = QuantConfig(bits=4, group_size=64)
+    w, bias = _quantized(2 * n if gated else n, k, quant, seed=71)
+    x = 2 * _x(1, k, torch.float16, seed=72)
+    g = (1 + 0.5 * _x(1, k, torch.float16, seed=73)).reshape(k) if norm else None
+    y = torch.empty(1, n, dtype=torch.float16, device=DEVICE) if gated else _x(1, n, torch.float16, seed=74)
+    start = y.clone()
+    flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": gated, "RESIDUAL": not gated,
+             "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "BLOCK_N": 8, "GROUPS_PER_BLOCK": 2}
+    x_prepared = prepare_x_triton(x, 64, g)
+    quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 8))](
+        x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,
+        w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, **flags,
+        EVEN=quant_gemv.w4_even({"N": n, "K": k, **flags}))
+    dense = dequantize_int4(w["qweight"], w["scales"], w["mins"], 64, torch.float32)
+    ref = fused_linear_ref(x.float(), dense, bias.float(), norm_weight=None if g is None else g.float(), gated=gated)
+    ref = ref if gated else ref + start.float()
+    assert _rel_err(y, ref) < 1e-3
+
+
 @pytest.mark.parametrize("gated", [False, True], ids=["residual", "gated"])
 def test_w4_gemv_graph_tuned(monkeypatch, gated):
     """TIERLLM_GEMV_TUNER=graph for the int4 GEMV (on an H200 Triton's tuner timed its best configs at 1.4-3.3x
     their time in a graph): only the configs its prune keeps for the call are timed (here every loop's, none with
-    inline PTX under the interpreter), each on the weight's copies, the fastest is taken, remembered per shape and
-    kept as a site for step tuning, and a residual launch adds the product once."""
+    inline PTX under the interpreter, and the XGLOBAL loop's with its x prepared), each on the weight's copies, the
+    fastest is taken, remembered per shape and kept as a site for step tuning, and a residual launch adds the
+    product once."""
     from tierllm.kernels import graph_tuning
     n, k, quant = 20, 256, QuantConfig(bits=4, group_size=64)
     w, _ = _quantized(2 * n if gated else n, k, quant, seed=41)
@@ -265,7 +312,8 @@ def test_w4_gemv_graph_tuned(monkeypatch, gated):
     kept = [c for c in quant_gemv._INT4_CONFIGS if not (interpreted and c.kwargs.get("NIBBLES") == 2)]
     assert any(c.kwargs.get("INT4_SUB") for c in kept)
     assert len(kept) < len(quant_gemv._INT4_CONFIGS) if interpreted else kept == quant_gemv._INT4_CONFIGS
-    fastest = kept[-1]
+    kept += quant_gemv._PREPARED_CONFIGS                 # one row: the loop on x prepared by a kernel before it too
+    fastest = kept[-1]                                   # (so its launch, with the preparing kernel, is checked)
     timed = []
 
     def fake_seconds(launch, copies):
@@ -296,8 +344,8 @@ def test_w4_gemv_graph_tuned(monkeypatch, gated):
 @pytest.mark.skipif(DEVICE != "cuda", reason="times CUDA graphs: GPU only")
 @pytest.mark.parametrize("gated", [False, True], ids=["residual", "gated"])
 def test_w4_gemv_graph_tuned_on_gpu(monkeypatch, gated):
-    """The int4 GEMV under TIERLLM_GEMV_TUNER=graph with real CUDA-graph timings and PDL launches (the inline-PTX
-    and INT4_SUB configs among them): a config is picked and remembered, the result matches the reference, the
+    """The int4 GEMV under TIERLLM_GEMV_TUNER=graph with real CUDA-graph timings and PDL launches (the inline-PTX,
+    INT4_SUB, XGLOBAL and tensor-core configs among them): a config is picked and remembered, the result matches the reference, the
     residual gets the product once."""
     n, k, quant = 300, 1024, QuantConfig(bits=4, group_size=64)
     w, _ = _quantized(2 * n if gated else n, k, quant, seed=43)
@@ -310,7 +358,7 @@ def test_w4_gemv_graph_tuned_on_gpu(monkeypatch, gated):
                                        quant.group_size), 1, n,
                      {"gated": True} if gated else _fusion_inputs("residual", 1, n, k, torch.bfloat16, seed=7))
     [config] = quant_gemv._w4_graph_tuner.cache.values()
-    assert config in quant_gemv._INT4_CONFIGS
+    assert config in quant_gemv._INT4_CONFIGS + quant_gemv._PREPARED_CONFIGS or config.kwargs[quant_gemv.TENSOR_CORES]
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)

@@ -24,6 +24,7 @@ from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
+from tierllm.kernels.int4_prepared_x import prepare_x_triton
 from tierllm.kernels.w4_mma_gemv import tuned_configs as w4_mma_tuned_configs
 from tierllm.kernels.w4_mma_gemv import w4_mma_gemv, w4_mma_supported
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
@@ -43,6 +44,7 @@ if HAS_TRITON:
 
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
+    from tierllm.kernels.w4_mma_gemv import masked_load
 
     @triton.jit
     def codes_to_f32(codes):
@@ -114,6 +116,14 @@ if HAS_TRITON:
                                    "XPRE": xpre}, num_warps=w, num_stages=1)
                     for bn, gpb, w, xpre in [(8, 4, 2, False), (16, 4, 4, False), (16, 8, 2, False), (4, 16, 4, True)]]
     _INT4_CONFIGS += _SUB_CONFIGS
+    # XGLOBAL: the INT4_SUB loop on x prepared once per call (int4_prepared_x.py: x work out of the loop). Offline
+    # (sm90 SASS, Triton 3.6) bn4 gpb16 w4 takes 117 instructions per 16 weight bytes against 193 with XPRE, with no
+    # shared-memory exchange, where each thread holds one 16-byte chunk of the step (all of these; two chunks
+    # brought barriers back). Only the graph tuner weighs them (w4_gemv_triton launches the preparing kernel
+    # before each), on one x row.
+    _PREPARED_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
+                                        "XGLOBAL": True}, num_warps=w, num_stages=1)
+                         for bn, gpb, w in [(4, 16, 4), (8, 4, 2), (16, 4, 4), (8, 8, 4), (4, 8, 2), (16, 8, 8)]]
 
     def _prune_int4(configs, named_args, **kwargs):
         """INT4_ROW configs only where they apply: one x row, x rows at 4-byte boundaries (it reads x as int32
@@ -126,7 +136,7 @@ if HAS_TRITON:
             configs = [c for c in configs if c.kwargs.get("NIBBLES") != 2]
         if not (flags["M_BUCKET"] == 1 and flags["x_ptr"].data_ptr() % 4 == 0 and flags["stride_xm"] % 2 == 0):
             return [c for c in configs if not c.kwargs.get("INT4_ROW")]
-        sub_ok = flags["w_ptr"].data_ptr() % 4 == 0 and flags["stride_wn"] % 4 == 0 and flags["GROUP"] >= 8
+        sub_ok = int4_sub_weight_ok(flags["w_ptr"].data_ptr(), flags["stride_wn"], flags["GROUP"])
         if flags["NORM"]:
             g = flags.get("g_ptr")
             sub_ok = sub_ok and g is not None and g.dtype == flags["x_ptr"].dtype and g.data_ptr() % 4 == 0
@@ -298,12 +308,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _int4_sub_runs(words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS: tl.constexpr, RUN: tl.constexpr):
-        """The weight words [BLOCK_N, GPB, WORDS] times x (x_i [GPB, WORDS]: k = 8w + i, pre-scaled by
+        """The weight words [BLOCK_N, GPB, WORDS] times x (x_i [GPB, WORDS] or [BLOCK_N, GPB, WORDS]: k = 8w + i,
+        pre-scaled by
         2^(-49 - e_i)), each run of RUN words (a thread's 16-byte load, at most a group) summed:
         [BLOCK_N, GPB, RUNS], code . x * 2^-49 per run."""
         c0, c1, c2, c3, c4, c5, c6, c7 = nibbles_as_subnormals(words)
-        products = (c0 * x0[None] + c1 * x1[None] + c2 * x2[None] + c3 * x3[None] + c4 * x4[None] + c5 * x5[None]
-                    + c6 * x6[None] + c7 * x7[None])                                   # [BLOCK_N, GPB, WORDS]
+        products = (c0 * x0 + c1 * x1 + c2 * x2 + c3 * x3 + c4 * x4 + c5 * x5 + c6 * x6
+                    + c7 * x7)                                                         # [BLOCK_N, GPB, WORDS]
         return tl.sum(tl.reshape(products, [products.shape[0], products.shape[1], RUNS, RUN]), axis=3)
 
     @triton.jit
@@ -342,10 +353,10 @@ if HAS_TRITON:
     @triton.jit
     def _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP: tl.constexpr, WORDS: tl.constexpr,
                          GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, GUARD: tl.constexpr,
-                         XPRE: tl.constexpr):
+                         XPRE: tl.constexpr, XGLOBAL: tl.constexpr = False):
         """x's raw values for the step of groups g0 .. g0 + GPB: XPRE flat [GPB, GROUP] (each element once per
         program), else as each thread reads them [GPB, WORDS, 4] (int32 words of two). GUARD: as
-        _int4_sub_loads'."""
+        _int4_sub_loads'. XGLOBAL: none (a placeholder: _int4_sub_x_prepared loads x in the step)."""
         offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
         if XPRE:
             ptrs = x_row_ptr + offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]          # [GPB, GROUP]
@@ -354,7 +365,9 @@ if HAS_TRITON:
             word = offs_g[:, None] * WORDS + tl.arange(0, WORDS)[None, :]                   # [GPB, WORDS]
             ptrs = x_row_ptr.to(tl.pointer_type(tl.int32)) + 4 * word[:, :, None] + tl.arange(0, 4)[None, None, :]
             g_mask = (offs_g < num_groups)[:, None, None]
-        if EVEN and not GUARD:
+        if XGLOBAL:
+            x_raw = tl.zeros([1], tl.float32)
+        elif EVEN and not GUARD:
             x_raw = tl.load(ptrs)
         else:
             x_raw = tl.load(ptrs, mask=g_mask, other=0)
@@ -435,16 +448,46 @@ if HAS_TRITON:
         return x0, x1, x2, x3, x4, x5, x6, x7, x_sum, sumsq
 
     @triton.jit
+    def _int4_sub_x_prepared(xp_ptr, row, g0, num_groups, WORDS: tl.constexpr, RUNS: tl.constexpr,
+                             GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        """XGLOBAL: x's step as int4_prepare_x wrote it (xp_ptr: its fp32 buffer) -> x_0..x_7 [BLOCK_N, GPB, WORDS]
+        (k = 8w + i, scaled per nibble position; the shape and layout of the weight words, so each thread loads the
+        x of its own words: 16 contiguous bytes of a plane per x_i, no exchange) and the run sums [1, GPB, RUNS]."""
+        planes = num_groups * WORDS                                         # words in K: one plane's length
+        offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
+        word = offs_g[:, None] * WORDS + tl.arange(0, WORDS)[None, :]                       # [GPB, WORDS]
+        at = xp_ptr + (word[None, :, :] + 0 * row[:, None, None])                           # [BLOCK_N, GPB, WORDS]
+        runs_at = xp_ptr + 8 * planes + offs_g[:, None] * RUNS + tl.arange(0, RUNS)[None, :]  # [GPB, RUNS]
+        mask = (offs_g < num_groups)[None, :, None]
+        MASK: tl.constexpr = not EVEN
+        x0 = masked_load(at, mask, MASK)
+        x1 = masked_load(at + planes, mask, MASK)
+        x2 = masked_load(at + 2 * planes, mask, MASK)
+        x3 = masked_load(at + 3 * planes, mask, MASK)
+        x4 = masked_load(at + 4 * planes, mask, MASK)
+        x5 = masked_load(at + 5 * planes, mask, MASK)
+        x6 = masked_load(at + 6 * planes, mask, MASK)
+        x7 = masked_load(at + 7 * planes, mask, MASK)
+        x_sum = masked_load(runs_at, (offs_g < num_groups)[:, None], MASK)[None]
+        return x0, x1, x2, x3, x4, x5, x6, x7, x_sum
+
+    @triton.jit
     def _int4_sub_step(acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
-                       step_scale_up, step_low_up, x_row_ptr, g_ptr, g0, num_groups, GROUP: tl.constexpr,
+                       step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP: tl.constexpr,
                        WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
-                       GATED: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr, NORM: tl.constexpr):
+                       GATED: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr, NORM: tl.constexpr,
+                       XGLOBAL: tl.constexpr):
         """_int4_sub_dot's math for the step of groups g0 .. g0 + GPB on its loads (_int4_sub_step_loads) -> the
-        accumulators acc, acc_low, up, up_low and sumsq, updated."""
+        accumulators acc, acc_low, up, up_low and sumsq, updated. XGLOBAL: x comes prepared (int4_prepare_x) and
+        is loaded here."""
         g_raw = step_x                                                      # (NORM only)
         if NORM:
             g_raw = _int4_sub_x_load(g_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
-        if XPRE:
+        if XGLOBAL:
+            x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_prepared(x_row_ptr, row, g0, num_groups, WORDS, RUNS,
+                                                                         GROUPS_PER_BLOCK, EVEN)
+            step_sq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
+        elif XPRE:
             x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_flat(step_x, g_raw, GROUP, WORDS, RUNS, RUN,
                                                                               GROUPS_PER_BLOCK, NORM)
         else:
@@ -462,7 +505,8 @@ if HAS_TRITON:
     def _int4_sub_dot(x_row_ptr, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, K, stride_wn, stride_sn,
                       GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False,
-                      PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False, PDL: tl.constexpr = False):
+                      PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False, PDL: tl.constexpr = False,
+                      XGLOBAL: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
         form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
         (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
@@ -476,7 +520,9 @@ if HAS_TRITON:
         weight rows (the tuner's prune checks). NORM: x times the norm weight g_ptr (loaded with x's layout at each
         step, not prefetched: every program reads the same K values, from L2) -> also the raw x's sum of squares,
         for the epilogue's rstd (gemv.fused_epilogue). PDL: launched with programmatic dependent launch (gemv.py); the
-        first step's weight loads come before the wait."""
+        first step's weight loads come before the wait. XGLOBAL: x_row_ptr is x prepared by int4_prepare_x (its
+        norm applied, converted, scaled per nibble position, summed per run: no x work in the loop; not with
+        PREFETCH, XPRE or NORM)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
         RUNS: tl.constexpr = WORDS // RUN
@@ -495,7 +541,8 @@ if HAS_TRITON:
             HAS_MINS, GATED, EVEN, False)
         if PDL:
             gdc_wait()
-        x_raw = _int4_sub_x_load(x_row_ptr, 0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
+        x_raw = _int4_sub_x_load(x_row_ptr, 0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE,
+                                 XGLOBAL)
         if PREFETCH:
             for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
                 # this step's loads came with the last step; the next step's now
@@ -506,12 +553,12 @@ if HAS_TRITON:
                     stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN, True, XPRE)
                 acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                     acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
-                    step_scale_up, step_low_up, x_row_ptr, g_ptr, g0, num_groups, GROUP, WORDS, RUNS, RUN,
-                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM)
+                    step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP, WORDS, RUNS, RUN,
+                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL)
         else:
             acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                 acc, acc_low, up, up_low, sumsq, x_raw, words, scale, low, words_up, scale_up, low_up, x_row_ptr,
-                g_ptr, 0, num_groups, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM)
+                g_ptr, row, 0, num_groups, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL)
             for g0 in range(GROUPS_PER_BLOCK, num_groups, GROUPS_PER_BLOCK):
                 step_x, step_words, step_scale, step_low, step_words_up, step_scale_up, step_low_up = \
                     _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups,
@@ -519,8 +566,8 @@ if HAS_TRITON:
                                          False, XPRE)
                 acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                     acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
-                    step_scale_up, step_low_up, x_row_ptr, g_ptr, g0, num_groups, GROUP, WORDS, RUNS, RUN,
-                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM)
+                    step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP, WORDS, RUNS, RUN,
+                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL)
         if not HAS_MINS:                                                    # code - 8: the low term is -8 * scale
             acc_low *= -8.0
             up_low *= -8.0
@@ -537,7 +584,8 @@ if HAS_TRITON:
                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
-                      INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                      INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+                      XGLOBAL: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
@@ -560,7 +608,7 @@ if HAS_TRITON:
         if INT4_ROW and INT4_SUB:
             dot, dot_up, sub_sumsq = _int4_sub_dot(x_ptr + m * stride_xm, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up,
                                                    n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N,
-                                                   GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL)
+                                                   GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL, XGLOBAL)
             acc += dot
             acc_up += dot_up
             sumsq += sub_sumsq
@@ -610,6 +658,11 @@ if HAS_TRITON:
     _w4_graph_tuner = GraphTuner(_INT4_CONFIGS)                         # graph_tuning.py (the default tuner)
 
 
+def int4_sub_weight_ok(address: int, row_stride: int, group_size: int) -> bool:
+    """The INT4_SUB loop reads the weight as int32 words of 8 codes: rows at 4-byte boundaries, groups of 8 or more."""
+    return address % 4 == 0 and row_stride % 4 == 0 and group_size >= 8
+
+
 def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                    *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
                    residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
@@ -639,10 +692,10 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     n = y.shape[1]
     m_bucket = triton.next_power_of_2(m)
 
-    def args(w: torch.Tensor, out: torch.Tensor) -> tuple:
-        return (x, w, scales, mins if mins is not None else scales, bias if bias is not None else scales,
-                norm_weight if norm_weight is not None else scales, out, m_bucket, n, k, x.stride(0), w.stride(0),
-                scales.stride(0), out.stride(0), eps)
+    def args(w: torch.Tensor, out: torch.Tensor, x_in: torch.Tensor = x, norm: torch.Tensor | None = norm_weight) -> tuple:
+        return (x_in, w, scales, mins if mins is not None else scales, bias if bias is not None else scales,
+                norm if norm is not None else scales, out, m_bucket, n, k, x_in.stride(0) if x_in.dim() > 1 else 0,
+                w.stride(0), scales.stride(0), out.stride(0), eps)
 
     flags = {"GROUP": group_size, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None,
              "NORM": norm_weight is not None, "GATED": gated, "RESIDUAL": residual is not None}
@@ -653,18 +706,25 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                                           INT4_ROW=one_row)
     elif graph_tuning():                     # Triton's tuner timed these at 1.4-3.3x a graph's time
         # one row: the tensor-core kernel's configs compete with the CUDA-core loops' (on an H200 each kernel was
-        # the faster on two of llama-7b's four shapes: benchmarks/results/w4-mma-grid-h200.json)
+        # the faster on two of llama-7b's four shapes: benchmarks/results/w4-mma-grid-h200.json), and so does the
+        # XGLOBAL loop with its x prepared by a kernel before it (int4_prepared_x.py)
         tensor_cores = m == 1 and norm_weight is None and w4_mma_supported(x, qweight, group_size)
+        prepared = m == 1 and int4_sub_weight_ok(qweight.data_ptr(), qweight.stride(0), group_size)
 
         def launch(config, w: torch.Tensor, out: torch.Tensor = y) -> torch.Tensor:
             if config.kwargs.get(TENSOR_CORES):
                 return w4_mma_gemv(x, w, scales, mins, bias, gated=gated, pdl=pdl,
                                    residual=out if residual is not None else None,
                                    config={name: v for name, v in config.kwargs.items() if name != TENSOR_CORES})
-            _w4_gemv_even[(m, triton.cdiv(n, config.kwargs["BLOCK_N"]))](*args(w, out), **flags,
-                                                                        **config.all_kwargs(), **pdl_options(x, pdl))
+            grid = (m, triton.cdiv(n, config.kwargs["BLOCK_N"]))
+            if config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x
+                x_prepared = prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl)
+                _w4_gemv_even[grid](*args(w, out, x_prepared, None), **{**flags, "NORM": False},
+                                    **config.all_kwargs(), **pdl_options(x, pdl))
+            else:
+                _w4_gemv_even[grid](*args(w, out), **flags, **config.all_kwargs(), **pdl_options(x, pdl))
             return out
-        key = (m_bucket, n, k, tuple(flags.values()), x.dtype, tensor_cores)
+        key = (m_bucket, n, k, tuple(flags.values()), x.dtype, tensor_cores, prepared)
         config = _w4_graph_tuner.cache.get(key)
         if config is None:
             scratch = y.clone() if residual is not None else y      # tuning adds into the residual many times
@@ -674,6 +734,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             if tensor_cores:
                 configs += [triton.Config({**c.kwargs, TENSOR_CORES: True}, num_warps=c.num_warps, num_stages=1)
                             for c in w4_mma_tuned_configs(n, k)]
+            if prepared:
+                configs += _PREPARED_CONFIGS
             config = _w4_graph_tuner.pick(key, lambda config, w: launch(config, w, scratch), qweight, m_bucket,
                                           configs=configs)
         return launch(config, qweight)

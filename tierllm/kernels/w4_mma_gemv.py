@@ -148,7 +148,7 @@ if HAS_TRITON:
         return tl.reshape(even, [WARPS * 32]), tl.reshape(odd, [WARPS * 32])
 
     @triton.jit
-    def _masked_load(at, ok, MASK: tl.constexpr):
+    def masked_load(at, ok, MASK: tl.constexpr):
         """tl.load(at), zeros where not ok if MASK."""
         if MASK:
             return tl.load(at, mask=ok, other=0)
@@ -162,13 +162,13 @@ if HAS_TRITON:
         word, scale and min of the warp's groups this iteration (row r1 is rows_apart_* further); ok0, ok1: row
         r0's and r1's load masks, where MASK."""
         w0_at = w_at[:, None] + (u * 8 + tl.arange(0, 2))[None, :]          # [T, 2]: k 16 tig .. + 15
-        r0w0, r0w1 = tl.split(_masked_load(w0_at, ok0[:, None], MASK))
-        r1w0, r1w1 = tl.split(_masked_load(w0_at + rows_apart_w, ok1[:, None], MASK))
-        s0 = _masked_load(s_at + u, ok0, MASK).to(tl.float32)
-        s1 = _masked_load(s_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
+        r0w0, r0w1 = tl.split(masked_load(w0_at, ok0[:, None], MASK))
+        r1w0, r1w1 = tl.split(masked_load(w0_at + rows_apart_w, ok1[:, None], MASK))
+        s0 = masked_load(s_at + u, ok0, MASK).to(tl.float32)
+        s1 = masked_load(s_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
         if HAS_MINS:
-            m0 = _masked_load(mn_at + u, ok0, MASK).to(tl.float32)
-            m1 = _masked_load(mn_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
+            m0 = masked_load(mn_at + u, ok0, MASK).to(tl.float32)
+            m1 = masked_load(mn_at + rows_apart_s + u, ok1, MASK).to(tl.float32)
         else:                                                               # code - 8
             m0 = -8.0 * s0
             m1 = -8.0 * s1
