@@ -33,7 +33,8 @@ FUSIONS = {"HAS_BIAS": False, "NORM": False, "GATED": False, "RESIDUAL": False}
 
 def kernels(args) -> dict:
     """name -> (jit function, [(argument, type)], constexprs)."""
-    w4_args = [("x_ptr", "*fp32" if args.xglobal else "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
+    w4_args = [("x_ptr", "*fp32" if args.xglobal else "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"),
+               ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
                ("g_ptr", "*fp16"), ("y_ptr", "*bf16"), ("M_BUCKET", "i32"), ("N", "i32"), ("K", "i32"),
                ("stride_xm", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"), ("stride_ym", "i32"), ("eps", "fp32")]
     w8_args = [("x_ptr", "*bf16"), ("w_ptr", "*i8"), ("s_ptr", "*fp16"), ("b_ptr", "*fp16"), ("g_ptr", "*fp16"),

@@ -345,8 +345,8 @@ def test_w4_gemv_graph_tuned(monkeypatch, gated):
 @pytest.mark.parametrize("gated", [False, True], ids=["residual", "gated"])
 def test_w4_gemv_graph_tuned_on_gpu(monkeypatch, gated):
     """The int4 GEMV under TIERLLM_GEMV_TUNER=graph with real CUDA-graph timings and PDL launches (the inline-PTX,
-    INT4_SUB, XGLOBAL and tensor-core configs among them): a config is picked and remembered, the result matches the reference, the
-    residual gets the product once."""
+    INT4_SUB, XGLOBAL and tensor-core configs among them): a config is picked and remembered, the result matches the
+    reference, the residual gets the product once."""
     n, k, quant = 300, 1024, QuantConfig(bits=4, group_size=64)
     w, _ = _quantized(2 * n if gated else n, k, quant, seed=43)
     x = _x(1, k, torch.bfloat16, seed=44)

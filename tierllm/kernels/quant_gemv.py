@@ -692,7 +692,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     n = y.shape[1]
     m_bucket = triton.next_power_of_2(m)
 
-    def args(w: torch.Tensor, out: torch.Tensor, x_in: torch.Tensor = x, norm: torch.Tensor | None = norm_weight) -> tuple:
+    def args(w: torch.Tensor, out: torch.Tensor, x_in: torch.Tensor = x,
+             norm: torch.Tensor | None = norm_weight) -> tuple:
         return (x_in, w, scales, mins if mins is not None else scales, bias if bias is not None else scales,
                 norm if norm is not None else scales, out, m_bucket, n, k, x_in.stride(0) if x_in.dim() > 1 else 0,
                 w.stride(0), scales.stride(0), out.stride(0), eps)
