@@ -9,6 +9,7 @@ import torch
 
 from tierllm.engine.request import Request
 from tierllm.host_copy import to_device
+from tierllm.kernels.greedy import greedy_tokens
 
 
 def _apply_penalties(scores: torch.Tensor, request: Request) -> None:
@@ -79,17 +80,23 @@ def sample_on_device(logits: torch.Tensor, requests: list[Request]) -> torch.Ten
     """logits: [num_requests, vocab] -> the next token of every non-beam request [num_requests] (int64, on the
     logits' device; beam rows hold their greedy token), queued without a device sync. For requests without beams
     or log-probs (see `needs_host_sampling`)."""
+    if all(r.is_beam or r.sampling_params.is_greedy for r in requests):  # one kernel, on the logits' own dtype
+        return greedy_tokens(logits, [_suppressed(r) for r in requests])
     logits = logits.float()
     rows, stop_ids = [], []                     # min_tokens: every row's suppressed stop tokens, in one copy
     for i, request in enumerate(requests):
-        params = request.sampling_params
-        if request.num_output_tokens < params.min_tokens:
-            rows += [i] * len(params.stop_token_ids)
-            stop_ids += params.stop_token_ids
+        rows += [i] * len(_suppressed(request))
+        stop_ids += _suppressed(request)
     if rows:
         index = to_device(rows + stop_ids, torch.int64, logits.device)                  # [2 * suppressed]
         logits.index_put_((index[:len(rows)], index[len(rows):]), logits.new_full((), float("-inf")))
     return _choose(logits, requests)
+
+
+def _suppressed(request: Request) -> list[int]:
+    """The stop tokens a request may not sample yet (min_tokens)."""
+    params = request.sampling_params
+    return list(params.stop_token_ids) if request.num_output_tokens < params.min_tokens else []
 
 
 def needs_host_sampling(request: Request) -> bool:

@@ -1,0 +1,74 @@
+"""Greedy tokens in one kernel: per row, the index of the largest logit (the first one on ties, as torch.argmax),
+with each row's banned ids (stop tokens before min_tokens) counted as -inf, read in the logits' own dtype.
+
+Why: between two decode steps the sampler ran an fp32 copy of the logits (3.8 us for llama-7b's 32000 on an H200),
+a fill and an index_put for the banned ids (2.7 us) and torch's argmax (9.5 us: one block per row), all eager
+(benchmarks/results/timeline-int4-b1-xglobal-h200.json). Here each row's program keeps a running best per lane over
+the vocabulary and reduces once at the end. A NaN logit counts as +inf (torch.argmax also picks a NaN)."""
+from __future__ import annotations
+
+import torch
+
+from tierllm.host_copy import to_device
+from tierllm.kernels._dispatch import HAS_TRITON, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _greedy_kernel(logits_ptr, banned_ptr, out_ptr, vocab, stride_row, BANNED: tl.constexpr,
+                       BLOCK: tl.constexpr):
+        """One row per program; banned_ptr: [rows, BANNED] int64 ids, -1 for none."""
+        row = tl.program_id(0).to(tl.int64)
+        best = tl.full([BLOCK], float("-inf"), tl.float32)                   # per lane, over its columns
+        best_at = tl.zeros([BLOCK], tl.int32)
+        for v0 in range(0, vocab, BLOCK):
+            cols = v0 + tl.arange(0, BLOCK)
+            x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < vocab,
+                        other=float("-inf")).to(tl.float32)
+            x = tl.where(x != x, float("inf"), x)                           # NaN: the largest, as torch.argmax
+            for j in tl.static_range(BANNED):
+                x = tl.where(cols == tl.load(banned_ptr + row * BANNED + j), float("-inf"), x)
+            better = x > best                                               # strict: a lane keeps its first
+            best = tl.where(better, x, best)
+            best_at = tl.where(better, cols, best_at)
+        top = tl.max(best, axis=0)
+        first = tl.min(tl.where(best == top, best_at, vocab), axis=0)       # the smallest index at the max
+        tl.store(out_ptr + row, first.to(tl.int64))
+
+
+def greedy_tokens_on_table(logits: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
+    """logits: [rows, vocab] with a contiguous last dim; table: [rows, width] int64 banned ids on its device,
+    padded with -1, or None -> [rows] int64."""
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows:
+        _greedy_kernel[(rows,)](logits, logits if table is None else table, out, vocab, logits.stride(0),
+                                BANNED=0 if table is None else table.shape[1], BLOCK=4096, num_warps=8)
+    return out
+
+
+def greedy_tokens_triton(logits: torch.Tensor, banned: list[list[int]] | None = None) -> torch.Tensor:
+    """greedy_tokens_on_table with the host lists' table copied over (pinned, non-blocking: no device sync)."""
+    width = max(map(len, banned or []), default=0)
+    table = None
+    if width:
+        table = to_device([ids[i] if i < len(ids) else -1 for ids in banned for i in range(width)], torch.int64,
+                          logits.device).view(len(banned), width)
+    return greedy_tokens_on_table(logits, table)
+
+
+def greedy_tokens_ref(logits: torch.Tensor, banned: list[list[int]] | None = None) -> torch.Tensor:
+    if any(banned or []):                                                   # a copy: the logits stay as they were
+        logits = logits.float().clone()
+        for row, ids in enumerate(banned):
+            logits[row, ids] = float("-inf")
+    return logits.argmax(dim=-1)
+
+
+def greedy_tokens(logits: torch.Tensor, banned: list[list[int]] | None = None) -> torch.Tensor:
+    """The greedy token of each row of logits [rows, vocab] (int64 [rows]), banned[row]'s ids excluded."""
+    if use_triton(logits) and logits.stride(-1) == 1:
+        return greedy_tokens_triton(logits, banned)
+    return greedy_tokens_ref(logits, banned)
