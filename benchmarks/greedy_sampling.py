@@ -78,12 +78,17 @@ def main() -> int:
             same = torch.equal(eager_chain(logits, ban_rows, ban_ids), greedy_tokens_triton(logits, banned))
             eager = graph_us(functools.partial(eager_chain, logits, ban_rows, ban_ids))
             table = ban_ids.view(rows, 2)
-            one = graph_us(functools.partial(greedy_tokens_on_table, logits, table))  # (no host copy in a graph)
+            # (no host copy in a graph); columns per step and warps: the default (8192 x 16), then the others
+            shapes = {f"{block}x{warps}": graph_us(functools.partial(greedy_tokens_on_table, logits, table, block,
+                                                                     warps))
+                      for block, warps in ((8192, 16), (4096, 8), (16384, 16), (32768, 32))}
+            one = shapes["8192x16"]
             ceiling = logits.numel() * logits.element_size() / (rate / 2 * 1e9) * 1e6
             rows_out.append({"vocab": vocab, "rows": rows, "eager_chain_us": round(eager, 2),
                              "greedy_kernel_us": round(one, 2), "logits_read_at_copy_rate_us": round(ceiling, 3),
-                             "same_tokens": same})
-            print(f"{vocab:>6} {rows:>4} {eager:>15.2f} {one:>14.2f} {ceiling:>23.3f}" + ("" if same else " MISMATCH"))
+                             "same_tokens": same, "kernel_us_by_block_x_warps": shapes})
+            print(f"{vocab:>6} {rows:>4} {eager:>15.2f} {one:>14.2f} {ceiling:>23.3f}" + ("" if same else " MISMATCH"),
+                  {name: round(us, 2) for name, us in shapes.items()})
     checks = [check(f"same tokens as the eager chain, vocab {r['vocab']}, {r['rows']} rows", float(r["same_tokens"]),
                     ">=", 1.0) for r in rows_out]
     print_checks(checks)
