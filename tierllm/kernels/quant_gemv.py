@@ -11,7 +11,8 @@ reading the same weight block run together and only the first reads HBM; each st
 groups, and the group's scale (and min) multiply the group's partial dot product instead of every weight. For one
 x row (batch-1 decode) int4 also has a one-row loop, INT4_ROW configs the tuner weighs against the loop above, in
 which every lane of the weight tile accumulates over the whole K loop; its INT4_SUB form reads the codes as fp32
-subnormals (as int8's ROW loop does) and applies each group's scale once per thread's run of products. (An earlier
+subnormals (as int8's ROW loop does) and applies each group's scale once per thread's run of products, and its
+XGLOBAL form (graph tuner only) reads x prepared once per call by int4_prepared_x.py's kernel. (An earlier
 int8 one-row loop, INT8_ROW, took only unfused launches and converted codes by an integer multiply-add; the H100
 tuner never took it, benchmarks/results/quant-autotuned-h100.json. gemv.py's ROW loop replaced it.)
 Both take gemv.py's fusions (NORM: RMSNorm prologue, GATED: SiLU-and-mul over [gate; up] rows, RESIDUAL: add into
@@ -309,8 +310,7 @@ if HAS_TRITON:
     @triton.jit
     def _int4_sub_runs(words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS: tl.constexpr, RUN: tl.constexpr):
         """The weight words [BLOCK_N, GPB, WORDS] times x (x_i [GPB, WORDS] or [BLOCK_N, GPB, WORDS]: k = 8w + i,
-        pre-scaled by
-        2^(-49 - e_i)), each run of RUN words (a thread's 16-byte load, at most a group) summed:
+        pre-scaled by 2^(-49 - e_i)), each run of RUN words (a thread's 16-byte load, at most a group) summed:
         [BLOCK_N, GPB, RUNS], code . x * 2^-49 per run."""
         c0, c1, c2, c3, c4, c5, c6, c7 = nibbles_as_subnormals(words)
         products = (c0 * x0 + c1 * x1 + c2 * x2 + c3 * x3 + c4 * x4 + c5 * x5 + c6 * x6
@@ -681,8 +681,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                    pdl: bool = False) -> torch.Tensor:
     """x: [M, K] (last dim contiguous); qweight: uint8 [N, K // 2]; scales / mins: [N, K // G] (mins None =
     symmetric) -> [M, N]. Fusions and pdl as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N
-    rows). Several rows where w4_mma_supported: w4_mma_gemv; one row there too where the graph tuner
-    (the default) times it faster."""
+    rows). Several rows where w4_mma_supported: w4_mma_gemv; one row there too, or on the XGLOBAL loop after
+    int4_prepared_x's kernel, where the graph tuner (the default) times it faster."""
     m, k = x.shape
     if m > 1 and norm_weight is None and w4_mma_supported(x, qweight, group_size):
         # the tensor-core GEMV: x's rows are the MMA's columns, so 2-8 rows cost what one does (this kernel streams

@@ -85,8 +85,9 @@ def sample_on_device(logits: torch.Tensor, requests: list[Request]) -> torch.Ten
     logits = logits.float()
     rows, stop_ids = [], []                     # min_tokens: every row's suppressed stop tokens, in one copy
     for i, request in enumerate(requests):
-        rows += [i] * len(_suppressed(request))
-        stop_ids += _suppressed(request)
+        ids = _suppressed(request)
+        rows += [i] * len(ids)
+        stop_ids += ids
     if rows:
         index = to_device(rows + stop_ids, torch.int64, logits.device)                  # [2 * suppressed]
         logits.index_put_((index[:len(rows)], index[len(rows):]), logits.new_full((), float("-inf")))
