@@ -7,12 +7,13 @@ conversion, the norm weight, scaling, run sums, and the shared-memory exchanges 
 one third on the codes (one AND and one FMA each); it is bound by instructions per code. With x prepared, each
 thread loads the fp32 x of its own weight words (L1/L2 hits: every program reads the same 16-44 KB).
 
-Layout of the fp32 buffer for K activations (K // 8 words of 8 codes; run: RUN_K = 8 * min(4, GROUP // 8)
-consecutive k, what one thread sums before scaling):
-  - 8 planes of K // 8: plane i, entry w holds x[8w + i] * 2^(-49 - e_i) (e_i: nibbles_as_subnormals' exponent of
-    nibble position i: 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted top byte), so a thread's 4 words
-    read 16 contiguous bytes per plane;
-  - then K // RUN_K run sums of the unscaled x.
+Layout of the fp32 buffer for K activations, in runs of RUN_K = 8 * RUN consecutive k (RUN = min(4, GROUP // 8)
+words of 8 codes: what one thread loads in 16 bytes and sums before scaling), each run a chunk of 8 * RUN + 4
+floats (16-byte aligned), so that every load of a thread's step has a constant offset from one address:
+  - 8 planes of RUN floats: plane i, entry w holds x[8w + i] * 2^(-49 - e_i) (w: the word in the run; e_i:
+    nibbles_as_subnormals' exponent of nibble position i: 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted
+    top byte);
+  - the run's sum of the unscaled x, then 3 floats of padding.
 x is x * rstd * g first where a norm weight g is given (RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps), in fp32)."""
 from __future__ import annotations
 
@@ -45,11 +46,15 @@ if HAS_TRITON:
             x = x * rstd * tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         i = offs % 8
         exponent = 227 - 4 * (i - 2 * (i >= 6).to(tl.int32))          # 127 + 100 - 4i (i < 6), 127 + 84, 127 + 80
-        planes = K // 8
-        tl.store(out_ptr + i * planes + offs // 8, x * (exponent << 23).to(tl.float32, bitcast=True), mask=mask)
+        RUN: tl.constexpr = RUN_K // 8
+        CHUNK: tl.constexpr = 8 * RUN + 4
+        at = (offs // RUN_K) * CHUNK + i * RUN + (offs % RUN_K) // 8
+        tl.store(out_ptr + at, x * (exponent << 23).to(tl.float32, bitcast=True), mask=mask)
         RUNS: tl.constexpr = BLOCK // RUN_K
         run = tl.program_id(0) * RUNS + tl.arange(0, RUNS)
-        tl.store(out_ptr + 8 * planes + run, tl.sum(tl.reshape(x, [RUNS, RUN_K]), axis=1), mask=run < K // RUN_K)
+        tail = tl.arange(0, 4)                                          # the sum, then zeros (the padding)
+        sums = tl.where(tail[None, :] == 0, tl.sum(tl.reshape(x, [RUNS, RUN_K]), axis=1)[:, None], 0.0)
+        tl.store(out_ptr + run[:, None] * CHUNK + 8 * RUN + tail[None, :], sums, mask=(run < K // RUN_K)[:, None])
 
 
 def run_length(group_size: int) -> int:
@@ -58,7 +63,8 @@ def run_length(group_size: int) -> int:
 
 
 def prepared_x_size(k: int, group_size: int) -> int:
-    return k + k // run_length(group_size)
+    run = run_length(group_size)
+    return k // run * (run + 4)
 
 
 def prepare_x_triton(x: torch.Tensor, group_size: int, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -80,7 +86,11 @@ def prepare_x_ref(x: torch.Tensor, group_size: int, norm_weight: torch.Tensor | 
     k = x.shape[0]
     if norm_weight is not None:
         x = x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.float()
+    run = run_length(group_size)
     i = torch.arange(8, device=x.device)
     exponent = 100 - 4 * (i - 2 * (i >= 6).long())                       # 2^100 ... 2^80, then 2^84, 2^80
-    planes = (x.view(k // 8, 8) * torch.exp2(exponent.float())).t().reshape(-1)       # [8 * K // 8]
-    return torch.cat([planes, x.view(-1, run_length(group_size)).sum(dim=1)])
+    scaled = x.view(k // run, run // 8, 8) * torch.exp2(exponent.float())              # [runs, words, 8]
+    planes = scaled.transpose(1, 2).reshape(k // run, run)                              # [runs, 8 planes x words]
+    tail = torch.zeros(k // run, 4, device=x.device)
+    tail[:, 0] = x.view(k // run, run).sum(dim=1)
+    return torch.cat([planes, tail], dim=1).reshape(-1)

@@ -118,7 +118,7 @@ if HAS_TRITON:
                     for bn, gpb, w, xpre in [(8, 4, 2, False), (16, 4, 4, False), (16, 8, 2, False), (4, 16, 4, True)]]
     _INT4_CONFIGS += _SUB_CONFIGS
     # XGLOBAL: the INT4_SUB loop on x prepared once per call (int4_prepared_x.py: x work out of the loop). Offline
-    # (sm90 SASS, Triton 3.6) bn4 gpb16 w4 takes 117 instructions per 16 weight bytes against 193 with XPRE, with no
+    # (sm90 SASS, Triton 3.6) bn4 gpb16 w4 takes 110 instructions per 16 weight bytes against 193 with XPRE, with no
     # shared-memory exchange, where each thread holds one 16-byte chunk of the step (all of these; two chunks
     # brought barriers back). Only the graph tuner weighs them (w4_gemv_triton launches the preparing kernel
     # before each), on one x row.
@@ -449,25 +449,27 @@ if HAS_TRITON:
 
     @triton.jit
     def _int4_sub_x_prepared(xp_ptr, row, g0, num_groups, WORDS: tl.constexpr, RUNS: tl.constexpr,
-                             GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
-        """XGLOBAL: x's step as int4_prepare_x wrote it (xp_ptr: its fp32 buffer) -> x_0..x_7 [BLOCK_N, GPB, WORDS]
+                             RUN: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        """XGLOBAL: x's step as int4_prepared_x wrote it (xp_ptr: its fp32 buffer) -> x_0..x_7 [BLOCK_N, GPB, WORDS]
         (k = 8w + i, scaled per nibble position; the shape and layout of the weight words, so each thread loads the
-        x of its own words: 16 contiguous bytes of a plane per x_i, no exchange) and the run sums [1, GPB, RUNS]."""
-        planes = num_groups * WORDS                                         # words in K: one plane's length
+        x of its own words: 16 contiguous bytes of its run's plane i per x_i, at constant offsets from one address,
+        no exchange) and the run sums [1, GPB, RUNS]."""
+        CHUNK: tl.constexpr = 8 * RUN + 4                                   # floats per run (int4_prepared_x)
         offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
-        word = offs_g[:, None] * WORDS + tl.arange(0, WORDS)[None, :]                       # [GPB, WORDS]
-        at = xp_ptr + (word[None, :, :] + 0 * row[:, None, None])                           # [BLOCK_N, GPB, WORDS]
-        runs_at = xp_ptr + 8 * planes + offs_g[:, None] * RUNS + tl.arange(0, RUNS)[None, :]  # [GPB, RUNS]
+        j = tl.arange(0, WORDS)
+        word_at = (offs_g[:, None] * RUNS + (j // RUN)[None, :]) * CHUNK + (j % RUN)[None, :]     # [GPB, WORDS]
+        at = xp_ptr + (word_at[None, :, :] + 0 * row[:, None, None])                       # [BLOCK_N, GPB, WORDS]
+        runs_at = xp_ptr + (offs_g[:, None] * RUNS + tl.arange(0, RUNS)[None, :]) * CHUNK + 8 * RUN  # [GPB, RUNS]
         mask = (offs_g < num_groups)[None, :, None]
         MASK: tl.constexpr = not EVEN
         x0 = masked_load(at, mask, MASK)
-        x1 = masked_load(at + planes, mask, MASK)
-        x2 = masked_load(at + 2 * planes, mask, MASK)
-        x3 = masked_load(at + 3 * planes, mask, MASK)
-        x4 = masked_load(at + 4 * planes, mask, MASK)
-        x5 = masked_load(at + 5 * planes, mask, MASK)
-        x6 = masked_load(at + 6 * planes, mask, MASK)
-        x7 = masked_load(at + 7 * planes, mask, MASK)
+        x1 = masked_load(at + RUN, mask, MASK)
+        x2 = masked_load(at + 2 * RUN, mask, MASK)
+        x3 = masked_load(at + 3 * RUN, mask, MASK)
+        x4 = masked_load(at + 4 * RUN, mask, MASK)
+        x5 = masked_load(at + 5 * RUN, mask, MASK)
+        x6 = masked_load(at + 6 * RUN, mask, MASK)
+        x7 = masked_load(at + 7 * RUN, mask, MASK)
         x_sum = masked_load(runs_at, (offs_g < num_groups)[:, None], MASK)[None]
         return x0, x1, x2, x3, x4, x5, x6, x7, x_sum
 
@@ -478,14 +480,14 @@ if HAS_TRITON:
                        GATED: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr, NORM: tl.constexpr,
                        XGLOBAL: tl.constexpr):
         """_int4_sub_dot's math for the step of groups g0 .. g0 + GPB on its loads (_int4_sub_step_loads) -> the
-        accumulators acc, acc_low, up, up_low and sumsq, updated. XGLOBAL: x comes prepared (int4_prepare_x) and
+        accumulators acc, acc_low, up, up_low and sumsq, updated. XGLOBAL: x comes prepared (int4_prepared_x) and
         is loaded here."""
         g_raw = step_x                                                      # (NORM only)
         if NORM:
             g_raw = _int4_sub_x_load(g_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
         if XGLOBAL:
             x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_prepared(x_row_ptr, row, g0, num_groups, WORDS, RUNS,
-                                                                         GROUPS_PER_BLOCK, EVEN)
+                                                                         RUN, GROUPS_PER_BLOCK, EVEN)
             step_sq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
         elif XPRE:
             x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_flat(step_x, g_raw, GROUP, WORDS, RUNS, RUN,
@@ -520,7 +522,7 @@ if HAS_TRITON:
         weight rows (the tuner's prune checks). NORM: x times the norm weight g_ptr (loaded with x's layout at each
         step, not prefetched: every program reads the same K values, from L2) -> also the raw x's sum of squares,
         for the epilogue's rstd (gemv.fused_epilogue). PDL: launched with programmatic dependent launch (gemv.py); the
-        first step's weight loads come before the wait. XGLOBAL: x_row_ptr is x prepared by int4_prepare_x (its
+        first step's weight loads come before the wait. XGLOBAL: x_row_ptr is x prepared by int4_prepared_x (its
         norm applied, converted, scaled per nibble position, summed per run: no x work in the loop; not with
         PREFETCH, XPRE or NORM)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
