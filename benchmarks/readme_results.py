@@ -434,7 +434,8 @@ def xglobal_sentence(early: dict, xglobal: dict) -> str:
             f"([{ms(early)}](benchmarks/results/quant-bf16-int4-early-weight-loads-llama-7b-h200.json)), and the "
             "INT4_SUB loop can read x prepared once per call by a small kernel before it (`kernels/int4_prepared_x.py`: "
             "the norm, fp32, the scaling per nibble position and the run sums out of the loop, 117 SASS instructions "
-            "per 16 weight bytes against 193, no shared-memory exchange). The graph tuner took it on "
+            "per 16 weight bytes against 193 at the measured commit, no shared-memory exchange). The graph tuner took "
+            "it on "
             f"{len(picks)} of the 4 linears (qkv and gate/up, "
             + ", ".join(f"{p['fastest_us'][0][1]} us" for p in picks) + " with the preparing kernel): "
             f"[{ms(xglobal)}](benchmarks/results/quant-bf16-int4-xglobal-llama-7b-h200.json).")
