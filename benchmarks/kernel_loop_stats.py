@@ -62,7 +62,8 @@ def kernels(args) -> dict:
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "GATED": args.gated, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False, "INT4_SUB": args.sub,
-                     "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal}),
+                     "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal,
+                     "PAIRED": args.paired}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -121,6 +122,8 @@ def main() -> int:
                         help="w4_gemv --row --sub: the next step's loads before this step's math (PREFETCH)")
     parser.add_argument("--xglobal", action="store_true",
                         help="w4_gemv --row --sub: x prepared by int4_prepared_x.py (XGLOBAL)")
+    parser.add_argument("--paired", action="store_true",
+                        help="w4_gemv --row --sub --xglobal: two rows per thread, the weight's halves (PAIRED)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)
@@ -131,7 +134,7 @@ def main() -> int:
     mix, conversions, registers = loop_stats(fn, arguments, constexprs, args.warps, args.stages)
     weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}.get(
         args.kernel, 0) or 16 * 32 * args.unroll * args.warps                      # w4_mma: 16 rows per warp group
-    weight_bytes *= 2 if args.gated else 1                                         # the gate and the up rows
+    weight_bytes *= 2 if args.gated or args.paired else 1                         # gate and up rows, or halves
     per_thread = weight_bytes / (32 * args.warps)
     print(f"{args.kernel}: {sum(mix.values())} SASS instructions per loop iteration (per thread), "
           f"{per_thread:g} weight bytes per thread per iteration, {registers} registers per thread")

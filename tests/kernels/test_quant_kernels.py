@@ -268,24 +268,27 @@ def test_prepared_x_matches_its_reference(group, norm):
 
 
 @pytest.mark.parametrize("n,k", [(24, 256), (19, 384)])                 # whole blocks (EVEN), partial ones
-@pytest.mark.parametrize("gated,norm", [(False, False), (True, False), (False, True), (True, True)],
-                         ids=["residual", "gated", "norm_residual", "norm_gated"])
-def test_int4_sub_loop_on_prepared_x(n, k, gated, norm):
+@pytest.mark.parametrize("gated,norm,paired", [(False, False, False), (True, False, False), (False, True, False),
+                                               (True, True, False), (False, False, True), (False, True, True)],
+                         ids=["residual", "gated", "norm_residual", "norm_gated", "paired", "norm_paired"])
+def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired):
     """XGLOBAL: the INT4_SUB loop on x prepared by int4_prepared_x's kernel (its norm applied there, no x work in
     the loop) against the norm and the int4 linear in fp32: gated or adding into the residual, ragged row and group
-    blocks."""
+    blocks; PAIRED: each program also takes the rows of the weight's second half (2n rows here)."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_prepared_x import prepare_x_triton
     from tierllm.quant.formats import dequantize_int4
 
     quant = QuantConfig(bits=4, group_size=64)
-    w, bias = _quantized(2 * n if gated else n, k, quant, seed=71)
+    out_rows = 2 * n if paired else n
+    w, bias = _quantized(2 * n if gated or paired else n, k, quant, seed=71)
     x = 2 * _x(1, k, torch.float16, seed=72)
     g = (1 + 0.5 * _x(1, k, torch.float16, seed=73)).reshape(k) if norm else None
-    y = torch.empty(1, n, dtype=torch.float16, device=DEVICE) if gated else _x(1, n, torch.float16, seed=74)
+    y = torch.empty(1, n, dtype=torch.float16, device=DEVICE) if gated else _x(1, out_rows, torch.float16, seed=74)
     start = y.clone()
     flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": gated, "RESIDUAL": not gated,
-             "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "BLOCK_N": 8, "GROUPS_PER_BLOCK": 2}
+             "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "BLOCK_N": 8,
+             "GROUPS_PER_BLOCK": 2}
     x_prepared = prepare_x_triton(x, 64, g)
     quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 8))](
         x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,
@@ -312,7 +315,8 @@ def test_w4_gemv_graph_tuned(monkeypatch, gated):
     kept = [c for c in quant_gemv._INT4_CONFIGS if not (interpreted and c.kwargs.get("NIBBLES") == 2)]
     assert any(c.kwargs.get("INT4_SUB") for c in kept)
     assert len(kept) < len(quant_gemv._INT4_CONFIGS) if interpreted else kept == quant_gemv._INT4_CONFIGS
-    kept += quant_gemv._PREPARED_CONFIGS                 # one row: the loop on x prepared by a kernel before it too
+    kept += quant_gemv._PREPARED_CONFIGS + ([] if gated else quant_gemv._PAIRED_CONFIGS)   # one row: the loop on x
+    # prepared by a kernel before it too (PAIRED for the ungated linear: 20 rows are two halves of 10)
     fastest = kept[-1]                                   # (so its launch, with the preparing kernel, is checked)
     timed = []
 

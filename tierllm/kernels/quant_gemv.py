@@ -125,6 +125,11 @@ if HAS_TRITON:
     _PREPARED_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
                                         "XGLOBAL": True}, num_warps=w, num_stages=1)
                          for bn, gpb, w in [(4, 16, 4), (8, 4, 2), (16, 4, 4), (8, 8, 4), (4, 8, 2), (16, 8, 8)]]
+    # PAIRED: the same loop taking two rows per thread at the same k for a linear without gating (the second half
+    # of the rows, as gate/up's gated loop takes the up rows), so one thread's x loads serve twice the weight bytes:
+    # offline (as above) 191 instructions per 32 bytes against 2 x 110 at bn4 gpb16 w4, and half the x traffic
+    _PAIRED_CONFIGS = [triton.Config({**c.kwargs, "PAIRED": True}, num_warps=c.num_warps, num_stages=1)
+                       for c in _PREPARED_CONFIGS[:4]]
 
     def _prune_int4(configs, named_args, **kwargs):
         """INT4_ROW configs only where they apply: one x row, x rows at 4-byte boundaries (it reads x as int32
@@ -587,13 +592,14 @@ if HAS_TRITON:
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
                       INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                      XGLOBAL: tl.constexpr = False):
+                      XGLOBAL: tl.constexpr = False, PAIRED: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
         launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
         before as it starts, except in the INT4_SUB loop, which loads its first step's weights before the wait, as
-        gemv.py's loops do."""
+        gemv.py's loops do. PAIRED (INT4_SUB, not GATED): N is half the weight's rows, and each program also takes
+        the rows N further, as GATED takes the up rows (the same x for both, loaded once), into y's second half."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -603,14 +609,14 @@ if HAS_TRITON:
         offs_j = tl.arange(0, half)
         num_groups = K // GROUP
         row = offs_n.to(tl.int64)
-        row_up = (offs_n + N).to(tl.int64)                          # GATED: the up rows
+        row_up = (offs_n + N).to(tl.int64)                          # GATED: the up rows (PAIRED: the second half)
         acc = tl.zeros([BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
         if INT4_ROW and INT4_SUB:
             dot, dot_up, sub_sumsq = _int4_sub_dot(x_ptr + m * stride_xm, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up,
-                                                   n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED, BLOCK_N,
-                                                   GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL, XGLOBAL)
+                                                   n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED or PAIRED,
+                                                   BLOCK_N, GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL, XGLOBAL)
             acc += dot
             acc_up += dot_up
             sumsq += sub_sumsq
@@ -644,9 +650,18 @@ if HAS_TRITON:
                                             stride_sn, HAS_MINS)
         acc = fused_epilogue(acc, acc_up, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS,
                              NORM, GATED)
-        if RESIDUAL:                                     # y_ptr is the residual: read, add, write back in place
-            acc += tl.load(y_ptr + m * stride_ym + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+        _w4_store(acc, y_ptr + m * stride_ym, offs_n, n_mask, RESIDUAL)
+        if PAIRED:                                       # the second half's rows, N further
+            acc_up = fused_epilogue(acc_up, acc_up, tl.sum(sumsq, axis=0), b_ptr + N, offs_n, n_mask, N, K, eps,
+                                    HAS_BIAS, NORM, False)
+            _w4_store(acc_up, y_ptr + m * stride_ym + N, offs_n, n_mask, RESIDUAL)
+
+    @triton.jit
+    def _w4_store(acc, y_row_ptr, offs_n, n_mask, RESIDUAL: tl.constexpr):
+        """acc [BLOCK_N] fp32 -> y_row_ptr[offs_n]; RESIDUAL: y is the residual, read, added to, written back."""
+        if RESIDUAL:
+            acc += tl.load(y_row_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(y_row_ptr + offs_n, acc.to(y_row_ptr.dtype.element_ty), mask=n_mask)
 
     def w4_even(args: dict) -> bool:
         """_w4_gemv_body's EVEN for a launch: whole BLOCK_N row blocks and whole GROUPS_PER_BLOCK group blocks."""
@@ -694,11 +709,11 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     n = y.shape[1]
     m_bucket = triton.next_power_of_2(m)
 
-    def args(w: torch.Tensor, out: torch.Tensor, x_in: torch.Tensor = x,
-             norm: torch.Tensor | None = norm_weight) -> tuple:
+    def args(w: torch.Tensor, out: torch.Tensor, x_in: torch.Tensor = x, norm: torch.Tensor | None = norm_weight,
+             rows: int = n) -> tuple:
         return (x_in, w, scales, mins if mins is not None else scales, bias if bias is not None else scales,
-                norm if norm is not None else scales, out, m_bucket, n, k, x_in.stride(0) if x_in.dim() > 1 else 0,
-                w.stride(0), scales.stride(0), out.stride(0), eps)
+                norm if norm is not None else scales, out, m_bucket, rows, k,
+                x_in.stride(0) if x_in.dim() > 1 else 0, w.stride(0), scales.stride(0), out.stride(0), eps)
 
     flags = {"GROUP": group_size, "HAS_MINS": mins is not None, "HAS_BIAS": bias is not None,
              "NORM": norm_weight is not None, "GATED": gated, "RESIDUAL": residual is not None}
@@ -719,10 +734,11 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                 return w4_mma_gemv(x, w, scales, mins, bias, gated=gated, pdl=pdl,
                                    residual=out if residual is not None else None,
                                    config={name: v for name, v in config.kwargs.items() if name != TENSOR_CORES})
-            grid = (m, triton.cdiv(n, config.kwargs["BLOCK_N"]))
+            rows = n // 2 if config.kwargs.get("PAIRED") else n                # (PAIRED: each program's half)
+            grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
             if config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x
                 x_prepared = prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl)
-                _w4_gemv_even[grid](*args(w, out, x_prepared, None), **{**flags, "NORM": False},
+                _w4_gemv_even[grid](*args(w, out, x_prepared, None, rows), **{**flags, "NORM": False},
                                     **config.all_kwargs(), **pdl_options(x, pdl))
             else:
                 _w4_gemv_even[grid](*args(w, out), **flags, **config.all_kwargs(), **pdl_options(x, pdl))
@@ -738,7 +754,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                 configs += [triton.Config({**c.kwargs, TENSOR_CORES: True}, num_warps=c.num_warps, num_stages=1)
                             for c in w4_mma_tuned_configs(n, k)]
             if prepared:
-                configs += _PREPARED_CONFIGS
+                configs += _PREPARED_CONFIGS + (_PAIRED_CONFIGS if not gated and n % 2 == 0 else [])
             config = _w4_graph_tuner.pick(key, lambda config, w: launch(config, w, scratch), qweight, m_bucket,
                                           configs=configs)
         return launch(config, qweight)
