@@ -101,10 +101,10 @@ case "$part" in
   batch1)
     # (a selection that compiles in time on a cold machine; `mma` runs the tensor-core GEMV's tests, whose cold
     # compiles alone took over 200 s on an H200)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
         -k "prepared or subnormal_loop or norm_prologue or tuned_on_gpu" 2>&1 \
         | tee "$OUT/gpu-tests-int4-batch1.log" | tail -3
-    timeout 380 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 1 --no-kernel-table \
+    timeout 430 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 1 --no-kernel-table \
         --out "$OUT/quant-int4-batch1.json" 2>&1 | grep -v -i warn | tail -8
     ;;
   mma-ncu)
