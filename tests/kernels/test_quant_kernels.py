@@ -254,8 +254,9 @@ def test_int4_sub_loop_with_the_norm_prologue(gated, xpre, prefetch):
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "norm"])
 def test_prepared_x_matches_its_reference(group, norm):
-    """int4_prepared_x's kernel (x's planes per nibble position, scaled, then its run sums; the norm applied first
-    where a norm weight is given) against its torch form, K not a whole number of the kernel's blocks."""
+    """int4_prepared_x's kernel (per run of k: x's planes per nibble position, scaled, then the run's sum and
+    zero padding; the norm applied first where a norm weight is given) against its torch form, K not a whole number
+    of the kernel's blocks."""
     from tierllm.kernels import int4_prepared_x
 
     k = 1280
@@ -349,8 +350,8 @@ def test_w4_gemv_graph_tuned(monkeypatch, gated):
 @pytest.mark.parametrize("gated", [False, True], ids=["residual", "gated"])
 def test_w4_gemv_graph_tuned_on_gpu(monkeypatch, gated):
     """The int4 GEMV under TIERLLM_GEMV_TUNER=graph with real CUDA-graph timings and PDL launches (the inline-PTX,
-    INT4_SUB, XGLOBAL and tensor-core configs among them): a config is picked and remembered, the result matches the
-    reference, the residual gets the product once."""
+    INT4_SUB, XGLOBAL, PAIRED and tensor-core configs among them): a config is picked and remembered, the result
+    matches the reference, the residual gets the product once."""
     n, k, quant = 300, 1024, QuantConfig(bits=4, group_size=64)
     w, _ = _quantized(2 * n if gated else n, k, quant, seed=43)
     x = _x(1, k, torch.bfloat16, seed=44)
@@ -362,7 +363,8 @@ def test_w4_gemv_graph_tuned_on_gpu(monkeypatch, gated):
                                        quant.group_size), 1, n,
                      {"gated": True} if gated else _fusion_inputs("residual", 1, n, k, torch.bfloat16, seed=7))
     [config] = quant_gemv._w4_graph_tuner.cache.values()
-    assert config in quant_gemv._INT4_CONFIGS + quant_gemv._PREPARED_CONFIGS or config.kwargs[quant_gemv.TENSOR_CORES]
+    assert (config in quant_gemv._INT4_CONFIGS + quant_gemv._PREPARED_CONFIGS + quant_gemv._PAIRED_CONFIGS
+            or config.kwargs.get(quant_gemv.TENSOR_CORES))
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
