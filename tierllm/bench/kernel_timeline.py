@@ -9,17 +9,19 @@ import json
 import statistics
 from pathlib import Path
 
-STEP_END = "void at::native::reduce_kernel"      # the sampling's argmax ends each decode step
+# the greedy pick ends each decode step: kernels/greedy.py's kernel, or torch's argmax (its reduce kernel) before it
+STEP_ENDS = ("_greedy_kernel", "void at::native::reduce_kernel")
 
 
 def decode_timeline(kernels: list) -> dict:
     """kernels: [(start_us, duration_us, name)] sorted by start, covering several decode steps, each ending with the
-    argmax's reduce kernel -> the table over the whole steps between the second and the last such kernel (the first
-    step after the prompt may still tune or capture)."""
-    ends = [i for i, (_, _, name) in enumerate(kernels) if name.startswith(STEP_END)]
+    greedy pick (STEP_ENDS) -> the table over the whole steps between the second and the last such kernel (the
+    first step after the prompt may still tune or capture)."""
+    ends = [i for i, (_, _, name) in enumerate(kernels) if name.startswith(STEP_ENDS)]
     steps = [kernels[a + 1:b + 1] for a, b in zip(ends[1:], ends[2:], strict=False)]
     if not steps:
-        raise ValueError(f"the timeline holds {len(ends)} step ends ({STEP_END}); three or more are needed")
+        raise ValueError(f"the timeline holds {len(ends)} step ends ({' or '.join(STEP_ENDS)}); three or more are "
+                         "needed")
     by_name: dict[str, dict] = {}
     for step in steps:
         last_end = step[0][0]

@@ -358,10 +358,10 @@ if HAS_TRITON:
     @triton.jit
     def _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP: tl.constexpr, WORDS: tl.constexpr,
                          GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, GUARD: tl.constexpr,
-                         XPRE: tl.constexpr, XGLOBAL: tl.constexpr = False):
+                         XPRE: tl.constexpr):
         """x's raw values for the step of groups g0 .. g0 + GPB: XPRE flat [GPB, GROUP] (each element once per
         program), else as each thread reads them [GPB, WORDS, 4] (int32 words of two). GUARD: as
-        _int4_sub_loads'. XGLOBAL: none (a placeholder: _int4_sub_x_prepared loads x in the step)."""
+        _int4_sub_loads'."""
         offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
         if XPRE:
             ptrs = x_row_ptr + offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]          # [GPB, GROUP]
@@ -370,9 +370,7 @@ if HAS_TRITON:
             word = offs_g[:, None] * WORDS + tl.arange(0, WORDS)[None, :]                   # [GPB, WORDS]
             ptrs = x_row_ptr.to(tl.pointer_type(tl.int32)) + 4 * word[:, :, None] + tl.arange(0, 4)[None, None, :]
             g_mask = (offs_g < num_groups)[:, None, None]
-        if XGLOBAL:
-            x_raw = tl.zeros([1], tl.float32)
-        elif EVEN and not GUARD:
+        if EVEN and not GUARD:
             x_raw = tl.load(ptrs)
         else:
             x_raw = tl.load(ptrs, mask=g_mask, other=0)
@@ -548,8 +546,10 @@ if HAS_TRITON:
             HAS_MINS, GATED, EVEN, False)
         if PDL:
             gdc_wait()
-        x_raw = _int4_sub_x_load(x_row_ptr, 0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE,
-                                 XGLOBAL)
+        if XGLOBAL:                                 # (a placeholder: _int4_sub_x_prepared loads x in each step)
+            x_raw = tl.zeros([1], tl.float32)
+        else:
+            x_raw = _int4_sub_x_load(x_row_ptr, 0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
         if PREFETCH:
             for g0 in range(0, num_groups, GROUPS_PER_BLOCK):
                 # this step's loads came with the last step; the next step's now
