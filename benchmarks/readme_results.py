@@ -441,6 +441,17 @@ def xglobal_sentence(early: dict, xglobal: dict) -> str:
             f"[{ms(xglobal)}](benchmarks/results/quant-bf16-int4-xglobal-llama-7b-h200.json).")
 
 
+def greedy_sentence(doc: dict) -> str:
+    """The one-kernel greedy pick against the sampler's former eager chain (benchmarks/greedy_sampling.py)."""
+    rows = [r for r in doc["results"]["rows"] if r["rows"] == 1]
+    return ("Between decode steps the greedy token now comes from one kernel (`kernels/greedy.py`) instead of an "
+            "fp32 copy of the logits, an index_put of the banned stop ids and torch's argmax: one row, each in a CUDA "
+            "graph on an H200, " + ", ".join(
+                f"vocabulary {r['vocab']}: {min(r['kernel_us_by_block_x_warps'].values()):.2f} us against "
+                f"{r['eager_chain_us']}" for r in rows)
+            + " ([JSON](benchmarks/results/greedy-sampling-h200.json)); not yet measured end to end.")
+
+
 def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200: dict,
                   h200_rerun: dict, int8_row_runs: list[dict], int8_row_grid: dict, sum16: str,
                   int4_h200: str) -> list[str]:
@@ -562,7 +573,8 @@ def main() -> None:
                                          results("w4-mma-grid-loop-stages-h200.json"))
                                      + " " + xglobal_sentence(
                                          results("quant-bf16-int4-early-weight-loads-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-xglobal-llama-7b-h200.json"))))
+                                         results("quant-bf16-int4-xglobal-llama-7b-h200.json"))
+                                     + " " + greedy_sentence(results("greedy-sampling-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
