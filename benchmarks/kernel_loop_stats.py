@@ -33,7 +33,7 @@ FUSIONS = {"HAS_BIAS": False, "NORM": False, "GATED": False, "RESIDUAL": False}
 
 def kernels(args) -> dict:
     """name -> (jit function, [(argument, type)], constexprs)."""
-    w4_args = [("x_ptr", "*fp32" if args.xglobal else "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"),
+    w4_args = [("x_ptr", "*fp32" if args.xglobal or args.xhalf else "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"),
                ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
                ("g_ptr", "*fp16"), ("y_ptr", "*bf16"), ("M_BUCKET", "i32"), ("N", "i32"), ("K", "i32"),
                ("stride_xm", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"), ("stride_ym", "i32"), ("eps", "fp32")]
@@ -62,8 +62,8 @@ def kernels(args) -> dict:
                     {"GROUP": 64, "HAS_MINS": True, **FUSIONS, "GATED": args.gated, "BLOCK_N": args.block_n,
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False, "INT4_SUB": args.sub,
-                     "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal,
-                     "PAIRED": args.paired}),
+                     "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal or args.xhalf,
+                     "PAIRED": args.paired, "XHALF": args.xhalf}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -124,6 +124,8 @@ def main() -> int:
                         help="w4_gemv --row --sub: x prepared by int4_prepared_x.py (XGLOBAL)")
     parser.add_argument("--paired", action="store_true",
                         help="w4_gemv --row --sub --xglobal: two rows per thread, the weight's halves (PAIRED)")
+    parser.add_argument("--xhalf", action="store_true",
+                        help="w4_gemv --row --sub: XGLOBAL with the products in packed fp16 (XHALF)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=2)

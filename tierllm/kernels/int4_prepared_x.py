@@ -14,12 +14,26 @@ floats (16-byte aligned), so that every load of a thread's step has a constant o
     nibbles_as_subnormals' exponent of nibble position i: 2^100, 2^96, ..., 2^80, then 2^84, 2^80 for the shifted
     top byte);
   - the run's sum of the unscaled x, then 3 floats of padding.
-x is x * rstd * g first where a norm weight g is given (RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps), in fp32)."""
+x is x * rstd * g first where a norm weight g is given (RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps), in fp32).
+
+The half layout (XHALF: the loop's products in packed fp16 pairs, one HFMA2 per two codes) holds per run of RUN_K =
+32 k (4 words) a chunk of 20 words (80 bytes):
+  - 4 planes of 4 words, each word a pair of fp16: plane p, word w holds (X[8w + p], X[8w + p + 4]), the two codes
+    one AND with 0x000F000F (p even) or 0x00F000F0 (p odd) of the weight word, shifted 8 bits first for p >= 2,
+    leaves in place as fp16 subnormals (code * 2^-24, or 16 * code * 2^-24 for the high nibbles of p odd);
+  - X = x * 2^s (divided by 16 for p odd), s per run such that the run's largest |x| * 2^s lies in [2^14, 2^15):
+    each fp16 product code * X * 2^-24 then stays within 2^-5, and a thread's sum of 16 of them below 0.5;
+  - the run's factor 2^(24 - s) (fp32), which takes its fp16 sums back to code . x, then its sum of the unscaled x
+    (fp32), then 2 words of padding.
+x in magnitude at most 2^110 (the factor stays a normal fp32)."""
 from __future__ import annotations
 
 import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options
+
+HALF_RUN_K = 32            # k per run of the half layout (module doc)
+HALF_CHUNK = 20            # fp32 words per run of the half layout: 4 planes of 4 words, the factor, the sum, padding
 
 if HAS_TRITON:
     import triton
@@ -27,14 +41,13 @@ if HAS_TRITON:
 
     from tierllm.kernels._dispatch import pdl_start
 
+    _RUN_K = tl.constexpr(HALF_RUN_K)
+    _CHUNK = tl.constexpr(HALF_CHUNK)
+
     @triton.jit
-    def _prepare_x_kernel(x_ptr, g_ptr, out_ptr, K, eps, NORM: tl.constexpr, RUN_K: tl.constexpr,
-                          BLOCK: tl.constexpr, PDL: tl.constexpr):
-        """Program p writes k = p * BLOCK .. + BLOCK of the buffer's planes and their run sums; with NORM each first
-        sums the whole row's squares (from L2: a row is 8-22 KB)."""
-        pdl_start(PDL)
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < K
+    def _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM: tl.constexpr, BLOCK: tl.constexpr):
+        """x[offs] in fp32, times rstd * g[offs] with NORM (each program first sums the whole row's squares, from L2:
+        a row is 8-22 KB)."""
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)                    # [BLOCK]
         if NORM:
             squares = tl.zeros([BLOCK], tl.float32)
@@ -44,6 +57,16 @@ if HAS_TRITON:
                 squares += part * part
             rstd = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
             x = x * rstd * tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        return x
+
+    @triton.jit
+    def _prepare_x_kernel(x_ptr, g_ptr, out_ptr, K, eps, NORM: tl.constexpr, RUN_K: tl.constexpr,
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """Program p writes k = p * BLOCK .. + BLOCK of the buffer's planes and their run sums."""
+        pdl_start(PDL)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < K
+        x = _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM, BLOCK)                       # [BLOCK] fp32
         i = offs % 8
         exponent = 227 - 4 * (i - 2 * (i >= 6).to(tl.int32))          # 127 + 100 - 4i (i < 6), 127 + 84, 127 + 80
         RUN: tl.constexpr = RUN_K // 8
@@ -55,6 +78,34 @@ if HAS_TRITON:
         tail = tl.arange(0, 4)                                          # the sum, then zeros (the padding)
         sums = tl.where(tail[None, :] == 0, tl.sum(tl.reshape(x, [RUNS, RUN_K]), axis=1)[:, None], 0.0)
         tl.store(out_ptr + run[:, None] * CHUNK + 8 * RUN + tail[None, :], sums, mask=(run < K // RUN_K)[:, None])
+
+    @triton.jit
+    def _prepare_x_half_kernel(x_ptr, g_ptr, half_ptr, word_ptr, K, eps, NORM: tl.constexpr, BLOCK: tl.constexpr,
+                               PDL: tl.constexpr):
+        """The half layout (module doc) of k = p * BLOCK .. + BLOCK: half_ptr and word_ptr are the buffer as fp16
+        and as fp32."""
+        pdl_start(PDL)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < K
+        x = _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM, BLOCK)                       # [BLOCK] fp32
+        RUNS: tl.constexpr = BLOCK // _RUN_K
+        runs = tl.reshape(x, [RUNS, _RUN_K])
+        largest = tl.max(tl.abs(runs), axis=1)                                             # [RUNS]
+        exponent = ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127              # floor(log2), normal
+        exponent = tl.minimum(tl.maximum(exponent, -100), 110)
+        up = ((141 - exponent) << 23).to(tl.float32, bitcast=True)                         # 2^s, s = 14 - exponent
+        i = offs % 8
+        sixteenth = tl.where(i % 2 == 1, 0.0625, 1.0)                                      # the high nibbles' codes
+        scaled = tl.reshape(runs * up[:, None], [BLOCK]) * sixteenth                       # are 16x theirs
+        # the fp16 index: the run's chunk, plane i % 4, the word in the run, the half (i // 4)
+        at = 2 * ((offs // _RUN_K) * _CHUNK + (i % 4) * 4 + (offs % _RUN_K) // 8) + i // 4
+        tl.store(half_ptr + at, scaled.to(tl.float16), mask=mask)
+        first = tl.program_id(0) * RUNS + tl.arange(0, RUNS)
+        tail = tl.arange(0, 4)                                              # the factor, the sum, then padding
+        factor = ((137 + exponent) << 23).to(tl.float32, bitcast=True)                     # 2^(24 - s)
+        meta = tl.where(tail[None, :] == 0, factor[:, None],
+                        tl.where(tail[None, :] == 1, tl.sum(runs, axis=1)[:, None], 0.0))
+        tl.store(word_ptr + first[:, None] * _CHUNK + 16 + tail[None, :], meta, mask=(first < K // _RUN_K)[:, None])
 
 
 def run_length(group_size: int) -> int:
@@ -93,4 +144,43 @@ def prepare_x_ref(x: torch.Tensor, group_size: int, norm_weight: torch.Tensor | 
     planes = scaled.transpose(1, 2).reshape(k // run, run)                              # [runs, 8 planes x words]
     tail = torch.zeros(k // run, 4, device=x.device)
     tail[:, 0] = x.view(k // run, run).sum(dim=1)
+    return torch.cat([planes, tail], dim=1).reshape(-1)
+
+
+def prepared_x_half_size(k: int) -> int:
+    """fp32 words of the half layout for K (a multiple of HALF_RUN_K)."""
+    return k // HALF_RUN_K * HALF_CHUNK
+
+
+def prepare_x_half_triton(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                          pdl: bool = False) -> torch.Tensor:
+    """x: [1, K] or [K] (contiguous, K a multiple of 32) -> the half layout (module doc), fp32 words
+    [prepared_x_half_size]."""
+    k = x.shape[-1]
+    out = torch.empty(prepared_x_half_size(k), dtype=torch.float32, device=x.device)
+    block = 1024
+    _prepare_x_half_kernel[(triton.cdiv(k, block),)](x, norm_weight if norm_weight is not None else x,
+                                                     out.view(torch.float16), out, k, eps,
+                                                     NORM=norm_weight is not None, BLOCK=block, num_warps=4,
+                                                     **pdl_options(x, pdl))
+    return out
+
+
+def prepare_x_half_ref(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """The same buffer from torch ops."""
+    x = x.reshape(-1).float()
+    k = x.shape[0]
+    if norm_weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.float()
+    runs = x.view(k // HALF_RUN_K, 4, 8)                                                  # [runs, words, i]
+    exponent = torch.frexp(runs.abs().amax(dim=(1, 2)))[1] - 1                             # floor(log2)
+    exponent = torch.where(runs.abs().amax(dim=(1, 2)) > 0, exponent, torch.full_like(exponent, -100))
+    exponent = exponent.clamp(-100, 110)
+    sixteenth = torch.tensor([1.0, 0.0625] * 4, device=x.device)
+    scaled = (runs * torch.exp2(14.0 - exponent.float())[:, None, None] * sixteenth).half()
+    pairs = torch.stack([scaled[:, :, :4], scaled[:, :, 4:]], dim=-1)                     # [runs, words, p, half]
+    planes = pairs.transpose(1, 2).reshape(k // HALF_RUN_K, 32).view(torch.float32)        # [runs, 16 words]
+    tail = torch.zeros(k // HALF_RUN_K, 4, device=x.device)
+    tail[:, 0] = torch.exp2(10.0 + exponent.float())
+    tail[:, 1] = runs.sum(dim=(1, 2))
     return torch.cat([planes, tail], dim=1).reshape(-1)

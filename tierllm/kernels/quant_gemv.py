@@ -25,7 +25,7 @@ from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
-from tierllm.kernels.int4_prepared_x import prepare_x_triton
+from tierllm.kernels.int4_prepared_x import HALF_RUN_K, prepare_x_half_triton, prepare_x_triton
 from tierllm.kernels.w4_mma_gemv import tuned_configs as w4_mma_tuned_configs
 from tierllm.kernels.w4_mma_gemv import w4_mma_gemv, w4_mma_supported
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
@@ -45,6 +45,7 @@ if HAS_TRITON:
 
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
+    from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
     from tierllm.kernels.w4_mma_gemv import masked_load
 
     @triton.jit
@@ -130,6 +131,19 @@ if HAS_TRITON:
     # offline (as above) 191 instructions per 32 bytes against 2 x 110 at bn4 gpb16 w4, and half the x traffic
     _PAIRED_CONFIGS = [triton.Config({**c.kwargs, "PAIRED": True}, num_warps=c.num_warps, num_stages=1)
                        for c in _PREPARED_CONFIGS[:4]]
+    # XHALF: those loops with the products in packed fp16 (int4_half_dot.py) on x in int4_prepared_x's half layout:
+    # one AND and one HFMA2 per two codes, and half the x bytes
+    _HALF_CONFIGS = [triton.Config({**c.kwargs, "XHALF": True}, num_warps=c.num_warps, num_stages=1)
+                     for c in _PREPARED_CONFIGS[:4] + _PAIRED_CONFIGS]
+
+    def prepared_configs(n: int, group_size: int, gated: bool) -> list:
+        """The graph tuner's XGLOBAL configs for one x row on n output rows: PAIRED ones for an ungated linear of
+        an even row count, XHALF ones where a thread's run is 4 words (groups of 32 codes or more)."""
+        paired_ok = not gated and n % 2 == 0
+        configs = _PREPARED_CONFIGS + (_PAIRED_CONFIGS if paired_ok else [])
+        if group_size % HALF_RUN_K == 0:
+            configs += [c for c in _HALF_CONFIGS if paired_ok or not c.kwargs.get("PAIRED")]
+        return configs
 
     def _prune_int4(configs, named_args, **kwargs):
         """INT4_ROW configs only where they apply: one x row, x rows at 4-byte boundaries (it reads x as int32
@@ -481,29 +495,38 @@ if HAS_TRITON:
                        step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP: tl.constexpr,
                        WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
                        GATED: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr, NORM: tl.constexpr,
-                       XGLOBAL: tl.constexpr):
+                       XGLOBAL: tl.constexpr, XHALF: tl.constexpr, EMULATE: tl.constexpr):
         """_int4_sub_dot's math for the step of groups g0 .. g0 + GPB on its loads (_int4_sub_step_loads) -> the
         accumulators acc, acc_low, up, up_low and sumsq, updated. XGLOBAL: x comes prepared (int4_prepared_x) and
-        is loaded here."""
+        is loaded here; XHALF: in the half layout, for int4_half_dot's packed fp16 products."""
         g_raw = step_x                                                      # (NORM only)
         if NORM:
             g_raw = _int4_sub_x_load(g_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
-        if XGLOBAL:
-            x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_prepared(x_row_ptr, row, g0, num_groups, WORDS, RUNS,
-                                                                         RUN, GROUPS_PER_BLOCK, EVEN)
-            step_sq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
-        elif XPRE:
-            x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_flat(step_x, g_raw, GROUP, WORDS, RUNS, RUN,
-                                                                              GROUPS_PER_BLOCK, NORM)
+        if XHALF:
+            xp0, xp1, xp2, xp3, factor, x_sum = half_x_loads(x_row_ptr, row, g0, num_groups, WORDS, RUNS,
+                                                             GROUPS_PER_BLOCK, EVEN)
+            acc += half_run_dots(step_words, xp0, xp1, xp2, xp3, RUNS, EMULATE) * (factor * step_scale)
+            acc_low += x_sum * step_low
+            if GATED:
+                up += half_run_dots(step_words_up, xp0, xp1, xp2, xp3, RUNS, EMULATE) * (factor * step_scale_up)
+                up_low += x_sum * step_low_up
         else:
-            x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_words(
-                step_x, g_raw, x_row_ptr.dtype.element_ty, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
-        sumsq += step_sq
-        acc += _int4_sub_runs(step_words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale
-        acc_low += x_sum * step_low
-        if GATED:
-            up += _int4_sub_runs(step_words_up, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale_up
-            up_low += x_sum * step_low_up
+            if XGLOBAL:
+                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_prepared(
+                    x_row_ptr, row, g0, num_groups, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, EVEN)
+                step_sq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
+            elif XPRE:
+                x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_flat(
+                    step_x, g_raw, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
+            else:
+                x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_words(
+                    step_x, g_raw, x_row_ptr.dtype.element_ty, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
+            sumsq += step_sq
+            acc += _int4_sub_runs(step_words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale
+            acc_low += x_sum * step_low
+            if GATED:
+                up += _int4_sub_runs(step_words_up, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale_up
+                up_low += x_sum * step_low_up
         return acc, acc_low, up, up_low, sumsq
 
     @triton.jit
@@ -511,7 +534,7 @@ if HAS_TRITON:
                       GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False,
                       PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False, PDL: tl.constexpr = False,
-                      XGLOBAL: tl.constexpr = False):
+                      XGLOBAL: tl.constexpr = False, XHALF: tl.constexpr = False, EMULATE: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
         form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
         (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
@@ -527,7 +550,8 @@ if HAS_TRITON:
         for the epilogue's rstd (gemv.fused_epilogue). PDL: launched with programmatic dependent launch (gemv.py); the
         first step's weight loads come before the wait. XGLOBAL: x_row_ptr is x prepared by int4_prepared_x (its
         norm applied, converted, scaled per nibble position, summed per run: no x work in the loop; not with
-        PREFETCH, XPRE or NORM)."""
+        PREFETCH, XPRE or NORM); with XHALF in its half layout, the products in packed fp16 (int4_half_dot.py;
+        EMULATE: its Triton-ops twin, for the interpreter)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
         RUNS: tl.constexpr = WORDS // RUN
@@ -561,11 +585,12 @@ if HAS_TRITON:
                 acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                     acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
                     step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP, WORDS, RUNS, RUN,
-                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL)
+                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL, XHALF, EMULATE)
         else:
             acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                 acc, acc_low, up, up_low, sumsq, x_raw, words, scale, low, words_up, scale_up, low_up, x_row_ptr,
-                g_ptr, row, 0, num_groups, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL)
+                g_ptr, row, 0, num_groups, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL,
+                XHALF, EMULATE)
             for g0 in range(GROUPS_PER_BLOCK, num_groups, GROUPS_PER_BLOCK):
                 step_x, step_words, step_scale, step_low, step_words_up, step_scale_up, step_low_up = \
                     _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups,
@@ -574,12 +599,14 @@ if HAS_TRITON:
                 acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                     acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
                     step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP, WORDS, RUNS, RUN,
-                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL)
+                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL, XHALF, EMULATE)
         if not HAS_MINS:                                                    # code - 8: the low term is -8 * scale
             acc_low *= -8.0
             up_low *= -8.0
-        return (tl.sum(tl.sum(acc * 562949953421312.0 + acc_low, axis=2), axis=1),            # 2^49
-                tl.sum(tl.sum(up * 562949953421312.0 + up_low, axis=2), axis=1), sumsq)
+        if not XHALF:                                   # (XHALF's runs come at code . x: its factors' scale)
+            acc *= 562949953421312.0                                        # 2^49
+            up *= 562949953421312.0
+        return (tl.sum(tl.sum(acc + acc_low, axis=2), axis=1), tl.sum(tl.sum(up + up_low, axis=2), axis=1), sumsq)
 
     # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
     # and CUDA graphs capture the biggest batch first, so a key without it tunes the batch-1 launch at M=8
@@ -592,14 +619,16 @@ if HAS_TRITON:
                       GROUPS_PER_BLOCK: tl.constexpr, INT4_ROW: tl.constexpr = False,
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
                       INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                      XGLOBAL: tl.constexpr = False, PAIRED: tl.constexpr = False):
+                      XGLOBAL: tl.constexpr = False, PAIRED: tl.constexpr = False, XHALF: tl.constexpr = False,
+                      EMULATE: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
         launched with programmatic dependent launch (gemv.py), it lets the next kernel launch and waits for the one
         before as it starts, except in the INT4_SUB loop, which loads its first step's weights before the wait, as
         gemv.py's loops do. PAIRED (INT4_SUB, not GATED): N is half the weight's rows, and each program also takes
-        the rows N further, as GATED takes the up rows (the same x for both, loaded once), into y's second half."""
+        the rows N further, as GATED takes the up rows (the same x for both, loaded once), into y's second half.
+        XHALF (with XGLOBAL): the products in packed fp16 (int4_half_dot.py), EMULATE for the interpreter."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -616,7 +645,8 @@ if HAS_TRITON:
         if INT4_ROW and INT4_SUB:
             dot, dot_up, sub_sumsq = _int4_sub_dot(x_ptr + m * stride_xm, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up,
                                                    n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED or PAIRED,
-                                                   BLOCK_N, GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL, XGLOBAL)
+                                                   BLOCK_N, GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL, XGLOBAL,
+                                                   XHALF, EMULATE)
             acc += dot
             acc_up += dot_up
             sumsq += sub_sumsq
@@ -737,9 +767,10 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             rows = n // 2 if config.kwargs.get("PAIRED") else n                # (PAIRED: each program's half)
             grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
             if config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x
-                x_prepared = prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl)
+                x_prepared = (prepare_x_half_triton(x, norm_weight, eps, pdl=pdl) if config.kwargs.get("XHALF")
+                              else prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl))
                 _w4_gemv_even[grid](*args(w, out, x_prepared, None, rows), **{**flags, "NORM": False},
-                                    **config.all_kwargs(), **pdl_options(x, pdl))
+                                    **config.all_kwargs(), EMULATE=_dispatch.is_interpreted(), **pdl_options(x, pdl))
             else:
                 _w4_gemv_even[grid](*args(w, out), **flags, **config.all_kwargs(), **pdl_options(x, pdl))
             return out
@@ -754,7 +785,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                 configs += [triton.Config({**c.kwargs, TENSOR_CORES: True}, num_warps=c.num_warps, num_stages=1)
                             for c in w4_mma_tuned_configs(n, k)]
             if prepared:
-                configs += _PREPARED_CONFIGS + (_PAIRED_CONFIGS if not gated and n % 2 == 0 else [])
+                configs += prepared_configs(n, group_size, gated)
             config = _w4_graph_tuner.pick(key, lambda config, w: launch(config, w, scratch), qweight, m_bucket,
                                           configs=configs)
         return launch(config, qweight)
