@@ -31,7 +31,8 @@
 #                                            # minutes with the GEMVs timed afresh), then the real-timed graph tuner's
 #                                            # test
 #   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
-#                                            # CUDA-core one on three llama-7b shapes (benchmarks/w4_mma_ncu.py)
+#                                            # CUDA-core one (XHALF) on four llama-7b shapes (benchmarks/w4_mma_ncu.py),
+#                                            # then the real-timed graph tuner's test
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
@@ -111,11 +112,13 @@ case "$part" in
     ;;
   mma-ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
-    timeout 400 "$NCU" --clock-control none -k regex:w4_ --section SpeedOfLight --section Occupancy \
+    timeout 280 "$NCU" --clock-control none -k regex:w4_ --section SpeedOfLight --section Occupancy \
         --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
         python3 benchmarks/w4_mma_ncu.py > "$OUT/w4-mma-ncu.txt" 2>&1
-    grep -E "rel err|w4_|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issued Warp|No Eligible|Warp Cycles Per Issued|L2 Hit|Mem Busy|Max Bandwidth|One or More" \
+    grep -E "rel err|w4_|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issued Warp|No Eligible|Warp Cycles Per Issued|L2 Hit|Mem Busy|Max Bandwidth|One or More|L1/TEX Cache Throughput|stalled" \
         "$OUT/w4-mma-ncu.txt" | cut -c1-150
+    timeout 170 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py -k "tuned_on_gpu" 2>&1 \
+        | tee "$OUT/gpu-tests-int4-tuned.log" | tail -3
     ;;
   bench)
     timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
