@@ -296,15 +296,13 @@ def test_prepared_x_half_layout_matches_its_reference(norm):
 @pytest.mark.parametrize("gated,norm,paired", [(False, False, False), (True, False, False), (False, True, False),
                                                (True, True, False), (False, False, True), (False, True, True)],
                          ids=["residual", "gated", "norm_residual", "norm_gated", "paired", "norm_paired"])
-@pytest.mark.parametrize("half,prefetch", [(False, False), (True, False), (True, True)],
-                         ids=["fp32", "xhalf", "xhalf_prefetch"])
-def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, prefetch):
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "xhalf"])
+def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half):
     """XGLOBAL: the INT4_SUB loop on x prepared by int4_prepared_x's kernel (its norm applied there, no x work in
     the loop) against the norm and the int4 linear in fp32: gated or adding into the residual, ragged row and group
     blocks; PAIRED: each program also takes the rows of the weight's second half (2n rows here). XHALF: the products
     in packed fp16 (int4_half_dot.py; PTX on a GPU, its rounding emulated on CPU), whose fp16 sums over 16 products
-    cost 5-20x the fp32 path's error on these outputs (about the size of a bf16 output's own rounding); PREFETCH:
-    each step's weights loaded with the step before."""
+    cost 5-20x the fp32 path's error on these outputs (about the size of a bf16 output's own rounding)."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton, prepare_x_triton
     from tierllm.quant.formats import dequantize_int4
@@ -318,7 +316,7 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, prefetch):
     start = y.clone()
     flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": gated, "RESIDUAL": not gated,
              "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "XHALF": half, "BLOCK_N": 8,
-             "GROUPS_PER_BLOCK": 2, "PREFETCH": prefetch}
+             "GROUPS_PER_BLOCK": 2}
     x_prepared = prepare_x_half_triton(x, g) if half else prepare_x_triton(x, 64, g)
     quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 8))](
         x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,

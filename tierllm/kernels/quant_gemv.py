@@ -135,11 +135,6 @@ if HAS_TRITON:
     # one AND and one HFMA2 per two codes, and half the x bytes
     _HALF_CONFIGS = [triton.Config({**c.kwargs, "XHALF": True}, num_warps=c.num_warps, num_stages=1)
                      for c in _PREPARED_CONFIGS[:4] + _PAIRED_CONFIGS]
-    # ...and with the next step's weights loaded before this step's math (PREFETCH), for the configs the tuner took
-    # on an H200 (qkv PAIRED, gate/up; quant-bf16-int4-xhalf-llama-7b-h200.json): ncu had their warps waiting on a
-    # memory dependency 10 of each ~16 cycles per issued instruction, at 24-48% achieved occupancy
-    _HALF_CONFIGS += [triton.Config({**c.kwargs, "PREFETCH": True}, num_warps=c.num_warps, num_stages=1)
-                      for c in _HALF_CONFIGS if c.kwargs["BLOCK_N"] == 4 and c.kwargs["GROUPS_PER_BLOCK"] == 16]
 
     def prepared_configs(n: int, group_size: int, gated: bool) -> list:
         """The graph tuner's XGLOBAL configs for one x row on n output rows: PAIRED ones for an ungated linear of
@@ -436,13 +431,10 @@ if HAS_TRITON:
     def _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups, stride_wn,
                              stride_sn, GROUP: tl.constexpr, WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
                              HAS_MINS: tl.constexpr, GATED: tl.constexpr, EVEN: tl.constexpr, GUARD: tl.constexpr,
-                             XPRE: tl.constexpr, XGLOBAL: tl.constexpr):
-        """Every load of _int4_sub_dot's step of groups g0 .. g0 + GPB: x's raw values (_int4_sub_x_load; XGLOBAL: a
-        placeholder, its step loads the prepared x), then the weights' (_int4_sub_weight_loads)."""
-        if XGLOBAL:
-            x_raw = tl.zeros([1], tl.float32)
-        else:
-            x_raw = _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, GUARD, XPRE)
+                             XPRE: tl.constexpr):
+        """Every load of _int4_sub_dot's step of groups g0 .. g0 + GPB: x's raw values (_int4_sub_x_load), then the
+        weights' (_int4_sub_weight_loads)."""
+        x_raw = _int4_sub_x_load(x_row_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, GUARD, XPRE)
         words, scale, low, words_up, scale_up, low_up = _int4_sub_weight_loads(
             w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups, stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
             HAS_MINS, GATED, EVEN, GUARD)
@@ -557,8 +549,8 @@ if HAS_TRITON:
         step, not prefetched: every program reads the same K values, from L2) -> also the raw x's sum of squares,
         for the epilogue's rstd (gemv.fused_epilogue). PDL: launched with programmatic dependent launch (gemv.py); the
         first step's weight loads come before the wait. XGLOBAL: x_row_ptr is x prepared by int4_prepared_x (its
-        norm applied, converted, scaled per nibble position, summed per run: no x work in the loop; not with XPRE
-        or NORM; with PREFETCH only the weights are prefetched); with XHALF in its half layout, the products in packed fp16 (int4_half_dot.py;
+        norm applied, converted, scaled per nibble position, summed per run: no x work in the loop; not with
+        PREFETCH, XPRE or NORM); with XHALF in its half layout, the products in packed fp16 (int4_half_dot.py;
         EMULATE: its Triton-ops twin, for the interpreter)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
@@ -589,7 +581,7 @@ if HAS_TRITON:
                 step_words_up, step_scale_up, step_low_up = words_up, scale_up, low_up
                 x_raw, words, scale, low, words_up, scale_up, low_up = _int4_sub_step_loads(
                     x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0 + GROUPS_PER_BLOCK, num_groups,
-                    stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN, True, XPRE, XGLOBAL)
+                    stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN, True, XPRE)
                 acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                     acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
                     step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP, WORDS, RUNS, RUN,
@@ -603,7 +595,7 @@ if HAS_TRITON:
                 step_x, step_words, step_scale, step_low, step_words_up, step_scale_up, step_low_up = \
                     _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups,
                                          stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN,
-                                         False, XPRE, XGLOBAL)
+                                         False, XPRE)
                 acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                     acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
                     step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP, WORDS, RUNS, RUN,
