@@ -441,6 +441,30 @@ def xglobal_sentence(early: dict, xglobal: dict) -> str:
             f"[{ms(xglobal)}](benchmarks/results/quant-bf16-int4-xglobal-llama-7b-h200.json).")
 
 
+def xhalf_sentence(paired: dict, xhalf: dict, prefetch: dict) -> str:
+    """Two weight rows per thread (PAIRED), then the prepared-x loop's products in packed fp16 (XHALF), each a bf16 +
+    int4 call at batch 1; PREFETCH on top of XHALF, measured and reverted."""
+    def ms(doc: dict) -> str:
+        r = doc["results"]
+        return (f"{r['int4']['batch1']['decode_ms_per_step']} against bf16's {r['bf16']['batch1']['decode_ms_per_step']}"
+                f" ms/token, {r['speedup_vs_bf16']['int4']['batch1_decode']}x")
+
+    def pick_us(doc: dict, rows: int) -> str:
+        [pick] = [p for p in doc["results"]["int4"]["batch1_tuner_picks"] if p["key"].startswith(f"(1, {rows}, ")]
+        return f"{pick['fastest_us'][0][1]} us"
+    return ("Two weight rows per thread (the weight's two halves, `PAIRED`) took qkv to "
+            f"{pick_us(paired, 12288)} ([{ms(paired)}](benchmarks/results/quant-bf16-int4-paired-llama-7b-h200.json)). "
+            "With the products in packed fp16 (`kernels/int4_half_dot.py`: one AND and one HFMA2 per two codes on x in "
+            "fp16 pairs scaled per run of 32, each thread's 16 products per half summed in fp16, then in fp32; 129 SASS "
+            "instructions per 32 weight bytes against 191) the tuner took it for qkv and gate/up ("
+            f"{pick_us(xhalf, 12288)}, {pick_us(xhalf, 11008)} with the preparing kernel): "
+            f"[{ms(xhalf)}](benchmarks/results/quant-bf16-int4-xhalf-llama-7b-h200.json). Its fp16 sums cost precision: "
+            "on llama-7b's shapes its bf16 outputs are 2.3-3.1e-3 from the fp32 reference (relative norm), where the "
+            "tensor-core kernel's are within 2e-6 ([ncu log](benchmarks/results/w4-mma-ncu-xhalf-h200.log)); "
+            "`TIERLLM_INT4_XHALF=0` keeps it out of the tuner. Prefetching its next step's weights won no shape "
+            f"([{ms(prefetch)}](benchmarks/results/quant-bf16-int4-xhalf-prefetch-llama-7b-h200.json)) and was removed.")
+
+
 def greedy_sentence(doc: dict) -> str:
     """The one-kernel greedy pick against the sampler's former eager chain (benchmarks/greedy_sampling.py)."""
     rows = [r for r in doc["results"]["rows"] if r["rows"] == 1]
@@ -574,6 +598,10 @@ def main() -> None:
                                      + " " + xglobal_sentence(
                                          results("quant-bf16-int4-early-weight-loads-llama-7b-h200.json"),
                                          results("quant-bf16-int4-xglobal-llama-7b-h200.json"))
+                                     + " " + xhalf_sentence(
+                                         results("quant-bf16-int4-paired-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-xhalf-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-xhalf-prefetch-llama-7b-h200.json"))
                                      + " " + greedy_sentence(results("greedy-sampling-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 

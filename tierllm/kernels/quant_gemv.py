@@ -19,6 +19,8 @@ Both take gemv.py's fusions (NORM: RMSNorm prologue, GATED: SiLU-and-mul over [g
 the residual in place); the weight scales multiply the accumulators before the fused epilogue."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from tierllm.kernels import _dispatch
@@ -138,10 +140,11 @@ if HAS_TRITON:
 
     def prepared_configs(n: int, group_size: int, gated: bool) -> list:
         """The graph tuner's XGLOBAL configs for one x row on n output rows: PAIRED ones for an ungated linear of
-        an even row count, XHALF ones where a thread's run is 4 words (groups of 32 codes or more)."""
+        an even row count, XHALF ones where a thread's run is 4 words (groups of 32 codes or more) unless
+        TIERLLM_INT4_XHALF=0 (its fp16 sums: int4_half_dot.py)."""
         paired_ok = not gated and n % 2 == 0
         configs = _PREPARED_CONFIGS + (_PAIRED_CONFIGS if paired_ok else [])
-        if group_size % HALF_RUN_K == 0:
+        if group_size % HALF_RUN_K == 0 and os.environ.get("TIERLLM_INT4_XHALF", "1") != "0":
             configs += [c for c in _HALF_CONFIGS if paired_ok or not c.kwargs.get("PAIRED")]
         return configs
 
