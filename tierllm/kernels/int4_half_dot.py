@@ -13,8 +13,8 @@ has 8, fp16 11); the sums then stay below 0.5 and round to 11 bits at each of 16
 fp32 loops do not: on llama-7b's shapes on an H200 the bf16 outputs were 2.3-3.1e-3 (relative norm) from the fp32
 reference's, where the tensor-core kernel's matched it (benchmarks/results/w4-mma-ncu-xhalf-h200.log), about 2-3x
 a bf16 rounding. Summing in fp32 after every word instead (4 products per half, 3 more instructions per word)
-reduced the error only 1.1-2.3x on the interpreter tests' cases, so the whole run is summed in fp16. TIERLLM_INT4_XHALF=0 keeps these configs out of the graph tuner
-(quant_gemv.prepared_configs).
+reduced the error only 1.1-2.3x on the interpreter tests' cases, so the whole run is summed in fp16.
+TIERLLM_INT4_XHALF=0 keeps these configs out of the graph tuner (quant_gemv.prepared_configs).
 
 The CPU interpreter runs no PTX: EMULATE computes the same products with Triton ops, rounding each addition to
 fp16 as HFMA2 does (tests/gpu checks the PTX path against the reference)."""
