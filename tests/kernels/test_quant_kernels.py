@@ -296,13 +296,15 @@ def test_prepared_x_half_layout_matches_its_reference(norm):
 @pytest.mark.parametrize("gated,norm,paired", [(False, False, False), (True, False, False), (False, True, False),
                                                (True, True, False), (False, False, True), (False, True, True)],
                          ids=["residual", "gated", "norm_residual", "norm_gated", "paired", "norm_paired"])
-@pytest.mark.parametrize("half", [False, True], ids=["fp32", "xhalf"])
-def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half):
+@pytest.mark.parametrize("half,block_n,groups", [(False, 8, 2), (True, 8, 2), (True, 2, 8)],
+                         ids=["fp32", "xhalf", "xhalf_wide"])
+def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, groups):
     """XGLOBAL: the INT4_SUB loop on x prepared by int4_prepared_x's kernel (its norm applied there, no x work in
     the loop) against the norm and the int4 linear in fp32: gated or adding into the residual, ragged row and group
     blocks; PAIRED: each program also takes the rows of the weight's second half (2n rows here). XHALF: the products
     in packed fp16 (int4_half_dot.py; PTX on a GPU, its rounding emulated on CPU), whose fp16 sums over 16 products
-    cost 2-10x the fp32 path's error on these outputs (about the size of a bf16 output's own rounding)."""
+    cost 2-10x the fp32 path's error on these outputs (about the size of a bf16 output's own rounding); wide: 8
+    groups per step, more than K holds (partial and empty group blocks)."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton, prepare_x_triton
     from tierllm.quant.formats import dequantize_int4
@@ -315,10 +317,10 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half):
     y = torch.empty(1, n, dtype=torch.float16, device=DEVICE) if gated else _x(1, out_rows, torch.float16, seed=74)
     start = y.clone()
     flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": gated, "RESIDUAL": not gated,
-             "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "XHALF": half, "BLOCK_N": 8,
-             "GROUPS_PER_BLOCK": 2}
+             "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "XHALF": half,
+             "BLOCK_N": block_n, "GROUPS_PER_BLOCK": groups}
     x_prepared = prepare_x_half_triton(x, g) if half else prepare_x_triton(x, 64, g)
-    quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 8))](
+    quant_gemv._w4_gemv_body[(1, triton.cdiv(n, block_n))](
         x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,
         w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, **flags,
         EVEN=quant_gemv.w4_even({"N": n, "K": k, **flags}), EMULATE=_dispatch.is_interpreted())

@@ -137,6 +137,12 @@ if HAS_TRITON:
     # one AND and one HFMA2 per two codes, and half the x bytes
     _HALF_CONFIGS = [triton.Config({**c.kwargs, "XHALF": True}, num_warps=c.num_warps, num_stages=1)
                      for c in _PREPARED_CONFIGS[:4] + _PAIRED_CONFIGS]
+    # ...and PAIRED ones with wider steps (32-64 groups: 2-4x the warps per program, the same 127-129 SASS per 32
+    # bytes offline): at 4096 output rows bn4 gpb16's 512 programs of 4 warps filled a quarter of an H200's warp
+    # slots, and ncu had its warps waiting on memory ~10 of every ~16 cycles (w4-mma-ncu-xhalf-h200.log)
+    _HALF_CONFIGS += [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
+                                     "XGLOBAL": True, "PAIRED": True, "XHALF": True}, num_warps=w, num_stages=1)
+                      for bn, gpb, w in [(4, 32, 8), (2, 32, 4), (2, 64, 8)]]
 
     def prepared_configs(n: int, group_size: int, gated: bool) -> list:
         """The graph tuner's XGLOBAL configs for one x row on n output rows: PAIRED ones for an ungated linear of
