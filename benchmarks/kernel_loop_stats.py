@@ -71,13 +71,16 @@ def kernels(args) -> dict:
     }
 
 
-def loop_stats(fn, arguments, constexprs, warps: int, stages: int) -> tuple[Counter, str, int]:
-    """(SASS opcode counts over the longest loop's body, the TTGIR's convert_layout lines, registers per thread)."""
+def loop_stats(fn, arguments, constexprs, warps: int, stages: int,
+               maxnreg: int | None = None) -> tuple[Counter, str, int]:
+    """(SASS opcode counts over the longest loop's body, the TTGIR's convert_layout lines, registers per thread);
+    maxnreg: ptxas's register cap (spills show as LDL / STL)."""
     signature = {**dict(arguments), **{name: "constexpr" for name in constexprs}}
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(arguments)
                if kind.startswith("*") or name in ("N", "K") or name.startswith("stride")}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages,
+                                                                       **({"maxnreg": maxnreg} if maxnreg else {})})
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.TemporaryDirectory() as folder:
         cubin = os.path.join(folder, "kernel.cubin")
@@ -128,12 +131,13 @@ def main() -> int:
                         help="w4_gemv --row --sub: XGLOBAL with the products in packed fp16 (XHALF)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--maxnreg", type=int, default=None, help="ptxas's register cap per thread")
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()
     if args.kernel == "w4_gemm" and min(args.block_m, args.block_n) < 16:
         parser.error("w4_gemm: --block-m and --block-n must be at least 16 (tl.dot's minimum)")
     fn, arguments, constexprs = kernels(args)[args.kernel]
-    mix, conversions, registers = loop_stats(fn, arguments, constexprs, args.warps, args.stages)
+    mix, conversions, registers = loop_stats(fn, arguments, constexprs, args.warps, args.stages, args.maxnreg)
     weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}.get(
         args.kernel, 0) or 16 * 32 * args.unroll * args.warps                      # w4_mma: 16 rows per warp group
     weight_bytes *= 2 if args.gated or args.paired else 1                         # gate and up rows, or halves
