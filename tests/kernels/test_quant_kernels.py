@@ -252,12 +252,17 @@ def test_int4_sub_loop_with_the_norm_prologue(gated, xpre, prefetch):
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
-@pytest.mark.parametrize("norm", [False, True], ids=["plain", "norm"])
-def test_prepared_x_matches_its_reference(group, norm):
+@pytest.mark.parametrize("norm,whole_row", [(False, True), (True, True), (True, False)],
+                         ids=["plain", "norm", "norm_blockwise"])
+def test_prepared_x_matches_its_reference(monkeypatch, group, norm, whole_row):
     """int4_prepared_x's kernel (per run of k: x's planes per nibble position, scaled, then the run's sum and
-    zero padding; the norm applied first where a norm weight is given) against its torch form, K not a whole number
-    of the kernel's blocks."""
+    zero padding; the norm applied first where a norm weight is given, its squares summed over the row in one load
+    or, as for rows past 8192, block by block) against its torch form, K not a whole number of the kernel's
+    blocks."""
     from tierllm.kernels import int4_prepared_x
+
+    if not whole_row:
+        monkeypatch.setattr(int4_prepared_x, "_whole_row", lambda k: 0)
 
     k = 1280
     x = 2 * _x(1, k, torch.float16, seed=61)

@@ -45,28 +45,34 @@ if HAS_TRITON:
     _CHUNK = tl.constexpr(HALF_CHUNK)
 
     @triton.jit
-    def _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM: tl.constexpr, BLOCK: tl.constexpr):
-        """x[offs] in fp32, times rstd * g[offs] with NORM (each program first sums the whole row's squares, from L2:
-        a row is 8-22 KB)."""
+    def _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM: tl.constexpr, BLOCK: tl.constexpr, ROW: tl.constexpr):
+        """x[offs] in fp32, times rstd * g[offs] with NORM: each program first sums the whole row's squares (from L2:
+        a row is 8-16 KB), in one load of ROW (K's next power of 2) where ROW > 0, else BLOCK at a time (each load
+        then waits out the one before: a dependent L2 round trip per block)."""
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)                    # [BLOCK]
         if NORM:
-            squares = tl.zeros([BLOCK], tl.float32)
-            for k0 in range(0, K, BLOCK):
-                part = tl.load(x_ptr + k0 + tl.arange(0, BLOCK), mask=k0 + tl.arange(0, BLOCK) < K,
-                               other=0.0).to(tl.float32)
-                squares += part * part
-            rstd = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+            if ROW > 0:
+                whole = tl.load(x_ptr + tl.arange(0, ROW), mask=tl.arange(0, ROW) < K, other=0.0).to(tl.float32)
+                sum_sq = tl.sum(whole * whole, axis=0)
+            else:
+                squares = tl.zeros([BLOCK], tl.float32)
+                for k0 in range(0, K, BLOCK):
+                    part = tl.load(x_ptr + k0 + tl.arange(0, BLOCK), mask=k0 + tl.arange(0, BLOCK) < K,
+                                   other=0.0).to(tl.float32)
+                    squares += part * part
+                sum_sq = tl.sum(squares, axis=0)
+            rstd = tl.rsqrt(sum_sq / K + eps)
             x = x * rstd * tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         return x
 
     @triton.jit
     def _prepare_x_kernel(x_ptr, g_ptr, out_ptr, K, eps, NORM: tl.constexpr, RUN_K: tl.constexpr,
-                          BLOCK: tl.constexpr, PDL: tl.constexpr):
+                          BLOCK: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
         """Program p writes k = p * BLOCK .. + BLOCK of the buffer's planes and their run sums."""
         pdl_start(PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < K
-        x = _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM, BLOCK)                       # [BLOCK] fp32
+        x = _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM, BLOCK, ROW)                     # [BLOCK] fp32
         i = offs % 8
         exponent = 227 - 4 * (i - 2 * (i >= 6).to(tl.int32))          # 127 + 100 - 4i (i < 6), 127 + 84, 127 + 80
         RUN: tl.constexpr = RUN_K // 8
@@ -81,13 +87,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _prepare_x_half_kernel(x_ptr, g_ptr, half_ptr, word_ptr, K, eps, NORM: tl.constexpr, BLOCK: tl.constexpr,
-                               PDL: tl.constexpr):
+                               ROW: tl.constexpr, PDL: tl.constexpr):
         """The half layout (module doc) of k = p * BLOCK .. + BLOCK: half_ptr and word_ptr are the buffer as fp16
         and as fp32."""
         pdl_start(PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < K
-        x = _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM, BLOCK)                       # [BLOCK] fp32
+        x = _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM, BLOCK, ROW)                     # [BLOCK] fp32
         RUNS: tl.constexpr = BLOCK // _RUN_K
         runs = tl.reshape(x, [RUNS, _RUN_K])
         largest = tl.max(tl.abs(runs), axis=1)                                             # [RUNS]
@@ -108,6 +114,12 @@ if HAS_TRITON:
         tl.store(word_ptr + first[:, None] * _CHUNK + 16 + tail[None, :], meta, mask=(first < K // _RUN_K)[:, None])
 
 
+def _whole_row(k: int) -> int:
+    """The preparing kernels' ROW: K's next power of 2 up to 8192 (at most 64 fp32 per thread of 4 warps), else 0."""
+    row = 1 << (k - 1).bit_length()
+    return row if row <= 8192 else 0
+
+
 def run_length(group_size: int) -> int:
     """k per run: what one INT4_SUB thread sums before scaling (a 16-byte load, at most a group)."""
     return 8 * min(4, group_size // 8)
@@ -126,7 +138,7 @@ def prepare_x_triton(x: torch.Tensor, group_size: int, norm_weight: torch.Tensor
     block = 1024
     _prepare_x_kernel[(triton.cdiv(k, block),)](x, norm_weight if norm_weight is not None else x, out, k, eps,
                                                 NORM=norm_weight is not None, RUN_K=run_length(group_size),
-                                                BLOCK=block, num_warps=4, **pdl_options(x, pdl))
+                                                BLOCK=block, ROW=_whole_row(k), num_warps=4, **pdl_options(x, pdl))
     return out
 
 
@@ -161,8 +173,8 @@ def prepare_x_half_triton(x: torch.Tensor, norm_weight: torch.Tensor | None = No
     block = 1024
     _prepare_x_half_kernel[(triton.cdiv(k, block),)](x, norm_weight if norm_weight is not None else x,
                                                      out.view(torch.float16), out, k, eps,
-                                                     NORM=norm_weight is not None, BLOCK=block, num_warps=4,
-                                                     **pdl_options(x, pdl))
+                                                     NORM=norm_weight is not None, BLOCK=block, ROW=_whole_row(k),
+                                                     num_warps=4, **pdl_options(x, pdl))
     return out
 
 
