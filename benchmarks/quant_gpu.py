@@ -52,15 +52,17 @@ def _engine(variant: str, args):
 
 def _batch1_picks(sites) -> list[dict]:
     """The configs the tuner (Triton's, or TIERLLM_GEMV_TUNER=graph's) chose for the batch-1 decode launches
-    (graph_tuning.TUNED_SITES with one x row): per key the pick and the three fastest configs as it timed them (us),
-    which the tuner's noise can reorder from run to run."""
+    (graph_tuning.TUNED_SITES with one x row): per key the pick, the three fastest configs as it timed them (us),
+    which the tuner's noise can reorder from run to run, and every config's time, fastest first (which configs
+    never place: candidates to prune from the lists)."""
     picks = []
     for site in sites:
         if site.block_m != 1:
             continue
-        fastest = sorted(site.timings.items(), key=lambda item: item[1])[:3]
-        picks.append({"key": str(site.key), "picked": str(site.cache.get(site.key)),
-                      "fastest_us": [[str(config), round(ms * 1e3, 2)] for config, ms in fastest]})
+        timed = [[str(config), round(ms * 1e3, 2)] for config, ms in sorted(site.timings.items(),
+                                                                           key=lambda item: item[1])]
+        picks.append({"key": str(site.key), "picked": str(site.cache.get(site.key)), "fastest_us": timed[:3],
+                      "timed_us": timed})
     return picks
 
 
