@@ -146,7 +146,7 @@ if HAS_TRITON:
     # ...and the tuner's picks (bn4 gpb16 w4, plain and PAIRED) capped at 48 registers: 40 resident warps per SM
     # instead of 36 at 56 (ncu: 42-48% achieved occupancy on qkv and gate/up); offline the loop keeps 131-138 SASS
     # per 32 bytes, the gated one with 7 reloads of spilled loop constants (LDL, L1 hits)
-    _HALF_CONFIGS += [triton.Config(c.kwargs, num_warps=4, num_stages=1, maxnreg=48) for c in _HALF_CONFIGS
+    _HALF_CONFIGS += [triton.Config(dict(c.kwargs), num_warps=4, num_stages=1, maxnreg=48) for c in _HALF_CONFIGS
                       if c.kwargs["BLOCK_N"] == 4 and c.kwargs["GROUPS_PER_BLOCK"] == 16]
 
     def prepared_configs(n: int, group_size: int, gated: bool) -> list:
