@@ -41,6 +41,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from tierllm.kernels.int4_prepared_x import run_chunks
     from tierllm.kernels.w4_mma_gemv import masked_load
 
     _RUN_DOT_ASM = tl.constexpr(_run_dot_asm())
@@ -104,13 +105,9 @@ if HAS_TRITON:
         contiguous bytes per plane, at constant offsets from one address) and the runs' factors and x sums
         [1, GPB, RUNS]."""
         tl.static_assert(WORDS // RUNS == 4, "XHALF: runs of 4 words (groups of 32 codes or more)")
-        offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
-        j = tl.arange(0, WORDS)
-        word_at = (offs_g[:, None] * RUNS + (j // 4)[None, :]) * _CHUNK + (j % 4)[None, :]    # [GPB, WORDS]
-        at = xp_ptr.to(tl.pointer_type(tl.int32)) + (word_at[None, :, :] + 0 * row[:, None, None])
-        runs_at = xp_ptr + (offs_g[:, None] * RUNS + tl.arange(0, RUNS)[None, :]) * _CHUNK + 16  # [GPB, RUNS]
-        mask = (offs_g < num_groups)[None, :, None]
-        run_mask = (offs_g < num_groups)[:, None]
+        word_at, run_at, mask, run_mask = run_chunks(row, g0, num_groups, WORDS, RUNS, _CHUNK, GROUPS_PER_BLOCK)
+        at = xp_ptr.to(tl.pointer_type(tl.int32)) + word_at                                 # [BLOCK_N, GPB, WORDS]
+        runs_at = xp_ptr + run_at + 16                                                      # after the 4 planes
         MASK: tl.constexpr = not EVEN
         xp0 = masked_load(at, mask, MASK)
         xp1 = masked_load(at + 4, mask, MASK)

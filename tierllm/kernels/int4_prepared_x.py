@@ -66,6 +66,21 @@ if HAS_TRITON:
         return x
 
     @triton.jit
+    def run_chunks(row, g0, num_groups, WORDS: tl.constexpr, RUNS: tl.constexpr, CHUNK: tl.constexpr,
+                   GROUPS_PER_BLOCK: tl.constexpr):
+        """Where a one-row GEMV step of groups g0 .. g0 + GPB finds its x in a buffer of CHUNK words per run (either
+        layout): each weight word's offset [BLOCK_N, GPB, WORDS] (the shape and layout of the weight words, so each
+        thread reads the x of its own words: its run's chunk plus the word's place in the run; add a plane's offset),
+        each run's chunk offset [GPB, RUNS], and their masks (groups past K)."""
+        RUN: tl.constexpr = WORDS // RUNS
+        offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
+        j = tl.arange(0, WORDS)
+        word_at = (offs_g[:, None] * RUNS + (j // RUN)[None, :]) * CHUNK + (j % RUN)[None, :]     # [GPB, WORDS]
+        run_at = (offs_g[:, None] * RUNS + tl.arange(0, RUNS)[None, :]) * CHUNK                  # [GPB, RUNS]
+        in_k = offs_g < num_groups
+        return word_at[None, :, :] + 0 * row[:, None, None], run_at, in_k[None, :, None], in_k[:, None]
+
+    @triton.jit
     def _prepare_x_kernel(x_ptr, g_ptr, out_ptr, K, eps, NORM: tl.constexpr, RUN_K: tl.constexpr,
                           BLOCK: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
         """Program p writes k = p * BLOCK .. + BLOCK of the buffer's planes and their run sums."""

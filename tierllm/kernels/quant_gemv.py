@@ -48,6 +48,7 @@ if HAS_TRITON:
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
     from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
+    from tierllm.kernels.int4_prepared_x import run_chunks
     from tierllm.kernels.w4_mma_gemv import masked_load
 
     @triton.jit
@@ -485,13 +486,8 @@ if HAS_TRITON:
         (k = 8w + i, scaled per nibble position; the shape and layout of the weight words, so each thread loads the
         x of its own words: 16 contiguous bytes of its run's plane i per x_i, at constant offsets from one address,
         no exchange) and the run sums [1, GPB, RUNS]."""
-        CHUNK: tl.constexpr = 8 * RUN + 4                                   # floats per run (int4_prepared_x)
-        offs_g = g0 + tl.arange(0, GROUPS_PER_BLOCK)
-        j = tl.arange(0, WORDS)
-        word_at = (offs_g[:, None] * RUNS + (j // RUN)[None, :]) * CHUNK + (j % RUN)[None, :]     # [GPB, WORDS]
-        at = xp_ptr + (word_at[None, :, :] + 0 * row[:, None, None])                       # [BLOCK_N, GPB, WORDS]
-        runs_at = xp_ptr + (offs_g[:, None] * RUNS + tl.arange(0, RUNS)[None, :]) * CHUNK + 8 * RUN  # [GPB, RUNS]
-        mask = (offs_g < num_groups)[None, :, None]
+        word_at, run_at, mask, run_mask = run_chunks(row, g0, num_groups, WORDS, RUNS, 8 * RUN + 4, GROUPS_PER_BLOCK)
+        at = xp_ptr + word_at                                                               # [BLOCK_N, GPB, WORDS]
         MASK: tl.constexpr = not EVEN
         x0 = masked_load(at, mask, MASK)
         x1 = masked_load(at + RUN, mask, MASK)
@@ -501,7 +497,7 @@ if HAS_TRITON:
         x5 = masked_load(at + 5 * RUN, mask, MASK)
         x6 = masked_load(at + 6 * RUN, mask, MASK)
         x7 = masked_load(at + 7 * RUN, mask, MASK)
-        x_sum = masked_load(runs_at, (offs_g < num_groups)[:, None], MASK)[None]
+        x_sum = masked_load(xp_ptr + run_at + 8 * RUN, run_mask, MASK)[None]              # after the 8 planes
         return x0, x1, x2, x3, x4, x5, x6, x7, x_sum
 
     @triton.jit
