@@ -26,7 +26,8 @@
 #                                            # attention tests natively, then quant_gpu.py bf16,int4 --batch 1 with
 #                                            # and without it, each with its batch-1 kernel timeline (~8 minutes with
 #                                            # the GEMVs timed afresh; batch 1 alone: one graph bucket to tune)
-#   bash benchmarks/quant_session.sh batch1  # the prepared-x loops' tests natively (XGLOBAL, PAIRED, XHALF), then
+#   bash benchmarks/quant_session.sh batch1  # the prepared-x loops' tests natively (XGLOBAL, PAIRED, XHALF) and the
+#                                            # rotary and decode attention ones, then
 #                                            # quant_gpu.py bf16,int4 --batch 1 with its batch-1 kernel timelines (~6
 #                                            # minutes with the GEMVs timed afresh)
 #   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
@@ -105,6 +106,8 @@ case "$part" in
     # (the prepared-x tests took 16 s on a cold H200; the bench 359 s with every int4 GEMV timed afresh)
     timeout 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
         -k "prepared_x" 2>&1 | tee "$OUT/gpu-tests-int4-batch1.log" | tail -3
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
+        -k "rotary or decode_attention" 2>&1 | tee -a "$OUT/gpu-tests-int4-batch1.log" | tail -3
     timeout 480 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 1 --no-kernel-table \
         --out "$OUT/quant-int4-batch1.json" 2>&1 | grep -v -i warn | tail -8
     ;;

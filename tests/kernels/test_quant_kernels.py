@@ -301,15 +301,16 @@ def test_prepared_x_half_layout_matches_its_reference(norm):
 @pytest.mark.parametrize("gated,norm,paired", [(False, False, False), (True, False, False), (False, True, False),
                                                (True, True, False), (False, False, True), (False, True, True)],
                          ids=["residual", "gated", "norm_residual", "norm_gated", "paired", "norm_paired"])
-@pytest.mark.parametrize("half,block_n,groups", [(False, 8, 2), (True, 8, 2), (True, 2, 8)],
-                         ids=["fp32", "xhalf", "xhalf_wide"])
+@pytest.mark.parametrize("half,block_n,groups", [(False, 8, 2), (True, 8, 2), (True, 2, 8), (True, 1, 4)],
+                         ids=["fp32", "xhalf", "xhalf_wide", "xhalf_one_row_block"])
 def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, groups):
     """XGLOBAL: the INT4_SUB loop on x prepared by int4_prepared_x's kernel (its norm applied there, no x work in
     the loop) against the norm and the int4 linear in fp32: gated or adding into the residual, ragged row and group
     blocks; PAIRED: each program also takes the rows of the weight's second half (2n rows here). XHALF: the products
     in packed fp16 (int4_half_dot.py; PTX on a GPU, its rounding emulated on CPU), whose fp16 sums over 16 products
     cost 2-10x the fp32 path's error on these outputs (about the size of a bf16 output's own rounding); wide: 8
-    groups per step, more than K holds (partial and empty group blocks)."""
+    groups per step, more than K holds (partial and empty group blocks); one row block: one weight row per
+    program (two with PAIRED)."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton, prepare_x_triton
     from tierllm.quant.formats import dequantize_int4

@@ -18,7 +18,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import pdl_start
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.l2_prefetch import l2_prefetch_share
 
     @triton.jit
@@ -30,14 +30,15 @@ if HAS_TRITON:
                              PDL: tl.constexpr, L2_PREFETCH: tl.constexpr):
         """L2_PREFETCH: once its predecessor is done (the QKV GEMV's stream with it), every program also
         prefetches its share of [prefetch_addr, + prefetch_bytes) into L2 (the next kernel's weight,
-        kernels/l2_prefetch.py)."""
-        pdl_start(PDL)
+        kernels/l2_prefetch.py). The context length and the first tile's block-table entries are read before the
+        PDL wait (both are written before the forward's first kernel, never by a kernel of the PDL chain), and
+        each tile's V with its K, so that after the wait a one-tile split waits out a single memory round trip
+        (there were four in a row: the context length, the block table, K, then V after the scores)."""
+        if PDL:
+            gdc_launch_dependents()
         seq = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
-        if L2_PREFETCH:
-            l2_prefetch_share(prefetch_addr, prefetch_bytes, (seq * tl.num_programs(1) + kv_head) * NUM_SPLITS + split,
-                              tl.num_programs(0) * tl.num_programs(1) * NUM_SPLITS)
         context_len = tl.load(context_lens_ptr + seq)
         first = 0                                                 # first visible key
         if HAS_WINDOW:
@@ -46,6 +47,13 @@ if HAS_TRITON:
         split_len = tl.cdiv(tl.cdiv(context_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
         start = first + split * split_len
         end = tl.minimum(start + split_len, context_len)
+        offs = start + tl.arange(0, BLOCK_N)                      # the tile's key positions
+        block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=offs < end, other=0)
+        if PDL:
+            gdc_wait()
+        if L2_PREFETCH:
+            l2_prefetch_share(prefetch_addr, prefetch_bytes, (seq * tl.num_programs(1) + kv_head) * NUM_SPLITS + split,
+                              tl.num_programs(0) * tl.num_programs(1) * NUM_SPLITS)
         rows = tl.arange(0, 16)                                   # query heads of this KV head, padded to 16
         dims = tl.arange(0, HEAD_DIM)
         row_mask = rows < GROUP
@@ -55,20 +63,20 @@ if HAS_TRITON:
         m = tl.full([16], float("-inf"), tl.float32)
         l = tl.zeros([16], tl.float32)
         acc = tl.zeros([16, HEAD_DIM], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            offs = n0 + tl.arange(0, BLOCK_N)
+        for _ in range(start, end, BLOCK_N):
             valid = offs < end
-            block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=valid, other=0)
             slot = block.to(tl.int64) * BLOCK_SIZE + offs % BLOCK_SIZE
             kv_off = slot[:, None] * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims[None, :]
             k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)   # [BLOCK_N, HEAD_DIM]
+            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+            offs += BLOCK_N                                       # the next tile's entries, during this tile's math
+            block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=offs < end, other=0)
             s = tl.dot(q, tl.trans(k)) * scale                                  # [16, BLOCK_N]
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
         if NUM_SPLITS == 1:

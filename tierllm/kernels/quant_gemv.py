@@ -135,20 +135,20 @@ if HAS_TRITON:
     _PAIRED_CONFIGS = [triton.Config({**c.kwargs, "PAIRED": True}, num_warps=c.num_warps, num_stages=1)
                        for c in _PREPARED_CONFIGS[:4]]
     # XHALF: those loops with the products in packed fp16 (int4_half_dot.py) on x in int4_prepared_x's half layout:
-    # one AND and one HFMA2 per two codes, and half the x bytes
-    _HALF_CONFIGS = [triton.Config({**c.kwargs, "XHALF": True}, num_warps=c.num_warps, num_stages=1)
-                     for c in _PREPARED_CONFIGS[:4] + _PAIRED_CONFIGS]
-    # ...and PAIRED ones with wider steps (32-64 groups: 2-4x the warps per program, the same 127-129 SASS per 32
-    # bytes offline): at 4096 output rows bn4 gpb16's 512 programs of 4 warps filled a quarter of an H200's warp
-    # slots, and ncu had its warps waiting on memory ~10 of every ~16 cycles (w4-mma-ncu-xhalf-h200.log)
-    _HALF_CONFIGS += [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
-                                     "XGLOBAL": True, "PAIRED": True, "XHALF": True}, num_warps=w, num_stages=1)
-                      for bn, gpb, w in [(4, 32, 8), (2, 32, 4), (2, 64, 8)]]
-    # ...and the tuner's picks (bn4 gpb16 w4, plain and PAIRED) capped at 48 registers: 40 resident warps per SM
-    # instead of 36 at 56 (ncu: 42-48% achieved occupancy on qkv and gate/up); offline the loop keeps 131-138 SASS
-    # per 32 bytes, the gated one with 7 reloads of spilled loop constants (LDL, L1 hits)
-    _HALF_CONFIGS += [triton.Config(dict(c.kwargs), num_warps=4, num_stages=1, maxnreg=48) for c in _HALF_CONFIGS
-                      if c.kwargs["BLOCK_N"] == 4 and c.kwargs["GROUPS_PER_BLOCK"] == 16]
+    # one AND and one HFMA2 per two codes, and half the x bytes. On an H200 (graph tuner, llama-7b, preparing kernel
+    # included: quant-bf16-int4-wide-llama-7b-h200.json) the fastest were the widest steps: fewer dependent steps
+    # per program, more programs. qkv PAIRED bn2 gpb32 w4 12.30 us against 14.53 for bn4 gpb16; down PAIRED bn4
+    # gpb32 w8 12.54 against 17.45; o and gate/up bn4 gpb16 w4 (7.63, 19.64), where no wider ungated one was in
+    # the list. These (bn, gpb, warps, PAIRED) kept what placed there; the 4-8 group steps (every one 1.3-3x the
+    # best) and the 48-register caps (maxnreg: slower on three shapes of four) went; the ungated and gated
+    # wide steps (gpb32-64, one to two steps over K = 4096) and bn1 PAIRED ones join.
+    _HALF_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
+                                    "XGLOBAL": True, "XHALF": True, **({"PAIRED": True} if paired else {})},
+                                   num_warps=w, num_stages=1)
+                     for bn, gpb, w, paired in [(4, 16, 4, False), (8, 8, 4, False), (2, 32, 4, False),
+                                                (4, 32, 8, False), (1, 64, 4, False), (2, 64, 8, False),
+                                                (4, 16, 4, True), (4, 32, 8, True), (2, 32, 4, True),
+                                                (2, 64, 8, True), (1, 64, 4, True), (1, 32, 2, True)]]
 
     def prepared_configs(n: int, group_size: int, gated: bool) -> list:
         """The graph tuner's XGLOBAL configs for one x row on n output rows: PAIRED ones for an ungated linear of

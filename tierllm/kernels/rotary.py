@@ -12,24 +12,23 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from tierllm.kernels._dispatch import pdl_start
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
 
     @triton.jit
-    def _rotate_heads(ptr, token, stride_t, stride_h, num_heads, c, s, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-        """Rotate [num_heads, 2 * HALF] of one token in place; returns the rotated halves."""
+    def _head_halves(ptr, token, stride_t, stride_h, num_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+        """One token's [num_heads, 2 * HALF] rows: (their address, mask, first halves, second halves), fp32."""
         heads = tl.arange(0, BLOCK_H)[:, None]
-        dims = tl.arange(0, HALF)[None, :]
         mask = heads < num_heads
-        base = ptr + token * stride_t + heads * stride_h + dims
-        dtype = ptr.dtype.element_ty
-        x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
-        # Round where HF rounds (q * cos and rotate_half(q) * sin are model-dtype tensors before the add),
-        # so bf16 results match HF's bit for bit.
+        base = ptr + token * stride_t + heads * stride_h + tl.arange(0, HALF)[None, :]
+        return (base, mask, tl.load(base, mask=mask, other=0.0).to(tl.float32),
+                tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32))
+
+    @triton.jit
+    def _rotated(x1, x2, c, s, dtype: tl.constexpr):
+        """The rotated halves in `dtype`, rounded where HF rounds (q * cos and rotate_half(q) * sin are model-dtype
+        tensors before the add), so bf16 results match HF's bit for bit."""
         o1 = ((x1 * c).to(dtype).to(tl.float32) - (x2 * s).to(dtype).to(tl.float32)).to(dtype)
         o2 = ((x2 * c).to(dtype).to(tl.float32) + (x1 * s).to(dtype).to(tl.float32)).to(dtype)
-        tl.store(base, o1, mask=mask)
-        tl.store(base + HALF, o2, mask=mask)
         return o1, o2
 
     @triton.jit
@@ -37,24 +36,38 @@ if HAS_TRITON:
                              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
                              num_heads, num_kv_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
                              BLOCK_KH: tl.constexpr, WRITE_CACHE: tl.constexpr, PDL: tl.constexpr):
-        pdl_start(PDL)
+        """Every load comes before any store: the stores may alias the loads for all the compiler knows, so loads
+        after a store would each wait out another memory round trip (five in a row before this order). The slot
+        comes before the PDL wait: slot mappings are written before the forward's first kernel, never by a kernel
+        of the PDL chain."""
+        if PDL:
+            gdc_launch_dependents()
         token = tl.program_id(0).to(tl.int64)
+        if WRITE_CACHE:
+            slot = tl.load(slot_ptr + token)
+        if PDL:
+            gdc_wait()
         dims = tl.arange(0, HALF)[None, :]
         c = tl.load(cos_ptr + token * stride_cs + dims).to(tl.float32)       # cos/sin halves are equal
         s = tl.load(sin_ptr + token * stride_cs + dims).to(tl.float32)
-        _rotate_heads(q_ptr, token, stride_qt, stride_qh, num_heads, c, s, HALF, BLOCK_H)
-        k1, k2 = _rotate_heads(k_ptr, token, stride_kt, stride_kh, num_kv_heads, c, s, HALF, BLOCK_KH)
+        q_at, q_mask, q1, q2 = _head_halves(q_ptr, token, stride_qt, stride_qh, num_heads, HALF, BLOCK_H)
+        k_at, k_mask, k1, k2 = _head_halves(k_ptr, token, stride_kt, stride_kh, num_kv_heads, HALF, BLOCK_KH)
         if WRITE_CACHE:
-            slot = tl.load(slot_ptr + token)
+            _, _, v1, v2 = _head_halves(v_ptr, token, stride_vt, stride_vh, num_kv_heads, HALF, BLOCK_KH)
+        dtype = q_ptr.dtype.element_ty
+        q1, q2 = _rotated(q1, q2, c, s, dtype)
+        k1, k2 = _rotated(k1, k2, c, s, dtype)
+        tl.store(q_at, q1, mask=q_mask)
+        tl.store(q_at + HALF, q2, mask=q_mask)
+        tl.store(k_at, k1, mask=k_mask)
+        tl.store(k_at + HALF, k2, mask=k_mask)
+        if WRITE_CACHE:
             if slot >= 0:                                                   # -1: padding row of a graph
-                heads = tl.arange(0, BLOCK_KH)[:, None]
-                mask = heads < num_kv_heads
-                row = slot * num_kv_heads * 2 * HALF + heads * 2 * HALF + dims
-                tl.store(k_cache_ptr + row, k1, mask=mask)
-                tl.store(k_cache_ptr + row + HALF, k2, mask=mask)
-                v_base = v_ptr + token * stride_vt + heads * stride_vh + dims
-                tl.store(v_cache_ptr + row, tl.load(v_base, mask=mask), mask=mask)
-                tl.store(v_cache_ptr + row + HALF, tl.load(v_base + HALF, mask=mask), mask=mask)
+                row = slot * num_kv_heads * 2 * HALF + tl.arange(0, BLOCK_KH)[:, None] * 2 * HALF + dims
+                tl.store(k_cache_ptr + row, k1, mask=k_mask)
+                tl.store(k_cache_ptr + row + HALF, k2, mask=k_mask)
+                tl.store(v_cache_ptr + row, v1.to(dtype), mask=k_mask)
+                tl.store(v_cache_ptr + row + HALF, v2.to(dtype), mask=k_mask)
 
 
 def rotary_and_cache_write_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
