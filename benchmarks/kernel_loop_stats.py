@@ -63,7 +63,7 @@ def kernels(args) -> dict:
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False, "INT4_SUB": args.sub,
                      "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal or args.xhalf,
-                     "PAIRED": args.paired, "XHALF": args.xhalf, "LOOP_STAGES": args.loop_stages}),
+                     "PAIRED": args.paired, "XHALF": args.xhalf}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -132,8 +132,6 @@ def main() -> int:
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--maxnreg", type=int, default=None, help="ptxas's register cap per thread")
-    parser.add_argument("--loop-stages", type=int, default=1,
-                        help="w4_gemv --row --sub: LOOP_STAGES (the K loop pipelined by cp.async)")
     parser.add_argument("--stages", type=int, default=2)
     args = parser.parse_args()
     if args.kernel == "w4_gemm" and min(args.block_m, args.block_n) < 16:

@@ -301,18 +301,16 @@ def test_prepared_x_half_layout_matches_its_reference(norm):
 @pytest.mark.parametrize("gated,norm,paired", [(False, False, False), (True, False, False), (False, True, False),
                                                (True, True, False), (False, False, True), (False, True, True)],
                          ids=["residual", "gated", "norm_residual", "norm_gated", "paired", "norm_paired"])
-@pytest.mark.parametrize("half,block_n,groups,stages", [(False, 8, 2, 1), (True, 8, 2, 1), (True, 2, 8, 1),
-                                                        (True, 1, 4, 1), (True, 4, 1, 3)],
-                         ids=["fp32", "xhalf", "xhalf_wide", "xhalf_one_row_block", "xhalf_pipelined"])
-def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, groups, stages):
+@pytest.mark.parametrize("half,block_n,groups", [(False, 8, 2), (True, 8, 2), (True, 2, 8), (True, 1, 4)],
+                         ids=["fp32", "xhalf", "xhalf_wide", "xhalf_one_row_block"])
+def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, groups):
     """XGLOBAL: the INT4_SUB loop on x prepared by int4_prepared_x's kernel (its norm applied there, no x work in
     the loop) against the norm and the int4 linear in fp32: gated or adding into the residual, ragged row and group
     blocks; PAIRED: each program also takes the rows of the weight's second half (2n rows here). XHALF: the products
     in packed fp16 (int4_half_dot.py; PTX on a GPU, its rounding emulated on CPU), whose fp16 sums over 16 products
     cost 2-10x the fp32 path's error on these outputs (about the size of a bf16 output's own rounding); wide: 8
     groups per step, more than K holds (partial and empty group blocks); one row block: one weight row per
-    program (two with PAIRED); pipelined: the loop's 3-5 steps after the first through cp.async (LOOP_STAGES=3: on
-    a GPU; the interpreter runs the plain loop)."""
+    program (two with PAIRED)."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton, prepare_x_triton
     from tierllm.quant.formats import dequantize_int4
@@ -326,7 +324,7 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, g
     start = y.clone()
     flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": gated, "RESIDUAL": not gated,
              "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "XHALF": half,
-             "BLOCK_N": block_n, "GROUPS_PER_BLOCK": groups, "LOOP_STAGES": stages}
+             "BLOCK_N": block_n, "GROUPS_PER_BLOCK": groups}
     x_prepared = prepare_x_half_triton(x, g) if half else prepare_x_triton(x, 64, g)
     quant_gemv._w4_gemv_body[(1, triton.cdiv(n, block_n))](
         x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,

@@ -143,16 +143,12 @@ if HAS_TRITON:
     # best) and the 48-register caps (maxnreg: slower on three shapes of four) went; the ungated and gated
     # wide steps (gpb32-64, one to two steps over K = 4096) and bn1 PAIRED ones join.
     _HALF_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
-                                    "XGLOBAL": True, "XHALF": True, **({"PAIRED": True} if paired else {}),
-                                    **({"LOOP_STAGES": stages} if stages > 1 else {})},
+                                    "XGLOBAL": True, "XHALF": True, **({"PAIRED": True} if paired else {})},
                                    num_warps=w, num_stages=1)
-                     for bn, gpb, w, paired, stages in [
-                         (4, 16, 4, False, 1), (8, 8, 4, False, 1), (2, 32, 4, False, 1), (4, 32, 8, False, 1),
-                         (1, 64, 4, False, 1), (2, 64, 8, False, 1), (4, 16, 4, True, 1), (4, 32, 8, True, 1),
-                         (2, 32, 4, True, 1), (2, 64, 8, True, 1), (1, 64, 4, True, 1), (1, 32, 2, True, 1),
-                         # ncu found these loops waiting on memory ~10 of every ~16 cycles (w4-mma-ncu-xhalf-h200.log):
-                         # their 4-8 step loops pipelined by cp.async (LOOP_STAGES), 2-3 stages
-                         (4, 16, 4, False, 2), (4, 16, 4, False, 3), (8, 8, 4, False, 3), (4, 16, 4, True, 3)]]
+                     for bn, gpb, w, paired in [(4, 16, 4, False), (8, 8, 4, False), (2, 32, 4, False),
+                                                (4, 32, 8, False), (1, 64, 4, False), (2, 64, 8, False),
+                                                (4, 16, 4, True), (4, 32, 8, True), (2, 32, 4, True),
+                                                (2, 64, 8, True), (1, 64, 4, True), (1, 32, 2, True)]]
 
     def prepared_configs(n: int, group_size: int, gated: bool) -> list:
         """The graph tuner's XGLOBAL configs for one x row on n output rows: PAIRED ones for an ungated linear of
@@ -548,8 +544,7 @@ if HAS_TRITON:
                       GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False,
                       PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False, PDL: tl.constexpr = False,
-                      XGLOBAL: tl.constexpr = False, XHALF: tl.constexpr = False, EMULATE: tl.constexpr = False,
-                      LOOP_STAGES: tl.constexpr = 1):
+                      XGLOBAL: tl.constexpr = False, XHALF: tl.constexpr = False, EMULATE: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
         form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
         (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
@@ -566,9 +561,7 @@ if HAS_TRITON:
         first step's weight loads come before the wait. XGLOBAL: x_row_ptr is x prepared by int4_prepared_x (its
         norm applied, converted, scaled per nibble position, summed per run: no x work in the loop; not with
         PREFETCH, XPRE or NORM); with XHALF in its half layout, the products in packed fp16 (int4_half_dot.py;
-        EMULATE: its Triton-ops twin, for the interpreter). LOOP_STAGES (not with PREFETCH): the steps after the
-        first through tl.range(num_stages=LOOP_STAGES), which software-pipelines their wide loads by cp.async into
-        shared memory (bytes in flight without registers; 1: a plain loop)."""
+        EMULATE: its Triton-ops twin, for the interpreter)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
         RUNS: tl.constexpr = WORDS // RUN
@@ -608,7 +601,7 @@ if HAS_TRITON:
                 acc, acc_low, up, up_low, sumsq, x_raw, words, scale, low, words_up, scale_up, low_up, x_row_ptr,
                 g_ptr, row, 0, num_groups, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL,
                 XHALF, EMULATE)
-            for g0 in tl.range(GROUPS_PER_BLOCK, num_groups, GROUPS_PER_BLOCK, num_stages=LOOP_STAGES):
+            for g0 in range(GROUPS_PER_BLOCK, num_groups, GROUPS_PER_BLOCK):
                 step_x, step_words, step_scale, step_low, step_words_up, step_scale_up, step_low_up = \
                     _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups,
                                          stride_wn, stride_sn, GROUP, WORDS, GROUPS_PER_BLOCK, HAS_MINS, GATED, EVEN,
@@ -637,7 +630,7 @@ if HAS_TRITON:
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
                       INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
                       XGLOBAL: tl.constexpr = False, PAIRED: tl.constexpr = False, XHALF: tl.constexpr = False,
-                      EMULATE: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 1):
+                      EMULATE: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
@@ -645,8 +638,7 @@ if HAS_TRITON:
         before as it starts, except in the INT4_SUB loop, which loads its first step's weights before the wait, as
         gemv.py's loops do. PAIRED (INT4_SUB, not GATED): N is half the weight's rows, and each program also takes
         the rows N further, as GATED takes the up rows (the same x for both, loaded once), into y's second half.
-        XHALF (with XGLOBAL): the products in packed fp16 (int4_half_dot.py), EMULATE for the interpreter; LOOP_STAGES:
-        _int4_sub_dot's."""
+        XHALF (with XGLOBAL): the products in packed fp16 (int4_half_dot.py), EMULATE for the interpreter."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -664,7 +656,7 @@ if HAS_TRITON:
             dot, dot_up, sub_sumsq = _int4_sub_dot(x_ptr + m * stride_xm, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up,
                                                    n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED or PAIRED,
                                                    BLOCK_N, GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL, XGLOBAL,
-                                                   XHALF, EMULATE, LOOP_STAGES)
+                                                   XHALF, EMULATE)
             acc += dot
             acc_up += dot_up
             sumsq += sub_sumsq
