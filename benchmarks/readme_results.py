@@ -465,6 +465,30 @@ def xhalf_sentence(paired: dict, xhalf: dict, prefetch: dict) -> str:
             f"([{ms(prefetch)}](benchmarks/results/quant-bf16-int4-xhalf-prefetch-llama-7b-h200.json)) and was removed.")
 
 
+def wide_steps_sentence(wide: dict, loads: dict, loop_stages: dict) -> str:
+    """XHALF's wider steps, then the rotary and decode attention kernels' loads issued at once, then LOOP_STAGES on
+    XHALF (measured and reverted), each a bf16 + int4 call at batch 1."""
+    def ms(doc: dict) -> str:
+        r = doc["results"]
+        return (f"{r['int4']['batch1']['decode_ms_per_step']} against bf16's {r['bf16']['batch1']['decode_ms_per_step']}"
+                f" ms/token, {r['speedup_vs_bf16']['int4']['batch1_decode']}x")
+
+    def pick_us(doc: dict, rows: int, k: int = 4096) -> str:
+        [pick] = [p for p in doc["results"]["int4"]["batch1_tuner_picks"]
+                  if p["key"].startswith(f"(1, {rows}, {k}, ")]
+        return f"{pick['fastest_us'][0][1]} us"
+    return ("Wider XHALF steps (32-64 groups, fewer dependent steps per program and more programs) took qkv to "
+            f"{pick_us(wide, 12288)} and down to {pick_us(wide, 4096, 11008)} "
+            f"([{ms(wide)}](benchmarks/results/quant-bf16-int4-wide-llama-7b-h200.json)). The rotary and decode "
+            "attention kernels then issued every load after their PDL wait at once (the slot, context length and "
+            "first block-table entries before it; the rotary kernel had waited out five memory round trips in a row, "
+            "the split kernel four): "
+            f"[{ms(loads)}](benchmarks/results/quant-bf16-int4-attention-loads-llama-7b-h200.json), the best so far "
+            "(target 2.8x: not met). Software-pipelining the XHALF loops through shared memory was 5-16x slower on "
+            f"every shape ([{ms(loop_stages)}](benchmarks/results/quant-bf16-int4-xhalf-loop-stages-llama-7b-h200.json)"
+            ", where the tuner kept unpipelined picks) and was removed.")
+
+
 def greedy_sentence(doc: dict) -> str:
     """The one-kernel greedy pick against the sampler's former eager chain (benchmarks/greedy_sampling.py)."""
     rows = [r for r in doc["results"]["rows"] if r["rows"] == 1]
@@ -602,6 +626,10 @@ def main() -> None:
                                          results("quant-bf16-int4-paired-llama-7b-h200.json"),
                                          results("quant-bf16-int4-xhalf-llama-7b-h200.json"),
                                          results("quant-bf16-int4-xhalf-prefetch-llama-7b-h200.json"))
+                                     + " " + wide_steps_sentence(
+                                         results("quant-bf16-int4-wide-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-attention-loads-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-xhalf-loop-stages-llama-7b-h200.json"))
                                      + " " + greedy_sentence(results("greedy-sampling-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
