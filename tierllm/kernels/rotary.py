@@ -1,6 +1,6 @@
 """Rotary position embedding (NeoX / HF "rotate half" layout) on q and k, fused with the KV-cache write.
 On GPUs with programmatic dependent launch (kernels/_dispatch.py) the kernel is launched with it: it lets the
-decode attention after it launch early and waits for the QKV projection before it reads anything."""
+decode attention after it launch early and waits for the QKV projection before it reads what that wrote."""
 from __future__ import annotations
 
 import torch
