@@ -422,13 +422,22 @@ def norm_inside_sentence(inside: dict, separate: dict, default: dict, loop_stage
             + ", ".join(f"{name} {us} us" for name, us in best.items()) + ", all unpipelined) and was removed.")
 
 
+def ms(doc: dict) -> str:
+    """A bf16 + int4 call's batch-1 decode: int4 against bf16, ms/token, and the ratio."""
+    r = doc["results"]
+    return (f"{r['int4']['batch1']['decode_ms_per_step']} against bf16's {r['bf16']['batch1']['decode_ms_per_step']}"
+            f" ms/token, {r['speedup_vs_bf16']['int4']['batch1_decode']}x")
+
+
+def pick_us(doc: dict, rows: int, k: int = 4096) -> str:
+    """The graph tuner's time for its int4 batch-1 pick on the linear of `rows` x `k`."""
+    [pick] = [p for p in doc["results"]["int4"]["batch1_tuner_picks"] if p["key"].startswith(f"(1, {rows}, {k}, ")]
+    return f"{pick['fastest_us'][0][1]} us"
+
+
 def xglobal_sentence(early: dict, xglobal: dict) -> str:
     """int4's GEMVs loading their first weights before the PDL wait, then the INT4_SUB loop on x prepared once per
     call (XGLOBAL), each a bf16 + int4 call at batch 1."""
-    def ms(doc: dict) -> str:
-        r = doc["results"]
-        return (f"{r['int4']['batch1']['decode_ms_per_step']} against bf16's {r['bf16']['batch1']['decode_ms_per_step']}"
-                f" ms/token, {r['speedup_vs_bf16']['int4']['batch1_decode']}x")
     picks = [p for p in xglobal["results"]["int4"]["batch1_tuner_picks"] if "XGLOBAL: True" in p["picked"]]
     return ("Then int4's two GEMVs load their first weights before the PDL wait, as bf16's do "
             f"([{ms(early)}](benchmarks/results/quant-bf16-int4-early-weight-loads-llama-7b-h200.json)), and the "
@@ -444,14 +453,6 @@ def xglobal_sentence(early: dict, xglobal: dict) -> str:
 def xhalf_sentence(paired: dict, xhalf: dict, prefetch: dict) -> str:
     """Two weight rows per thread (PAIRED), then the prepared-x loop's products in packed fp16 (XHALF), each a bf16 +
     int4 call at batch 1; PREFETCH on top of XHALF, measured and reverted."""
-    def ms(doc: dict) -> str:
-        r = doc["results"]
-        return (f"{r['int4']['batch1']['decode_ms_per_step']} against bf16's {r['bf16']['batch1']['decode_ms_per_step']}"
-                f" ms/token, {r['speedup_vs_bf16']['int4']['batch1_decode']}x")
-
-    def pick_us(doc: dict, rows: int) -> str:
-        [pick] = [p for p in doc["results"]["int4"]["batch1_tuner_picks"] if p["key"].startswith(f"(1, {rows}, ")]
-        return f"{pick['fastest_us'][0][1]} us"
     return ("Two weight rows per thread (the weight's two halves, `PAIRED`) took qkv to "
             f"{pick_us(paired, 12288)} ([{ms(paired)}](benchmarks/results/quant-bf16-int4-paired-llama-7b-h200.json)). "
             "With the products in packed fp16 (`kernels/int4_half_dot.py`: one AND and one HFMA2 per two codes on x in "
@@ -468,15 +469,6 @@ def xhalf_sentence(paired: dict, xhalf: dict, prefetch: dict) -> str:
 def wide_steps_sentence(wide: dict, loads: dict, loop_stages: dict) -> str:
     """XHALF's wider steps, then the rotary and decode attention kernels' loads issued at once, then LOOP_STAGES on
     XHALF (measured and reverted), each a bf16 + int4 call at batch 1."""
-    def ms(doc: dict) -> str:
-        r = doc["results"]
-        return (f"{r['int4']['batch1']['decode_ms_per_step']} against bf16's {r['bf16']['batch1']['decode_ms_per_step']}"
-                f" ms/token, {r['speedup_vs_bf16']['int4']['batch1_decode']}x")
-
-    def pick_us(doc: dict, rows: int, k: int = 4096) -> str:
-        [pick] = [p for p in doc["results"]["int4"]["batch1_tuner_picks"]
-                  if p["key"].startswith(f"(1, {rows}, {k}, ")]
-        return f"{pick['fastest_us'][0][1]} us"
     return ("Wider XHALF steps (32-64 groups, fewer dependent steps per program and more programs) took qkv to "
             f"{pick_us(wide, 12288)} and down to {pick_us(wide, 4096, 11008)} "
             f"([{ms(wide)}](benchmarks/results/quant-bf16-int4-wide-llama-7b-h200.json)). The rotary and decode "

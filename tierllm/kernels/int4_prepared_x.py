@@ -157,13 +157,17 @@ def prepare_x_triton(x: torch.Tensor, group_size: int, norm_weight: torch.Tensor
     return out
 
 
+def _normed_ref(x: torch.Tensor, norm_weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x flat in fp32, times rstd * g where a norm weight g is given (the preparing kernels' _normed_x)."""
+    x = x.reshape(-1).float()
+    return x if norm_weight is None else x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.float()
+
+
 def prepare_x_ref(x: torch.Tensor, group_size: int, norm_weight: torch.Tensor | None = None,
                   eps: float = 1e-6) -> torch.Tensor:
     """The same buffer from torch ops (fp32)."""
-    x = x.reshape(-1).float()
+    x = _normed_ref(x, norm_weight, eps)
     k = x.shape[0]
-    if norm_weight is not None:
-        x = x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.float()
     run = run_length(group_size)
     i = torch.arange(8, device=x.device)
     exponent = 100 - 4 * (i - 2 * (i >= 6).long())                       # 2^100 ... 2^80, then 2^84, 2^80
@@ -195,10 +199,8 @@ def prepare_x_half_triton(x: torch.Tensor, norm_weight: torch.Tensor | None = No
 
 def prepare_x_half_ref(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """The same buffer from torch ops."""
-    x = x.reshape(-1).float()
+    x = _normed_ref(x, norm_weight, eps)
     k = x.shape[0]
-    if norm_weight is not None:
-        x = x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.float()
     runs = x.view(k // HALF_RUN_K, 4, 8)                                                  # [runs, words, i]
     exponent = torch.frexp(runs.abs().amax(dim=(1, 2)))[1] - 1                             # floor(log2)
     exponent = torch.where(runs.abs().amax(dim=(1, 2)) > 0, exponent, torch.full_like(exponent, -100))

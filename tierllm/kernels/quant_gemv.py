@@ -139,8 +139,8 @@ if HAS_TRITON:
     # included: quant-bf16-int4-wide-llama-7b-h200.json) the fastest were the widest steps: fewer dependent steps
     # per program, more programs. qkv PAIRED bn2 gpb32 w4 12.30 us against 14.53 for bn4 gpb16; down PAIRED bn4
     # gpb32 w8 12.54 against 17.45; o and gate/up bn4 gpb16 w4 (7.63, 19.64), where no wider ungated one was in
-    # the list. These (bn, gpb, warps, PAIRED) kept what placed there; the 4-8 group steps (every one 1.3-3x the
-    # best) and the 48-register caps (maxnreg: slower on three shapes of four) went; the ungated and gated
+    # the list. These (bn, gpb, warps, PAIRED) kept what placed there; the 4-group steps and PAIRED bn8 gpb8 (each
+    # 1.3-3x the best) and the 48-register caps (maxnreg: slower on three shapes of four) went; the ungated and gated
     # wide steps (gpb32-64, one to two steps over K = 4096) and bn1 PAIRED ones join.
     _HALF_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
                                     "XGLOBAL": True, "XHALF": True, **({"PAIRED": True} if paired else {})},

@@ -16,17 +16,19 @@ if HAS_TRITON:
 
     @triton.jit
     def _head_halves(ptr, token, stride_t, stride_h, num_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-        """One token's [num_heads, 2 * HALF] rows: (their address, mask, first halves, second halves), fp32."""
+        """One token's [num_heads, 2 * HALF] rows: (their address, mask, first halves, second halves)."""
         heads = tl.arange(0, BLOCK_H)[:, None]
         mask = heads < num_heads
         base = ptr + token * stride_t + heads * stride_h + tl.arange(0, HALF)[None, :]
-        return (base, mask, tl.load(base, mask=mask, other=0.0).to(tl.float32),
-                tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32))
+        return base, mask, tl.load(base, mask=mask, other=0.0), tl.load(base + HALF, mask=mask, other=0.0)
 
     @triton.jit
-    def _rotated(x1, x2, c, s, dtype: tl.constexpr):
-        """The rotated halves in `dtype`, rounded where HF rounds (q * cos and rotate_half(q) * sin are model-dtype
+    def _rotated(x1, x2, c, s):
+        """The rotated halves in x's dtype, rounded where HF rounds (q * cos and rotate_half(q) * sin are model-dtype
         tensors before the add), so bf16 results match HF's bit for bit."""
+        dtype = x1.dtype
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
         o1 = ((x1 * c).to(dtype).to(tl.float32) - (x2 * s).to(dtype).to(tl.float32)).to(dtype)
         o2 = ((x2 * c).to(dtype).to(tl.float32) + (x1 * s).to(dtype).to(tl.float32)).to(dtype)
         return o1, o2
@@ -54,9 +56,8 @@ if HAS_TRITON:
         k_at, k_mask, k1, k2 = _head_halves(k_ptr, token, stride_kt, stride_kh, num_kv_heads, HALF, BLOCK_KH)
         if WRITE_CACHE:
             _, _, v1, v2 = _head_halves(v_ptr, token, stride_vt, stride_vh, num_kv_heads, HALF, BLOCK_KH)
-        dtype = q_ptr.dtype.element_ty
-        q1, q2 = _rotated(q1, q2, c, s, dtype)
-        k1, k2 = _rotated(k1, k2, c, s, dtype)
+        q1, q2 = _rotated(q1, q2, c, s)
+        k1, k2 = _rotated(k1, k2, c, s)
         tl.store(q_at, q1, mask=q_mask)
         tl.store(q_at + HALF, q2, mask=q_mask)
         tl.store(k_at, k1, mask=k_mask)
@@ -66,8 +67,8 @@ if HAS_TRITON:
                 row = slot * num_kv_heads * 2 * HALF + tl.arange(0, BLOCK_KH)[:, None] * 2 * HALF + dims
                 tl.store(k_cache_ptr + row, k1, mask=k_mask)
                 tl.store(k_cache_ptr + row + HALF, k2, mask=k_mask)
-                tl.store(v_cache_ptr + row, v1.to(dtype), mask=k_mask)
-                tl.store(v_cache_ptr + row + HALF, v2.to(dtype), mask=k_mask)
+                tl.store(v_cache_ptr + row, v1, mask=k_mask)
+                tl.store(v_cache_ptr + row + HALF, v2, mask=k_mask)
 
 
 def rotary_and_cache_write_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
