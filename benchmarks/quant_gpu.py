@@ -230,8 +230,8 @@ def main() -> int:
                 "batch1_gen_len": args.gen_len_b1, "batch": args.batch, "int4": "group 64, asymmetric",
                 "int8": "per channel, symmetric", "w8a8": "per-token int8 activations x per-channel int8 weights",
                 "cuda_graphs": True,
-                "tuner_env": {name: os.environ[name] for name in ("TIERLLM_STEP_TUNER", "TIERLLM_GEMV_TUNER")
-                              if name in os.environ},
+                "tuner_env": {name: os.environ[name] for name in ("TIERLLM_STEP_TUNER", "TIERLLM_GEMV_TUNER",
+                                                                   "TIERLLM_L2_PREFETCH") if name in os.environ},
                 "gemv_tuner": "graph" if graph_tuning() else "triton"}
     results: dict = {"batch1_kernels": kernels}
     checks: list = []
