@@ -63,7 +63,7 @@ def kernels(args) -> dict:
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False, "INT4_SUB": args.sub,
                      "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal or args.xhalf,
-                     "PAIRED": args.paired, "XHALF": args.xhalf, "L2_AHEAD": args.l2_ahead}),
+                     "PAIRED": args.paired, "XHALF": args.xhalf}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -129,8 +129,6 @@ def main() -> int:
                         help="w4_gemv --row --sub --xglobal: two rows per thread, the weight's halves (PAIRED)")
     parser.add_argument("--xhalf", action="store_true",
                         help="w4_gemv --row --sub: XGLOBAL with the products in packed fp16 (XHALF)")
-    parser.add_argument("--l2-ahead", type=int, default=0,
-                        help="w4_gemv --row --sub: L2_AHEAD (the tile of the program this many further, into L2)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--maxnreg", type=int, default=None, help="ptxas's register cap per thread")

@@ -26,11 +26,11 @@
 #                                            # attention tests natively, then quant_gpu.py bf16,int4 --batch 1 with
 #                                            # and without it, each with its batch-1 kernel timeline (~8 minutes with
 #                                            # the GEMVs timed afresh; batch 1 alone: one graph bucket to tune)
-#   bash benchmarks/quant_session.sh batch1 [prefetch-ab] # the prepared-x loops' tests natively (XGLOBAL, PAIRED,
-#                                            # XHALF, L2_AHEAD) and the rotary and decode attention ones, then
+#   bash benchmarks/quant_session.sh batch1 [VAR] # the prepared-x loops' tests natively (XGLOBAL, PAIRED, XHALF)
+#                                            # and the rotary and decode attention ones, then
 #                                            # quant_gpu.py bf16,int4 --batch 1 with its batch-1 kernel timelines (~6
-#                                            # minutes with the GEMVs timed afresh); prefetch-ab: then again with
-#                                            # TIERLLM_L2_PREFETCH=1 (the split kernel prefetches o's weight)
+#                                            # minutes with the GEMVs timed afresh); VAR (an environment variable,
+#                                            # e.g. TIERLLM_STEP_TUNER): that run with VAR=0, then again with VAR=1
 #   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
 #                                            # CUDA-core one (XHALF) on four llama-7b shapes (benchmarks/w4_mma_ncu.py),
 #                                            # then the real-timed graph tuner's test
@@ -106,15 +106,14 @@ case "$part" in
     # compiles alone took over 200 s on an H200)
     # (the prepared-x tests took 16 s on a cold H200; the bench 359 s with every int4 GEMV timed afresh)
     timeout 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
-        -k "prepared_x or l2_ahead" 2>&1 | tee "$OUT/gpu-tests-int4-batch1.log" | tail -3
+        -k "prepared_x" 2>&1 | tee "$OUT/gpu-tests-int4-batch1.log" | tail -3
     timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
         -k "rotary or decode_attention" 2>&1 | tee -a "$OUT/gpu-tests-int4-batch1.log" | tail -3
-    if [ "${2:-}" = "prefetch-ab" ]; then      # then again with the split kernel prefetching o's weight into L2
-      for prefetch in 0 1; do
-        TIERLLM_L2_PREFETCH=$prefetch timeout $((prefetch ? 200 : 400)) python3 benchmarks/quant_gpu.py \
-            --variants bf16,int4 --batch 1 --no-kernel-table --out "$OUT/quant-int4-batch1-l2-prefetch-$prefetch.json" \
-            2>&1 | grep -v -i warn | tail -6
-        mkdir -p "$OUT/timelines-l2-prefetch-$prefetch" && mv "$OUT"/timeline-*.json "$OUT/timelines-l2-prefetch-$prefetch/"
+    if [ -n "${2:-}" ]; then                  # an A/B of the environment variable $2: 0, then 1
+      for value in 0 1; do
+        env "$2=$value" timeout $((value ? 250 : 350)) python3 benchmarks/quant_gpu.py --variants bf16,int4 \
+            --batch 1 --no-kernel-table --out "$OUT/quant-int4-batch1-$2-$value.json" 2>&1 | grep -v -i warn | tail -6
+        mkdir -p "$OUT/timelines-$2-$value" && mv "$OUT"/timeline-*.json "$OUT/timelines-$2-$value/"
       done
     else
       timeout 480 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 1 --no-kernel-table \

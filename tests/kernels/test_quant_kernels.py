@@ -336,30 +336,6 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, g
     assert _rel_err(y, ref) < (5e-3 if half else 1e-3)
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="bulk L2 prefetch is PTX: the interpreter runs none")
-@pytest.mark.parametrize("gated,paired", [(True, False), (False, True)], ids=["gated", "paired"])
-@pytest.mark.parametrize("ahead", [1, 3, 64])
-def test_l2_ahead_leaves_the_outputs_alone(gated, paired, ahead):
-    """L2_AHEAD (each program prefetches into L2 the weight tile of the program `ahead` further) changes no output
-    bit of the XHALF loop: ragged row blocks (19 rows in blocks of 2, the last tile's rows clamped), scale rows of
-    12 bytes (spans widened to 16-byte boundaries), targets past the last program (none prefetched)."""
-    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
-
-    n, k = 19, 384
-    w, bias = _quantized(2 * n, k, QuantConfig(bits=4, group_size=64), seed=75)
-    x_prepared = prepare_x_half_triton(2 * _x(1, k, torch.bfloat16, seed=76), None)
-    outs = []
-    for l2_ahead in (0, ahead):
-        y = torch.zeros(1, n if gated else 2 * n, dtype=torch.bfloat16, device=DEVICE)
-        quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 2))](
-            x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,
-            w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, GROUP=64, HAS_MINS=True,
-            HAS_BIAS=True, NORM=False, GATED=gated, RESIDUAL=not gated, INT4_ROW=True, INT4_SUB=True, XGLOBAL=True,
-            PAIRED=paired, XHALF=True, BLOCK_N=2, GROUPS_PER_BLOCK=4, EVEN=False, L2_AHEAD=l2_ahead)
-        outs.append(y)
-    assert outs[0].abs().sum() > 0 and torch.equal(outs[0], outs[1])
-
-
 def test_xhalf_configs_opt_out(monkeypatch):
     """TIERLLM_INT4_XHALF=0 keeps the packed-fp16 loops (XHALF) out of the graph tuner's one-row list, and groups of
     16 codes (runs of 2 words) never get them."""
@@ -376,9 +352,9 @@ def test_w4_gemv_graph_tuned(monkeypatch, gated, xhalf):
     """TIERLLM_GEMV_TUNER=graph for the int4 GEMV (on an H200 Triton's tuner timed its best configs at 1.4-3.3x
     their time in a graph): only the configs that apply to the call are timed, each on the weight's copies, the
     fastest is taken, remembered per shape and kept as a site for step tuning, and a residual launch adds the
-    product once. Where XHALF applies (groups of 64), the XGLOBAL loop's prepared_configs alone (XHALF's, L2
-    prefetches among them, and the fp32 loop's best step); with TIERLLM_INT4_XHALF=0 every loop's that the prune
-    keeps (none with inline PTX under the interpreter) and the fp32 XGLOBAL loop's."""
+    product once. Where XHALF applies (groups of 64), the XGLOBAL loop's prepared_configs alone (XHALF's and the
+    fp32 loop's best step); with TIERLLM_INT4_XHALF=0 every loop's that the prune keeps (none with inline PTX under
+    the interpreter) and the fp32 XGLOBAL loop's."""
     from tierllm.kernels import graph_tuning
     if not xhalf:
         monkeypatch.setenv("TIERLLM_INT4_XHALF", "0")

@@ -63,16 +63,6 @@ if HAS_TRITON:
     _MAX_BULK = tl.constexpr(MAX_BULK)
 
     @triton.jit
-    def _bulk_prefetch(address, size):
-        """One `cp.async.bulk.prefetch.L2` of `size` bytes (int32, a multiple of 16; none where 0) at `address`
-        (int64, 16-byte aligned), issued by the program's first thread only."""
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.ne.and.u32 p, $2, 0, p; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r,~{memory}", [tl.full([1], 0, tl.int64) + address, tl.full([1], 0, tl.int32) + size], dtype=tl.int32,
-            is_pure=False, pack=1)
-
-    @triton.jit
     def l2_prefetch_share(addr, nbytes, program, programs):
         """Program `program` of `programs` prefetches its share of [addr, addr + nbytes) into L2: one bulk
         prefetch of a 16-byte multiple, issued by its first thread (none past the end). At most MAX_BULK bytes
@@ -81,16 +71,8 @@ if HAS_TRITON:
         chunk = tl.minimum(tl.cdiv(tl.cdiv(nbytes, programs), 16) * 16, _MAX_BULK)
         start = program.to(tl.int64) * chunk
         size = tl.minimum(tl.maximum(nbytes - start, 0), chunk).to(tl.int32)
-        _bulk_prefetch(addr + start, size)
-
-    @triton.jit
-    def l2_prefetch_bytes(base, offset, nbytes):
-        """Prefetch into L2 the bytes [offset, offset + nbytes) from pointer `base` (nothing where nbytes <= 0),
-        widened to 16-byte boundaries (the instruction's unit; the caching allocator's blocks are 512-byte aligned,
-        so the widening stays in the allocation): one bulk prefetch by the program's first thread, of at most
-        MAX_BULK bytes."""
-        begin = base.to(tl.int64) + offset.to(tl.int64)
-        end = begin + nbytes.to(tl.int64)
-        begin = begin // 16 * 16
-        size = tl.where(nbytes > 0, tl.minimum((end + 15) // 16 * 16 - begin, _MAX_BULK), 0)
-        _bulk_prefetch(begin, size.to(tl.int32))
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.ne.and.u32 p, $2, 0, p; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [tl.full([1], 0, tl.int64) + addr + start, tl.full([1], 0, tl.int32) + size], dtype=tl.int32,
+            is_pure=False, pack=1)

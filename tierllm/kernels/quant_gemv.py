@@ -49,7 +49,6 @@ if HAS_TRITON:
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
     from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
     from tierllm.kernels.int4_prepared_x import run_chunks
-    from tierllm.kernels.l2_prefetch import l2_prefetch_bytes
     from tierllm.kernels.w4_mma_gemv import masked_load
 
     @triton.jit
@@ -143,22 +142,13 @@ if HAS_TRITON:
     # the list. These (bn, gpb, warps, PAIRED) kept what placed there; the 4-group steps and PAIRED bn8 gpb8 (each
     # 1.3-3x the best) and the 48-register caps (maxnreg: slower on three shapes of four) went; the ungated and gated
     # wide steps (gpb32-64, one to two steps over K = 4096) and bn1 PAIRED ones join.
-    #
-    # Bulk L2 prefetches (_w4_gemv_body's L2_AHEAD, L2_REST), to time: the loops are latency-bound (ncu: ~10 of 16
-    # cycles per issue waiting on memory) with few bytes in flight per thread, and a prefetch holds no register.
-    # L2_AHEAD on the multi-wave picks (qkv, gate/up: 1536-5504 programs, ~1200 of 4 warps resident on 132 SMs):
-    # one or two waves ahead. L2_REST on the one-wave picks (o, down: 1024 programs).
-    _HALF_STEPS = [(4, 16, 4, False, {}), (8, 8, 4, False, {}), (2, 32, 4, False, {}), (4, 32, 8, False, {}),
-                   (1, 64, 4, False, {}), (2, 64, 8, False, {}), (4, 16, 4, True, {}), (4, 32, 8, True, {}),
-                   (2, 32, 4, True, {}), (2, 64, 8, True, {}), (1, 64, 4, True, {}), (1, 32, 2, True, {})]
-    _HALF_STEPS += [(bn, gpb, 4, paired, {"L2_AHEAD": ahead}) for bn, gpb in [(4, 16), (2, 32)]
-                    for paired in (False, True) for ahead in (1024, 2048)]
-    _HALF_STEPS += [(4, 16, 4, False, {"L2_REST": True}), (4, 16, 4, True, {"L2_REST": True}),
-                    (4, 32, 8, True, {"L2_REST": True}), (2, 32, 4, True, {"L2_REST": True})]
     _HALF_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
-                                    "XGLOBAL": True, "XHALF": True, **({"PAIRED": True} if paired else {}), **extra},
+                                    "XGLOBAL": True, "XHALF": True, **({"PAIRED": True} if paired else {})},
                                    num_warps=w, num_stages=1)
-                     for bn, gpb, w, paired, extra in _HALF_STEPS]
+                     for bn, gpb, w, paired in [(4, 16, 4, False), (8, 8, 4, False), (2, 32, 4, False),
+                                                (4, 32, 8, False), (1, 64, 4, False), (2, 64, 8, False),
+                                                (4, 16, 4, True), (4, 32, 8, True), (2, 32, 4, True),
+                                                (2, 64, 8, True), (1, 64, 4, True), (1, 32, 2, True)]]
 
     def xhalf_applies(group_size: int) -> bool:
         """XHALF loops for groups of this size: a thread's run is 4 words (groups of 32 codes or more), unless
@@ -634,34 +624,6 @@ if HAS_TRITON:
             up *= 562949953421312.0
         return (tl.sum(tl.sum(acc + acc_low, axis=2), axis=1), tl.sum(tl.sum(up + up_low, axis=2), axis=1), sumsq)
 
-    @triton.jit
-    def _l2_prefetch_tile(w_ptr, s_ptr, mn_ptr, program, programs, N, stride_wn, stride_sn, BLOCK_N: tl.constexpr,
-                          HAS_MINS: tl.constexpr, TWO_HALVES: tl.constexpr):
-        """Into L2 (l2_prefetch_bytes): the codes, scales and mins of the weight rows that row block `program` of
-        `programs` reads (none past the last) and, TWO_HALVES (GATED or PAIRED), of the rows N further."""
-        first = program.to(tl.int64) * BLOCK_N
-        rows = tl.where(program < programs, tl.minimum(N - first, BLOCK_N), 0)
-        scale_row: tl.constexpr = s_ptr.dtype.element_ty.primitive_bitwidth // 8         # x stride_sn: bytes
-        for half in tl.static_range(2 if TWO_HALVES else 1):
-            row = first + half * N
-            l2_prefetch_bytes(w_ptr, row * stride_wn, rows * stride_wn)
-            l2_prefetch_bytes(s_ptr, row * stride_sn * scale_row, rows * stride_sn * scale_row)
-            if HAS_MINS:
-                l2_prefetch_bytes(mn_ptr, row * stride_sn * scale_row, rows * stride_sn * scale_row)
-
-    @triton.jit
-    def _l2_prefetch_rest(w_ptr, first, N, K, stride_wn, BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
-                          GROUP: tl.constexpr, TWO_HALVES: tl.constexpr):
-        """Into L2 (l2_prefetch_bytes): the codes of this program's weight rows first .. first + BLOCK_N (and,
-        TWO_HALVES, the rows N further) past its first step, one prefetch per row (the scales and mins, an eighth
-        of the bytes, are left to the loads)."""
-        step_bytes: tl.constexpr = GROUPS_PER_BLOCK * GROUP // 2
-        rest = tl.maximum(K // 2 - step_bytes, 0)
-        for half in tl.static_range(2 if TWO_HALVES else 1):
-            for r in tl.static_range(BLOCK_N):
-                row = first.to(tl.int64) + r
-                l2_prefetch_bytes(w_ptr, (row + half * N) * stride_wn + step_bytes, tl.where(row < N, rest, 0))
-
     # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
     # and CUDA graphs capture the biggest batch first, so a key without it tunes the batch-1 launch at M=8
     _INT4_KEY = ["M_BUCKET", "N", "K", "GROUP", "NORM", "GATED", "RESIDUAL"]
@@ -674,7 +636,7 @@ if HAS_TRITON:
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
                       INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
                       XGLOBAL: tl.constexpr = False, PAIRED: tl.constexpr = False, XHALF: tl.constexpr = False,
-                      EMULATE: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0, L2_REST: tl.constexpr = False):
+                      EMULATE: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
@@ -682,10 +644,7 @@ if HAS_TRITON:
         before as it starts, except in the INT4_SUB loop, which loads its first step's weights before the wait, as
         gemv.py's loops do. PAIRED (INT4_SUB, not GATED): N is half the weight's rows, and each program also takes
         the rows N further, as GATED takes the up rows (the same x for both, loaded once), into y's second half.
-        XHALF (with XGLOBAL): the products in packed fp16 (int4_half_dot.py), EMULATE for the interpreter.
-        L2_AHEAD (INT4_SUB, on a GPU): each program first asks L2 for the weight tile of the program L2_AHEAD
-        further (_l2_prefetch_tile), so that HBM streams the next wave's tiles while this one's loads wait;
-        L2_REST: for its own rows past the first step (_l2_prefetch_rest), for grids of one wave."""
+        XHALF (with XGLOBAL): the products in packed fp16 (int4_half_dot.py), EMULATE for the interpreter."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -700,12 +659,6 @@ if HAS_TRITON:
         acc_up = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
         if INT4_ROW and INT4_SUB:
-            if L2_AHEAD > 0 and not EMULATE:                # (the interpreter runs no PTX)
-                _l2_prefetch_tile(w_ptr, s_ptr, mn_ptr, tl.program_id(1) + L2_AHEAD, tl.num_programs(1), N,
-                                  stride_wn, stride_sn, BLOCK_N, HAS_MINS, GATED or PAIRED)
-            if L2_REST and not EMULATE:
-                _l2_prefetch_rest(w_ptr, tl.program_id(1) * BLOCK_N, N, K, stride_wn, BLOCK_N, GROUPS_PER_BLOCK,
-                                  GROUP, GATED or PAIRED)
             dot, dot_up, sub_sumsq = _int4_sub_dot(x_ptr + m * stride_xm, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up,
                                                    n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED or PAIRED,
                                                    BLOCK_N, GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL, XGLOBAL,
