@@ -63,7 +63,7 @@ def kernels(args) -> dict:
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False, "INT4_SUB": args.sub,
                      "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal or args.xhalf,
-                     "PAIRED": args.paired, "XHALF": args.xhalf}),
+                     "PAIRED": args.paired, "XHALF": args.xhalf, "DOUBLE": args.double}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -129,6 +129,8 @@ def main() -> int:
                         help="w4_gemv --row --sub --xglobal: two rows per thread, the weight's halves (PAIRED)")
     parser.add_argument("--xhalf", action="store_true",
                         help="w4_gemv --row --sub: XGLOBAL with the products in packed fp16 (XHALF)")
+    parser.add_argument("--double", action="store_true",
+                        help="w4_gemv --xhalf --paired or --gated: DOUBLE (four row sets per thread)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--maxnreg", type=int, default=None, help="ptxas's register cap per thread")
@@ -141,6 +143,7 @@ def main() -> int:
     weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}.get(
         args.kernel, 0) or 16 * 32 * args.unroll * args.warps                      # w4_mma: 16 rows per warp group
     weight_bytes *= 2 if args.gated or args.paired else 1                         # gate and up rows, or halves
+    weight_bytes *= 2 if args.double else 1                                       # and their halves
     per_thread = weight_bytes / (32 * args.warps)
     print(f"{args.kernel}: {sum(mix.values())} SASS instructions per loop iteration (per thread), "
           f"{per_thread:g} weight bytes per thread per iteration, {registers} registers per thread")

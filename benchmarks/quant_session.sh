@@ -111,7 +111,7 @@ case "$part" in
         -k "rotary or decode_attention" 2>&1 | tee -a "$OUT/gpu-tests-int4-batch1.log" | tail -3
     if [ -n "${2:-}" ]; then                  # an A/B of the environment variable $2: 0, then 1
       for value in 0 1; do
-        env "$2=$value" timeout $((value ? 250 : 350)) python3 benchmarks/quant_gpu.py --variants bf16,int4 \
+        env "$2=$value" timeout $((value ? 200 : 360)) python3 benchmarks/quant_gpu.py --variants bf16,int4 \
             --batch 1 --no-kernel-table --out "$OUT/quant-int4-batch1-$2-$value.json" 2>&1 | grep -v -i warn | tail -6
         mkdir -p "$OUT/timelines-$2-$value" && mv "$OUT"/timeline-*.json "$OUT/timelines-$2-$value/"
       done

@@ -301,30 +301,36 @@ def test_prepared_x_half_layout_matches_its_reference(norm):
 @pytest.mark.parametrize("gated,norm,paired", [(False, False, False), (True, False, False), (False, True, False),
                                                (True, True, False), (False, False, True), (False, True, True)],
                          ids=["residual", "gated", "norm_residual", "norm_gated", "paired", "norm_paired"])
-@pytest.mark.parametrize("half,block_n,groups", [(False, 8, 2), (True, 8, 2), (True, 2, 8), (True, 1, 4)],
-                         ids=["fp32", "xhalf", "xhalf_wide", "xhalf_one_row_block"])
-def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, groups):
+@pytest.mark.parametrize("half,block_n,groups,double", [(False, 8, 2, False), (True, 8, 2, False),
+                                                         (True, 2, 8, False), (True, 1, 4, False), (True, 2, 8, True)],
+                         ids=["fp32", "xhalf", "xhalf_wide", "xhalf_one_row_block", "xhalf_double"])
+def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, groups, double):
     """XGLOBAL: the INT4_SUB loop on x prepared by int4_prepared_x's kernel (its norm applied there, no x work in
     the loop) against the norm and the int4 linear in fp32: gated or adding into the residual, ragged row and group
     blocks; PAIRED: each program also takes the rows of the weight's second half (2n rows here). XHALF: the products
     in packed fp16 (int4_half_dot.py; PTX on a GPU, its rounding emulated on CPU), whose fp16 sums over 16 products
     cost 2-10x the fp32 path's error on these outputs (about the size of a bf16 output's own rounding); wide: 8
     groups per step, more than K holds (partial and empty group blocks); one row block: one weight row per
-    program (two with PAIRED)."""
+    program (two with PAIRED); double (DOUBLE): four row sets per program, y's quarters (PAIRED, 4n rows) or two
+    gate and two up sets (gated, 2n rows of y)."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton, prepare_x_triton
     from tierllm.quant.formats import dequantize_int4
 
+    if double and not (gated or paired):
+        pytest.skip("DOUBLE takes two row sets to double: gated or PAIRED")
     quant = QuantConfig(bits=4, group_size=64)
-    out_rows = 2 * n if paired else n
-    w, bias = _quantized(2 * n if gated or paired else n, k, quant, seed=71)
+    sets = (2 if gated or paired else 1) * (2 if double else 1)          # a program's row sets, n rows apart
+    out_rows = n * sets // (2 if gated else 1)
+    w, bias = _quantized(n * sets, k, quant, seed=71)
     x = 2 * _x(1, k, torch.float16, seed=72)
     g = (1 + 0.5 * _x(1, k, torch.float16, seed=73)).reshape(k) if norm else None
-    y = torch.empty(1, n, dtype=torch.float16, device=DEVICE) if gated else _x(1, out_rows, torch.float16, seed=74)
+    y = (torch.empty(1, out_rows, dtype=torch.float16, device=DEVICE) if gated
+         else _x(1, out_rows, torch.float16, seed=74))
     start = y.clone()
     flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": gated, "RESIDUAL": not gated,
              "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "XHALF": half,
-             "BLOCK_N": block_n, "GROUPS_PER_BLOCK": groups}
+             "BLOCK_N": block_n, "GROUPS_PER_BLOCK": groups, "DOUBLE": double}
     x_prepared = prepare_x_half_triton(x, g) if half else prepare_x_triton(x, 64, g)
     quant_gemv._w4_gemv_body[(1, triton.cdiv(n, block_n))](
         x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,

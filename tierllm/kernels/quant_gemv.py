@@ -142,13 +142,26 @@ if HAS_TRITON:
     # the list. These (bn, gpb, warps, PAIRED) kept what placed there; the 4-group steps and PAIRED bn8 gpb8 (each
     # 1.3-3x the best) and the 48-register caps (maxnreg: slower on three shapes of four) went; the ungated and gated
     # wide steps (gpb32-64, one to two steps over K = 4096) and bn1 PAIRED ones join.
+    #
+    # DOUBLE: each thread holds four chunks at one k instead of two (PAIRED's quarters; gated, two gate and two up
+    # rows), so one load of x's planes serves 64 weight bytes and each thread has twice the weight bytes in flight:
+    # ncu had the XHALF loops waiting on memory ~10 of every ~16 cycles (w4-mma-ncu-xhalf-h200.log).
     _HALF_CONFIGS = [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": gpb, "INT4_ROW": True, "INT4_SUB": True,
-                                    "XGLOBAL": True, "XHALF": True, **({"PAIRED": True} if paired else {})},
+                                    "XGLOBAL": True, "XHALF": True, **({"PAIRED": True} if paired else {}),
+                                    **({"DOUBLE": True} if double else {})},
                                    num_warps=w, num_stages=1)
-                     for bn, gpb, w, paired in [(4, 16, 4, False), (8, 8, 4, False), (2, 32, 4, False),
-                                                (4, 32, 8, False), (1, 64, 4, False), (2, 64, 8, False),
-                                                (4, 16, 4, True), (4, 32, 8, True), (2, 32, 4, True),
-                                                (2, 64, 8, True), (1, 64, 4, True), (1, 32, 2, True)]]
+                     for bn, gpb, w, paired, double in [
+                         (4, 16, 4, False, False), (8, 8, 4, False, False), (2, 32, 4, False, False),
+                         (4, 32, 8, False, False), (1, 64, 4, False, False), (2, 64, 8, False, False),
+                         (4, 16, 4, True, False), (4, 32, 8, True, False), (2, 32, 4, True, False),
+                         (2, 64, 8, True, False), (1, 64, 4, True, False), (1, 32, 2, True, False),
+                         (2, 32, 4, False, True), (4, 16, 4, False, True), (2, 32, 4, True, True),
+                         (4, 16, 4, True, True), (2, 64, 8, True, True)]]
+
+    def row_sets(config: dict) -> int:
+        """What a one-row launch's N divides y's rows by: 2 for PAIRED, twice that with DOUBLE (a gated launch's N:
+        y's rows, half with DOUBLE)."""
+        return (2 if config.get("PAIRED") else 1) * (2 if config.get("DOUBLE") else 1)
 
     def xhalf_applies(group_size: int) -> bool:
         """XHALF loops for groups of this size: a thread's run is 4 words (groups of 32 codes or more), unless
@@ -163,8 +176,14 @@ if HAS_TRITON:
         paired_ok = not gated and n % 2 == 0
         if not xhalf_applies(group_size):
             return _PREPARED_CONFIGS + (_PAIRED_CONFIGS if paired_ok else [])
+
+        def applies(c) -> bool:                 # DOUBLE: PAIRED on quarters, or gated on halves of y's rows
+            paired, double = c.kwargs.get("PAIRED"), c.kwargs.get("DOUBLE")
+            if not double:
+                return paired_ok or not paired
+            return paired_ok and n % 4 == 0 if paired else gated and n % 2 == 0
         return _PREPARED_CONFIGS[:1] + (_PAIRED_CONFIGS[:1] if paired_ok else []) + [
-            c for c in _HALF_CONFIGS if paired_ok or not c.kwargs.get("PAIRED")]
+            c for c in _HALF_CONFIGS if applies(c)]
 
     def _prune_int4(configs, named_args, **kwargs):
         """INT4_ROW configs only where they apply: one x row, x rows at 4-byte boundaries (it reads x as int32
@@ -511,38 +530,29 @@ if HAS_TRITON:
                        step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP: tl.constexpr,
                        WORDS: tl.constexpr, RUNS: tl.constexpr, RUN: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
                        GATED: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr, NORM: tl.constexpr,
-                       XGLOBAL: tl.constexpr, XHALF: tl.constexpr, EMULATE: tl.constexpr):
+                       XGLOBAL: tl.constexpr):
         """_int4_sub_dot's math for the step of groups g0 .. g0 + GPB on its loads (_int4_sub_step_loads) -> the
         accumulators acc, acc_low, up, up_low and sumsq, updated. XGLOBAL: x comes prepared (int4_prepared_x) and
-        is loaded here; XHALF: in the half layout, for int4_half_dot's packed fp16 products."""
+        is loaded here."""
         g_raw = step_x                                                      # (NORM only)
         if NORM:
             g_raw = _int4_sub_x_load(g_ptr, g0, num_groups, GROUP, WORDS, GROUPS_PER_BLOCK, EVEN, False, XPRE)
-        if XHALF:
-            xp0, xp1, xp2, xp3, factor, x_sum = half_x_loads(x_row_ptr, row, g0, num_groups, WORDS, RUNS,
-                                                             GROUPS_PER_BLOCK, EVEN)
-            acc += half_run_dots(step_words, xp0, xp1, xp2, xp3, RUNS, EMULATE) * (factor * step_scale)
-            acc_low += x_sum * step_low
-            if GATED:
-                up += half_run_dots(step_words_up, xp0, xp1, xp2, xp3, RUNS, EMULATE) * (factor * step_scale_up)
-                up_low += x_sum * step_low_up
+        if XGLOBAL:
+            x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_prepared(
+                x_row_ptr, row, g0, num_groups, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, EVEN)
+            step_sq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
+        elif XPRE:
+            x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_flat(
+                step_x, g_raw, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
         else:
-            if XGLOBAL:
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum = _int4_sub_x_prepared(
-                    x_row_ptr, row, g0, num_groups, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, EVEN)
-                step_sq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)
-            elif XPRE:
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_flat(
-                    step_x, g_raw, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
-            else:
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_words(
-                    step_x, g_raw, x_row_ptr.dtype.element_ty, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
-            sumsq += step_sq
-            acc += _int4_sub_runs(step_words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale
-            acc_low += x_sum * step_low
-            if GATED:
-                up += _int4_sub_runs(step_words_up, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale_up
-                up_low += x_sum * step_low_up
+            x0, x1, x2, x3, x4, x5, x6, x7, x_sum, step_sq = _int4_sub_x_words(
+                step_x, g_raw, x_row_ptr.dtype.element_ty, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, NORM)
+        sumsq += step_sq
+        acc += _int4_sub_runs(step_words, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale
+        acc_low += x_sum * step_low
+        if GATED:
+            up += _int4_sub_runs(step_words_up, x0, x1, x2, x3, x4, x5, x6, x7, RUNS, RUN) * step_scale_up
+            up_low += x_sum * step_low_up
         return acc, acc_low, up, up_low, sumsq
 
     @triton.jit
@@ -550,7 +560,7 @@ if HAS_TRITON:
                       GROUP: tl.constexpr, HAS_MINS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, XPRE: tl.constexpr = False,
                       PREFETCH: tl.constexpr = False, NORM: tl.constexpr = False, PDL: tl.constexpr = False,
-                      XGLOBAL: tl.constexpr = False, XHALF: tl.constexpr = False, EMULATE: tl.constexpr = False):
+                      XGLOBAL: tl.constexpr = False):
         """One x row @ dequant(W)[row, :]^T -> [BLOCK_N] fp32 (and GATED the up rows', else zeros), the INT4_SUB
         form of the one-row loop: the weight read as int32 words, 8 codes each, made fp32 subnormals in place
         (nibbles_as_subnormals: about 1.1 instructions per code) and multiplied into x scaled per nibble position
@@ -566,8 +576,7 @@ if HAS_TRITON:
         for the epilogue's rstd (gemv.fused_epilogue). PDL: launched with programmatic dependent launch (gemv.py); the
         first step's weight loads come before the wait. XGLOBAL: x_row_ptr is x prepared by int4_prepared_x (its
         norm applied, converted, scaled per nibble position, summed per run: no x work in the loop; not with
-        PREFETCH, XPRE or NORM); with XHALF in its half layout, the products in packed fp16 (int4_half_dot.py;
-        EMULATE: its Triton-ops twin, for the interpreter)."""
+        PREFETCH, XPRE or NORM; _half_dot is its form with the products in packed fp16)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUN: tl.constexpr = 4 if WORDS > 4 else WORDS           # words one thread sums (a 16-byte load)
         RUNS: tl.constexpr = WORDS // RUN
@@ -601,12 +610,11 @@ if HAS_TRITON:
                 acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                     acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
                     step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP, WORDS, RUNS, RUN,
-                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL, XHALF, EMULATE)
+                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL)
         else:
             acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                 acc, acc_low, up, up_low, sumsq, x_raw, words, scale, low, words_up, scale_up, low_up, x_row_ptr,
-                g_ptr, row, 0, num_groups, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL,
-                XHALF, EMULATE)
+                g_ptr, row, 0, num_groups, GROUP, WORDS, RUNS, RUN, GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL)
             for g0 in range(GROUPS_PER_BLOCK, num_groups, GROUPS_PER_BLOCK):
                 step_x, step_words, step_scale, step_low, step_words_up, step_scale_up, step_low_up = \
                     _int4_sub_step_loads(x_row_ptr, w_ptr, s_ptr, mn_ptr, row, row_up, n_mask, g0, num_groups,
@@ -615,14 +623,94 @@ if HAS_TRITON:
                 acc, acc_low, up, up_low, sumsq = _int4_sub_step(
                     acc, acc_low, up, up_low, sumsq, step_x, step_words, step_scale, step_low, step_words_up,
                     step_scale_up, step_low_up, x_row_ptr, g_ptr, row, g0, num_groups, GROUP, WORDS, RUNS, RUN,
-                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL, XHALF, EMULATE)
+                    GROUPS_PER_BLOCK, GATED, EVEN, XPRE, NORM, XGLOBAL)
         if not HAS_MINS:                                                    # code - 8: the low term is -8 * scale
             acc_low *= -8.0
             up_low *= -8.0
-        if not XHALF:                                   # (XHALF's runs come at code . x: its factors' scale)
-            acc *= 562949953421312.0                                        # 2^49
-            up *= 562949953421312.0
+        acc *= 562949953421312.0                                            # 2^49
+        up *= 562949953421312.0
         return (tl.sum(tl.sum(acc + acc_low, axis=2), axis=1), tl.sum(tl.sum(up + up_low, axis=2), axis=1), sumsq)
+
+    @triton.jit
+    def _half_set_step(acc, low, words, scale, mins, xp0, xp1, xp2, xp3, factor, x_sum, RUNS: tl.constexpr,
+                       EMULATE: tl.constexpr):
+        """_half_dot's step for one set of rows: their runs' packed-fp16 dot products, scaled, and the min terms,
+        added into acc and low [BLOCK_N, GPB, RUNS]."""
+        return (acc + half_run_dots(words, xp0, xp1, xp2, xp3, RUNS, EMULATE) * (factor * scale),
+                low + x_sum * mins)
+
+    @triton.jit
+    def _half_step(a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, g0,
+                   num_groups, WORDS: tl.constexpr, RUNS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+                   SETS: tl.constexpr, EVEN: tl.constexpr, EMULATE: tl.constexpr):
+        """_half_dot's step of groups g0 .. g0 + GPB: x's planes loaded once for the SETS row sets' words."""
+        xp0, xp1, xp2, xp3, factor, x_sum = half_x_loads(xp_ptr, row, g0, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK,
+                                                         EVEN)
+        a0, l0 = _half_set_step(a0, l0, w0, s0, m0, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
+        if SETS > 1:
+            a1, l1 = _half_set_step(a1, l1, w1, s1, m1, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
+        if SETS > 2:
+            a2, l2 = _half_set_step(a2, l2, w2, s2, m2, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
+            a3, l3 = _half_set_step(a3, l3, w3, s3, m3, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
+        return a0, l0, a1, l1, a2, l2, a3, l3
+
+    @triton.jit
+    def _half_loads(w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups, stride_wn, stride_sn,
+                    WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, HAS_MINS: tl.constexpr, SETS: tl.constexpr,
+                    EVEN: tl.constexpr):
+        """The weight loads of _half_dot's step (_int4_sub_weight_loads): the SETS row sets row + j * set_rows
+        (unused sets repeat the last)."""
+        w0, s0, m0, w1, s1, m1 = _int4_sub_weight_loads(w_ptr, s_ptr, mn_ptr, row, row + set_rows, n_mask, g0,
+                                                        num_groups, stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
+                                                        HAS_MINS, SETS > 1, EVEN, False)
+        w2, s2, m2, w3, s3, m3 = w1, s1, m1, w1, s1, m1
+        if SETS > 2:
+            w2, s2, m2, w3, s3, m3 = _int4_sub_weight_loads(w_ptr, s_ptr, mn_ptr, row + 2 * set_rows,
+                                                            row + 3 * set_rows, n_mask, g0, num_groups, stride_wn,
+                                                            stride_sn, WORDS, GROUPS_PER_BLOCK, HAS_MINS, True, EVEN,
+                                                            False)
+        return w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3
+
+    @triton.jit
+    def _half_dot(xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, K, stride_wn, stride_sn, GROUP: tl.constexpr,
+                  HAS_MINS: tl.constexpr, SETS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+                  EVEN: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr):
+        """XHALF, _int4_sub_dot's XGLOBAL loop with the products in packed fp16 (int4_half_dot.py; EMULATE: its
+        Triton-ops twin, for the interpreter) on x in int4_prepared_x's half layout (xp_ptr): one x row @
+        dequant(W)[rows, :]^T for SETS (1, 2 or 4) sets of weight rows row + j * set_rows, each a [BLOCK_N] fp32
+        (unused sets' repeat the last). Each thread holds one 16-byte chunk of each set at the same k, so one load
+        of x's planes serves SETS chunks: more weight bytes in flight per thread, for fewer x bytes. PDL: the
+        first step's weight loads come before the wait."""
+        WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
+        RUNS: tl.constexpr = WORDS // 4                         # runs of 4 words (a thread's 16-byte load)
+        num_groups = K // GROUP
+        zero = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
+        a0, l0, a1, l1, a2, l2, a3, l3 = zero, zero, zero, zero, zero, zero, zero, zero
+        if PDL:
+            gdc_launch_dependents()
+        w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
+            w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, 0, num_groups, stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK,
+            HAS_MINS, SETS, EVEN)
+        if PDL:
+            gdc_wait()
+        a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
+            a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, 0,
+            num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
+        for g0 in range(GROUPS_PER_BLOCK, num_groups, GROUPS_PER_BLOCK):
+            w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
+                w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups, stride_wn, stride_sn, WORDS,
+                GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN)
+            a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
+                a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, g0,
+                num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
+        return (_half_total(a0, l0, HAS_MINS), _half_total(a1, l1, HAS_MINS), _half_total(a2, l2, HAS_MINS),
+                _half_total(a3, l3, HAS_MINS))
+
+    @triton.jit
+    def _half_total(acc, low, HAS_MINS: tl.constexpr):
+        """A row set's [BLOCK_N, GPB, RUNS] dot products and min terms -> its [BLOCK_N] results (symmetric: code - 8,
+        so the low term is -8 * scale)."""
+        return tl.sum(tl.sum(acc + (low if HAS_MINS else -8.0 * low), axis=2), axis=1)
 
     # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
     # and CUDA graphs capture the biggest batch first, so a key without it tunes the batch-1 launch at M=8
@@ -636,7 +724,7 @@ if HAS_TRITON:
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
                       INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
                       XGLOBAL: tl.constexpr = False, PAIRED: tl.constexpr = False, XHALF: tl.constexpr = False,
-                      EMULATE: tl.constexpr = False):
+                      EMULATE: tl.constexpr = False, DOUBLE: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
@@ -644,7 +732,10 @@ if HAS_TRITON:
         before as it starts, except in the INT4_SUB loop, which loads its first step's weights before the wait, as
         gemv.py's loops do. PAIRED (INT4_SUB, not GATED): N is half the weight's rows, and each program also takes
         the rows N further, as GATED takes the up rows (the same x for both, loaded once), into y's second half.
-        XHALF (with XGLOBAL): the products in packed fp16 (int4_half_dot.py), EMULATE for the interpreter."""
+        XHALF (with XGLOBAL): _half_dot's loop, the products in packed fp16 (int4_half_dot.py), EMULATE for the
+        interpreter. DOUBLE (XHALF, GATED or PAIRED): each program also takes the rows N further in each half, so
+        a thread holds four chunks at one k: PAIRED, N is a quarter of the weight's rows, y's quarters; GATED, N is
+        half of y's rows, the gate rows r and r + N with the up rows 2N further, y's two halves."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -657,12 +748,22 @@ if HAS_TRITON:
         row_up = (offs_n + N).to(tl.int64)                          # GATED: the up rows (PAIRED: the second half)
         acc = tl.zeros([BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_N], tl.float32)
+        acc_3 = tl.zeros([BLOCK_N], tl.float32)                     # DOUBLE: the third and fourth row sets
+        acc_4 = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
-        if INT4_ROW and INT4_SUB:
+        if INT4_ROW and INT4_SUB and XHALF:
+            SETS: tl.constexpr = (2 if GATED or PAIRED else 1) * (2 if DOUBLE else 1)
+            dot, dot_up, dot_3, dot_4 = _half_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, N, n_mask, K,
+                                                  stride_wn, stride_sn, GROUP, HAS_MINS, SETS, BLOCK_N,
+                                                  GROUPS_PER_BLOCK, EVEN, PDL, EMULATE)
+            acc += dot
+            acc_up += dot_up
+            acc_3 += dot_3
+            acc_4 += dot_4
+        elif INT4_ROW and INT4_SUB:
             dot, dot_up, sub_sumsq = _int4_sub_dot(x_ptr + m * stride_xm, g_ptr, w_ptr, s_ptr, mn_ptr, row, row_up,
                                                    n_mask, K, stride_wn, stride_sn, GROUP, HAS_MINS, GATED or PAIRED,
-                                                   BLOCK_N, GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL, XGLOBAL,
-                                                   XHALF, EMULATE)
+                                                   BLOCK_N, GROUPS_PER_BLOCK, EVEN, XPRE, PREFETCH, NORM, PDL, XGLOBAL)
             acc += dot
             acc_up += dot_up
             sumsq += sub_sumsq
@@ -694,13 +795,33 @@ if HAS_TRITON:
                 if GATED:
                     acc_up += _w4_block_dot(packed_up, s_ptr, mn_ptr, row_up, n_mask, offs_g, g_mask, x_even, x_odd,
                                             stride_sn, HAS_MINS)
-        acc = fused_epilogue(acc, acc_up, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS,
-                             NORM, GATED)
-        _w4_store(acc, y_ptr + m * stride_ym, offs_n, n_mask, RESIDUAL)
-        if PAIRED:                                       # the second half's rows, N further
-            acc_up = fused_epilogue(acc_up, acc_up, tl.sum(sumsq, axis=0), b_ptr + N, offs_n, n_mask, N, K, eps,
-                                    HAS_BIAS, NORM, False)
-            _w4_store(acc_up, y_ptr + m * stride_ym + N, offs_n, n_mask, RESIDUAL)
+        y_row = y_ptr + m * stride_ym
+        if GATED and DOUBLE:                             # y[r] from gate r and up r + 2N, y[r + N] from r + N, r + 3N
+            first = fused_epilogue(acc, acc_3, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, 2 * N, K, eps,
+                                   HAS_BIAS, NORM, GATED)
+            second = fused_epilogue(acc_up, acc_4, tl.sum(sumsq, axis=0), b_ptr + N, offs_n, n_mask, 2 * N, K, eps,
+                                    HAS_BIAS, NORM, GATED)
+            _w4_store(first, y_row, offs_n, n_mask, RESIDUAL)
+            _w4_store(second, y_row + N, offs_n, n_mask, RESIDUAL)
+        else:
+            acc = fused_epilogue(acc, acc_up, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS,
+                                 NORM, GATED)
+            _w4_store(acc, y_row, offs_n, n_mask, RESIDUAL)
+        if PAIRED:                                       # the other sets' rows, N further each
+            total = tl.sum(sumsq, axis=0)
+            _w4_set_store(acc_up, total, b_ptr + N, y_row + N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, RESIDUAL)
+            if DOUBLE:
+                _w4_set_store(acc_3, total, b_ptr + 2 * N, y_row + 2 * N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM,
+                              RESIDUAL)
+                _w4_set_store(acc_4, total, b_ptr + 3 * N, y_row + 3 * N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM,
+                              RESIDUAL)
+
+    @triton.jit
+    def _w4_set_store(acc, sumsq, b_ptr, y_row_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS: tl.constexpr,
+                      NORM: tl.constexpr, RESIDUAL: tl.constexpr):
+        """A PAIRED launch's further set of rows: the ungated epilogue, then _w4_store."""
+        _w4_store(fused_epilogue(acc, acc, sumsq, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, False), y_row_ptr,
+                  offs_n, n_mask, RESIDUAL)
 
     @triton.jit
     def _w4_store(acc, y_row_ptr, offs_n, n_mask, RESIDUAL: tl.constexpr):
@@ -780,7 +901,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                 return w4_mma_gemv(x, w, scales, mins, bias, gated=gated, pdl=pdl,
                                    residual=out if residual is not None else None,
                                    config={name: v for name, v in config.kwargs.items() if name != TENSOR_CORES})
-            rows = n // 2 if config.kwargs.get("PAIRED") else n                # (PAIRED: each program's half)
+            rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
             grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
             if config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x
                 x_prepared = (prepare_x_half_triton(x, norm_weight, eps, pdl=pdl) if config.kwargs.get("XHALF")
