@@ -26,11 +26,12 @@
 #                                            # attention tests natively, then quant_gpu.py bf16,int4 --batch 1 with
 #                                            # and without it, each with its batch-1 kernel timeline (~8 minutes with
 #                                            # the GEMVs timed afresh; batch 1 alone: one graph bucket to tune)
-#   bash benchmarks/quant_session.sh batch1 [VAR] # the prepared-x loops' tests natively (XGLOBAL, PAIRED, XHALF)
+#   bash benchmarks/quant_session.sh batch1 [VAR [VALUES]] # the prepared-x loops' tests natively (XGLOBAL, PAIRED, XHALF)
 #                                            # and the rotary and decode attention ones, then
 #                                            # quant_gpu.py bf16,int4 --batch 1 with its batch-1 kernel timelines (~6
 #                                            # minutes with the GEMVs timed afresh); VAR (an environment variable,
-#                                            # e.g. TIERLLM_STEP_TUNER): that run with VAR=0, then again with VAR=1
+#                                            # e.g. TIERLLM_STEP_TUNER) [VALUES]: a run with VAR at each value (default
+#                                            # "0 1")
 #   bash benchmarks/quant_session.sh mma-ncu # the same sections for the tensor-core int4 GEMV (w4_mma_gemv.py) and the
 #                                            # CUDA-core one (XHALF) on four llama-7b shapes (benchmarks/w4_mma_ncu.py),
 #                                            # then the real-timed graph tuner's test
@@ -109,11 +110,14 @@ case "$part" in
         -k "prepared_x" 2>&1 | tee "$OUT/gpu-tests-int4-batch1.log" | tail -3
     timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
         -k "rotary or decode_attention" 2>&1 | tee -a "$OUT/gpu-tests-int4-batch1.log" | tail -3
-    if [ -n "${2:-}" ]; then                  # an A/B of the environment variable $2: 0, then 1
-      for value in 0 1; do
-        env "$2=$value" timeout $((value ? 200 : 360)) python3 benchmarks/quant_gpu.py --variants bf16,int4 \
-            --batch 1 --no-kernel-table --out "$OUT/quant-int4-batch1-$2-$value.json" 2>&1 | grep -v -i warn | tail -6
-        mkdir -p "$OUT/timelines-$2-$value" && mv "$OUT"/timeline-*.json "$OUT/timelines-$2-$value/"
+    if [ -n "${2:-}" ]; then                  # runs with the environment variable $2 at each of $3 (default 0 1)
+      run=0
+      for value in ${3:-0 1}; do
+        run=$((run + 1))                      # (the first run may time the GEMVs afresh)
+        env "$2=$value" timeout $((run > 1 ? 200 : 360)) python3 benchmarks/quant_gpu.py --variants bf16,int4 \
+            --batch 1 --no-kernel-table --out "$OUT/quant-int4-batch1-$2-$value-run$run.json" 2>&1 \
+            | grep -v -i warn | tail -6
+        mkdir -p "$OUT/timelines-run$run" && mv "$OUT"/timeline-*.json "$OUT/timelines-run$run/"
       done
     else
       timeout 480 python3 benchmarks/quant_gpu.py --variants bf16,int4 --batch 1 --no-kernel-table \

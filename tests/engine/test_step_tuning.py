@@ -85,11 +85,14 @@ def test_refine_in_lockstep_keeps_time_without_rank0s_key():
     assert len(calls) == 1 + 2 and mine.cache["other"] == "x"
 
 
-def test_step_tuning_is_opt_in(monkeypatch):
+def test_step_tuning_default(monkeypatch):
+    """On for one GPU and off at TP > 1 unless TIERLLM_STEP_TUNER says otherwise."""
     monkeypatch.delenv("TIERLLM_STEP_TUNER", raising=False)
-    assert not step_tuning.step_tuning()
+    assert step_tuning.step_tuning() and step_tuning.step_tuning(1) and not step_tuning.step_tuning(2)
     monkeypatch.setenv("TIERLLM_STEP_TUNER", "1")
-    assert step_tuning.step_tuning()
+    assert step_tuning.step_tuning(1) and step_tuning.step_tuning(2)
+    monkeypatch.setenv("TIERLLM_STEP_TUNER", "0")
+    assert not step_tuning.step_tuning(1) and not step_tuning.step_tuning(2)
 
 
 def test_ranks_adopt_rank0s_picks_by_name():

@@ -65,7 +65,7 @@ class ModelRunner:
             model.bind_kv_cache(self.kv_caches)
         self.graphs: CudaGraphDecoder | None = None
         self.mixed_graphs: MixedStepGraphs | None = None
-        self.step_tuning_report: list[dict] = []                # TIERLLM_STEP_TUNER=1: what it changed
+        self.step_tuning_report: list[dict] = []                # decode-step tuning (step_tuning.py): what it changed
         self.use_cuda_graph = enable_cuda_graph                 # may be toggled later (benchmarks: on vs off)
         if enable_cuda_graph:
             if device.type != "cuda":
@@ -77,7 +77,7 @@ class ModelRunner:
                 logger.info("tierllm: steps with prompt tokens run eagerly (no mixed-step CUDA graphs): %s", reason)
             elif mixed_graph_tokens > 0:
                 self.mixed_graphs = MixedStepGraphs(model, max_num_seqs, max_blocks, mixed_graph_tokens, device)
-            if step_tuning():
+            if step_tuning(self.parallel.tp_size):
                 self.step_tuning_report = self._tune_decode_step(num_blocks, block_size)
             for graphs in filter(None, (self.graphs, self.mixed_graphs)):
                 if self.driver is not None:
@@ -85,11 +85,11 @@ class ModelRunner:
                 graphs.capture()                                # every rank captures its collectives together
 
     def _tune_decode_step(self, num_blocks: int, block_size: int) -> list[dict]:
-        """TIERLLM_STEP_TUNER=1: the batch-1 decode GEMVs' configs retimed in the step (runner/step_tuning.py), on
-        every rank at once, rank 0's plan and verdicts broadcast."""
+        """The batch-1 decode GEMVs' configs retimed in the step (runner/step_tuning.py), on every rank at once, rank
+        0's plan and verdicts broadcast."""
         if self.kv_offload is not None:
-            logger.warning("tierllm: TIERLLM_STEP_TUNER=1 needs the KV cache on the GPU; this engine keeps the configs "
-                           "the GEMV tuner picked")
+            logger.info("tierllm: decode-step tuning needs the KV cache on the GPU; this engine keeps the configs the "
+                        "GEMV tuner picked")
             return []
         state = self.parallel
         share = (lambda value: broadcast_from_driver(value, state)) if state.tp_size > 1 else (lambda value: value)

@@ -1,5 +1,9 @@
-"""Decode-step tuning (opt-in, `TIERLLM_STEP_TUNER=1`): the batch-1 decode GEMVs' launch configs (the fused GEMV
-all-reduce's too, at TP > 1) retimed inside the decode step itself, before the decode CUDA graphs are captured.
+"""Decode-step tuning: the batch-1 decode GEMVs' launch configs (the fused GEMV all-reduce's too, at TP > 1) retimed
+inside the decode step itself, before the decode CUDA graphs are captured. On by default for one GPU, off at TP > 1
+(`TIERLLM_STEP_TUNER=1` or `0` forces it either way): on an H200 the graph tuner's picks alone took int4 llama-7b's
+batch-1 step to 2.266 ms/token (the tensor-core kernel for o and down, fastest alone by 2-5%, slower in the chain),
+2.086 with the step retimed; bf16 4.33 and 4.32 (benchmarks/results/quant-bf16-int4-double-step-tuner-0 and -1,
+llama-7b-h200.json). At TP=2 it did not shorten the step (4.549 against 4.553 ms/token, benchmarks/notes/tp-history.md).
 
 Why: Triton's autotuner times each kernel alone, but decode chains them (programmatic dependent launch: each GEMV
 loads its first weight chunk during the previous kernel's tail), and the rankings differ there. On H200s the
@@ -35,8 +39,11 @@ ROUNDS = 3            # timing rounds, the fastest counts
 CONTEXT = 512         # tokens of KV cache the timed step attends to
 
 
-def step_tuning() -> bool:
-    return os.environ.get("TIERLLM_STEP_TUNER", "0") == "1"
+def step_tuning(tp_size: int = 1) -> bool:
+    """Whether an engine of tp_size ranks tunes its decode step (module doc): TIERLLM_STEP_TUNER=1 or 0 if set,
+    else on for one GPU."""
+    value = os.environ.get("TIERLLM_STEP_TUNER")
+    return tp_size == 1 if value is None else value == "1"
 
 
 def candidates(site: TunedSite) -> list:
