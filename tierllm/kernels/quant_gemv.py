@@ -155,8 +155,9 @@ if HAS_TRITON:
                          (4, 32, 8, False, False), (1, 64, 4, False, False), (2, 64, 8, False, False),
                          (4, 16, 4, True, False), (4, 32, 8, True, False), (2, 32, 4, True, False),
                          (2, 64, 8, True, False), (1, 64, 4, True, False), (1, 32, 2, True, False),
-                         (2, 32, 4, False, True), (4, 16, 4, False, True), (2, 32, 4, True, True),
-                         (4, 16, 4, True, True), (2, 64, 8, True, True)]]
+                         (2, 32, 4, False, True), (4, 16, 4, False, True), (4, 32, 8, False, True),
+                         (2, 32, 4, True, True), (4, 16, 4, True, True), (4, 32, 8, True, True),
+                         (2, 64, 8, True, True)]]
 
     def row_sets(config: dict) -> int:
         """What a one-row launch's N divides y's rows by: 2 for PAIRED, twice that with DOUBLE (a gated launch's N:
