@@ -179,13 +179,13 @@ def test_fp32_steps_with_prompt_tokens_stay_eager():
 
 
 def test_step_tuning_choices_are_candidates_and_graphs_replay_eager(monkeypatch):
-    """TIERLLM_STEP_TUNER=1 (bf16, tiny Llama GQA): the batch-1 decode GEMVs are retimed in the step before the
-    graphs are captured; each choice is one of its site's candidates and sits in the tuner's cache, and the graphs
-    replay what eager decode computes with the same choices."""
+    """Decode-step tuning, on by default for one GPU (bf16, tiny Llama GQA): the batch-1 decode GEMVs are retimed in
+    the step before the graphs are captured; each choice is one of its site's candidates and sits in the tuner's
+    cache, and the graphs replay what eager decode computes with the same choices."""
     from tierllm.kernels import graph_tuning
     from tierllm.runner import step_tuning
 
-    monkeypatch.setenv("TIERLLM_STEP_TUNER", "1")
+    monkeypatch.delenv("TIERLLM_STEP_TUNER", raising=False)
     hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda().to(torch.bfloat16)
     engine = tierllm.init_inference(hf, dtype=torch.bfloat16, show_progress=False, max_num_seqs=4)
     report = engine.engine.runner.step_tuning_report
