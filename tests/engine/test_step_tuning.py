@@ -30,6 +30,26 @@ def test_candidates_are_the_close_ones_fastest_first_capped():
     assert step_tuning.candidates(TunedSite({"u": "x"}, "u", {}, 1)) == []
 
 
+class _Config:
+    """A stand-in for triton.Config: its kwargs (the int4 tuner marks tensor-core configs with TENSOR_CORES)."""
+
+    def __init__(self, name: str, **kwargs):
+        self.name, self.kwargs = name, kwargs
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def test_candidates_add_each_other_kernels_fastest():
+    """However slow alone, the fastest config of each other kernel a site chooses between is tried in the step."""
+    mma = [_Config(f"mma{i}", TENSOR_CORES=True) for i in range(3)]
+    loops = [_Config(f"loop{i}", BLOCK_N=4) for i in range(3)]
+    timings = {mma[0]: 1.0, mma[1]: 1.02, mma[2]: 1.5, loops[0]: 1.3, loops[1]: 1.12, loops[2]: 2.0}
+    assert step_tuning.candidates(make_site("s", timings)) == [mma[0], mma[1], loops[1]]
+    timings = {mma[0]: 1.0, loops[0]: 1.01, loops[1]: 1.3}           # both kernels close already: nothing added
+    assert step_tuning.candidates(make_site("t", timings)) == [mma[0], loops[0]]
+
+
 def test_refine_takes_a_close_config_that_shortens_the_step_by_more_than_the_margin():
     a = make_site("a", {"a1": 1.0, "a2": 1.01, "a3": 1.2})          # a3: not close enough alone to be tried
     b = make_site("b", {"b1": 2.0, "b2": 2.05})                     # b2: slower in the step
