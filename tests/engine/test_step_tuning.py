@@ -40,14 +40,15 @@ class _Config:
         return self.name
 
 
-def test_candidates_add_each_other_kernels_fastest():
-    """However slow alone, the fastest config of each other kernel a site chooses between is tried in the step."""
+def test_candidates_add_the_other_kernels_fastest():
+    """However slow alone, the OTHER_KERNEL fastest configs of the other kernel a site chooses between are tried in
+    the step."""
     mma = [_Config(f"mma{i}", TENSOR_CORES=True) for i in range(3)]
-    loops = [_Config(f"loop{i}", BLOCK_N=4) for i in range(3)]
-    timings = {mma[0]: 1.0, mma[1]: 1.02, mma[2]: 1.5, loops[0]: 1.3, loops[1]: 1.12, loops[2]: 2.0}
-    assert step_tuning.candidates(make_site("s", timings)) == [mma[0], mma[1], loops[1]]
-    timings = {mma[0]: 1.0, loops[0]: 1.01, loops[1]: 1.3}           # both kernels close already: nothing added
-    assert step_tuning.candidates(make_site("t", timings)) == [mma[0], loops[0]]
+    loops = [_Config(f"loop{i}", BLOCK_N=4) for i in range(step_tuning.OTHER_KERNEL + 2)]
+    timings = {mma[0]: 1.0, mma[1]: 1.02, mma[2]: 1.5} | {loop: 1.2 + 0.1 * i for i, loop in enumerate(loops)}
+    assert step_tuning.candidates(make_site("s", timings)) == mma[:2] + loops[:step_tuning.OTHER_KERNEL]
+    timings = {loops[0]: 1.0, mma[0]: 1.01, mma[1]: 1.3}             # one of them close already: it counts
+    assert step_tuning.candidates(make_site("t", timings)) == [loops[0], mma[0], mma[1]]
 
 
 def test_refine_takes_a_close_config_that_shortens_the_step_by_more_than_the_margin():
