@@ -475,10 +475,31 @@ def wide_steps_sentence(wide: dict, loads: dict, loop_stages: dict) -> str:
             "attention kernels then issued every load after their PDL wait at once (the slot, context length and "
             "first block-table entries before it; the rotary kernel had waited out five memory round trips in a row, "
             "the split kernel four): "
-            f"[{ms(loads)}](benchmarks/results/quant-bf16-int4-attention-loads-llama-7b-h200.json), the best so far "
-            "(target 2.8x: not met). Software-pipelining the XHALF loops through shared memory was 5-16x slower on "
+            f"[{ms(loads)}](benchmarks/results/quant-bf16-int4-attention-loads-llama-7b-h200.json). Software-pipelining the XHALF loops through shared memory was 5-16x slower on "
             f"every shape ([{ms(loop_stages)}](benchmarks/results/quant-bf16-int4-xhalf-loop-stages-llama-7b-h200.json)"
             ", where the tuner kept unpipelined picks) and was removed.")
+
+
+def double_sentence(l2_ahead: dict, split_prefetch: dict, alone: dict, step_tuned: dict, defaults: list[dict]) -> str:
+    """The bulk L2 prefetches timed and dropped, then four row sets per thread (DOUBLE) with the graph tuner's picks
+    alone and with decode-step tuning, then three runs at the final defaults; each a bf16 + int4 call at batch 1."""
+    [gate_up] = [p for p in l2_ahead["results"]["int4"]["batch1_tuner_picks"] if p["key"].startswith("(1, 11008, 4096")]
+    ahead = [us for name, us in gate_up["timed_us"] if "L2_AHEAD" in name]
+    runs = ", ".join(f"[{ms(doc)}](benchmarks/results/quant-bf16-int4-double-default-run{i}-llama-7b-h200.json)"
+                     for i, doc in enumerate(defaults, 1))
+    return ("Bulk L2 prefetches from the XHALF loops (each program asking L2 for the weight tile of the program one "
+            "or two waves further, or for its own rows past its first step) lost wherever they could act (gate/up "
+            f"{gate_up['fastest_us'][0][1]} us, {min(ahead)}-{max(ahead)} us with them; "
+            f"[{ms(l2_ahead)}](benchmarks/results/quant-bf16-int4-l2-ahead-llama-7b-h200.json)) and were removed; o's "
+            "weight prefetched by the split kernel (`TIERLLM_L2_PREFETCH=1`) left o at ~6.2 us per layer and slowed bf16 "
+            f"([{ms(split_prefetch)}](benchmarks/results/quant-bf16-int4-split-prefetch-o-llama-7b-h200.json)). Four "
+            "row sets per thread (`DOUBLE`: one load of x's planes for 64 weight bytes, twice the weight bytes in "
+            f"flight) took qkv to {pick_us(alone, 12288)} and gate/up to {pick_us(alone, 11008)} alone. Chained, the "
+            "tuner's picks alone (the tensor-core GEMV on o and down) were slower: "
+            f"[{ms(alone)}](benchmarks/results/quant-bf16-int4-double-step-tuner-0-llama-7b-h200.json); decode-step "
+            "tuning, since on by default for one GPU, moved both to XHALF: "
+            f"[{ms(step_tuned)}](benchmarks/results/quant-bf16-int4-double-step-tuner-1-llama-7b-h200.json). At the "
+            f"defaults it then kept o on the tensor cores: {runs} (target 2.8x: not met).")
 
 
 def greedy_sentence(doc: dict) -> str:
@@ -622,6 +643,13 @@ def main() -> None:
                                          results("quant-bf16-int4-wide-llama-7b-h200.json"),
                                          results("quant-bf16-int4-attention-loads-llama-7b-h200.json"),
                                          results("quant-bf16-int4-xhalf-loop-stages-llama-7b-h200.json"))
+                                     + " " + double_sentence(
+                                         results("quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-split-prefetch-o-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-double-step-tuner-0-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-double-step-tuner-1-llama-7b-h200.json"),
+                                         [results(f"quant-bf16-int4-double-default-run{i}-llama-7b-h200.json")
+                                          for i in (1, 2, 3)])
                                      + " " + greedy_sentence(results("greedy-sampling-h200.json"))))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
