@@ -679,7 +679,7 @@ if HAS_TRITON:
         """XHALF, _int4_sub_dot's XGLOBAL loop with the products in packed fp16 (int4_half_dot.py; EMULATE: its
         Triton-ops twin, for the interpreter) on x in int4_prepared_x's half layout (xp_ptr): one x row @
         dequant(W)[rows, :]^T for SETS (1, 2 or 4) sets of weight rows row + j * set_rows, each a [BLOCK_N] fp32
-        (unused sets' repeat the last). Each thread holds one 16-byte chunk of each set at the same k, so one load
+        (unused sets' zero). Each thread holds one 16-byte chunk of each set at the same k, so one load
         of x's planes serves SETS chunks: more weight bytes in flight per thread, for fewer x bytes. PDL: the
         first step's weight loads come before the wait."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
@@ -753,6 +753,7 @@ if HAS_TRITON:
         acc_4 = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
         if INT4_ROW and INT4_SUB and XHALF:
+            tl.static_assert(not DOUBLE or GATED or PAIRED, "DOUBLE doubles two row sets: GATED or PAIRED")
             SETS: tl.constexpr = (2 if GATED or PAIRED else 1) * (2 if DOUBLE else 1)
             dot, dot_up, dot_3, dot_4 = _half_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, N, n_mask, K,
                                                   stride_wn, stride_sn, GROUP, HAS_MINS, SETS, BLOCK_N,
