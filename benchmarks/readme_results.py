@@ -513,13 +513,40 @@ def greedy_sentence(doc: dict) -> str:
             + " ([JSON](benchmarks/results/greedy-sampling-h200.json)); not yet measured end to end.")
 
 
+# The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
+INT4_H200_LATEST = [
+    ("L2 prefetch configs in the tuner's list (none picked)", "quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
+    ("`TIERLLM_L2_PREFETCH=1` (o's weight prefetched by the split kernel)",
+     "quant-bf16-int4-split-prefetch-o-llama-7b-h200.json"),
+    ("`DOUBLE` configs, the graph tuner's picks alone", "quant-bf16-int4-double-step-tuner-0-llama-7b-h200.json"),
+    ("`DOUBLE` configs, decode-step tuning", "quant-bf16-int4-double-step-tuner-1-llama-7b-h200.json"),
+    ("defaults (step tuning on), run 1", "quant-bf16-int4-double-default-run1-llama-7b-h200.json"),
+    ("defaults, run 2", "quant-bf16-int4-double-default-run2-llama-7b-h200.json"),
+    ("defaults, run 3", "quant-bf16-int4-double-default-run3-llama-7b-h200.json"),
+]
+
+
+def int4_h200_latest_table(calls: list[tuple[str, str, dict]]) -> list[str]:
+    """The latest bf16 + int4 batch-1 calls on an H200: (what the run changed, its JSON's name, the JSON) each."""
+    lines = ["**Latest int4 batch-1 decode on an H200** (`benchmarks/quant_session.sh batch1`, `llama-7b`, CUDA graphs, "
+             "bf16 and int4 in one call each; issue #5's target: int4 >= 2.8x bf16):", "",
+             "| run | commit | int4 ms/token | bf16 ms/token | int4 / bf16 |", "|---|---|---|---|---|"]
+    for label, name, doc in calls:
+        r = doc["results"]
+        lines.append(f"| [{label}](benchmarks/results/{name}) | {doc['versions']['commit']} | "
+                     f"{r['int4']['batch1']['decode_ms_per_step']} | {r['bf16']['batch1']['decode_ms_per_step']} | "
+                     f"{r['speedup_vs_bf16']['int4']['batch1_decode']}x |")
+    return lines + [""]
+
+
 def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200: dict,
                   h200_rerun: dict, int8_row_runs: list[dict], int8_row_grid: dict, sum16: str,
-                  int4_h200: str) -> list[str]:
+                  int4_h200: str, int4_h200_latest: list[str]) -> list[str]:
     """doc: bf16, int8 and int4 from one call; autotuned: the tuner's picks per llama-7b shape (quant_kernel_sweep.py
     --autotuned-only, the same commit); kernels: the previous run's per-shape kernel table (M=1 and the prefill
     dequantizing pass); latest: the bf16 + int4 call since; h200: the bf16 + int8 call on an H200; h200_rerun: the
-    one after it; sum16: h200_int8_sum16_paragraph; int4_h200: h200_int4_paragraph."""
+    one after it; sum16: h200_int8_sum16_paragraph; int4_h200: h200_int4_paragraph; int4_h200_latest:
+    int4_h200_latest_table's lines, first."""
     r, c = doc["results"], doc["ceilings"]
     variants = [v for v in ("bf16", "int8", "int4", "w8a8") if v in r]
     rows = autotuned["rows"]                                                  # one per linear shape [N, K]
@@ -530,7 +557,8 @@ def quant_section(doc: dict, autotuned: dict, kernels: dict, latest: dict, h200:
     ptx = [f"{row['shape'][0]} x {row['shape'][1]}: {row['int4_nibble_ptx_top'][0]['us']} us against "
            + str(min(t["us"] for t in row["int4_nibble_ptx_top"] if "nibbles0" in t["config"])) + " us"
            for row in rows]
-    lines = ["", f"**Quantized decode** — `benchmarks/quant_gpu.py` (on the device machine: `benchmarks/quant_session.sh "
+    lines = ["", *int4_h200_latest,
+             f"**Quantized decode** — `benchmarks/quant_gpu.py` (on the device machine: `benchmarks/quant_session.sh "
              f"bench`; `tests` and `probe` run the GPU tests and the tuner's picks), `llama-7b` preset (random weights, quantized layer "
              f"by layer), CUDA graphs, prompt 512, {doc['device']}, {doc['date'][:10]}, bf16, int8 and int4 in one call "
              f"([JSON](benchmarks/results/quant-llama-7b-h100.json)); HBM copy {c['hbm_copy_GBps(read+write)']} GB/s.", "",
@@ -650,7 +678,9 @@ def main() -> None:
                                          results("quant-bf16-int4-double-step-tuner-1-llama-7b-h200.json"),
                                          [results(f"quant-bf16-int4-double-default-run{i}-llama-7b-h200.json")
                                           for i in (1, 2, 3)])
-                                     + " " + greedy_sentence(results("greedy-sampling-h200.json"))))
+                                     + " " + greedy_sentence(results("greedy-sampling-h200.json")),
+                                     int4_h200_latest_table([(label, name, results(name))
+                                                             for label, name in INT4_H200_LATEST])))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 

@@ -28,13 +28,14 @@ import torch
 
 from tierllm.kernels import graph_tuning
 from tierllm.kernels.graph_tuning import TunedSite
+from tierllm.kernels.quant_gemv import TENSOR_CORES
 
 logger = logging.getLogger("tierllm")
 
 CLOSE = 1.10          # candidates: configs alone within this factor of the fastest alone (int4's down on an H200:
                       # the tensor-core kernel 4.7% faster alone, ~5 us slower chained: the step took 2.283 ms, 2.118)
 CANDIDATES = 6        # at most this many per site, the current one included
-OTHER_KERNEL = 3      # and this many more: the fastest alone of each other kernel the site chooses between
+OTHER_KERNEL = 3      # and this many more: the fastest alone of the other kernel the site chooses between
 MARGIN = 0.003        # a candidate must shorten the step by more than this fraction
 REPLAYS = 20          # replays per timing round
 ROUNDS = 3            # timing rounds, the fastest counts
@@ -50,7 +51,7 @@ def step_tuning(tp_size: int = 1) -> bool:
 
 def candidates(site: TunedSite) -> list:
     """The configs alone within CLOSE of the fastest alone, fastest first, at most CANDIDATES; then the OTHER_KERNEL
-    fastest configs of each other kernel the site chooses between (int4's one-row tuner: the tensor-core GEMV or the
+    fastest configs of the other kernel the site chooses between (int4's one-row tuner: the tensor-core GEMV or the
     CUDA-core loops), whatever their time alone. Chained, one kernel's tail holds the next kernels' early programs
     differently: on an H200 int4's o on the tensor cores, 3% faster alone, left gate/up after it 1.5 us slower per
     layer (steps of 2.144 against 2.086 ms/token, benchmarks/results/quant-bf16-int4-double-*-llama-7b-h200.json),
@@ -60,9 +61,14 @@ def candidates(site: TunedSite) -> list:
     fastest = min(site.timings.values())
     ranked = sorted(site.timings, key=site.timings.get)
     close = [config for config in ranked if site.timings[config] <= CLOSE * fastest][:CANDIDATES]
-    kernel = bool(getattr(close[0], "kwargs", {}).get("TENSOR_CORES"))
-    others = [config for config in ranked if bool(getattr(config, "kwargs", {}).get("TENSOR_CORES")) != kernel]
+    others = [config for config in ranked if _on_tensor_cores(config) != _on_tensor_cores(close[0])]
     return close + [config for config in others[:OTHER_KERNEL] if config not in close]
+
+
+def _on_tensor_cores(config) -> bool:
+    """Whether a tuner's config (a triton.Config, or anything without kwargs) is the int4 one-row tuner's
+    tensor-core GEMV (kernels/quant_gemv.py marks them)."""
+    return bool(getattr(config, "kwargs", {}).get(TENSOR_CORES))
 
 
 def refine(sites: list[TunedSite], step_seconds: Callable[[], float],
