@@ -155,20 +155,17 @@ class ModelRunner:
         tokens = step.host_tokens.tolist()
         return ModelOutput({r.request_id: t for r, t in zip(step.sampled_requests, tokens, strict=True)})
 
-    def _write_previous_tokens(self, plan: StepPlan, input_ids: torch.Tensor,
-                               previous_tokens: torch.Tensor | None) -> None:
-        """input_ids[prev_token_rows] = the previous step's sampled tokens [prev_token_index], on the device. Rank 0
-        sampled them (previous_tokens); the other ranks receive them by a broadcast queued on their stream (no
-        host sync)."""
-        if self.parallel.tp_size > 1:
-            count = max(plan.prev_token_index) + 1
-            tokens = (previous_tokens[:count].contiguous() if self.parallel.is_driver
-                      else torch.empty(count, dtype=torch.int64, device=self.device))
-            dist.broadcast(tokens, src=0, group=self.parallel.group)
-        else:
-            tokens = previous_tokens
-        rows, index = to_device(plan.prev_token_rows + plan.prev_token_index, torch.int64, self.device).chunk(2)
-        input_ids.index_copy_(0, rows, tokens.index_select(0, index))
+    def _previous_tokens(self, plan: StepPlan, previous_tokens: torch.Tensor | None) -> torch.Tensor:
+        """The previous step's sampled tokens this step's prev_token_rows take [max(prev_token_index) + 1], on the
+        device. Rank 0 sampled them (previous_tokens); the other ranks receive them by a broadcast queued on their
+        stream (no host sync)."""
+        count = max(plan.prev_token_index) + 1
+        if self.parallel.tp_size == 1:
+            return previous_tokens[:count]
+        tokens = (previous_tokens[:count].contiguous() if self.parallel.is_driver
+                  else torch.empty(count, dtype=torch.int64, device=self.device))
+        dist.broadcast(tokens, src=0, group=self.parallel.group)
+        return tokens
 
     @torch.inference_mode()
     def forward_plan(self, plan: StepPlan, previous_tokens: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -180,18 +177,20 @@ class ModelRunner:
             copy_blocks(self.kv_caches, plan.block_copies)
         num_tokens, num_sampled = len(plan.input_ids), len(plan.logits_indices)
         is_pure_decode = plan.num_decode_tokens == num_tokens == num_sampled
+        tokens = self._previous_tokens(plan, previous_tokens) if plan.prev_token_rows else None
+        if plan.use_cuda_graph and is_pure_decode and self.graphs.can_run(plan):
+            return self.graphs.run(plan, tokens)                                   # [num_seqs, vocab]
         if plan.use_cuda_graph and self.mixed_graphs is not None and not is_pure_decode and not plan.prev_token_rows:
             shape = self.mixed_graphs.shape_for(plan)
             if shape is not None:
                 logits = self.mixed_graphs.run(plan, shape)                         # [num_sampled, vocab]
                 return logits if num_sampled else None
         inputs = inputs_from_plan(plan, self.device)
-        if plan.prev_token_rows:
-            self._write_previous_tokens(plan, inputs.input_ids, previous_tokens)
+        if tokens is not None:                          # input_ids[prev_token_rows] = tokens[prev_token_index]
+            rows, index = to_device(plan.prev_token_rows + plan.prev_token_index, torch.int64, self.device).chunk(2)
+            inputs.input_ids.index_copy_(0, rows, tokens.index_select(0, index))
         if self.kv_offload is not None:
             self.kv_offload.begin_step(plan, inputs.meta)
-        if plan.use_cuda_graph and is_pure_decode and self.graphs.can_run(num_tokens):
-            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)   # [num_seqs, vocab]
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)        # [num_tokens, hidden]
         if num_sampled == 0:
             return None

@@ -131,14 +131,15 @@ def batch1_sites(since: int = 0) -> list[TunedSite]:
 def tune_decode_step(graphs, num_blocks: int, block_size: int, share: Callable = lambda value: value) -> list[dict]:
     """refine() on the batch-1 decode step of `graphs` (a runner.cuda_graph.CudaGraphDecoder, not yet captured),
     timed over CONTEXT tokens of the KV cache (num_blocks blocks of block_size; whatever they hold: timing only, the
-    step writes no cache slot). Leaves the static inputs as capture expects them. share: refine's (every rank of a
+    step writes no cache slot). Leaves the staged inputs padding. share: refine's (every rank of a
     tensor-parallel group calls this at once)."""
     from tierllm.runner.cuda_graph import CapturedGraphs
 
-    blocks = min(-(-CONTEXT // block_size), graphs.block_tables.shape[1], num_blocks)
-    context = blocks * block_size
-    graphs.block_tables[0, :blocks] = torch.arange(blocks, dtype=torch.int32, device=graphs.device)
-    graphs.context_lens[0] = context
+    blocks = min(-(-CONTEXT // block_size), graphs.width, num_blocks)
+    graphs.load_padding(1)
+    inputs = graphs.fields(1)
+    inputs["block_tables"][0, :blocks] = torch.arange(blocks, device=graphs.device)
+    inputs["context_lens"][0] = blocks * block_size
     probe = CapturedGraphs(graphs.device)
 
     def step_seconds() -> float:
@@ -163,8 +164,7 @@ def tune_decode_step(graphs, num_blocks: int, block_size: int, share: Callable =
         report = refine(sites, step_seconds, share)
     finally:
         probe.release()
-        graphs.block_tables.zero_()
-        graphs.context_lens.zero_()
+        graphs.load_padding(1)
     for row in report:
         if row["after"] != row["before"]:
             logger.info("tierllm: step tuning %s: %s -> %s (step %.4f -> %.4f ms)", row["key"], row["before"],
