@@ -70,33 +70,35 @@ class CapturedGraphs:
 
 class CudaGraphDecoder(CapturedGraphs):
     """The decode graphs, one per batch bucket B. A step's inputs reach its graph in one host->device copy into
-    `staged` (an int64 buffer) and the graph reads them in place:
+    `staged` (int32 words) and the graph reads them in place:
 
-        staged = [previous tokens: max_batch | input_ids: B | token_index: B | positions: B | slot_mapping: B |
-                  context_lens: B | block_tables: B x width]
+        staged = [previous tokens: max_batch int64 | input_ids, token_index, positions, slot_mapping: B int64 each |
+                  context_lens: B int32 | block_tables: B x width int32]
 
-    Row r's token is staged[token_index[r]]: its own input_ids entry, or the previous step's sampled token still on
-    the device (overlapped steps copy those tokens to the front, device to device). Before this layout a step took
-    ten transfers and small kernels ahead of its replay (its inputs, the previous tokens' rows, five copies into
-    separate buffers): ~50 us of the device's time per step for int4 llama-7b on an H200."""
+    Row r's token is tokens[token_index[r]] (`tokens`: the int64 words up to the bucket's input_ids): its own
+    input_ids entry, or the previous step's sampled token still on the device (overlapped steps copy those tokens to
+    the front, device to device). Before this layout a step took ten transfers and small kernels ahead of its
+    replay (its inputs, the previous tokens' rows, five copies into separate buffers): for int4 llama-7b on an H200
+    the device's time from one step's sampling kernel to the next step's first layer kernel went from ~52 us to
+    ~29 us (the embedding and the token feed included)."""
 
     def __init__(self, model: NativeModel, max_batch: int, max_blocks_per_seq: int, device: torch.device):
         super().__init__(device)
         self.model = model
         self.buckets = batch_buckets(max_batch)
         self.width = max_blocks_per_seq
-        self.front = self.buckets[-1]                       # the previous tokens' slots
-        self.staged = torch.zeros(self.front + self._step_len(self.front), dtype=torch.int64, device=device)
+        self.front = self.buckets[-1]                       # the previous tokens' slots (int64)
+        self.staged = torch.zeros(2 * self.front + self._step_words(self.front), dtype=torch.int32, device=device)
 
-    def _step_len(self, batch: int) -> int:
-        return batch * (5 + self.width)
+    def _step_words(self, batch: int) -> int:
+        return batch * (8 + 1 + self.width)
 
     def fields(self, batch: int) -> dict[str, torch.Tensor]:
-        """Views of `staged` for the graph of `batch` rows."""
-        names = ("input_ids", "token_index", "positions", "slot_mapping", "context_lens")
-        flat = self.staged[self.front:self.front + self._step_len(batch)]
-        views = dict(zip(names, flat[:5 * batch].split(batch), strict=True))
-        views["block_tables"] = flat[5 * batch:].view(batch, self.width)               # [batch, width]
+        """Views of `staged` for the graph of `batch` rows, and `tokens` (what token_index points into)."""
+        start = 2 * self.front
+        step = self.staged[start:start + self._step_words(batch)]
+        views = _step_fields(step, batch, self.width)
+        views["tokens"] = self.staged[:start + 2 * batch].view(torch.int64)          # [front + batch]
         return views
 
     def _forward(self, batch: int) -> torch.Tensor:
@@ -105,7 +107,7 @@ class CudaGraphDecoder(CapturedGraphs):
                                  decode_block_tables=v["block_tables"], decode_context_lens=v["context_lens"],
                                  prefill_block_tables=v["block_tables"][:0], prefill_query_lens=[],
                                  prefill_context_lens=[])
-        input_ids = self.staged.index_select(0, v["token_index"])                     # [batch]
+        input_ids = v["tokens"].index_select(0, v["token_index"])                     # [batch]
         hidden = self.model(input_ids, v["positions"], meta)
         return self.model.compute_logits(hidden)                                   # [batch, vocab]
 
@@ -122,21 +124,21 @@ class CudaGraphDecoder(CapturedGraphs):
         return bool(self.graphs) and self.fits(plan)
 
     def host_step(self, plan: StepPlan, batch: int) -> torch.Tensor:
-        """A pure-decode plan as `batch` rows of the staged layout (after the front) -> an int64 host tensor,
+        """A pure-decode plan as `batch` rows of the staged layout (after the front) -> int32 words on the host,
         pinned on CUDA. Padding rows write no cache slot (-1) and attend to nothing (context length 0)."""
         n = len(plan.input_ids)
-        host = torch.zeros(self._step_len(batch), dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        ids, token_index, positions, slots, context_lens, tables = _split_rows(host.numpy(), batch, self.width)
-        ids[:n] = plan.input_ids
-        token_index[:] = np.arange(self.front, self.front + batch)                 # each row's own input id
+        host = torch.zeros(self._step_words(batch), dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        v = {name: view.numpy() for name, view in _step_fields(host, batch, self.width).items()}
+        v["input_ids"][:n] = plan.input_ids
+        v["token_index"][:] = np.arange(self.front, self.front + batch)           # each row's own input id
         if plan.prev_token_rows:
-            token_index[plan.prev_token_rows] = plan.prev_token_index              # ... or a previous token
-        positions[:n] = plan.positions
-        slots[:] = -1
-        slots[:n] = plan.slot_mapping
-        context_lens[:n] = plan.decode_context_lens
+            v["token_index"][plan.prev_token_rows] = plan.prev_token_index        # ... or a previous token
+        v["positions"][:n] = plan.positions
+        v["slot_mapping"][:] = -1
+        v["slot_mapping"][:n] = plan.slot_mapping
+        v["context_lens"][:n] = plan.decode_context_lens
         for row, table in enumerate(plan.decode_block_tables):
-            tables[row, :len(table)] = table
+            v["block_tables"][row, :len(table)] = table
         return host
 
     def load(self, plan: StepPlan, previous_tokens: torch.Tensor | None = None) -> int:
@@ -144,10 +146,10 @@ class CudaGraphDecoder(CapturedGraphs):
         prev_token_rows take (StepPlan), on the device."""
         batch = next(b for b in self.buckets if b >= len(plan.input_ids))
         host = self.host_step(plan, batch)
-        self.staged[self.front:self.front + host.numel()].copy_(host, non_blocking=True)
+        self.staged[2 * self.front:2 * self.front + host.numel()].copy_(host, non_blocking=True)
         if plan.prev_token_rows:
             count = max(plan.prev_token_index) + 1
-            self.staged[:count].copy_(previous_tokens[:count])
+            self.staged[:2 * count].view(torch.int64).copy_(previous_tokens[:count])
         return batch
 
     def load_padding(self, batch: int) -> None:
@@ -170,6 +172,11 @@ class CudaGraphDecoder(CapturedGraphs):
         return self._forward(batch)[:len(plan.input_ids)]
 
 
-def _split_rows(flat: np.ndarray, batch: int, width: int) -> list[np.ndarray]:
-    """A step's staged values (CudaGraphDecoder) -> its five [batch] fields and its [batch, width] block tables."""
-    return np.split(flat[:5 * batch], 5) + [flat[5 * batch:].reshape(batch, width)]
+def _step_fields(words: torch.Tensor, batch: int, width: int) -> dict[str, torch.Tensor]:
+    """A step's staged int32 words (CudaGraphDecoder) -> its four int64 [batch] fields, its int32 context lengths
+    [batch] and block tables [batch, width]."""
+    names = ("input_ids", "token_index", "positions", "slot_mapping")
+    views = dict(zip(names, words[:8 * batch].view(torch.int64).split(batch), strict=True))
+    views["context_lens"] = words[8 * batch:9 * batch]
+    views["block_tables"] = words[9 * batch:].view(batch, width)
+    return views
