@@ -213,3 +213,62 @@ def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch,
     ids = torch.tensor([prompt], device="cuda")
     out = engine.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)      # CUDA-graph decode
     assert out.shape == (1, 56)
+
+
+def _force_xhalf(monkeypatch):
+    """The int4 graph tuner takes an XHALF config wherever one applies (else its first), untimed."""
+    tuner = quant_gemv._w4_graph_tuner
+    monkeypatch.setattr(tuner, "cache", {})
+
+    def pick(key, launch, weight, block_m, configs=None):
+        configs = configs or tuner.configs
+        tuner.cache[key] = next((c for c in configs if c.kwargs.get("XHALF")), configs[0])
+        return tuner.cache[key]
+    monkeypatch.setattr(tuner, "pick", pick)
+
+
+def test_int4_gemv_reads_x_half_in_place_of_preparing_x(monkeypatch):
+    """An XHALF one-row GEMV given x_half (x already in the half layout) gives the bits it gives preparing x
+    itself, and reads x_half (a different x_half, a different result)."""
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+    _force_xhalf(monkeypatch)
+    n, k, quant = 1024, 4096, QuantConfig(bits=4)
+    packed, bias = _weights(n, k, quant)
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    args = (packed["qweight"], packed["scales"], packed["mins"], quant.group_size, bias.to(torch.bfloat16))
+    plain = quant_gemv.w4_gemv_triton(x, *args)
+    assert quant_gemv._w4_graph_tuner.cache and all(c.kwargs.get("XHALF")
+                                                     for c in quant_gemv._w4_graph_tuner.cache.values())
+    assert torch.equal(quant_gemv.w4_gemv_triton(x, *args, x_half=prepare_x_half_triton(x)), plain)
+    other = quant_gemv.w4_gemv_triton(x, *args, x_half=prepare_x_half_triton(2 * x))
+    assert not torch.equal(other, plain)
+
+
+def test_int4_o_proj_on_the_attention_merges_half_layout_equals_its_own(monkeypatch):
+    """A tiny int4 Llama (head_dim 32: the merge kernel writes o_proj's x_half) on XHALF GEMVs: CUDA-graph decode
+    with x_half, eager decode with and without it (TIERLLM_MERGE_X_HALF), the same tokens; with it, o_proj's
+    GEMVs prepare no x of their own."""
+    import transformers
+
+    _force_xhalf(monkeypatch)
+    monkeypatch.setenv("TIERLLM_STEP_TUNER", "0")
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=256, max_position_embeddings=256,
+                                      initializer_range=0.2)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config).cuda().eval()
+    engine = tierllm.init_inference(hf, dtype=torch.bfloat16, quant="int4", show_progress=False, max_num_seqs=4)
+    assert engine.model.model.layers[0].self_attn.o_proj.takes_half_x(1)
+    ids = torch.tensor([random_prompts([300], seed=3)[0][:200]], device="cuda")      # several decode splits
+    graphs = engine.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    engine.engine.runner.use_cuda_graph = False
+    prepared = []
+    real = quant_gemv.prepare_x_half_triton
+    monkeypatch.setattr(quant_gemv, "prepare_x_half_triton", lambda *a, **kw: prepared.append(1) or real(*a, **kw))
+    eager = engine.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    with_half = len(prepared)
+    monkeypatch.setenv("TIERLLM_MERGE_X_HALF", "0")
+    prepared.clear()
+    without = engine.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    assert torch.equal(graphs, eager) and torch.equal(eager, without)
+    assert len(prepared) - with_half == 2 * 11                     # o_proj's own preparing, 2 layers x 11 decodes
