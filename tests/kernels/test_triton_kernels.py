@@ -561,24 +561,3 @@ def test_graph_tuner_is_the_default(monkeypatch):
     assert graph_tuning()
     monkeypatch.setenv("TIERLLM_GEMV_TUNER", "triton")
     assert not graph_tuning()
-
-
-@pytest.mark.parametrize("length,width", [(200, 16), (5, 1)])
-def test_paged_decode_attention_writes_o_projs_half_layout(length, width):
-    """x_half (one sequence): the output in int4_prepared_x's half layout, the same bits as the preparing kernel
-    makes from the output, whether the merge kernel writes it (several splits) or the launch has no merge (one
-    block: one split); the output itself unchanged."""
-    from tierllm.kernels.int4_prepared_x import prepare_x_half_ref, prepare_x_half_triton, prepared_x_half_size
-    torch.manual_seed(7)
-    k_cache, v_cache, tables = _random_paged([length], 4, 64, 16, torch.bfloat16, width=width)
-    q = torch.randn(1, 8, 64, device=DEVICE).to(torch.bfloat16)
-    ctx = torch.tensor([length], device=DEVICE)
-    plain = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 0.2)
-    x_half = torch.full((prepared_x_half_size(8 * 64),), float("nan"), device=DEVICE)
-    out = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 0.2, x_half=x_half)
-    assert torch.equal(out, plain)
-    assert torch.equal(x_half, prepare_x_half_triton(out.reshape(1, -1)))
-    ref_half = torch.full((prepared_x_half_size(8 * 64),), float("nan"))
-    ref = decode_attention.paged_decode_attention(q.cpu(), k_cache.cpu(), v_cache.cpu(), tables.cpu(), ctx.cpu(), 0.2,
-                                                  x_half=ref_half)                   # the torch reference
-    assert torch.equal(ref_half, prepare_x_half_ref(ref.reshape(-1)))

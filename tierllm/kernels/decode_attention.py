@@ -13,14 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
-from tierllm.kernels.int4_prepared_x import HALF_RUN_K, prepare_x_half
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
-    from tierllm.kernels.int4_prepared_x import store_half_runs
     from tierllm.kernels.l2_prefetch import l2_prefetch_share
 
     @triton.jit
@@ -93,11 +91,8 @@ if HAS_TRITON:
             tl.store(part_ml_ptr + part * 2 + 1, l, mask=row_mask)
 
     @triton.jit
-    def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, half_ptr, word_ptr, stride_os, stride_oh, num_heads,
-                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, HALF_OUT: tl.constexpr,
-                             PDL: tl.constexpr):
-        """HALF_OUT (one sequence): also the output row in int4_prepared_x's half layout (half_ptr and word_ptr:
-        that buffer as fp16 and as fp32), for an int4 o_proj (its preparing kernel is then not needed)."""
+    def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_os, stride_oh, num_heads,
+                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
         pdl_start(PDL)
         seq = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
@@ -110,10 +105,8 @@ if HAS_TRITON:
         total = tl.sum(weight * l, axis=0)
         dims = tl.arange(0, HEAD_DIM)
         acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :])
-        out = (tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + seq * stride_os + head * stride_oh + dims, out)
-        if HALF_OUT:                    # from the stored value, as a preparing kernel reading `out` would see it
-            store_half_runs(out.to(tl.float32), head * HEAD_DIM, num_heads * HEAD_DIM, half_ptr, word_ptr, HEAD_DIM)
+        out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(out_ptr + seq * stride_os + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
 
 
 def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, device) -> int:
@@ -125,19 +118,14 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, de
 
 
 def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
-                                  split_kv_heads=None, l2_prefetch=None, x_half=None):
+                                  split_kv_heads=None, l2_prefetch=None):
     """split_kv_heads: the KV head count the split count is computed from (None: the cache's); l2_prefetch:
-    (address, bytes) the split kernel prefetches into L2 (kernels/l2_prefetch.prefetch_span), or None; x_half: fp32
-    words [prepared_x_half_size(num_heads * head_dim)] that get the output (one sequence) in int4_prepared_x's half
-    layout too, written by the merge kernel (or a preparing kernel after an unsplit launch), or None."""
+    (address, bytes) the split kernel prefetches into L2 (kernels/l2_prefetch.prefetch_span), or None."""
     num_seqs, num_heads, head_dim = q.shape
-    if x_half is not None and num_seqs != 1:
-        raise ValueError("x_half is one sequence's output: pass it for one sequence")
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     if group > 16 or head_dim & (head_dim - 1):           # 16 padded query rows per KV head, pow-2 head size
-        out = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
-        return out if x_half is None else _fill_half(out, x_half)
+        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
     out = torch.empty_like(q)
     block_n = 64 if block_size <= 64 else block_size
     max_len = block_tables.shape[1] * block_size
@@ -154,18 +142,9 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         *(l2_prefetch or (0, 0)), GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None, **pdl, L2_PREFETCH=l2_prefetch is not None,
         num_warps=4)
-    half_out = x_half is not None and num_splits > 1 and head_dim % HALF_RUN_K == 0     # whole runs per head
     if num_splits > 1:
-        half = x_half if half_out else out
-        _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, half.view(torch.float16), half,
-                                                    out.stride(0), out.stride(1), num_heads, HEAD_DIM=head_dim,
-                                                    NUM_SPLITS=num_splits, HALF_OUT=half_out, **pdl)
-    return out if x_half is None or half_out else _fill_half(out, x_half)
-
-
-def _fill_half(out: torch.Tensor, x_half: torch.Tensor) -> torch.Tensor:
-    """x_half filled from `out` by the preparing kernel (launches without the merge kernel's copy) -> out."""
-    prepare_x_half(out, x_half)
+        _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
+                                                    HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl)
     return out
 
 
@@ -193,10 +172,8 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
-                           split_kv_heads=None, l2_prefetch=None, x_half=None):
-    """x_half: as paged_decode_attention_triton's."""
+                           split_kv_heads=None, l2_prefetch=None):
     if use_triton(q) and q.dtype in (torch.float16, torch.bfloat16):
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window,
-                                             split_kv_heads, l2_prefetch, x_half)
-    out = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
-    return out if x_half is None else _fill_half(out, x_half)
+                                             split_kv_heads, l2_prefetch)
+    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)

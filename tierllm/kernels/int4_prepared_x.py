@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
+from tierllm.kernels._dispatch import HAS_TRITON, pdl_options
 
 HALF_RUN_K = 32            # k per run of the half layout (module doc)
 HALF_CHUNK = 20            # fp32 words per run of the half layout: 4 planes of 4 words, the factor, the sum, padding
@@ -101,10 +101,14 @@ if HAS_TRITON:
         tl.store(out_ptr + run[:, None] * CHUNK + 8 * RUN + tail[None, :], sums, mask=(run < K // RUN_K)[:, None])
 
     @triton.jit
-    def store_half_runs(x, start, K, half_ptr, word_ptr, BLOCK: tl.constexpr):
-        """x [BLOCK] (fp32) at k = start .. start + BLOCK (start a multiple of the run length, k past K dropped) ->
-        its runs of the half layout (module doc): half_ptr and word_ptr are the buffer as fp16 and as fp32."""
-        offs = start + tl.arange(0, BLOCK)
+    def _prepare_x_half_kernel(x_ptr, g_ptr, half_ptr, word_ptr, K, eps, NORM: tl.constexpr, BLOCK: tl.constexpr,
+                               ROW: tl.constexpr, PDL: tl.constexpr):
+        """The half layout (module doc) of k = p * BLOCK .. + BLOCK: half_ptr and word_ptr are the buffer as fp16
+        and as fp32."""
+        pdl_start(PDL)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < K
+        x = _normed_x(x_ptr, g_ptr, offs, mask, K, eps, NORM, BLOCK, ROW)                     # [BLOCK] fp32
         RUNS: tl.constexpr = BLOCK // _RUN_K
         runs = tl.reshape(x, [RUNS, _RUN_K])
         largest = tl.max(tl.abs(runs), axis=1)                                             # [RUNS]
@@ -116,23 +120,13 @@ if HAS_TRITON:
         scaled = tl.reshape(runs * up[:, None], [BLOCK]) * sixteenth                       # are 16x theirs
         # the fp16 index: the run's chunk, plane i % 4, the word in the run, the half (i // 4)
         at = 2 * ((offs // _RUN_K) * _CHUNK + (i % 4) * 4 + (offs % _RUN_K) // 8) + i // 4
-        tl.store(half_ptr + at, scaled.to(tl.float16), mask=offs < K)
-        first = start // _RUN_K + tl.arange(0, RUNS)
+        tl.store(half_ptr + at, scaled.to(tl.float16), mask=mask)
+        first = tl.program_id(0) * RUNS + tl.arange(0, RUNS)
         tail = tl.arange(0, 4)                                              # the factor, the sum, then padding
         factor = ((137 + exponent) << 23).to(tl.float32, bitcast=True)                     # 2^(24 - s)
         meta = tl.where(tail[None, :] == 0, factor[:, None],
                         tl.where(tail[None, :] == 1, tl.sum(runs, axis=1)[:, None], 0.0))
         tl.store(word_ptr + first[:, None] * _CHUNK + 16 + tail[None, :], meta, mask=(first < K // _RUN_K)[:, None])
-
-    @triton.jit
-    def _prepare_x_half_kernel(x_ptr, g_ptr, half_ptr, word_ptr, K, eps, NORM: tl.constexpr, BLOCK: tl.constexpr,
-                               ROW: tl.constexpr, PDL: tl.constexpr):
-        """The half layout (module doc) of k = p * BLOCK .. + BLOCK: half_ptr and word_ptr are the buffer as fp16
-        and as fp32."""
-        pdl_start(PDL)
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        x = _normed_x(x_ptr, g_ptr, offs, offs < K, K, eps, NORM, BLOCK, ROW)               # [BLOCK] fp32
-        store_half_runs(x, tl.program_id(0) * BLOCK, K, half_ptr, word_ptr, BLOCK)
 
 
 def _whole_row(k: int) -> int:
@@ -190,11 +184,11 @@ def prepared_x_half_size(k: int) -> int:
 
 
 def prepare_x_half_triton(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                          pdl: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+                          pdl: bool = False) -> torch.Tensor:
     """x: [1, K] or [K] (contiguous, K a multiple of 32) -> the half layout (module doc), fp32 words
-    [prepared_x_half_size] (into `out` if given)."""
+    [prepared_x_half_size]."""
     k = x.shape[-1]
-    out = out if out is not None else torch.empty(prepared_x_half_size(k), dtype=torch.float32, device=x.device)
+    out = torch.empty(prepared_x_half_size(k), dtype=torch.float32, device=x.device)
     block = 1024
     _prepare_x_half_kernel[(triton.cdiv(k, block),)](x, norm_weight if norm_weight is not None else x,
                                                      out.view(torch.float16), out, k, eps,
@@ -219,11 +213,3 @@ def prepare_x_half_ref(x: torch.Tensor, norm_weight: torch.Tensor | None = None,
     tail[:, 0] = torch.exp2(10.0 + exponent.float())
     tail[:, 1] = runs.sum(dim=(1, 2))
     return torch.cat([planes, tail], dim=1).reshape(-1)
-
-
-def prepare_x_half(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """x [1, K] or [K] in the half layout, into `out` [prepared_x_half_size(K)]: the Triton kernel (launched with
-    programmatic dependent launch where the GPU has it) on CUDA, the torch reference elsewhere."""
-    if use_triton(x):
-        return prepare_x_half_triton(x.reshape(1, -1), pdl=True, out=out)
-    return out.copy_(prepare_x_half_ref(x))

@@ -334,16 +334,14 @@ def one_row_fusions(bits: int) -> frozenset:
 def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                        bits: int, group_size: int | None, bias: torch.Tensor | None = None, *,
                        norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
-                       residual: torch.Tensor | None = None, pdl: bool = False,
-                       x_half: torch.Tensor | None = None) -> torch.Tensor:
+                       residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """`quant_linear` with the decode fusions (norm_weight [K]: RMSNorm x first; gated: [gate; up] weights with
     2N rows, silu(gate) * up; residual [M, N]: added into in place and returned); semantics: quant_gemv.w8/
     w4_fused_ref, except that residual is updated in place. Where quant_linear takes the GEMV, the fusions in
     GEMV_FUSIONS[bits] (one_row_fusions(bits) for one x row) happen inside it and the rest as separate kernels;
     elsewhere all are separate.
     pdl: the GEMV and the separate norm and SiLU-and-mul kernels around it are launched with programmatic
-    dependent launch (gemv.py). x_half: int4's one row already in the half layout (quant_gemv.w4_gemv_triton);
-    ignored elsewhere."""
+    dependent launch (gemv.py)."""
     if not (x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
             and x.shape[0] <= QUANT_GEMV_ROWS[bits] and (residual is None or residual.stride(-1) == 1)):
         return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias),
@@ -354,9 +352,8 @@ def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     if bits == 8:
         project = lambda h: w8_gemv_triton(h, qweight, scales, bias, **fused, pdl=pdl)     # noqa: E731
     else:
-        x_half = x_half if x.shape[0] == 1 and fused["norm_weight"] is None else None
         project = lambda h: w4_gemv_triton(h, qweight, scales, mins, group_size, bias,     # noqa: E731
-                                           **fused, pdl=pdl, x_half=x_half)
+                                           **fused, pdl=pdl)
     # the fusions not taken inside run around the GEMV as separate kernels
     return unfused_linear(x, project, None if fused["norm_weight"] is not None else norm_weight, eps,
                           gated and not fused["gated"], None if fused["residual"] is not None else residual, pdl)

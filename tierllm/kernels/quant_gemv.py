@@ -864,16 +864,12 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                    group_size: int, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
                    eps: float = 1e-6, gated: bool = False, residual: torch.Tensor | None = None,
-                   pdl: bool = False, x_half: torch.Tensor | None = None) -> torch.Tensor:
+                   pdl: bool = False) -> torch.Tensor:
     """x: [M, K] (last dim contiguous); qweight: uint8 [N, K // 2]; scales / mins: [N, K // G] (mins None =
     symmetric) -> [M, N]. Fusions and pdl as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N
     rows). Several rows where w4_mma_supported: w4_mma_gemv; one row there too, or on the XGLOBAL loop after
-    int4_prepared_x's kernel, where the graph tuner (the default) times it faster. x_half: x (one row, no norm)
-    already in int4_prepared_x's half layout (the decode attention's merge kernel writes it for o_proj), which
-    an XHALF config then reads instead of preparing its own."""
+    int4_prepared_x's kernel, where the graph tuner (the default) times it faster."""
     m, k = x.shape
-    if x_half is not None and (m != 1 or norm_weight is not None):
-        raise ValueError("x_half holds one x row without a norm: pass it only for one row and no norm_weight")
     if m > 1 and norm_weight is None and w4_mma_supported(x, qweight, group_size):
         # the tensor-core GEMV: x's rows are the MMA's columns, so 2-8 rows cost what one does (this kernel streams
         # the weight once per row, from L2 after the first)
@@ -910,12 +906,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
             grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
             if config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x
-                if not config.kwargs.get("XHALF"):
-                    x_prepared = prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl)
-                elif x_half is not None:
-                    x_prepared = x_half
-                else:
-                    x_prepared = prepare_x_half_triton(x, norm_weight, eps, pdl=pdl)
+                x_prepared = (prepare_x_half_triton(x, norm_weight, eps, pdl=pdl) if config.kwargs.get("XHALF")
+                              else prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl))
                 _w4_gemv_even[grid](*args(w, out, x_prepared, None, rows), **{**flags, "NORM": False},
                                     **config.all_kwargs(), EMULATE=_dispatch.is_interpreted(), **pdl_options(x, pdl))
             else:

@@ -3,14 +3,11 @@ MergedLinear by tierllm/quant/quantize.py. Every tensor is an nn.Parameter (inte
 trainable), so `.to()`, state_dict, the strict loader and layer streaming see all of them."""
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
 from tierllm import kernels
 from tierllm.config import QuantConfig
-from tierllm.kernels.int4_prepared_x import HALF_RUN_K
 from tierllm.layers.linear import (Linear, _new_param, fusion_args, load_whole, reduce_partial_output,
                                    reduced_fused)
 
@@ -95,19 +92,10 @@ class QuantLinear(nn.Module):
         return kernels.quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits, self.quant.group_size,
                                     bias)
 
-    def takes_half_x(self, rows: int) -> bool:
-        """Whether fused() of `rows` rows of x may get x_half (x in int4_prepared_x's half layout, made by the
-        kernel before it): int4 weight-only, groups of 32 codes or more, one row, no all-reduce, on CUDA, unless
-        TIERLLM_MERGE_X_HALF=0 (for A/B runs)."""
-        return (self.quant.bits == 4 and self.quant.activations is None and rows == 1 and not self.reduce_output
-                and self.quant.group_size % HALF_RUN_K == 0 and self.in_features % HALF_RUN_K == 0
-                and self.qweight.is_cuda and os.environ.get("TIERLLM_MERGE_X_HALF", "1") != "0")
-
     def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
-              residual: torch.Tensor | None = None, x_half: torch.Tensor | None = None) -> torch.Tensor:
+              residual: torch.Tensor | None = None) -> torch.Tensor:
         """As Linear.fused, through kernels.fused_quant_linear (the fusions that pay inside the quantized GEMV: see
-        GEMV_FUSIONS there); W8A8 runs them as separate kernels, all-reduced outputs through reduced_fused.
-        x_half: x in the half layout where takes_half_x (an XHALF GEMV reads it instead of preparing x)."""
+        GEMV_FUSIONS there); W8A8 runs them as separate kernels, all-reduced outputs through reduced_fused."""
         if self.reduce_output:
             return reduced_fused(self, x, norm, gated, residual)
         fusions = fusion_args(norm, gated, residual)
@@ -115,7 +103,7 @@ class QuantLinear(nn.Module):
             return kernels.unfused_linear(x, self, **fusions)
         # decode chained by programmatic dependent launch where the GPU has it, as Linear.fused's GEMVs
         return kernels.fused_quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits,
-                                          self.quant.group_size, self.bias, **fusions, pdl=True, x_half=x_half)
+                                          self.quant.group_size, self.bias, **fusions, pdl=True)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """[num_tokens, sum(sizes)] -> one view per shard (fused projections only)."""

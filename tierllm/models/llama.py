@@ -7,7 +7,6 @@ from torch import nn
 from tierllm import kernels
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.distributed.sharding import check_tp_size
-from tierllm.kernels.int4_prepared_x import prepared_x_half_size
 from tierllm.kernels.l2_prefetch import prefetch_span
 from tierllm.layers.attention import Attention, AttentionMetadata, invariant_split_heads
 from tierllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -53,17 +52,9 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj.split(qkv)
         q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
-        x_half = None
-        if residual is not None and getattr(self.o_proj, "takes_half_x", lambda rows: False)(n):
-            # one token into an int4 o_proj: the attention also writes its output as that GEMV's x (no kernel between)
-            x_half = torch.empty(prepared_x_half_size(self.o_proj.in_features), dtype=torch.float32, device=q.device)
         out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta, cos_sin,
-                        prefetch_span(self.o_proj), x_half)            # prefetch: TIERLLM_L2_PREFETCH=1, else None
-        if residual is None:
-            return self.o_proj(out)
-        if x_half is None:
-            return self.o_proj.fused(out, residual=residual)
-        return self.o_proj.fused(out, residual=residual, x_half=x_half)
+                        prefetch_span(self.o_proj))                    # TIERLLM_L2_PREFETCH=1, else None
+        return self.o_proj(out) if residual is None else self.o_proj.fused(out, residual=residual)
 
 
 class LlamaMLP(nn.Module):
