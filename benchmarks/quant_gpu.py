@@ -90,6 +90,11 @@ def _measure(variant: str, args, hbm_Bps: float) -> dict:
         timeline = profile_decode_timeline(engine, vocab, args.out.with_name(f"timeline-{variant}-b1.json"))
     except Exception as error:
         timeline = {"error": repr(error)}
+    try:                     # the same at the measured run's context (its prompt): the attention's share at that length
+        timeline_long = profile_decode_timeline(engine, vocab, args.out.with_name(f"timeline-{variant}-b1-long.json"),
+                                                prompt_len=args.prompt_len)
+    except Exception as error:
+        timeline_long = {"error": repr(error)}
     weight_bytes = _decode_bytes(engine.model)
     roofline_ms = weight_bytes / hbm_Bps * 1e3
     out = {"variant": variant, "build_s": round(build_s, 1), "decode_weight_bytes": weight_bytes,
@@ -98,6 +103,7 @@ def _measure(variant: str, args, hbm_Bps: float) -> dict:
            "batch1_fraction_of_roofline": round(roofline_ms / batch1["decode_ms_per_step"], 4),
            "cuda_graph_capture_s": round(engine.engine.runner.graphs.capture_seconds, 1),
            "batch1_tuner_picks": _batch1_picks(TUNED_SITES[sites_before:]), "batch1_timeline": timeline,
+           "batch1_timeline_at_prompt_len": timeline_long,
            "step_tuning": engine.engine.runner.step_tuning_report}                 # TIERLLM_STEP_TUNER=1
     print(f"{variant:>5}: built in {build_s:.0f} s | batch 1 decode {batch1['decode_ms_per_step']:.2f} ms/token "
           f"({batch1['decode_tok_s']:.1f} tok/s, roofline {roofline_ms:.2f} ms) | batch {args.batch} decode "

@@ -523,6 +523,11 @@ INT4_H200_LATEST = [
     ("defaults (step tuning on), run 1", "quant-bf16-int4-double-default-run1-llama-7b-h200.json"),
     ("defaults, run 2", "quant-bf16-int4-double-default-run2-llama-7b-h200.json"),
     ("defaults, run 3", "quant-bf16-int4-double-default-run3-llama-7b-h200.json"),
+    ("staged decode inputs; step tuning tries the other kernel's three fastest (o and down leave the tensor cores)",
+     "quant-bf16-int4-staged-inputs-llama-7b-h200.json"),
+    ("merge kernel writes o's x (every GEMV retimed)", "quant-bf16-int4-merge-x-half-default-llama-7b-h200.json"),
+    ("A/B: o prepares its own x (the code kept)", "quant-bf16-int4-merge-x-half-0-llama-7b-h200.json"),
+    ("A/B: the merge kernel writes o's x (reverted)", "quant-bf16-int4-merge-x-half-1-llama-7b-h200.json"),
 ]
 
 

@@ -40,14 +40,14 @@ def decode_timeline(kernels: list) -> dict:
             "kernel_us_sum_median": round(statistics.median(busy), 1), "by_kernel": table}
 
 
-def profile_decode_timeline(engine, vocab: int, trace_path: Path, steps: int = 10) -> dict:
-    """decode_timeline of `steps` batch-1 decode steps of `engine` (a 16-token prompt, after a warm-up generate);
-    the raw kernel list [(start_us, duration_us, name)] goes to trace_path."""
+def profile_decode_timeline(engine, vocab: int, trace_path: Path, steps: int = 10, prompt_len: int = 16) -> dict:
+    """decode_timeline of `steps` batch-1 decode steps of `engine` (a prompt_len-token prompt, after a warm-up
+    generate); the raw kernel list [(start_us, duration_us, name)] goes to trace_path."""
     from torch.profiler import ProfilerActivity, profile
 
     from tierllm.bench.generate_bench import _random_prompts
 
-    prompt = _random_prompts(1, 16, vocab, 5).cuda()
+    prompt = _random_prompts(1, prompt_len, vocab, 5).cuda()
     engine.generate(prompt, max_new_tokens=4, min_new_tokens=4)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         engine.generate(prompt, max_new_tokens=steps, min_new_tokens=steps)
