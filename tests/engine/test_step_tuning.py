@@ -30,6 +30,14 @@ def test_candidates_are_the_close_ones_fastest_first_capped():
     assert step_tuning.candidates(TunedSite({"u": "x"}, "u", {}, 1)) == []
 
 
+def test_candidate_window_and_cap_follow_the_environment(monkeypatch):
+    site = make_site("s", {f"c{i}": 1.0 + 0.05 * i for i in range(20)})
+    assert step_tuning.candidates(site) == ["c0", "c1", "c2"]                          # within 10%
+    monkeypatch.setenv("TIERLLM_STEP_CLOSE", "1.3")
+    monkeypatch.setenv("TIERLLM_STEP_CANDIDATES", "5")
+    assert step_tuning.candidates(site) == [f"c{i}" for i in range(5)]
+
+
 class _Config:
     """A stand-in for triton.Config: its kwargs (the int4 tuner marks tensor-core configs with TENSOR_CORES)."""
 

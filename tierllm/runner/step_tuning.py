@@ -50,7 +50,8 @@ def step_tuning(tp_size: int = 1) -> bool:
 
 
 def candidates(site: TunedSite) -> list:
-    """The configs alone within CLOSE of the fastest alone, fastest first, at most CANDIDATES; then the OTHER_KERNEL
+    """The configs alone within CLOSE of the fastest alone, fastest first, at most CANDIDATES (TIERLLM_STEP_CLOSE and
+    TIERLLM_STEP_CANDIDATES override both, for A/B runs); then the OTHER_KERNEL
     fastest configs of the other kernel the site chooses between (int4's one-row tuner: the tensor-core GEMV or the
     CUDA-core loops), whatever their time alone. Chained, one kernel's tail holds the next kernels' early programs
     differently: on an H200 int4's o on the tensor cores, 3% faster alone, left gate/up after it 1.5 us slower per
@@ -60,7 +61,9 @@ def candidates(site: TunedSite) -> list:
         return []
     fastest = min(site.timings.values())
     ranked = sorted(site.timings, key=site.timings.get)
-    close = [config for config in ranked if site.timings[config] <= CLOSE * fastest][:CANDIDATES]
+    close_factor = float(os.environ.get("TIERLLM_STEP_CLOSE", CLOSE))              # env: for A/B runs
+    most = int(os.environ.get("TIERLLM_STEP_CANDIDATES", CANDIDATES))
+    close = [config for config in ranked if site.timings[config] <= close_factor * fastest][:most]
     others = [config for config in ranked if _on_tensor_cores(config) != _on_tensor_cores(close[0])]
     return close + [config for config in others[:OTHER_KERNEL] if config not in close]
 
