@@ -528,6 +528,8 @@ INT4_H200_LATEST = [
     ("merge kernel writes o's x (every GEMV retimed)", "quant-bf16-int4-merge-x-half-default-llama-7b-h200.json"),
     ("A/B: o prepares its own x (the code kept)", "quant-bf16-int4-merge-x-half-0-llama-7b-h200.json"),
     ("A/B: the merge kernel writes o's x (reverted)", "quant-bf16-int4-merge-x-half-1-llama-7b-h200.json"),
+    ("defaults at the session's end", "quant-bf16-int4-final-default-llama-7b-h200.json"),
+    ("step tuning's window widened to 30% (same picks; bf16 slower)", "quant-bf16-int4-step-close-1.3-llama-7b-h200.json"),
 ]
 
 
