@@ -43,4 +43,6 @@ def test_padding_rows_write_no_cache_slot_and_attend_to_nothing():
     graphs.load_padding(4)
     fields = graphs.fields(4)
     assert fields["slot_mapping"].tolist() == [-1] * 4 and fields["context_lens"].tolist() == [0] * 4
-    assert graphs.staged[fields["token_index"]].tolist() == fields["input_ids"].tolist()
+    fields["input_ids"].copy_(torch.tensor([11, 12, 13, 14]))
+    fields["tokens"][:2] = torch.tensor([7, 8])                        # previous tokens, unused by padding rows
+    assert fields["tokens"][fields["token_index"]].tolist() == [11, 12, 13, 14]   # each row its own input id
