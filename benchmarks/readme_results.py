@@ -502,6 +502,26 @@ def double_sentence(l2_ahead: dict, split_prefetch: dict, alone: dict, step_tune
             f"defaults it then kept o on the tensor cores: {runs} (target 2.8x: not met).")
 
 
+def staged_sentence(staged: dict, merge_off: dict, merge_on: dict, final: dict) -> str:
+    """The staged decode inputs with step tuning's other-kernel rule, the merge kernel writing o's x (A/B, reverted),
+    and the session's final defaults; each a bf16 + int4 call at batch 1."""
+    def step_us(doc: dict) -> float:
+        return doc["results"]["int4"]["batch1_timeline"]["step_span_us_median"]
+    moved = [row for row in final["results"]["int4"]["step_tuning"] if row["after"] != row["before"]]
+    return ("A decode graph now reads each step's inputs from one staged buffer (one host->device copy, the previous "
+            "step's tokens fed inside the graph; `runner/cuda_graph.py`), and step tuning also tries the other "
+            "kernel's three fastest configs alone, which moved o (and in one call down) from the tensor cores to "
+            f"XHALF: [{ms(staged)}](benchmarks/results/quant-bf16-int4-staged-inputs-llama-7b-h200.json). Having the "
+            "decode attention's merge kernel write o's x in the half layout (no preparing kernel before o) lost in an "
+            f"A/B on one machine: [{ms(merge_on)}]"
+            "(benchmarks/results/quant-bf16-int4-merge-x-half-1-llama-7b-h200.json),"
+            f" timeline step {step_us(merge_on)} us, against [{ms(merge_off)}]"
+            f"(benchmarks/results/quant-bf16-int4-merge-x-half-0-llama-7b-h200.json), {step_us(merge_off)} us (gate/up "
+            "after o got slower), and was reverted. At the session's final defaults (step tuning moved "
+            f"{len(moved)} site{'s' if len(moved) != 1 else ''}): [{ms(final)}]"
+            "(benchmarks/results/quant-bf16-int4-final-default-llama-7b-h200.json) (target 2.8x: not met).")
+
+
 def greedy_sentence(doc: dict) -> str:
     """The one-kernel greedy pick against the sampler's former eager chain (benchmarks/greedy_sampling.py)."""
     rows = [r for r in doc["results"]["rows"] if r["rows"] == 1]
@@ -685,6 +705,11 @@ def main() -> None:
                                          results("quant-bf16-int4-double-step-tuner-1-llama-7b-h200.json"),
                                          [results(f"quant-bf16-int4-double-default-run{i}-llama-7b-h200.json")
                                           for i in (1, 2, 3)])
+                                     + " " + staged_sentence(
+                                         results("quant-bf16-int4-staged-inputs-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-merge-x-half-0-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-merge-x-half-1-llama-7b-h200.json"),
+                                         results("quant-bf16-int4-final-default-llama-7b-h200.json"))
                                      + " " + greedy_sentence(results("greedy-sampling-h200.json")),
                                      int4_h200_latest_table([(label, name, results(name))
                                                              for label, name in INT4_H200_LATEST])))
