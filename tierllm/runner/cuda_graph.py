@@ -88,17 +88,17 @@ class CudaGraphDecoder(CapturedGraphs):
         self.buckets = batch_buckets(max_batch)
         self.width = max_blocks_per_seq
         self.front = self.buckets[-1]                       # the previous tokens' slots (int64)
-        self.staged = torch.zeros(2 * self.front + self._step_words(self.front), dtype=torch.int32, device=device)
+        self.step_start = 2 * self.front                    # the step's words begin after them
+        self.staged = torch.zeros(self.step_start + self._step_words(self.front), dtype=torch.int32, device=device)
 
     def _step_words(self, batch: int) -> int:
         return batch * (8 + 1 + self.width)
 
     def fields(self, batch: int) -> dict[str, torch.Tensor]:
         """Views of `staged` for the graph of `batch` rows, and `tokens` (what token_index points into)."""
-        start = 2 * self.front
-        step = self.staged[start:start + self._step_words(batch)]
+        step = self.staged[self.step_start:self.step_start + self._step_words(batch)]
         views = _step_fields(step, batch, self.width)
-        views["tokens"] = self.staged[:start + 2 * batch].view(torch.int64)          # [front + batch]
+        views["tokens"] = self.staged[:self.step_start + 2 * batch].view(torch.int64)   # [front + batch]
         return views
 
     def _forward(self, batch: int) -> torch.Tensor:
@@ -146,7 +146,7 @@ class CudaGraphDecoder(CapturedGraphs):
         prev_token_rows take (StepPlan), on the device."""
         batch = next(b for b in self.buckets if b >= len(plan.input_ids))
         host = self.host_step(plan, batch)
-        self.staged[2 * self.front:2 * self.front + host.numel()].copy_(host, non_blocking=True)
+        self.staged[self.step_start:self.step_start + host.numel()].copy_(host, non_blocking=True)
         if plan.prev_token_rows:
             count = max(plan.prev_token_index) + 1
             self.staged[:2 * count].view(torch.int64).copy_(previous_tokens[:count])

@@ -134,7 +134,7 @@ def batch1_sites(since: int = 0) -> list[TunedSite]:
 def tune_decode_step(graphs, num_blocks: int, block_size: int, share: Callable = lambda value: value) -> list[dict]:
     """refine() on the batch-1 decode step of `graphs` (a runner.cuda_graph.CudaGraphDecoder, not yet captured),
     timed over CONTEXT tokens of the KV cache (num_blocks blocks of block_size; whatever they hold: timing only, the
-    step writes no cache slot). Leaves the staged inputs padding. share: refine's (every rank of a
+    step writes no cache slot; capture() stages padding again). share: refine's (every rank of a
     tensor-parallel group calls this at once)."""
     from tierllm.runner.cuda_graph import CapturedGraphs
 
@@ -167,7 +167,6 @@ def tune_decode_step(graphs, num_blocks: int, block_size: int, share: Callable =
         report = refine(sites, step_seconds, share)
     finally:
         probe.release()
-        graphs.load_padding(1)
     for row in report:
         if row["after"] != row["before"]:
             logger.info("tierllm: step tuning %s: %s -> %s (step %.4f -> %.4f ms)", row["key"], row["before"],
