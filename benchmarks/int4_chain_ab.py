@@ -115,8 +115,9 @@ def _parse_chain(spec: str) -> dict:
             "maxnreg": int(regs) if regs else None}
 
 
-def _barrier_us(grid: int) -> dict:
-    """One device-wide barrier: a launch of 8 rounds against one of 1, at `grid` programs of 8 warps."""
+def _barrier_us(grid: int, launches: int = 16) -> dict:
+    """One device-wide barrier: launches of 8 rounds against launches of 1, at `grid` programs of 8 warps
+    (`launches` per graph, each on its own counters)."""
     import triton
     import triton.language as tl
 
@@ -128,14 +129,15 @@ def _barrier_us(grid: int) -> dict:
             _arrive(counter_ptr, r, True)
             _wait(counter_ptr, r, True)
 
-    counters = torch.zeros(PHASES + 1, dtype=torch.int32, device="cuda")
+    counters = torch.zeros(launches, PHASES + 1, dtype=torch.int32, device="cuda")
     out = {}
     for rounds in (1, 8):
         def run(rounds=rounds):
             counters.zero_()
-            rounds_kernel[(grid,)](counters, ROUNDS=rounds, num_warps=8)
-        out[rounds] = _graph_us(run, replays=50)
-    failed = bool(counters[PHASES].item())
+            for i in range(launches):
+                rounds_kernel[(grid,)](counters[i], ROUNDS=rounds, num_warps=8)
+        out[rounds] = _graph_us(run, replays=30) / launches
+    failed = bool(counters[:, PHASES].any().item())
     return {"grid": grid, "launch_1_round_us": round(out[1], 2), "launch_8_rounds_us": round(out[8], 2),
             "per_barrier_us": round((out[8] - out[1]) / 7, 3), "failed": failed}
 

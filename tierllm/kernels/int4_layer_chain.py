@@ -204,6 +204,8 @@ class ChainBuffers:
 def resident_programs(kernel, device: torch.device) -> int:
     """How many programs of a compiled kernel fit on the device at once (registers, warps, shared memory, blocks
     per SM), so that a grid of that size is resident and its barriers fill."""
+    if getattr(kernel, "n_regs", None) is None:
+        kernel._init_handles()                                          # loads the module: sets n_regs
     props = torch.cuda.get_device_properties(device)
     warps = kernel.metadata.num_warps
     regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256                  # allocated per warp in units of 256
