@@ -1,0 +1,139 @@
+"""How fast can one kernel just read an int4 linear's weight, chained in a CUDA graph with PDL as decode runs its
+GEMVs? The ceiling under int4's batch-1 GEMVs, per llama-7b shape, for three ways of loading (each program sums
+its rows' int32 words, so no load is dead; no x, no dequantization):
+- regs: tl.load into registers, the first chunk before the PDL wait (as the XHALF loop loads);
+- cpasync: the same loop software-pipelined through shared memory (tl.range num_stages: cp.async);
+- tma: tensor-descriptor loads (TMA into shared memory) in a pipelined loop.
+Each config runs COPIES launches on as many copies of the weight (nothing in L2), one CUDA graph; microseconds per
+launch, against the bytes at the copy rate measured in the same run and the XHALF GEMV's time from the
+twenty-seventh session's timeline (benchmarks/notes/gpu-decode.md).
+
+    python benchmarks/int4_stream_probe.py [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from tierllm.bench.probe import hbm_copy_GBps
+from tierllm.bench.results import write_result
+from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+
+COPIES = 32
+# name: (rows, bytes per row, the XHALF GEMV's segment in the final-default timeline, us)
+SHAPES = {"o": (4096, 2048, 6.40), "qkv": (12288, 2048, 9.57), "down": (4096, 5504, 12.13),
+          "gate_up": (22016, 2048, 16.83)}
+# (loader, rows per program, words per chunk, warps, stages)
+CONFIGS = [("regs", 2, 512, 8, 1), ("regs", 4, 512, 8, 1), ("regs", 8, 256, 8, 1), ("regs", 4, 256, 4, 1),
+           ("cpasync", 4, 256, 8, 3), ("cpasync", 8, 256, 8, 4), ("cpasync", 16, 128, 8, 4),
+           ("tma", 8, 256, 8, 3), ("tma", 16, 128, 8, 4), ("tma", 32, 128, 8, 4), ("tma", 16, 256, 8, 4)]
+
+
+@triton.jit
+def _stream_kernel(w_ptr, desc, out_ptr, WORDS: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr,
+                   LOADER: tl.constexpr, STAGES: tl.constexpr):
+    """Program p sums the int32 words of rows p * ROWS .. + ROWS (WORDS per row, CHUNK at a time)."""
+    row0 = tl.program_id(0) * ROWS
+    rows = row0 + tl.arange(0, ROWS)
+    cols = tl.arange(0, CHUNK)
+    acc = tl.zeros([ROWS, CHUNK], tl.int32)
+    gdc_launch_dependents()
+    if LOADER == 0:                                      # registers, the first chunk before the wait
+        first = tl.load(w_ptr + rows[:, None] * WORDS + cols[None, :], mask=cols[None, :] < WORDS, other=0)
+        gdc_wait()
+        acc += first
+        for c in range(CHUNK, WORDS, CHUNK):
+            acc += tl.load(w_ptr + rows[:, None] * WORDS + c + cols[None, :], mask=c + cols[None, :] < WORDS,
+                           other=0)
+    elif LOADER == 1:                                    # cp.async through shared memory
+        gdc_wait()
+        for c in tl.range(0, WORDS, CHUNK, num_stages=STAGES):
+            acc += tl.load(w_ptr + rows[:, None] * WORDS + c + cols[None, :], mask=c + cols[None, :] < WORDS,
+                           other=0)
+    else:                                                # TMA
+        gdc_wait()
+        for c in tl.range(0, WORDS, CHUNK, num_stages=STAGES):
+            acc += desc.load([row0, c])
+    tl.store(out_ptr + tl.program_id(0), tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+def _graph_us(run, replays: int = 20) -> float:
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results"))
+                        / "int4-stream-probe.json")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    copy_GBps = hbm_copy_GBps()
+    rows_out = []
+    for name, (n, row_bytes, xhalf_us) in SHAPES.items():
+        words = row_bytes // 4
+        copies = [torch.randint(-2**31, 2**31 - 1, (n, words), dtype=torch.int32, device="cuda")
+                  for _ in range(COPIES)]
+        floor_us = n * row_bytes / (copy_GBps * 1e9) * 1e6
+        row = {"shape": name, "rows": n, "bytes": n * row_bytes, "floor_us": round(floor_us, 2),
+               "xhalf_gemv_us": xhalf_us, "configs": []}
+        out = torch.empty(n, dtype=torch.int32, device="cuda")
+        for loader, rows, chunk, warps, stages in CONFIGS:
+            label = f"{loader} r{rows} c{chunk} w{warps} s{stages}"
+            try:
+                descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [rows, chunk]) if loader == "tma"
+                         else None for w in copies]
+
+                def run(loader=loader, rows=rows, chunk=chunk, warps=warps, stages=stages, descs=descs):
+                    for w, desc in zip(copies, descs):
+                        _stream_kernel[(n // rows,)](w, desc if desc is not None else w, out, WORDS=words,
+                                                     ROWS=rows, CHUNK=chunk,
+                                                     LOADER=["regs", "cpasync", "tma"].index(loader),
+                                                     STAGES=stages, num_warps=warps, num_stages=stages,
+                                                     launch_pdl=True)
+                us = _graph_us(run) / COPIES
+                expected = copies[-1].sum(dim=1, dtype=torch.int64).view(n // rows, rows).sum(dim=1)
+                ok = bool(torch.equal(out[: n // rows].long(), (expected + 2**31) % 2**32 - 2**31))
+                row["configs"].append({"config": label, "us": round(us, 2), "fraction_of_copy_rate":
+                                       round(floor_us / us, 3), "sums_match": ok})
+            except Exception as error:                # a config that does not compile: recorded, the rest run
+                row["configs"].append({"config": label, "error": f"{type(error).__name__}: {error}"[:300]})
+            print(name, row["configs"][-1], flush=True)
+        rows_out.append(row)
+        del copies
+        torch.cuda.empty_cache()
+    write_result(args.out, "int4-stream-probe", torch.device("cuda"), {"hbm_copy_GBps(read+write)": round(copy_GBps, 1)},
+                 {"note": "no peer: the read ceiling under this project's int4 GEMVs"}, {"shapes": rows_out}, [],
+                 {"copies": COPIES, "pdl": True})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
