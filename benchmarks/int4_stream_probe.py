@@ -110,8 +110,9 @@ def main(argv=None) -> int:
                 descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [rows, chunk]) if loader == "tma"
                          else None for w in copies]
 
-                def run(loader=loader, rows=rows, chunk=chunk, warps=warps, stages=stages, descs=descs):
-                    for w, desc in zip(copies, descs):
+                def run(loader=loader, rows=rows, chunk=chunk, warps=warps, stages=stages, descs=descs,
+                        copies=copies, n=n, out=out, words=words):
+                    for w, desc in zip(copies, descs, strict=True):
                         _stream_kernel[(n // rows,)](w, desc if desc is not None else w, out, WORDS=words,
                                                      ROWS=rows, CHUNK=chunk,
                                                      LOADER=["regs", "cpasync", "tma"].index(loader),
@@ -128,7 +129,8 @@ def main(argv=None) -> int:
         rows_out.append(row)
         del copies
         torch.cuda.empty_cache()
-    write_result(args.out, "int4-stream-probe", torch.device("cuda"), {"hbm_copy_GBps(read+write)": round(copy_GBps, 1)},
+    write_result(args.out, "int4-stream-probe", torch.device("cuda"),
+                 {"hbm_copy_GBps(read+write)": round(copy_GBps, 1)},
                  {"note": "no peer: the read ceiling under this project's int4 GEMVs"}, {"shapes": rows_out}, [],
                  {"copies": COPIES, "pdl": True})
     print(f"wrote {args.out}")
