@@ -30,28 +30,58 @@ COPIES = 32
 # name: (rows, bytes per row, the XHALF GEMV's segment in the final-default timeline, us)
 SHAPES = {"o": (4096, 2048, 6.40), "qkv": (12288, 2048, 9.57), "down": (4096, 5504, 12.13),
           "gate_up": (22016, 2048, 16.83)}
-# (loader, rows per program, words per chunk, warps, stages)
+# (loader, rows per program, words per chunk, warps, stages); "regs+x", "regs+s", "regs+xs": with _extra_loads
 CONFIGS = [("regs", 2, 512, 8, 1), ("regs", 4, 512, 8, 1), ("regs", 8, 256, 8, 1), ("regs", 4, 256, 4, 1),
-           ("cpasync", 4, 256, 8, 3), ("cpasync", 8, 256, 8, 4), ("cpasync", 16, 128, 8, 4),
-           ("tma", 8, 256, 8, 3), ("tma", 16, 128, 8, 4), ("tma", 32, 128, 8, 4), ("tma", 16, 256, 8, 4)]
+           ("regs+s", 4, 512, 8, 1), ("regs+x", 4, 512, 8, 1), ("regs+xs", 4, 512, 8, 1), ("regs+x", 8, 256, 8, 1),
+           ("regs+xs", 8, 256, 8, 1), ("regs+x", 2, 512, 8, 1), ("regs+x", 16, 128, 8, 1), ("regs+x", 32, 64, 8, 1),
+           ("cpasync", 4, 256, 8, 3), ("tma", 8, 256, 8, 3)]
 
 
 @triton.jit
-def _stream_kernel(w_ptr, desc, out_ptr, WORDS: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr,
-                   LOADER: tl.constexpr, STAGES: tl.constexpr):
-    """Program p sums the int32 words of rows p * ROWS .. + ROWS (WORDS per row, CHUNK at a time)."""
+def _extra_loads(acc, group_acc, x_ptr, s_ptr, rows, c, cols, group_cols, WORDS: tl.constexpr, X: tl.constexpr,
+                 SCALES: tl.constexpr):
+    """What the XHALF loop loads besides the weight words: X, x's 4 planes per word from the half layout
+    (int4_prepared_x: runs of 4 words in chunks of 20, the same for every row: L1/L2 hits), summed into acc
+    [ROWS, CHUNK]; SCALES, each row's scale and min per group of 8 words (fp16 bits; the mins one plane further),
+    into group_acc [ROWS, CHUNK // 8]."""
+    k = c + cols                                                                        # [CHUNK] words
+    if X:
+        at = (k // 4) * 20 + k % 4
+        for plane in tl.static_range(4):
+            acc += tl.load(x_ptr + at[None, :] + 4 * plane + 0 * rows[:, None], mask=k[None, :] < WORDS, other=0)
+    if SCALES:
+        group = c // 8 + group_cols                                                     # [CHUNK // 8]
+        at = rows[:, None] * (WORDS // 8) + group[None, :]
+        ok = group[None, :] < WORDS // 8
+        group_acc += tl.load(s_ptr + at, mask=ok, other=0).to(tl.int32)
+        group_acc += tl.load(s_ptr + tl.num_programs(0) * rows.shape[0] * (WORDS // 8) + at, mask=ok,
+                             other=0).to(tl.int32)
+    return acc, group_acc
+
+
+@triton.jit
+def _stream_kernel(w_ptr, desc, out_ptr, x_ptr, s_ptr, WORDS: tl.constexpr, ROWS: tl.constexpr,
+                   CHUNK: tl.constexpr, LOADER: tl.constexpr, STAGES: tl.constexpr, X: tl.constexpr,
+                   SCALES: tl.constexpr):
+    """Program p sums the int32 words of rows p * ROWS .. + ROWS (WORDS per row, CHUNK at a time), with X and
+    SCALES (register loads only) the loads of _extra_loads."""
     row0 = tl.program_id(0) * ROWS
     rows = row0 + tl.arange(0, ROWS)
     cols = tl.arange(0, CHUNK)
     acc = tl.zeros([ROWS, CHUNK], tl.int32)
+    group_cols = tl.arange(0, CHUNK // 8)
+    group_acc = tl.zeros([ROWS, CHUNK // 8], tl.int32)
     gdc_launch_dependents()
     if LOADER == 0:                                      # registers, the first chunk before the wait
         first = tl.load(w_ptr + rows[:, None] * WORDS + cols[None, :], mask=cols[None, :] < WORDS, other=0)
         gdc_wait()
         acc += first
+        acc, group_acc = _extra_loads(acc, group_acc, x_ptr, s_ptr, rows, 0, cols, group_cols, WORDS, X, SCALES)
         for c in range(CHUNK, WORDS, CHUNK):
             acc += tl.load(w_ptr + rows[:, None] * WORDS + c + cols[None, :], mask=c + cols[None, :] < WORDS,
                            other=0)
+            acc, group_acc = _extra_loads(acc, group_acc, x_ptr, s_ptr, rows, c, cols, group_cols, WORDS, X,
+                                          SCALES)
     elif LOADER == 1:                                    # cp.async through shared memory
         gdc_wait()
         for c in tl.range(0, WORDS, CHUNK, num_stages=STAGES):
@@ -61,7 +91,8 @@ def _stream_kernel(w_ptr, desc, out_ptr, WORDS: tl.constexpr, ROWS: tl.constexpr
         gdc_wait()
         for c in tl.range(0, WORDS, CHUNK, num_stages=STAGES):
             acc += desc.load([row0, c])
-    tl.store(out_ptr + tl.program_id(0), tl.sum(tl.sum(acc, axis=1), axis=0))
+    total = tl.sum(tl.sum(acc, axis=1), axis=0) + tl.sum(tl.sum(group_acc, axis=1), axis=0)
+    tl.store(out_ptr + tl.program_id(0), total)
 
 
 def _graph_us(run, replays: int = 20) -> float:
@@ -104,6 +135,8 @@ def main(argv=None) -> int:
         row = {"shape": name, "rows": n, "bytes": n * row_bytes, "floor_us": round(floor_us, 2),
                "xhalf_gemv_us": xhalf_us, "configs": []}
         out = torch.empty(n, dtype=torch.int32, device="cuda")
+        x_half = torch.randint(-2**31, 2**31 - 1, (words // 4 * 20,), dtype=torch.int32, device="cuda")
+        scales = torch.randint(-2**15, 2**15 - 1, (2, n, words // 8), dtype=torch.int16, device="cuda")
         for loader, rows, chunk, warps, stages in CONFIGS:
             label = f"{loader} r{rows} c{chunk} w{warps} s{stages}"
             try:
@@ -111,16 +144,18 @@ def main(argv=None) -> int:
                          else None for w in copies]
 
                 def run(loader=loader, rows=rows, chunk=chunk, warps=warps, stages=stages, descs=descs,
-                        copies=copies, n=n, out=out, words=words):
+                        copies=copies, n=n, out=out, words=words, x_half=x_half, scales=scales):
                     for w, desc in zip(copies, descs, strict=True):
-                        _stream_kernel[(n // rows,)](w, desc if desc is not None else w, out, WORDS=words,
-                                                     ROWS=rows, CHUNK=chunk,
-                                                     LOADER=["regs", "cpasync", "tma"].index(loader),
-                                                     STAGES=stages, num_warps=warps, num_stages=stages,
-                                                     launch_pdl=True)
+                        _stream_kernel[(n // rows,)](w, desc if desc is not None else w, out, x_half, scales,
+                                                     WORDS=words, ROWS=rows, CHUNK=chunk,
+                                                     LOADER=["regs", "cpasync", "tma"].index(loader.split("+")[0]),
+                                                     STAGES=stages, X="x" in loader.partition("+")[2],
+                                                     SCALES="s" in loader.partition("+")[2], num_warps=warps,
+                                                     num_stages=stages, launch_pdl=True)
                 us = _graph_us(run) / COPIES
                 expected = copies[-1].sum(dim=1, dtype=torch.int64).view(n // rows, rows).sum(dim=1)
-                ok = bool(torch.equal(out[: n // rows].long(), (expected + 2**31) % 2**32 - 2**31))
+                ok = (bool(torch.equal(out[: n // rows].long(), (expected + 2**31) % 2**32 - 2**31))
+                      if "+" not in loader else None)                   # the extra loads' sums go unchecked
                 row["configs"].append({"config": label, "us": round(us, 2), "fraction_of_copy_rate":
                                        round(floor_us / us, 3), "sums_match": ok})
             except Exception as error:                # a config that does not compile: recorded, the rest run
