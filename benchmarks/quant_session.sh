@@ -38,14 +38,12 @@
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
-#   bash benchmarks/quant_session.sh chain [CONFIGS] # the persistent int4 layer chain: its tests natively, then
-#                                            # int4_chain_ab.py (against the separate kernels; CONFIGS: its --chain)
 #   bash benchmarks/quant_session.sh stream  # int4_stream_probe.py: the read ceiling per llama-7b int4 shape, chained
 #                                            # with PDL (register loads, cp.async, TMA)
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: tests, chain, stream, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
+part=${1:?part: tests, stream, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -57,12 +55,6 @@ case "$part" in
         -k "not weight_only and not every_gemm" 2>&1 | tee "$OUT/gpu-tests-quant-2.log" | tail -8
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "weight_only or every_gemm" \
         2>&1 | tee "$OUT/gpu-tests-quant-1.log" | tail -8
-    ;;
-  chain)
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_int4_layer_chain.py 2>&1 \
-        | tee "$OUT/gpu-tests-chain.log" | tail -4
-    timeout 400 python3 benchmarks/int4_chain_ab.py ${2:+--chain "$2"} --out "$OUT/int4-chain-ab-h200.json" 2>&1 \
-        | tee "$OUT/int4-chain-ab.log" | tail -24
     ;;
   stream)
     timeout 300 python3 benchmarks/int4_stream_probe.py --out "$OUT/int4-stream-probe-h200.json" 2>&1 \
