@@ -40,10 +40,12 @@
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
 #   bash benchmarks/quant_session.sh stream  # int4_stream_probe.py: the read ceiling per llama-7b int4 shape, chained
 #                                            # with PDL (register loads, cp.async, TMA)
+#   bash benchmarks/quant_session.sh steps [VARIANT] # decode_step_times.py: batch-1 decode time against the step
+#                                            # count (steady step, once-per-generate cost) and per-step host times
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: tests, stream, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
+part=${1:?part: tests, steps, stream, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -55,6 +57,10 @@ case "$part" in
         -k "not weight_only and not every_gemm" 2>&1 | tee "$OUT/gpu-tests-quant-2.log" | tail -8
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quant_gpu.py -k "weight_only or every_gemm" \
         2>&1 | tee "$OUT/gpu-tests-quant-1.log" | tail -8
+    ;;
+  steps)
+    timeout 560 python3 benchmarks/decode_step_times.py --variant "${2:-int4}" \
+        --out "$OUT/decode-step-times-${2:-int4}-h200.json" 2>&1 | tee "$OUT/decode-step-times.log" | tail -12
     ;;
   stream)
     timeout 300 python3 benchmarks/int4_stream_probe.py --out "$OUT/int4-stream-probe-h200.json" 2>&1 \
