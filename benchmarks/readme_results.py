@@ -522,6 +522,30 @@ def staged_sentence(staged: dict, merge_off: dict, merge_on: dict, final: dict) 
             "(benchmarks/results/quant-bf16-int4-final-default-llama-7b-h200.json) (target 2.8x: not met).")
 
 
+def int4_time_sentence(chain: dict, stream: dict, steps: dict) -> str:
+    """The persistent layer chain (A/B, reverted), the read-ceiling probe and the decode-time fit (session 28)."""
+    best = min((row for row in chain["results"]["chain"] if "us_per_layer" in row), key=lambda r: r["us_per_layer"])
+    barriers = [row["per_barrier_us"] for row in chain["results"]["barrier"]]
+
+    def bare(shape: dict) -> float:
+        return min(c["us"] for c in shape["configs"] if c.get("config", "").startswith("regs ") and "us" in c)
+
+    shapes = stream["results"]["shapes"]
+    fit = steps["results"]["fit"]
+    return ("One persistent kernel for a layer's linears after attention (o, the norm, gate/up, down, the next "
+            "layer's norm and qkv, with device-wide barriers between its phases and each GEMV's first weights loaded "
+            f"before its barrier) took {best['us_per_layer']} us per layer against "
+            f"{chain['results']['separate_us_per_layer']} for the separate kernels (the bytes at the copy rate: "
+            f"{chain['results']['floor_us_per_layer']}; a barrier {min(barriers):.1f}-{max(barriers):.1f} us) and "
+            "was reverted ([JSON](benchmarks/results/int4-chain-ab-h200.json)). Launches are not what int4's GEMVs "
+            "lose: a kernel that only reads each weight's codes (not its scales and mins), chained the same way, takes "
+            + ", ".join(f"{s['shape']} {bare(s):.1f} us against the GEMV's {s['xhalf_gemv_us']}" for s in shapes)
+            + " ([JSON](benchmarks/results/int4-stream-probe-h200.json)); the GEMV loop's loads of x and the scales, "
+            "and its math, take the rest. Batch-1 decode time has no per-generate cost: against the step count it "
+            f"is {fit['steady_ms_per_step']} ms per step plus {fit['once_per_generate_ms']} ms "
+            "([JSON](benchmarks/results/decode-step-times-int4-h200.json)).")
+
+
 def greedy_sentence(doc: dict) -> str:
     """The one-kernel greedy pick against the sampler's former eager chain (benchmarks/greedy_sampling.py)."""
     rows = [r for r in doc["results"]["rows"] if r["rows"] == 1]
@@ -710,7 +734,10 @@ def main() -> None:
                                          results("quant-bf16-int4-merge-x-half-0-llama-7b-h200.json"),
                                          results("quant-bf16-int4-merge-x-half-1-llama-7b-h200.json"),
                                          results("quant-bf16-int4-final-default-llama-7b-h200.json"))
-                                     + " " + greedy_sentence(results("greedy-sampling-h200.json")),
+                                     + " " + greedy_sentence(results("greedy-sampling-h200.json"))
+                                     + " " + int4_time_sentence(results("int4-chain-ab-h200.json"),
+                                                                results("int4-stream-probe-h200.json"),
+                                                                results("decode-step-times-int4-h200.json")),
                                      int4_h200_latest_table([(label, name, results(name))
                                                              for label, name in INT4_H200_LATEST])))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
