@@ -4,6 +4,8 @@ its rows' int32 words, so no load is dead; no x, no dequantization):
 - regs: tl.load into registers, the first chunk before the PDL wait (as the XHALF loop loads);
 - cpasync: the same loop software-pipelined through shared memory (tl.range num_stages: cp.async);
 - tma: tensor-descriptor loads (TMA into shared memory) in a pipelined loop.
+"regs+s", "regs+x", "regs+xs" add the XHALF loop's other loads to the register loop (_extra_loads): each row's
+scales and mins, x's four planes per word, or both; their sums are not checked.
 Each config runs COPIES launches on as many copies of the weight (nothing in L2), one CUDA graph; microseconds per
 launch, against the bytes at the copy rate measured in the same run and the XHALF GEMV's time from the
 twenty-seventh session's timeline (benchmarks/notes/gpu-decode.md).
