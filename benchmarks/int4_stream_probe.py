@@ -10,7 +10,7 @@ Each config runs COPIES launches on as many copies of the weight (nothing in L2)
 launch, against the bytes at the copy rate measured in the same run and the XHALF GEMV's time from the
 twenty-seventh session's timeline (benchmarks/notes/gpu-decode.md).
 
-    python benchmarks/int4_stream_probe.py [--out PATH]
+    python benchmarks/int4_stream_probe.py [--configs regs:16:32:4:1,regs+x:16:32:4:1] [--out PATH]
 """
 from __future__ import annotations
 
@@ -118,9 +118,13 @@ def _graph_us(run, replays: int = 20) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default=None,
+                        help="loader:rows:chunk:warps:stages, comma-separated (default: CONFIGS)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results"))
                         / "int4-stream-probe.json")
     args = parser.parse_args(argv)
+    configs = CONFIGS if args.configs is None else [
+        (loader, *map(int, rest)) for loader, *rest in (spec.split(":") for spec in args.configs.split(","))]
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
         out = torch.empty(n, dtype=torch.int32, device="cuda")
         x_half = torch.randint(-2**31, 2**31 - 1, (words // 4 * 20,), dtype=torch.int32, device="cuda")
         scales = torch.randint(-2**15, 2**15 - 1, (2, n, words // 8), dtype=torch.int16, device="cuda")
-        for loader, rows, chunk, warps, stages in CONFIGS:
+        for loader, rows, chunk, warps, stages in configs:
             label = f"{loader} r{rows} c{chunk} w{warps} s{stages}"
             try:
                 descs = [TensorDescriptor(w, list(w.shape), list(w.stride()), [rows, chunk]) if loader == "tma"

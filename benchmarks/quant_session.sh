@@ -38,8 +38,9 @@
 #   bash benchmarks/quant_session.sh bench [VARIANTS]   # quant_gpu.py, bf16 first (default bf16,int4): decode and
 #                                            # prefill. On a fresh machine (cold Triton cache) bf16 took 230-255 s
 #                                            # to build and capture, int4 135 s: three variants do not fit one call
-#   bash benchmarks/quant_session.sh stream  # int4_stream_probe.py: the read ceiling per llama-7b int4 shape, chained
-#                                            # with PDL (register loads, cp.async, TMA)
+#   bash benchmarks/quant_session.sh stream [CONFIGS] # int4_stream_probe.py: the read ceiling per llama-7b int4
+#                                            # shape, chained with PDL (register loads, cp.async, TMA; CONFIGS: its
+#                                            # --configs)
 #   bash benchmarks/quant_session.sh steps [VARIANT] # decode_step_times.py: batch-1 decode time against the step
 #                                            # count (steady step, once-per-generate cost) and per-step host times
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
@@ -63,7 +64,7 @@ case "$part" in
         --out "$OUT/decode-step-times-${2:-int4}-h200.json" 2>&1 | tee "$OUT/decode-step-times.log" | tail -12
     ;;
   stream)
-    timeout 300 python3 benchmarks/int4_stream_probe.py --out "$OUT/int4-stream-probe-h200.json" 2>&1 \
+    timeout 300 python3 benchmarks/int4_stream_probe.py ${2:+--configs "$2"} --out "$OUT/int4-stream-probe-h200.json" 2>&1 \
         | tee "$OUT/int4-stream-probe.log" | tail -50
     ;;
   probe)
