@@ -11,6 +11,7 @@ int8 or int4, built as quant_gpu.py builds them), prompt 512.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -61,12 +62,15 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true", help="tierllm's INFO log (tuning events) with times")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results"))
                         / "decode-step-times.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(relativeCreated)9.0f ms %(levelname)s %(name)s: %(message)s")
     build = time.perf_counter()
     engine = _engine(args.variant, argparse.Namespace(batch=1, prompt_len=args.prompt_len, seed=args.seed))
     build_s = time.perf_counter() - build

@@ -41,8 +41,9 @@
 #   bash benchmarks/quant_session.sh stream [CONFIGS] # int4_stream_probe.py: the read ceiling per llama-7b int4
 #                                            # shape, chained with PDL (register loads, cp.async, TMA; CONFIGS: its
 #                                            # --configs)
-#   bash benchmarks/quant_session.sh steps [VARIANT] # decode_step_times.py: batch-1 decode time against the step
-#                                            # count (steady step, once-per-generate cost) and per-step host times
+#   bash benchmarks/quant_session.sh steps [VARIANT [OPTIONS]] # decode_step_times.py: batch-1 decode time against
+#                                            # the step count (steady step, once-per-generate cost) and per-step host
+#                                            # times (OPTIONS: more of its options, e.g. "--verbose")
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
@@ -60,7 +61,7 @@ case "$part" in
         2>&1 | tee "$OUT/gpu-tests-quant-1.log" | tail -8
     ;;
   steps)
-    timeout 560 python3 benchmarks/decode_step_times.py --variant "${2:-int4}" \
+    timeout 560 python3 benchmarks/decode_step_times.py --variant "${2:-int4}" ${3:+$3} \
         --out "$OUT/decode-step-times-${2:-int4}-h200.json" 2>&1 | tee "$OUT/decode-step-times.log" | tail -12
     ;;
   stream)
