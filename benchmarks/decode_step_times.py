@@ -78,14 +78,14 @@ def main(argv=None) -> int:
     _time_ours(engine, _random_prompts(1, 64, vocab, args.seed + 1).cuda(), 8)                    # warm-up
     runs = []
     for gen_len in [int(n) for n in args.lengths.split(",")]:
-        for repeat in range(args.repeats):
-            ids = _random_prompts(1, args.prompt_len, vocab, args.seed + 10 + repeat).cuda()
+        for _ in range(args.repeats):          # a new prompt each run: a repeated one would hit the prefix cache
+            ids = _random_prompts(1, args.prompt_len, vocab, args.seed + 10 + len(runs)).cuda()
             runs.append(_time_ours(engine, ids, gen_len))
             print(runs[-1], flush=True)
     steps = [r["gen_len"] - 1 for r in runs]
     decode_ms = [r["decode_ms_per_step"] * (r["gen_len"] - 1) for r in runs]
     intercept, slope = _line(steps, decode_ms)
-    prompt = _random_prompts(1, args.prompt_len, vocab, args.seed + 20)[0].tolist()
+    prompt = _random_prompts(1, args.prompt_len, vocab, args.seed + 10 + len(runs))[0].tolist()
     stepped = _stepped(engine, prompt, max(int(n) for n in args.lengths.split(",")))
     results = {"variant": args.variant, "build_s": round(build_s, 1), "runs": runs,
                "fit": {"steady_ms_per_step": round(slope, 4), "once_per_generate_ms": round(intercept, 3)},
