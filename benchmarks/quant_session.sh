@@ -44,10 +44,11 @@
 #   bash benchmarks/quant_session.sh steps [VARIANT [OPTIONS]] # decode_step_times.py: batch-1 decode time against
 #                                            # the step count (steady step, once-per-generate cost) and per-step host
 #                                            # times (OPTIONS: more of its options, e.g. "--verbose")
+#   bash benchmarks/quant_session.sh w4a8    # w4a8_dp4a_probe.py: an int4 GEMV on int8 x (DP4A) against XHALF
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: tests, steps, stream, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
+part=${1:?part: tests, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -63,6 +64,10 @@ case "$part" in
   steps)
     timeout 560 python3 benchmarks/decode_step_times.py --variant "${2:-int4}" ${3:+$3} \
         --out "$OUT/decode-step-times-${2:-int4}-h200.json" 2>&1 | tee "$OUT/decode-step-times.log" | tail -12
+    ;;
+  w4a8)
+    timeout 400 python3 benchmarks/w4a8_dp4a_probe.py --out "$OUT/w4a8-dp4a-probe-h200.json" 2>&1 \
+        | tee "$OUT/w4a8-dp4a-probe.log" | tail -40
     ;;
   stream)
     timeout 300 python3 benchmarks/int4_stream_probe.py ${2:+--configs "$2"} --out "$OUT/int4-stream-probe-h200.json" 2>&1 \
