@@ -522,8 +522,9 @@ def staged_sentence(staged: dict, merge_off: dict, merge_on: dict, final: dict) 
             "(benchmarks/results/quant-bf16-int4-final-default-llama-7b-h200.json) (target 2.8x: not met).")
 
 
-def int4_time_sentence(chain: dict, stream: dict, steps: dict) -> str:
-    """The persistent layer chain (A/B, reverted), the read-ceiling probe and the decode-time fit (session 28)."""
+def int4_time_sentence(chain: dict, stream: dict, steps: dict, dp4a: dict) -> str:
+    """The persistent layer chain (A/B, reverted), the read-ceiling probe, the decode-time fit and the W4A8 (DP4A)
+    probe (session 28)."""
     best = min((row for row in chain["results"]["chain"] if "us_per_layer" in row), key=lambda r: r["us_per_layer"])
     barriers = [row["per_barrier_us"] for row in chain["results"]["barrier"]]
 
@@ -532,6 +533,11 @@ def int4_time_sentence(chain: dict, stream: dict, steps: dict) -> str:
 
     shapes = stream["results"]["shapes"]
     fit = steps["results"]["fit"]
+    dp4a_us = sum(min(t["us"] for t in s["tiles"] if "us" in t) for s in dp4a["results"]["shapes"])
+    xhalf_us = sum(s["xhalf"]["us"] for s in dp4a["results"]["shapes"])
+    dp4a_err = max(min((t for t in s["tiles"] if "us" in t), key=lambda t: t["us"])["rel_err_vs_bf16_x"]
+                   for s in dp4a["results"]["shapes"])
+    xhalf_err = max(s["xhalf"]["rel_err_vs_bf16_x"] for s in dp4a["results"]["shapes"])
     return ("One persistent kernel for a layer's linears after attention (o, the norm, gate/up, down, the next "
             "layer's norm and qkv, with device-wide barriers between its phases and each GEMV's first weights loaded "
             f"before its barrier) took {best['us_per_layer']} us per layer against "
@@ -543,7 +549,11 @@ def int4_time_sentence(chain: dict, stream: dict, steps: dict) -> str:
             + " ([JSON](benchmarks/results/int4-stream-probe-h200.json)); the GEMV loop's loads of x and the scales, "
             "and its math, take the rest. Batch-1 decode time has no per-generate cost: against the step count it "
             f"is {fit['steady_ms_per_step']} ms per step plus {fit['once_per_generate_ms']} ms "
-            "([JSON](benchmarks/results/decode-step-times-int4-h200.json)).")
+            "([JSON](benchmarks/results/decode-step-times-int4-h200.json)). A probe of the four GEMVs on int8 x "
+            f"(DP4A, x quantized per run of 32) took {dp4a_us:.1f} us per layer against XHALF's {xhalf_us:.1f} "
+            "(without the x-quantizing kernel it would need), at up to "
+            f"{dp4a_err:.1e} error against {xhalf_err:.1e}: not an engine path "
+            "([JSON](benchmarks/results/w4a8-dp4a-probe-h200.json)).")
 
 
 def greedy_sentence(doc: dict) -> str:
@@ -737,7 +747,8 @@ def main() -> None:
                                      + " " + greedy_sentence(results("greedy-sampling-h200.json"))
                                      + " " + int4_time_sentence(results("int4-chain-ab-h200.json"),
                                                                 results("int4-stream-probe-h200.json"),
-                                                                results("decode-step-times-int4-h200.json")),
+                                                                results("decode-step-times-int4-h200.json"),
+                                                                results("w4a8-dp4a-probe-h200.json")),
                                      int4_h200_latest_table([(label, name, results(name))
                                                              for label, name in INT4_H200_LATEST])))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
