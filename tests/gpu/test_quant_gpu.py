@@ -1,6 +1,9 @@
 """On a CUDA GPU: the quantized-weight Triton kernels against their references at model-like shapes (fp16 and
 bf16), and a tiny quantized model whose Triton path matches its reference path end to end."""
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -213,3 +216,32 @@ def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch,
     ids = torch.tensor([prompt], device="cuda")
     out = engine.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)      # CUDA-graph decode
     assert out.shape == (1, 56)
+
+
+_ONE_PREFILL_GEMM = """
+import torch
+from tierllm.config import QuantConfig
+from tierllm.kernels.quant_gemm import quant_gemm_triton
+from tierllm.quant.quantize import quantize_weight
+w = quantize_weight(torch.randn(256, 512, device="cuda"), QuantConfig(bits=4))
+quant_gemm_triton(torch.randn(24, 512, device="cuda", dtype=torch.float16), w["qweight"], w["scales"], w["mins"],
+                  4, 64)
+torch.cuda.synchronize()
+"""
+
+
+def _autotuned(env: dict) -> bool:
+    """Whether a new process's first int4 prefill GEMM timed its configs (Triton's autotuning report)."""
+    done = subprocess.run([sys.executable, "-c", _ONE_PREFILL_GEMM], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=600, check=True)
+    return "Triton autotuning for function _quant_gemm_kernel" in done.stdout + done.stderr
+
+
+def test_prefill_gemm_picks_kept_for_a_later_process(tmp_path):
+    """With the tuning cache on, the prefill GEMM's Triton autotuner keeps its picks on disk: a second process
+    with the same Triton cache takes them without timing; with TIERLLM_TUNING_CACHE=0 every process times again."""
+    env = {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "TRITON_PRINT_AUTOTUNING": "1",
+           "TIERLLM_TUNING_CACHE": str(tmp_path / "tuning.json")}
+    assert _autotuned(env)
+    assert not _autotuned(env)
+    assert _autotuned({**env, "TIERLLM_TUNING_CACHE": "0"})

@@ -8,6 +8,7 @@ import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.act_quant import per_token_quant
+from tierllm.kernels.tuning_cache import cache_path
 
 if HAS_TRITON:
     import triton
@@ -18,7 +19,8 @@ if HAS_TRITON:
                                          (64, 64, 128, 4, 4), (128, 256, 128, 8, 3), (32, 128, 128, 4, 4),
                                          (16, 128, 256, 4, 4), (16, 64, 256, 4, 4)]]
 
-    @triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "N", "K"])
+    # cache_results: the picks kept on disk for later processes, as quant_gemm's (off with TIERLLM_TUNING_CACHE=0)
+    @triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "N", "K"], cache_results=cache_path() is not None)
     @triton.jit
     def _int8_gemm_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, M_BUCKET, stride_xm, stride_wn,
                           stride_ym, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

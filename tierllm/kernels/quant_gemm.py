@@ -25,6 +25,7 @@ from tierllm.kernels.quant_gemv import (
     w8_linear_ref,
 )
 from tierllm.kernels.split_k import split_k_counters
+from tierllm.kernels.tuning_cache import cache_path
 
 # From this many rows the matmul is compute-bound and this kernel's in-register dequantization of every tile
 # costs more than one dequantizing pass (2.5-3 bytes per weight of traffic) plus cuBLAS: on an H100, at M=64, it
@@ -140,8 +141,10 @@ if HAS_TRITON:
         group = named_args.get("GROUP", kwargs.get("GROUP"))
         return [c for c in configs if c.kwargs["BLOCK_K"] <= group]
 
+    # cache_results: Triton keeps the picks on disk (its cache directory), so that a later process skips the timing,
+    # 3-20 s per shape and row bucket on an H200 at a prompt's first prefill; off with TIERLLM_TUNING_CACHE=0
     @triton.autotune(configs=_CONFIGS + _HALF_DEQUANT_CONFIGS, key=["M_BUCKET", "N", "K", "BITS", "GROUP"],
-                     prune_configs_by={"early_config_prune": _prune})
+                     prune_configs_by={"early_config_prune": _prune}, cache_results=cache_path() is not None)
     @triton.jit
     def _quant_gemm_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, M_BUCKET,
                            stride_xm, stride_wn, stride_sn, stride_ym, BITS: tl.constexpr, GROUP: tl.constexpr,
