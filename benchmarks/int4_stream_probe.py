@@ -97,7 +97,8 @@ def _stream_kernel(w_ptr, desc, out_ptr, x_ptr, s_ptr, WORDS: tl.constexpr, ROWS
     tl.store(out_ptr + tl.program_id(0), total)
 
 
-def _graph_us(run, replays: int = 20) -> float:
+def graph_us(run, replays: int = 20) -> float:
+    """Median microseconds of one replay of a CUDA graph of run() (captured after one eager call)."""
     run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
                                                      STAGES=stages, X="x" in loader.partition("+")[2],
                                                      SCALES="s" in loader.partition("+")[2], num_warps=warps,
                                                      num_stages=stages, launch_pdl=True)
-                us = _graph_us(run) / COPIES
+                us = graph_us(run) / COPIES
                 expected = copies[-1].sum(dim=1, dtype=torch.int64).view(n // rows, rows).sum(dim=1)
                 ok = (bool(torch.equal(out[: n // rows].long(), (expected + 2**31) % 2**32 - 2**31))
                       if "+" not in loader else None)                   # the extra loads' sums go unchecked

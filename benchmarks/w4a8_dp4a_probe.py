@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,9 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from tierllm.bench.probe import hbm_copy_GBps
-from tierllm.bench.results import write_result
-from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from int4_stream_probe import graph_us  # noqa: E402
+
+from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
+from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 GROUP, RUN = 64, 32
 COPIES = 16
@@ -93,25 +96,6 @@ def quantize_x(x: torch.Tensor) -> dict:
             "xsum": rounded.view(k // RUN, RUN).sum(dim=1), "rounded": rounded}
 
 
-def _graph_us(run, replays: int = 20) -> float:
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
@@ -152,7 +136,7 @@ def main(argv=None) -> int:
                 w4_gemv_triton(x[None], w["qweight"], w["scales"], w["mins"], GROUP, pdl=True)
 
         out = w4_gemv_triton(x[None], copies[0]["qweight"], copies[0]["scales"], copies[0]["mins"], GROUP)
-        row["xhalf"] = {"us": round(_graph_us(xhalf) / COPIES, 2), "rel_err_vs_bf16_x": _rel(out[0], ref_bf16)}
+        row["xhalf"] = {"us": round(graph_us(xhalf) / COPIES, 2), "rel_err_vs_bf16_x": _rel(out[0], ref_bf16)}
         for rows, groups, warps in TILES:
             label = f"r{rows} g{groups} w{warps}"
             try:
@@ -161,7 +145,7 @@ def main(argv=None) -> int:
                         _w4a8_kernel[(n // rows,)](w["qweight"].view(torch.int32), xq["xe"], xq["xo"], xq["xs"],
                                                    xq["xsum"], w["scales"], w["mins"], y, KW=k // 8, ROWS=rows,
                                                    GPB=groups, num_warps=warps, launch_pdl=True)
-                us = _graph_us(run) / COPIES
+                us = graph_us(run) / COPIES
                 _w4a8_kernel[(n // rows,)](copies[0]["qweight"].view(torch.int32), xq["xe"], xq["xo"], xq["xs"],
                                            xq["xsum"], copies[0]["scales"], copies[0]["mins"], y, KW=k // 8,
                                            ROWS=rows, GPB=groups, num_warps=warps)
