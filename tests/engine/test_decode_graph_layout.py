@@ -4,6 +4,7 @@ padding rows up to the bucket) runs both ways and the logits are compared. The g
 (tests/gpu); the layout, padding and token feed are checked here."""
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import MAX_POS, build_hf_model, make_engine, random_prompts
 
@@ -46,3 +47,12 @@ def test_padding_rows_write_no_cache_slot_and_attend_to_nothing():
     fields["input_ids"].copy_(torch.tensor([11, 12, 13, 14]))
     fields["tokens"][:2] = torch.tensor([7, 8])                        # previous tokens, unused by padding rows
     assert fields["tokens"][fields["token_index"]].tolist() == [11, 12, 13, 14]   # each row its own input id
+
+
+def test_graphs_with_kv_offload_are_refused():
+    """A graph replay skips KV offload's per-step copies (forward_plan), so the runner refuses the pair."""
+    from tierllm.runner.model_runner import ModelRunner
+
+    model = make_engine(build_hf_model("llama")).engine.runner.model
+    with pytest.raises(ValueError, match="enable_cuda_graph=False with kv_offload"):
+        ModelRunner(model, 4, 16, torch.float32, torch.device("cpu"), enable_cuda_graph=True, kv_offload=object())

@@ -49,6 +49,8 @@ class ModelRunner:
                  parallel: ParallelState | None = None, mixed_graph_tokens: int = 0):
         """mixed_graph_tokens: with enable_cuda_graph, also capture steps of up to this many prefill tokens
         (decodes plus prompt chunks; see runner/mixed_graph.py). 0: those steps run eagerly."""
+        if enable_cuda_graph and kv_offload is not None:      # a replay skips KV offload's per-step copies
+            raise ValueError("CUDA graphs need the KV cache on the GPU: pass enable_cuda_graph=False with kv_offload")
         self.model = model
         self.device = device
         self.dtype = dtype
