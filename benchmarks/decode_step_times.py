@@ -22,11 +22,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quant_gpu import _engine  # noqa: E402
+from quant_gpu import _decode_bytes, _engine  # noqa: E402
 
 from tierllm.api import run_to_completion  # noqa: E402
 from tierllm.bench.generate_bench import _random_prompts  # noqa: E402
 from tierllm.bench.gpu_bench import _time_ours  # noqa: E402
+from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.bench.results import write_result  # noqa: E402
 from tierllm.sampling import SamplingParams  # noqa: E402
 
@@ -71,6 +72,7 @@ def main(argv=None) -> int:
         return 2
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(relativeCreated)9.0f ms %(levelname)s %(name)s: %(message)s")
+    ceilings = {"device": torch.cuda.get_device_name(), "hbm_copy_GBps(read+write)": round(hbm_copy_GBps(), 1)}
     build = time.perf_counter()
     engine = _engine(args.variant, argparse.Namespace(batch=1, prompt_len=args.prompt_len, seed=args.seed))
     build_s = time.perf_counter() - build
@@ -87,11 +89,14 @@ def main(argv=None) -> int:
     intercept, slope = _line(steps, decode_ms)
     prompt = _random_prompts(1, args.prompt_len, vocab, args.seed + 10 + len(runs))[0].tolist()
     stepped = _stepped(engine, prompt, max(int(n) for n in args.lengths.split(",")))
+    roofline_ms = _decode_bytes(engine.model) / (ceilings["hbm_copy_GBps(read+write)"] * 1e9) * 1e3
     results = {"variant": args.variant, "build_s": round(build_s, 1), "runs": runs,
                "fit": {"steady_ms_per_step": round(slope, 4), "once_per_generate_ms": round(intercept, 3)},
-               "stepped": stepped}
+               "roofline_ms_per_step": round(roofline_ms, 4),
+               "steady_fraction_of_roofline": round(roofline_ms / slope, 4), "stepped": stepped}
     print(results["fit"], stepped, flush=True)
-    write_result(args.out, "decode-step-times", torch.device("cuda"), {}, {"note": "no peer: a breakdown of ours"},
+    write_result(args.out, "decode-step-times", torch.device("cuda"), ceilings,
+                 {"note": "no peer: a breakdown of ours"},
                  results, [], {"preset": "llama-7b", "batch": 1, "prompt_len": args.prompt_len})
     print(f"wrote {args.out}")
     return 0
