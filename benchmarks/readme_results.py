@@ -584,6 +584,7 @@ INT4_H200_LATEST = [
     ("A/B: the merge kernel writes o's x (reverted)", "quant-bf16-int4-merge-x-half-1-llama-7b-h200.json"),
     ("defaults at the session's end", "quant-bf16-int4-final-default-llama-7b-h200.json"),
     ("step tuning's window widened to 30% (same picks; bf16 slower)", "quant-bf16-int4-step-close-1.3-llama-7b-h200.json"),
+    ("defaults again (session 29), batch-1 warm-up at the prompt length", "quant-bf16-int4-head-llama-7b-h200.json"),
 ]
 
 
