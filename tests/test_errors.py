@@ -305,3 +305,20 @@ def test_batch_size_lists_on_the_command_line_are_checked(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "offload", "--q70-batches", "8,x"])
     assert exit_info.value.code == 2 and "comma list of positive integers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--max-new-tokens", "0"], "max_new_tokens/max_tokens must be a positive"),
+    (["--top-p", "0"], r"top_p must be in \(0, 1\]"),
+    (["--temperature", "-1"], "temperature must be >= 0")])
+def test_generate_options_are_checked_before_the_model_loads(option, message, monkeypatch, capsys):
+    import re
+
+    import tierllm
+    from tierllm.cli import main
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the options were checked")
+    monkeypatch.setattr(tierllm, "init_inference", no_load)
+    assert main(["generate", "Hi", "--model", "unused", *option]) != 0
+    assert re.search(message, capsys.readouterr().err)

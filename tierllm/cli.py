@@ -100,7 +100,11 @@ def _offload_kwargs(args) -> dict:
 def _generate(args) -> int:
     import tierllm
     from tierllm.api import encode_prompt
+    from tierllm.sampling import sampling_params_from_hf
 
+    sampling = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
+                    temperature=args.temperature or 1.0, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    sampling_params_from_hf(**sampling)               # bad options fail here, before the model loads
     engine = tierllm.init_inference(args.model, dtype=args.dtype, device=args.device,
                                     tensor_parallel=_tensor_parallel(args),
                                     max_model_len=args.max_model_len, **_offload_kwargs(args), **_quant_kwargs(args))
@@ -108,9 +112,7 @@ def _generate(args) -> int:
         tokenizer = engine.tokenizer
         use_template = not args.no_chat_template and bool(getattr(tokenizer, "chat_template", None))
         prompt_ids = encode_prompt(tokenizer, args.prompt, use_template)
-        out = engine.generate([prompt_ids], max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
-                              temperature=args.temperature or 1.0, top_p=args.top_p, top_k=args.top_k,
-                              seed=args.seed)
+        out = engine.generate([prompt_ids], **sampling)
     finally:
         engine.close()                                # workers, NVMe layer files
     print(tokenizer.decode(out[0, len(prompt_ids):].tolist(), skip_special_tokens=True).strip(), flush=True)
