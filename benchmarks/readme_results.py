@@ -696,8 +696,8 @@ def results(name: str) -> dict:
     return json.loads((ROOT / "benchmarks/results" / name).read_text())
 
 
-# The issues' benchmark checks at a glance: per area, the result files that stand for it (the latest run of each
-# check at the defaults, not the best one) and the starts of the check names to show from each (None: all of them).
+# The issues' benchmark checks at a glance: per area, the result files that stand for it (a recent run of each check
+# at the defaults, not the best one) and the starts of the check names to show from each (None: all of them).
 # Checks that are tests (parity, bad input, quality) are in the test suite, not here.
 GLANCE = [
     ("engine, CPU (#2)", "generate-cpu.json", None),
@@ -717,8 +717,9 @@ GLANCE = [
 
 def glance_table(entries: list[tuple[str, str, list[str] | None]]) -> list[str]:
     """One row per benchmark check of GLANCE's files: its value against its target, the device and the file."""
-    lines = ["**The issues' benchmark targets at a glance** (each row a check from the run that stands for it: the "
-             "latest at the defaults, not the best; the sections below and `benchmarks/notes/` say more):", "",
+    lines = ["**The issues' benchmark targets at a glance** (each row a check from the run it links: a recent run at "
+             "the defaults, not the best one; the tensor-parallel ratio moved between 0.585 and 0.66 across A/B "
+             "calls, see \"Several GPUs\"; the sections below and `benchmarks/notes/` say more):", "",
              "| area | check | measured | target | met | device, date |", "|---|---|---|---|---|---|"]
     for area, name, starts in entries:
         doc = results(name)
