@@ -731,6 +731,47 @@ def glance_table(entries: list[tuple[str, str, list[str] | None]]) -> list[str]:
     return lines + [""]
 
 
+def int4_h200_history() -> str:
+    """int4's batch-1 work on an H200, one list item per step, oldest first (quant_section's int4_h200)."""
+    items = [
+        h200_int4_paragraph([results(name) for name in INT4_H200_RUNS], results("int4-sub-grid-xpre-h200.json"),
+                            results("quant-bf16-int4-mma-llama-7b-h200.json"), results("w4-mma-grid-h200.json"),
+                            results("quant-bf16-int4-graph-tuner-llama-7b-h200.json")),
+        small_batch_sentence(results("small-batch-paths-h200.json"),
+                             results("quant-bf16-int8-batch8-gemm-llama-7b-h200.json"),
+                             results("quant-bf16-int4-split-k-llama-7b-h200.json")),
+        norm_inside_sentence(results("quant-bf16-int4-norm-inside-llama-7b-h200.json"),
+                             results("quant-bf16-int4-norm-separate-llama-7b-h200.json"),
+                             results("quant-bf16-int4-norm-inside-default-llama-7b-h200.json"),
+                             results("w4-mma-grid-loop-stages-h200.json")),
+        xglobal_sentence(results("quant-bf16-int4-early-weight-loads-llama-7b-h200.json"),
+                         results("quant-bf16-int4-xglobal-llama-7b-h200.json")),
+        xhalf_sentence(results("quant-bf16-int4-paired-llama-7b-h200.json"),
+                       results("quant-bf16-int4-xhalf-llama-7b-h200.json"),
+                       results("quant-bf16-int4-xhalf-prefetch-llama-7b-h200.json")),
+        wide_steps_sentence(results("quant-bf16-int4-wide-llama-7b-h200.json"),
+                            results("quant-bf16-int4-attention-loads-llama-7b-h200.json"),
+                            results("quant-bf16-int4-xhalf-loop-stages-llama-7b-h200.json")),
+        double_sentence(results("quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
+                        results("quant-bf16-int4-split-prefetch-o-llama-7b-h200.json"),
+                        results("quant-bf16-int4-double-step-tuner-0-llama-7b-h200.json"),
+                        results("quant-bf16-int4-double-step-tuner-1-llama-7b-h200.json"),
+                        [results(f"quant-bf16-int4-double-default-run{i}-llama-7b-h200.json") for i in (1, 2, 3)]),
+        staged_sentence(results("quant-bf16-int4-staged-inputs-llama-7b-h200.json"),
+                        results("quant-bf16-int4-merge-x-half-0-llama-7b-h200.json"),
+                        results("quant-bf16-int4-merge-x-half-1-llama-7b-h200.json"),
+                        results("quant-bf16-int4-final-default-llama-7b-h200.json")),
+        greedy_sentence(results("greedy-sampling-h200.json")),
+        int4_time_sentence(results("int4-chain-ab-h200.json"), results("int4-stream-probe-h200.json"),
+                           results("decode-step-times-int4-h200.json"), results("w4a8-dp4a-probe-h200.json")),
+        head_sentence(results("quant-bf16-int4-head-llama-7b-h200.json"),
+                      results("quant-bf16-int8-head-llama-7b-h200.json"),
+                      results("quant-bf16-int8-step-tuner-0-llama-7b-h200.json")),
+    ]
+    header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
+    return "\n".join(header + [f"- {item}" for item in items])
+
+
 def main() -> None:
     cpu = json.loads((ROOT / "benchmarks/results/generate-cpu.json").read_text())
     gpu = json.loads((ROOT / "benchmarks/results/gpu-llama-7b-h100.json").read_text())
@@ -760,51 +801,7 @@ def main() -> None:
                                          [results(name) for name in INT8_SUM16_RUNS],
                                          [results(name) for name in INT8_GRAPH_TUNER_RUNS],
                                          results("int8-row-grid-sum16-h200.json"), results("int8-row-ab-sum16-h200.json")),
-                                     h200_int4_paragraph([results(name) for name in INT4_H200_RUNS],
-                                                         results("int4-sub-grid-xpre-h200.json"),
-                                                         results("quant-bf16-int4-mma-llama-7b-h200.json"),
-                                                         results("w4-mma-grid-h200.json"),
-                                                         results("quant-bf16-int4-graph-tuner-llama-7b-h200.json"))
-                                     + " " + small_batch_sentence(
-                                         results("small-batch-paths-h200.json"),
-                                         results("quant-bf16-int8-batch8-gemm-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-split-k-llama-7b-h200.json"))
-                                     + " " + norm_inside_sentence(
-                                         results("quant-bf16-int4-norm-inside-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-norm-separate-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-norm-inside-default-llama-7b-h200.json"),
-                                         results("w4-mma-grid-loop-stages-h200.json"))
-                                     + " " + xglobal_sentence(
-                                         results("quant-bf16-int4-early-weight-loads-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-xglobal-llama-7b-h200.json"))
-                                     + " " + xhalf_sentence(
-                                         results("quant-bf16-int4-paired-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-xhalf-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-xhalf-prefetch-llama-7b-h200.json"))
-                                     + " " + wide_steps_sentence(
-                                         results("quant-bf16-int4-wide-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-attention-loads-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-xhalf-loop-stages-llama-7b-h200.json"))
-                                     + " " + double_sentence(
-                                         results("quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-split-prefetch-o-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-double-step-tuner-0-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-double-step-tuner-1-llama-7b-h200.json"),
-                                         [results(f"quant-bf16-int4-double-default-run{i}-llama-7b-h200.json")
-                                          for i in (1, 2, 3)])
-                                     + " " + staged_sentence(
-                                         results("quant-bf16-int4-staged-inputs-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-merge-x-half-0-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-merge-x-half-1-llama-7b-h200.json"),
-                                         results("quant-bf16-int4-final-default-llama-7b-h200.json"))
-                                     + " " + greedy_sentence(results("greedy-sampling-h200.json"))
-                                     + " " + int4_time_sentence(results("int4-chain-ab-h200.json"),
-                                                                results("int4-stream-probe-h200.json"),
-                                                                results("decode-step-times-int4-h200.json"),
-                                                                results("w4a8-dp4a-probe-h200.json"))
-                                     + " " + head_sentence(results("quant-bf16-int4-head-llama-7b-h200.json"),
-                                                           results("quant-bf16-int8-head-llama-7b-h200.json"),
-                                                           results("quant-bf16-int8-step-tuner-0-llama-7b-h200.json")),
+                                     int4_h200_history(),
                                      int4_h200_latest_table([(label, name, results(name))
                                                              for label, name in INT4_H200_LATEST])))
     (ROOT / "README.md").write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
