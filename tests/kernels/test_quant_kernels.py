@@ -342,6 +342,40 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, g
     assert _rel_err(y, ref) < (5e-3 if half else 1e-3)
 
 
+@pytest.mark.parametrize("n,k", [(24, 256), (19, 384)])                 # whole blocks (EVEN), partial ones
+@pytest.mark.parametrize("paired,double", [(False, False), (True, False), (True, True)],
+                         ids=["one_set", "paired", "paired_double"])
+def test_xhalf_early_residual_equals_the_epilogue_read(n, k, paired, double):
+    """EARLY_RESIDUAL: the XHALF loop reads the residual right after the PDL wait instead of in the epilogue (after
+    each set's reduction, and a PAIRED set's after the set before it is stored); the same bits either way, and the
+    fp32 reference's values, with a bias, on ragged row blocks."""
+    from tierllm.kernels.gemv import fused_linear_ref
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+    from tierllm.quant.formats import dequantize_int4
+
+    sets = (2 if paired else 1) * (2 if double else 1)
+    w, bias = _quantized(n * sets, k, QuantConfig(bits=4, group_size=64), seed=81)
+    x = 2 * _x(1, k, torch.float16, seed=82)
+    start = _x(1, n * sets, torch.float16, seed=83)
+    flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": False, "RESIDUAL": True,
+             "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "XHALF": True, "BLOCK_N": 2,
+             "GROUPS_PER_BLOCK": 8, "DOUBLE": double}
+    x_prepared = prepare_x_half_triton(x, None)
+    outputs = []
+    for early in (False, True):
+        y = start.clone()
+        quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 2))](
+            x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,
+            w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, **flags,
+            EVEN=quant_gemv.w4_even({"N": n, "K": k, **flags}), EMULATE=_dispatch.is_interpreted(),
+            EARLY_RESIDUAL=early)
+        outputs.append(y)
+    dense = dequantize_int4(w["qweight"], w["scales"], w["mins"], 64, torch.float32)
+    ref = fused_linear_ref(x.float(), dense, bias.float()) + start.float()
+    assert torch.equal(outputs[0], outputs[1])
+    assert _rel_err(outputs[1], ref) < 5e-3
+
+
 def test_xhalf_configs_opt_out(monkeypatch):
     """TIERLLM_INT4_XHALF=0 keeps the packed-fp16 loops (XHALF) out of the graph tuner's one-row list, and groups of
     16 codes (runs of 2 words) never get them."""

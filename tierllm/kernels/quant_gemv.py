@@ -673,15 +673,19 @@ if HAS_TRITON:
         return w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3
 
     @triton.jit
-    def _half_dot(xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, K, stride_wn, stride_sn, GROUP: tl.constexpr,
-                  HAS_MINS: tl.constexpr, SETS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
-                  EVEN: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr):
+    def _half_dot(xp_ptr, w_ptr, s_ptr, mn_ptr, y_row_ptr, row, set_rows, n_mask, K, stride_wn, stride_sn,
+                  GROUP: tl.constexpr, HAS_MINS: tl.constexpr, SETS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr,
+                  EARLY_RESIDUAL: tl.constexpr):
         """XHALF, _int4_sub_dot's XGLOBAL loop with the products in packed fp16 (int4_half_dot.py; EMULATE: its
         Triton-ops twin, for the interpreter) on x in int4_prepared_x's half layout (xp_ptr): one x row @
         dequant(W)[rows, :]^T for SETS (1, 2 or 4) sets of weight rows row + j * set_rows, each a [BLOCK_N] fp32
         (unused sets' zero). Each thread holds one 16-byte chunk of each set at the same k, so one load
         of x's planes serves SETS chunks: more weight bytes in flight per thread, for fewer x bytes. PDL: the
-        first step's weight loads come before the wait."""
+        first step's weight loads come before the wait. EARLY_RESIDUAL: also returns the residual y_row_ptr[rows]
+        of each set (fp32; else zeros), loaded right after the wait, with x: the epilogue then waits on no load
+        (otherwise it reads each set's residual after the reduction, and a PAIRED set's only after the set before
+        it is stored, which it may alias)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUNS: tl.constexpr = WORDS // 4                         # runs of 4 words (a thread's 16-byte load)
         num_groups = K // GROUP
@@ -694,6 +698,7 @@ if HAS_TRITON:
             HAS_MINS, SETS, EVEN)
         if PDL:
             gdc_wait()
+        r0, r1, r2, r3 = _half_residuals(y_row_ptr, row, set_rows, n_mask, SETS, EARLY_RESIDUAL)
         a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
             a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, 0,
             num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
@@ -705,7 +710,22 @@ if HAS_TRITON:
                 a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, g0,
                 num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
         return (_half_total(a0, l0, HAS_MINS), _half_total(a1, l1, HAS_MINS), _half_total(a2, l2, HAS_MINS),
-                _half_total(a3, l3, HAS_MINS))
+                _half_total(a3, l3, HAS_MINS), r0, r1, r2, r3)
+
+    @triton.jit
+    def _half_residuals(y_row_ptr, row, set_rows, n_mask, SETS: tl.constexpr, LOAD: tl.constexpr):
+        """_half_dot's EARLY_RESIDUAL loads: the residual of each of the SETS row sets as [BLOCK_N] fp32 (zeros for
+        unused sets, or all of them without LOAD)."""
+        r0 = tl.zeros(row.shape, tl.float32)
+        r1, r2, r3 = r0, r0, r0
+        if LOAD:
+            r0 = tl.load(y_row_ptr + row, mask=n_mask, other=0.0).to(tl.float32)
+            if SETS > 1:
+                r1 = tl.load(y_row_ptr + set_rows + row, mask=n_mask, other=0.0).to(tl.float32)
+            if SETS > 2:
+                r2 = tl.load(y_row_ptr + 2 * set_rows + row, mask=n_mask, other=0.0).to(tl.float32)
+                r3 = tl.load(y_row_ptr + 3 * set_rows + row, mask=n_mask, other=0.0).to(tl.float32)
+        return r0, r1, r2, r3
 
     @triton.jit
     def _half_total(acc, low, HAS_MINS: tl.constexpr):
@@ -725,7 +745,8 @@ if HAS_TRITON:
                       NIBBLES: tl.constexpr = 0, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
                       INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
                       XGLOBAL: tl.constexpr = False, PAIRED: tl.constexpr = False, XHALF: tl.constexpr = False,
-                      EMULATE: tl.constexpr = False, DOUBLE: tl.constexpr = False):
+                      EMULATE: tl.constexpr = False, DOUBLE: tl.constexpr = False,
+                      EARLY_RESIDUAL: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
@@ -736,7 +757,9 @@ if HAS_TRITON:
         XHALF (with XGLOBAL): _half_dot's loop, the products in packed fp16 (int4_half_dot.py), EMULATE for the
         interpreter. DOUBLE (XHALF, GATED or PAIRED): each program also takes the rows N further in each half, so
         a thread holds four chunks at one k: PAIRED, N is a quarter of the weight's rows, y's quarters; GATED, N is
-        half of y's rows, the gate rows r and r + N with the up rows 2N further, y's two halves."""
+        half of y's rows, the gate rows r and r + N with the up rows 2N further, y's two halves. EARLY_RESIDUAL
+        (XHALF, RESIDUAL, not GATED): the residual is read right after the PDL wait (_half_dot), not in the
+        epilogue."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -752,12 +775,15 @@ if HAS_TRITON:
         acc_3 = tl.zeros([BLOCK_N], tl.float32)                     # DOUBLE: the third and fourth row sets
         acc_4 = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
+        res, res_up, res_3, res_4 = acc, acc, acc, acc              # EARLY_RESIDUAL: each row set's residual
+        tl.static_assert(not EARLY_RESIDUAL or (INT4_ROW and INT4_SUB and XHALF and RESIDUAL and not GATED),
+                         "EARLY_RESIDUAL: the XHALF loop, ungated, with RESIDUAL")
         if INT4_ROW and INT4_SUB and XHALF:
             tl.static_assert(not DOUBLE or GATED or PAIRED, "DOUBLE doubles two row sets: GATED or PAIRED")
             SETS: tl.constexpr = (2 if GATED or PAIRED else 1) * (2 if DOUBLE else 1)
-            dot, dot_up, dot_3, dot_4 = _half_dot(x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, row, N, n_mask, K,
-                                                  stride_wn, stride_sn, GROUP, HAS_MINS, SETS, BLOCK_N,
-                                                  GROUPS_PER_BLOCK, EVEN, PDL, EMULATE)
+            dot, dot_up, dot_3, dot_4, res, res_up, res_3, res_4 = _half_dot(
+                x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, y_ptr + m * stride_ym, row, N, n_mask, K, stride_wn,
+                stride_sn, GROUP, HAS_MINS, SETS, BLOCK_N, GROUPS_PER_BLOCK, EVEN, PDL, EMULATE, EARLY_RESIDUAL)
             acc += dot
             acc_up += dot_up
             acc_3 += dot_3
@@ -805,11 +831,21 @@ if HAS_TRITON:
                                     HAS_BIAS, NORM, GATED)
             _w4_store(first, y_row, offs_n, n_mask, RESIDUAL)
             _w4_store(second, y_row + N, offs_n, n_mask, RESIDUAL)
+        elif EARLY_RESIDUAL:                             # the residuals came with x (_half_dot)
+            total = tl.sum(sumsq, axis=0)
+            _w4_sum_store(acc, res, total, b_ptr, y_row, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM)
+            if PAIRED:
+                _w4_sum_store(acc_up, res_up, total, b_ptr + N, y_row + N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM)
+                if DOUBLE:
+                    _w4_sum_store(acc_3, res_3, total, b_ptr + 2 * N, y_row + 2 * N, offs_n, n_mask, N, K, eps,
+                                  HAS_BIAS, NORM)
+                    _w4_sum_store(acc_4, res_4, total, b_ptr + 3 * N, y_row + 3 * N, offs_n, n_mask, N, K, eps,
+                                  HAS_BIAS, NORM)
         else:
             acc = fused_epilogue(acc, acc_up, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS,
                                  NORM, GATED)
             _w4_store(acc, y_row, offs_n, n_mask, RESIDUAL)
-        if PAIRED:                                       # the other sets' rows, N further each
+        if PAIRED and not EARLY_RESIDUAL:                # the other sets' rows, N further each
             total = tl.sum(sumsq, axis=0)
             _w4_set_store(acc_up, total, b_ptr + N, y_row + N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, RESIDUAL)
             if DOUBLE:
@@ -824,6 +860,13 @@ if HAS_TRITON:
         """A PAIRED launch's further set of rows: the ungated epilogue, then _w4_store."""
         _w4_store(fused_epilogue(acc, acc, sumsq, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, False), y_row_ptr,
                   offs_n, n_mask, RESIDUAL)
+
+    @triton.jit
+    def _w4_sum_store(acc, residual, sumsq, b_ptr, y_row_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS: tl.constexpr,
+                      NORM: tl.constexpr):
+        """An EARLY_RESIDUAL launch's set of rows: the ungated epilogue, plus its residual loaded before, stored."""
+        acc = fused_epilogue(acc, acc, sumsq, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, False)
+        tl.store(y_row_ptr + offs_n, (acc + residual).to(y_row_ptr.dtype.element_ty), mask=n_mask)
 
     @triton.jit
     def _w4_store(acc, y_row_ptr, offs_n, n_mask, RESIDUAL: tl.constexpr):
