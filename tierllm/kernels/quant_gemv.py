@@ -758,8 +758,8 @@ if HAS_TRITON:
         interpreter. DOUBLE (XHALF, GATED or PAIRED): each program also takes the rows N further in each half, so
         a thread holds four chunks at one k: PAIRED, N is a quarter of the weight's rows, y's quarters; GATED, N is
         half of y's rows, the gate rows r and r + N with the up rows 2N further, y's two halves. EARLY_RESIDUAL
-        (XHALF, RESIDUAL, not GATED): the residual is read right after the PDL wait (_half_dot), not in the
-        epilogue."""
+        (XHALF, RESIDUAL, not GATED; w4_gemv_triton sets it there): the residual is read right after the PDL wait
+        (_half_dot), not in the epilogue."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -949,10 +949,15 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
             grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
             if config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x
-                x_prepared = (prepare_x_half_triton(x, norm_weight, eps, pdl=pdl) if config.kwargs.get("XHALF")
+                half = config.kwargs.get("XHALF", False)
+                x_prepared = (prepare_x_half_triton(x, norm_weight, eps, pdl=pdl) if half
                               else prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl))
+                # the residual read with x, not after the reduction: o 7.08 -> 5.75 us, down 13.24 -> 12.66 chained
+                # on an H200 (benchmarks/early_residual_probe.py)
+                early = half and residual is not None and not gated
                 _w4_gemv_even[grid](*args(w, out, x_prepared, None, rows), **{**flags, "NORM": False},
-                                    **config.all_kwargs(), EMULATE=_dispatch.is_interpreted(), **pdl_options(x, pdl))
+                                    **config.all_kwargs(), EMULATE=_dispatch.is_interpreted(), EARLY_RESIDUAL=early,
+                                    **pdl_options(x, pdl))
             else:
                 _w4_gemv_even[grid](*args(w, out), **flags, **config.all_kwargs(), **pdl_options(x, pdl))
             return out
