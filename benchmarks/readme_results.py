@@ -584,6 +584,18 @@ def head_sentence(int4: dict, int8: dict, int8_alone: dict) -> str:
             "step tuning speeds bf16 up and leaves int8 as it is.")
 
 
+def early_residual_sentence(doc: dict) -> str:
+    """o's and down's residual read right after the PDL wait (EARLY_RESIDUAL), chained A/B per launch."""
+    shapes = ", ".join(f"{row['shape']} {row['epilogue_read_us']} -> {row['early_read_us']} us"
+                       for row in doc["results"]["shapes"])
+    same = all(row["same_bits"] for row in doc["results"]["shapes"])
+    return ("o's and down's XHALF launches read their residual in the epilogue, after the reduction, and a PAIRED "
+            "launch's second set only after the first set's store: two dependent L2 round trips at the end (offline "
+            "sm90 SASS). Read right after the PDL wait instead (`EARLY_RESIDUAL`, now on for these launches), each "
+            f"chained 16 times in a CUDA graph: {shapes} per launch, {'the same bits' if same else 'DIFFERENT bits'} "
+            "([JSON](benchmarks/results/early-residual-probe-h200.json)); not yet measured end to end.")
+
+
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
 INT4_H200_LATEST = [
     ("L2 prefetch configs in the tuner's list (none picked)", "quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
@@ -767,6 +779,7 @@ def int4_h200_history() -> str:
         head_sentence(results("quant-bf16-int4-head-llama-7b-h200.json"),
                       results("quant-bf16-int8-head-llama-7b-h200.json"),
                       results("quant-bf16-int8-step-tuner-0-llama-7b-h200.json")),
+        early_residual_sentence(results("early-residual-probe-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])
