@@ -25,7 +25,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_stream_probe import graph_us  # noqa: E402
+from int4_stream_probe import graph_us, random_int4_copies  # noqa: E402
 
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.bench.results import write_result  # noqa: E402
@@ -66,11 +66,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows_out = []
     for name, (n, k) in SHAPES.items():
-        copies = [{"qweight": torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen),
-                   "scales": (torch.rand(n, k // GROUP, device="cuda", generator=gen) * 2e-3 + 5e-4).half()}
-                  for _ in range(COPIES)]
-        for w in copies:
-            w["mins"] = (-8 * w["scales"].float()).half()
+        copies = random_int4_copies(n, k, COPIES, gen, GROUP)
         x = torch.randn(1, k, device="cuda", generator=gen).bfloat16()
         start = torch.randn(1, n, device="cuda", generator=gen).bfloat16()
         outputs = {}

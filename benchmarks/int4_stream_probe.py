@@ -97,6 +97,21 @@ def _stream_kernel(w_ptr, desc, out_ptr, x_ptr, s_ptr, WORDS: tl.constexpr, ROWS
     tl.store(out_ptr + tl.program_id(0), total)
 
 
+def random_int4_copies(n: int, k: int, count: int, generator: torch.Generator, group: int = 64,
+                       min_jitter: float = 0.0) -> list[dict]:
+    """count random int4 weights of n x k (quant/formats.py's layout: codes, group scales, and mins around
+    -8 * scale, each times 1 + min_jitter * N(0, 1) if min_jitter), so that launches chained over them miss L2."""
+    copies = [{"qweight": torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=generator),
+               "scales": (torch.rand(n, k // group, device="cuda", generator=generator) * 2e-3 + 5e-4).half()}
+              for _ in range(count)]
+    for w in copies:
+        mins = -8 * w["scales"].float()
+        if min_jitter:
+            mins *= 1 + min_jitter * torch.randn(mins.shape, device="cuda", generator=generator)
+        w["mins"] = mins.half()
+    return copies
+
+
 def graph_us(run, replays: int = 20) -> float:
     """Median microseconds of one replay of a CUDA graph of run() (captured after one eager call)."""
     run()

@@ -829,50 +829,38 @@ if HAS_TRITON:
                                    HAS_BIAS, NORM, GATED)
             second = fused_epilogue(acc_up, acc_4, tl.sum(sumsq, axis=0), b_ptr + N, offs_n, n_mask, 2 * N, K, eps,
                                     HAS_BIAS, NORM, GATED)
-            _w4_store(first, y_row, offs_n, n_mask, RESIDUAL)
-            _w4_store(second, y_row + N, offs_n, n_mask, RESIDUAL)
-        elif EARLY_RESIDUAL:                             # the residuals came with x (_half_dot)
-            total = tl.sum(sumsq, axis=0)
-            _w4_sum_store(acc, res, total, b_ptr, y_row, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM)
-            if PAIRED:
-                _w4_sum_store(acc_up, res_up, total, b_ptr + N, y_row + N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM)
-                if DOUBLE:
-                    _w4_sum_store(acc_3, res_3, total, b_ptr + 2 * N, y_row + 2 * N, offs_n, n_mask, N, K, eps,
-                                  HAS_BIAS, NORM)
-                    _w4_sum_store(acc_4, res_4, total, b_ptr + 3 * N, y_row + 3 * N, offs_n, n_mask, N, K, eps,
-                                  HAS_BIAS, NORM)
+            _w4_store(first, first, y_row, offs_n, n_mask, RESIDUAL, False)
+            _w4_store(second, second, y_row + N, offs_n, n_mask, RESIDUAL, False)
         else:
             acc = fused_epilogue(acc, acc_up, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS,
                                  NORM, GATED)
-            _w4_store(acc, y_row, offs_n, n_mask, RESIDUAL)
-        if PAIRED and not EARLY_RESIDUAL:                # the other sets' rows, N further each
+            _w4_store(acc, res, y_row, offs_n, n_mask, RESIDUAL, EARLY_RESIDUAL)
+        if PAIRED:                                       # the other sets' rows, N further each
             total = tl.sum(sumsq, axis=0)
-            _w4_set_store(acc_up, total, b_ptr + N, y_row + N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, RESIDUAL)
+            _w4_set_store(acc_up, res_up, total, b_ptr + N, y_row + N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM,
+                          RESIDUAL, EARLY_RESIDUAL)
             if DOUBLE:
-                _w4_set_store(acc_3, total, b_ptr + 2 * N, y_row + 2 * N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM,
-                              RESIDUAL)
-                _w4_set_store(acc_4, total, b_ptr + 3 * N, y_row + 3 * N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM,
-                              RESIDUAL)
+                _w4_set_store(acc_3, res_3, total, b_ptr + 2 * N, y_row + 2 * N, offs_n, n_mask, N, K, eps, HAS_BIAS,
+                              NORM, RESIDUAL, EARLY_RESIDUAL)
+                _w4_set_store(acc_4, res_4, total, b_ptr + 3 * N, y_row + 3 * N, offs_n, n_mask, N, K, eps, HAS_BIAS,
+                              NORM, RESIDUAL, EARLY_RESIDUAL)
 
     @triton.jit
-    def _w4_set_store(acc, sumsq, b_ptr, y_row_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS: tl.constexpr,
-                      NORM: tl.constexpr, RESIDUAL: tl.constexpr):
+    def _w4_set_store(acc, residual, sumsq, b_ptr, y_row_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS: tl.constexpr,
+                      NORM: tl.constexpr, RESIDUAL: tl.constexpr, EARLY: tl.constexpr):
         """A PAIRED launch's further set of rows: the ungated epilogue, then _w4_store."""
-        _w4_store(fused_epilogue(acc, acc, sumsq, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, False), y_row_ptr,
-                  offs_n, n_mask, RESIDUAL)
+        _w4_store(fused_epilogue(acc, acc, sumsq, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, False), residual,
+                  y_row_ptr, offs_n, n_mask, RESIDUAL, EARLY)
 
     @triton.jit
-    def _w4_sum_store(acc, residual, sumsq, b_ptr, y_row_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS: tl.constexpr,
-                      NORM: tl.constexpr):
-        """An EARLY_RESIDUAL launch's set of rows: the ungated epilogue, plus its residual loaded before, stored."""
-        acc = fused_epilogue(acc, acc, sumsq, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, False)
-        tl.store(y_row_ptr + offs_n, (acc + residual).to(y_row_ptr.dtype.element_ty), mask=n_mask)
-
-    @triton.jit
-    def _w4_store(acc, y_row_ptr, offs_n, n_mask, RESIDUAL: tl.constexpr):
-        """acc [BLOCK_N] fp32 -> y_row_ptr[offs_n]; RESIDUAL: y is the residual, read, added to, written back."""
+    def _w4_store(acc, residual, y_row_ptr, offs_n, n_mask, RESIDUAL: tl.constexpr, EARLY: tl.constexpr):
+        """acc [BLOCK_N] fp32 -> y_row_ptr[offs_n]; RESIDUAL: y is the residual, added to and written back: read
+        here, or with EARLY already read (`residual`, _half_dot's EARLY_RESIDUAL)."""
         if RESIDUAL:
-            acc += tl.load(y_row_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            if EARLY:
+                acc += residual
+            else:
+                acc += tl.load(y_row_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_row_ptr + offs_n, acc.to(y_row_ptr.dtype.element_ty), mask=n_mask)
 
     def w4_even(args: dict) -> bool:
