@@ -63,18 +63,20 @@ def kernels(args) -> dict:
                      "GROUPS_PER_BLOCK": args.groups, "INT4_ROW": args.row,
                      "NIBBLES": 2 if args.asm else 0, "EVEN": args.even, "PDL": False, "INT4_SUB": args.sub,
                      "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal or args.xhalf,
-                     "PAIRED": args.paired, "XHALF": args.xhalf, "DOUBLE": args.double}),
+                     "PAIRED": args.paired, "XHALF": args.xhalf, "DOUBLE": args.double,
+                     **({"RESIDUAL": True, "EARLY_RESIDUAL": args.xhalf} if args.residual else {}),
+                     "STACKED_SUM": args.stacked}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
-                                               "NORM": args.gated}),
+                                               "NORM": args.gated, "RESIDUAL": args.residual}),
     }
 
 
 def loop_stats(fn, arguments, constexprs, warps: int, stages: int,
-               maxnreg: int | None = None) -> tuple[Counter, str, int]:
-    """(SASS opcode counts over the longest loop's body, the TTGIR's convert_layout lines, registers per thread);
-    maxnreg: ptxas's register cap (spills show as LDL / STL)."""
+               maxnreg: int | None = None) -> tuple[Counter, Counter, str, int]:
+    """(SASS opcode counts over the longest loop's body, and over the whole kernel, the TTGIR's convert_layout
+    lines, registers per thread); maxnreg: ptxas's register cap (spills show as LDL / STL)."""
     signature = {**dict(arguments), **{name: "constexpr" for name in constexprs}}
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(arguments)
                if kind.startswith("*") or name in ("N", "K") or name.startswith("stride")}
@@ -93,11 +95,11 @@ def loop_stats(fn, arguments, constexprs, warps: int, stages: int,
              for target in [int(t, 16) for t in re.findall(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)]
              if target < address]                                                    # backward branches
     start, end = max(loops, key=lambda loop: loop[1] - loop[0])
-    body = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for address, text in code
-            if start <= address <= end]
+    opcodes = [(address, re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]) for address, text in code]
+    body = [op for address, op in opcodes if start <= address <= end]
     conversions = [line.strip()[:200] for line in compiled.asm["ttgir"].splitlines() if "convert_layout" in line]
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
-    return Counter(body), "\n".join(conversions), registers
+    return Counter(body), Counter(op for _, op in opcodes), "\n".join(conversions), registers
 
 
 def main() -> int:
@@ -131,6 +133,10 @@ def main() -> int:
                         help="w4_gemv --row --sub: XGLOBAL with the products in packed fp16 (XHALF)")
     parser.add_argument("--double", action="store_true",
                         help="w4_gemv --xhalf --paired or --gated: DOUBLE (four row sets per thread)")
+    parser.add_argument("--residual", action="store_true",
+                        help="w4_gemv, w8_gemv: RESIDUAL (w4_gemv --xhalf: read right after the wait, EARLY_RESIDUAL)")
+    parser.add_argument("--stacked", action="store_true",
+                        help="w4_gemv --xhalf: STACKED_SUM (the row sets' final reductions as one)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--maxnreg", type=int, default=None, help="ptxas's register cap per thread")
@@ -139,7 +145,7 @@ def main() -> int:
     if args.kernel == "w4_gemm" and min(args.block_m, args.block_n) < 16:
         parser.error("w4_gemm: --block-m and --block-n must be at least 16 (tl.dot's minimum)")
     fn, arguments, constexprs = kernels(args)[args.kernel]
-    mix, conversions, registers = loop_stats(fn, arguments, constexprs, args.warps, args.stages, args.maxnreg)
+    mix, whole, conversions, registers = loop_stats(fn, arguments, constexprs, args.warps, args.stages, args.maxnreg)
     weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}.get(
         args.kernel, 0) or 16 * 32 * args.unroll * args.warps                      # w4_mma: 16 rows per warp group
     weight_bytes *= 2 if args.gated or args.paired else 1                         # gate and up rows, or halves
@@ -148,6 +154,8 @@ def main() -> int:
     print(f"{args.kernel}: {sum(mix.values())} SASS instructions per loop iteration (per thread), "
           f"{per_thread:g} weight bytes per thread per iteration, {registers} registers per thread")
     print(", ".join(f"{op} {n}" for op, n in mix.most_common()))
+    print(f"whole kernel: {sum(whole.values())} SASS instructions, BAR {whole['BAR']} (outside the loop "
+          f"{whole['BAR'] - mix['BAR']}), LDG {whole['LDG']}")
     print("layout conversions (TTGIR):\n" + (conversions or "none"))
     return 0
 

@@ -342,37 +342,51 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, g
     assert _rel_err(y, ref) < (5e-3 if half else 1e-3)
 
 
-@pytest.mark.parametrize("n,k", [(24, 256), (19, 384)])                 # whole blocks (EVEN), partial ones
-@pytest.mark.parametrize("paired,double", [(False, False), (True, False), (True, True)],
-                         ids=["one_set", "paired", "paired_double"])
-def test_xhalf_early_residual_equals_the_epilogue_read(n, k, paired, double):
-    """EARLY_RESIDUAL: the XHALF loop reads the residual right after the PDL wait instead of in the epilogue (after
-    each set's reduction, and a PAIRED set's after the set before it is stored); the same bits either way, and the
-    fp32 reference's values, with a bias, on ragged row blocks."""
+# (n, k, gated, paired, double, early, stacked): ragged row and group blocks, and one case of whole ones (EVEN)
+_XHALF_EPILOGUES = [(19, 384, False, False, False, True, False), (19, 384, False, True, False, True, False),
+                    (19, 384, False, True, False, False, True), (19, 384, False, True, True, True, True),
+                    (24, 256, False, True, True, True, True), (19, 384, True, False, False, False, True),
+                    (19, 384, True, False, True, False, True)]
+
+
+@pytest.mark.parametrize("n,k,gated,paired,double,early,stacked", _XHALF_EPILOGUES,
+                         ids=["one_set_early", "paired_early", "paired_stacked", "paired_double_early_stacked",
+                              "paired_double_even", "gated_stacked", "gated_double_stacked"])
+def test_xhalf_epilogue_forms_equal_the_plain_one(n, k, gated, paired, double, early, stacked):
+    """The XHALF loop's two epilogue options against the plain epilogue, with a bias: EARLY_RESIDUAL reads the
+    residual right after the PDL wait instead of after each set's reduction (and a PAIRED set's after the set
+    before it is stored): the same bits; STACKED_SUM reduces the row sets together (one tl.reduce over a tuple):
+    the same sums in another order, so within a rounding of the fp16 output; both within the fp32 reference's
+    XHALF tolerance."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
     from tierllm.quant.formats import dequantize_int4
 
-    sets = (2 if paired else 1) * (2 if double else 1)
+    sets = (2 if gated or paired else 1) * (2 if double else 1)
+    out_rows = n * sets // (2 if gated else 1)
     w, bias = _quantized(n * sets, k, QuantConfig(bits=4, group_size=64), seed=81)
     x = 2 * _x(1, k, torch.float16, seed=82)
-    start = _x(1, n * sets, torch.float16, seed=83)
-    flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": False, "RESIDUAL": True,
+    start = _x(1, out_rows, torch.float16, seed=83)
+    flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": gated, "RESIDUAL": not gated,
              "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "XHALF": True, "BLOCK_N": 2,
              "GROUPS_PER_BLOCK": 8, "DOUBLE": double}
     x_prepared = prepare_x_half_triton(x, None)
     outputs = []
-    for early in (False, True):
+    for options in ({"EARLY_RESIDUAL": False, "STACKED_SUM": False},
+                    {"EARLY_RESIDUAL": early, "STACKED_SUM": stacked}):
         y = start.clone()
         quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 2))](
             x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,
             w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, **flags,
-            EVEN=quant_gemv.w4_even({"N": n, "K": k, **flags}), EMULATE=_dispatch.is_interpreted(),
-            EARLY_RESIDUAL=early)
+            EVEN=quant_gemv.w4_even({"N": n, "K": k, **flags}), EMULATE=_dispatch.is_interpreted(), **options)
         outputs.append(y)
     dense = dequantize_int4(w["qweight"], w["scales"], w["mins"], 64, torch.float32)
-    ref = fused_linear_ref(x.float(), dense, bias.float()) + start.float()
-    assert torch.equal(outputs[0], outputs[1])
+    ref = fused_linear_ref(x.float(), dense, bias.float(), gated=gated)
+    ref = ref if gated else ref + start.float()
+    if stacked:
+        torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-3, atol=1e-3)
+    else:
+        assert torch.equal(outputs[0], outputs[1])
     assert _rel_err(outputs[1], ref) < 5e-3
 
 

@@ -203,11 +203,15 @@ if HAS_TRITON:
         lanes_up = tl.zeros([BLOCK_N, LANES], tl.float32)
         x_sum = tl.zeros([BLOCK_K], tl.float32)                                 # ONE_ROW
         lane_sumsq = tl.zeros([BLOCK_K], tl.float32)                            # ONE_ROW, NORM
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]                  # [BLOCK_M, BLOCK_N]
+        y_mask = m_mask[:, None] & n_mask[None, :]
         k_start = 0
         if PDL:                # the first weight chunk is loaded before the wait: nothing before it reads x or y
             gdc_launch_dependents()
             w, w_up = weight_chunk(w_ptr, offs_n, n_mask, 0, N, K, stride_wn, GATED, BLOCK_K)
             gdc_wait()
+        residual, scale, scale_up = epilogue_inputs(y_ptrs, y_mask, s_ptr, offs_n, n_mask, N, RESIDUAL, INT8, GATED)
+        if PDL:
             if ONE_ROW:
                 lanes, lanes_up, x_sum, lane_sumsq = row_chunk(lanes, lanes_up, x_sum, lane_sumsq, w, w_up, x_ptr,
                                                                g_ptr, 0, K, NORM, GATED, PTX, SUM16, BLOCK_K)
@@ -229,15 +233,31 @@ if HAS_TRITON:
                 acc_up = row_result(lanes_up, x_sum)
             sumsq += tl.sum(lane_sumsq, axis=0)
         if INT8:
-            acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            acc *= scale
             if GATED:
-                acc_up *= tl.load(s_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+                acc_up *= scale_up
         acc = fused_epilogue(acc, acc_up, sumsq[:, None], b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
-        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-        y_mask = m_mask[:, None] & n_mask[None, :]
-        if RESIDUAL:                                     # y_ptr is the residual: read, add, write back in place
-            acc += tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
+        if RESIDUAL:                                     # y_ptr is the residual: added to, written back in place
+            acc += residual
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+    @triton.jit
+    def epilogue_inputs(y_ptrs, y_mask, s_ptr, offs_n, n_mask, N, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
+                        GATED: tl.constexpr):
+        """What _gemv_body's epilogue reads besides its accumulators, loaded before the K loop (after the PDL wait)
+        so that the epilogue waits on no L2 round trip: the residual [BLOCK_M, BLOCK_N] (RESIDUAL; y_ptrs is the
+        residual, which this program alone writes) and INT8's per-channel scales [1, BLOCK_N], of the up rows too
+        (GATED); fp32, zeros where unused."""
+        residual = tl.zeros(y_ptrs.shape, tl.float32)
+        scale = tl.zeros([1, offs_n.shape[0]], tl.float32)
+        scale_up = scale
+        if RESIDUAL:
+            residual = tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)
+        if INT8:
+            scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            if GATED:
+                scale_up = tl.load(s_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        return residual, scale, scale_up
 
     _gemv_kernel = triton.autotune(configs=_CONFIGS, key=_KEY)(_gemv_body)
     # A RESIDUAL launch adds into its output, and timing a config runs it many times: its twin autotuner copies

@@ -676,7 +676,7 @@ if HAS_TRITON:
     def _half_dot(xp_ptr, w_ptr, s_ptr, mn_ptr, y_row_ptr, row, set_rows, n_mask, K, stride_wn, stride_sn,
                   GROUP: tl.constexpr, HAS_MINS: tl.constexpr, SETS: tl.constexpr, BLOCK_N: tl.constexpr,
                   GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr,
-                  EARLY_RESIDUAL: tl.constexpr):
+                  EARLY_RESIDUAL: tl.constexpr, STACKED_SUM: tl.constexpr):
         """XHALF, _int4_sub_dot's XGLOBAL loop with the products in packed fp16 (int4_half_dot.py; EMULATE: its
         Triton-ops twin, for the interpreter) on x in int4_prepared_x's half layout (xp_ptr): one x row @
         dequant(W)[rows, :]^T for SETS (1, 2 or 4) sets of weight rows row + j * set_rows, each a [BLOCK_N] fp32
@@ -685,7 +685,7 @@ if HAS_TRITON:
         first step's weight loads come before the wait. EARLY_RESIDUAL: also returns the residual y_row_ptr[rows]
         of each set (fp32; else zeros), loaded right after the wait, with x: the epilogue then waits on no load
         (otherwise it reads each set's residual after the reduction, and a PAIRED set's only after the set before
-        it is stored, which it may alias)."""
+        it is stored, which it may alias). STACKED_SUM: the sets' final reductions as one (_half_totals)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUNS: tl.constexpr = WORDS // 4                         # runs of 4 words (a thread's 16-byte load)
         num_groups = K // GROUP
@@ -709,8 +709,8 @@ if HAS_TRITON:
             a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
                 a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, g0,
                 num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
-        return (_half_total(a0, l0, HAS_MINS), _half_total(a1, l1, HAS_MINS), _half_total(a2, l2, HAS_MINS),
-                _half_total(a3, l3, HAS_MINS), r0, r1, r2, r3)
+        t0, t1, t2, t3 = _half_totals(a0, l0, a1, l1, a2, l2, a3, l3, HAS_MINS, SETS, STACKED_SUM)
+        return t0, t1, t2, t3, r0, r1, r2, r3
 
     @triton.jit
     def _half_residuals(y_row_ptr, row, set_rows, n_mask, SETS: tl.constexpr, LOAD: tl.constexpr):
@@ -728,10 +728,40 @@ if HAS_TRITON:
         return r0, r1, r2, r3
 
     @triton.jit
-    def _half_total(acc, low, HAS_MINS: tl.constexpr):
-        """A row set's [BLOCK_N, GPB, RUNS] dot products and min terms -> its [BLOCK_N] results (symmetric: code - 8,
-        so the low term is -8 * scale)."""
-        return tl.sum(tl.sum(acc + (low if HAS_MINS else -8.0 * low), axis=2), axis=1)
+    def _half_terms(acc, low, HAS_MINS: tl.constexpr):
+        """A row set's [BLOCK_N, GPB, RUNS] dot products and min terms, added (symmetric: code - 8, so the low term
+        is -8 * scale)."""
+        return acc + (low if HAS_MINS else -8.0 * low)
+
+    @triton.jit
+    def _add_pairs(a0, a1, b0, b1):
+        return a0 + b0, a1 + b1
+
+    @triton.jit
+    def _add_quads(a0, a1, a2, a3, b0, b1, b2, b3):
+        return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+    @triton.jit
+    def _half_totals(a0, l0, a1, l1, a2, l2, a3, l3, HAS_MINS: tl.constexpr, SETS: tl.constexpr,
+                     STACKED: tl.constexpr):
+        """_half_dot's SETS row sets' accumulators -> their [BLOCK_N] results (unused sets' zeros). STACKED: the
+        sets reduced together, one tl.reduce over a tuple per axis, so their cross-warp exchanges share barriers
+        (offline, Triton 3.6 sm90, decode's o pick: the epilogue's 9 BAR.SYNC become 6), instead of one tl.sum
+        each."""
+        t0 = _half_terms(a0, l0, HAS_MINS)
+        t1 = _half_terms(a1, l1, HAS_MINS)
+        t2 = _half_terms(a2, l2, HAS_MINS)
+        t3 = _half_terms(a3, l3, HAS_MINS)
+        if STACKED and SETS == 2:
+            t0, t1 = tl.reduce((t0, t1), 2, _add_pairs)
+            t0, t1 = tl.reduce((t0, t1), 1, _add_pairs)
+            return t0, t1, tl.sum(tl.sum(t2, axis=2), axis=1), tl.sum(tl.sum(t3, axis=2), axis=1)
+        elif STACKED and SETS == 4:
+            t0, t1, t2, t3 = tl.reduce((t0, t1, t2, t3), 2, _add_quads)
+            return tl.reduce((t0, t1, t2, t3), 1, _add_quads)
+        else:
+            return (tl.sum(tl.sum(t0, axis=2), axis=1), tl.sum(tl.sum(t1, axis=2), axis=1),
+                    tl.sum(tl.sum(t2, axis=2), axis=1), tl.sum(tl.sum(t3, axis=2), axis=1))
 
     # M_BUCKET (x's rows, next power of 2): the best config for one row differs from eight rows' (8x the programs),
     # and CUDA graphs capture the biggest batch first, so a key without it tunes the batch-1 launch at M=8
@@ -746,7 +776,7 @@ if HAS_TRITON:
                       INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
                       XGLOBAL: tl.constexpr = False, PAIRED: tl.constexpr = False, XHALF: tl.constexpr = False,
                       EMULATE: tl.constexpr = False, DOUBLE: tl.constexpr = False,
-                      EARLY_RESIDUAL: tl.constexpr = False):
+                      EARLY_RESIDUAL: tl.constexpr = False, STACKED_SUM: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
@@ -759,7 +789,8 @@ if HAS_TRITON:
         a thread holds four chunks at one k: PAIRED, N is a quarter of the weight's rows, y's quarters; GATED, N is
         half of y's rows, the gate rows r and r + N with the up rows 2N further, y's two halves. EARLY_RESIDUAL
         (XHALF, RESIDUAL, not GATED; w4_gemv_triton sets it there): the residual is read right after the PDL wait
-        (_half_dot), not in the epilogue."""
+        (_half_dot), not in the epilogue. STACKED_SUM (XHALF): the row sets' final reductions as one
+        (_half_totals)."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -783,7 +814,8 @@ if HAS_TRITON:
             SETS: tl.constexpr = (2 if GATED or PAIRED else 1) * (2 if DOUBLE else 1)
             dot, dot_up, dot_3, dot_4, res, res_up, res_3, res_4 = _half_dot(
                 x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, y_ptr + m * stride_ym, row, N, n_mask, K, stride_wn,
-                stride_sn, GROUP, HAS_MINS, SETS, BLOCK_N, GROUPS_PER_BLOCK, EVEN, PDL, EMULATE, EARLY_RESIDUAL)
+                stride_sn, GROUP, HAS_MINS, SETS, BLOCK_N, GROUPS_PER_BLOCK, EVEN, PDL, EMULATE, EARLY_RESIDUAL,
+                STACKED_SUM)
             acc += dot
             acc_up += dot_up
             acc_3 += dot_3
@@ -941,11 +973,11 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                 x_prepared = (prepare_x_half_triton(x, norm_weight, eps, pdl=pdl) if half
                               else prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl))
                 # the residual read with x, not after the reduction: o 7.08 -> 5.75 us, down 13.24 -> 12.66 chained
-                # on an H200 (benchmarks/early_residual_probe.py)
+                # on an H200 (benchmarks/xhalf_epilogue_probe.py); the row sets reduced together (STACKED_SUM)
                 early = half and residual is not None and not gated
                 _w4_gemv_even[grid](*args(w, out, x_prepared, None, rows), **{**flags, "NORM": False},
                                     **config.all_kwargs(), EMULATE=_dispatch.is_interpreted(), EARLY_RESIDUAL=early,
-                                    **pdl_options(x, pdl))
+                                    STACKED_SUM=half, **pdl_options(x, pdl))
             else:
                 _w4_gemv_even[grid](*args(w, out), **flags, **config.all_kwargs(), **pdl_options(x, pdl))
             return out
