@@ -45,13 +45,15 @@
 #                                            # the step count (steady step, once-per-generate cost) and per-step host
 #                                            # times (OPTIONS: more of its options, e.g. "--verbose")
 #   bash benchmarks/quant_session.sh w4a8    # w4a8_dp4a_probe.py: an int4 GEMV on int8 x (DP4A) against XHALF
+#   bash benchmarks/quant_session.sh attention # decode_attention_probe.py: the decode attention's tile, split count
+#                                            # and warps at batch 1, 32 layers chained, contexts 128, 576 and 2048
 #   bash benchmarks/quant_session.sh epilogue # the XHALF epilogue options' and the bf16/int8 GEMV's fused tests
 #                                            # natively, then xhalf_epilogue_probe.py (EARLY_RESIDUAL, STACKED_SUM
 #                                            # A/B per llama-7b shape at decode's picks)
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: tests, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
+part=${1:?part: tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -71,6 +73,10 @@ case "$part" in
   w4a8)
     timeout 400 python3 benchmarks/w4a8_dp4a_probe.py --out "$OUT/w4a8-dp4a-probe-h200.json" 2>&1 \
         | tee "$OUT/w4a8-dp4a-probe.log" | tail -40
+    ;;
+  attention)
+    timeout 300 python3 benchmarks/decode_attention_probe.py --out "$OUT/decode-attention-probe-h200.json" 2>&1 \
+        | tee "$OUT/decode-attention-probe.log" | grep -v -i warn | cut -c1-400
     ;;
   epilogue)
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py \
@@ -167,5 +173,5 @@ case "$part" in
     timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: tests, epilogue, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: tests, attention, epilogue, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench" >&2; exit 2 ;;
 esac
