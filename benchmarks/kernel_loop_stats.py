@@ -65,7 +65,7 @@ def kernels(args) -> dict:
                      "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal or args.xhalf,
                      "PAIRED": args.paired, "XHALF": args.xhalf, "DOUBLE": args.double,
                      **({"RESIDUAL": True, "EARLY_RESIDUAL": args.xhalf} if args.residual else {}),
-                     "STACKED_SUM": args.stacked}),
+                     "STACKED_SUM": args.stacked, "EVEN_N": args.even_n}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -117,6 +117,8 @@ def main() -> int:
     parser.add_argument("--asm", action="store_true",
                         help="w4_gemv --row, w4_gemm --half: nibbles unpacked by inline PTX")
     parser.add_argument("--even", action="store_true", help="w4_gemv --row: loads without masks (EVEN)")
+    parser.add_argument("--even-n", action="store_true",
+                        help="w4_gemv --xhalf: whole row blocks (EVEN_N): without --even, the whole steps unmasked")
     parser.add_argument("--gated", action="store_true",
                         help="w4_gemv: [gate; up] rows, SiLU-and-mul epilogue; w8_gemv: with the norm prologue")
     parser.add_argument("--sub", action="store_true",

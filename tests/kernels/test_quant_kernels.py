@@ -335,28 +335,33 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, g
     quant_gemv._w4_gemv_body[(1, triton.cdiv(n, block_n))](
         x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,
         w["qweight"].stride(0), w["scales"].stride(0), y.stride(0), 1e-6, **flags,
-        EVEN=quant_gemv.w4_even({"N": n, "K": k, **flags}), EMULATE=_dispatch.is_interpreted())
+        EVEN=quant_gemv.w4_even({"N": n, "K": k, **flags}), EVEN_N=quant_gemv.w4_even_n({"N": n, **flags}),
+        EMULATE=_dispatch.is_interpreted())
     dense = dequantize_int4(w["qweight"], w["scales"], w["mins"], 64, torch.float32)
     ref = fused_linear_ref(x.float(), dense, bias.float(), norm_weight=None if g is None else g.float(), gated=gated)
     ref = ref if gated else ref + start.float()
     assert _rel_err(y, ref) < (5e-3 if half else 1e-3)
 
 
-# (n, k, gated, paired, double, early, stacked): ragged row and group blocks, and one case of whole ones (EVEN)
+# (n, k, gated, paired, double, early, stacked): ragged row and group blocks, whole ones (EVEN), and whole row
+# blocks with 18 groups in steps of 8 (EVEN_N: a masked first step, an unmasked one, a masked 2-group tail)
 _XHALF_EPILOGUES = [(19, 384, False, False, False, True, False), (19, 384, False, True, False, True, False),
                     (19, 384, False, True, False, False, True), (19, 384, False, True, True, True, True),
                     (24, 256, False, True, True, True, True), (19, 384, True, False, False, False, True),
-                    (19, 384, True, False, True, False, True)]
+                    (19, 384, True, False, True, False, True), (24, 1152, False, True, False, True, False),
+                    (24, 1152, True, False, True, False, True)]
 
 
 @pytest.mark.parametrize("n,k,gated,paired,double,early,stacked", _XHALF_EPILOGUES,
                          ids=["one_set_early", "paired_early", "paired_stacked", "paired_double_early_stacked",
-                              "paired_double_even", "gated_stacked", "gated_double_stacked"])
+                              "paired_double_even", "gated_stacked", "gated_double_stacked", "paired_whole_steps",
+                              "gated_double_whole_steps"])
 def test_xhalf_epilogue_forms_equal_the_plain_one(n, k, gated, paired, double, early, stacked):
-    """The XHALF loop's two epilogue options against the plain epilogue, with a bias: EARLY_RESIDUAL reads the
-    residual right after the PDL wait instead of after each set's reduction (and a PAIRED set's after the set
-    before it is stored): the same bits; STACKED_SUM reduces the row sets together (one tl.reduce over a tuple):
-    the same sums in another order, so within a rounding of the fp16 output; both within the fp32 reference's
+    """The XHALF loop's options against its plain form (every step masked unless EVEN), with a bias:
+    EARLY_RESIDUAL reads the residual right after the PDL wait instead of after each set's reduction (and a PAIRED
+    set's after the set before it is stored), and EVEN_N (whole row blocks; set here as w4_even_n does) loads the
+    whole steps unmasked: the same bits; STACKED_SUM reduces the row sets together (one tl.reduce over a tuple):
+    the same sums in another order, so within a rounding of the fp16 output; all within the fp32 reference's
     XHALF tolerance."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
@@ -372,8 +377,9 @@ def test_xhalf_epilogue_forms_equal_the_plain_one(n, k, gated, paired, double, e
              "GROUPS_PER_BLOCK": 8, "DOUBLE": double}
     x_prepared = prepare_x_half_triton(x, None)
     outputs = []
-    for options in ({"EARLY_RESIDUAL": False, "STACKED_SUM": False},
-                    {"EARLY_RESIDUAL": early, "STACKED_SUM": stacked}):
+    for options in ({"EARLY_RESIDUAL": False, "STACKED_SUM": False, "EVEN_N": False},
+                    {"EARLY_RESIDUAL": early, "STACKED_SUM": stacked,
+                     "EVEN_N": quant_gemv.w4_even_n({"N": n, **flags})}):
         y = start.clone()
         quant_gemv._w4_gemv_body[(1, triton.cdiv(n, 2))](
             x_prepared, w["qweight"], w["scales"], w["mins"], bias.half(), w["scales"], y, 1, n, k, 0,

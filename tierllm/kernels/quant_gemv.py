@@ -676,7 +676,7 @@ if HAS_TRITON:
     def _half_dot(xp_ptr, w_ptr, s_ptr, mn_ptr, y_row_ptr, row, set_rows, n_mask, K, stride_wn, stride_sn,
                   GROUP: tl.constexpr, HAS_MINS: tl.constexpr, SETS: tl.constexpr, BLOCK_N: tl.constexpr,
                   GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr,
-                  EARLY_RESIDUAL: tl.constexpr, STACKED_SUM: tl.constexpr):
+                  EARLY_RESIDUAL: tl.constexpr, STACKED_SUM: tl.constexpr, EVEN_N: tl.constexpr):
         """XHALF, _int4_sub_dot's XGLOBAL loop with the products in packed fp16 (int4_half_dot.py; EMULATE: its
         Triton-ops twin, for the interpreter) on x in int4_prepared_x's half layout (xp_ptr): one x row @
         dequant(W)[rows, :]^T for SETS (1, 2 or 4) sets of weight rows row + j * set_rows, each a [BLOCK_N] fp32
@@ -685,7 +685,10 @@ if HAS_TRITON:
         first step's weight loads come before the wait. EARLY_RESIDUAL: also returns the residual y_row_ptr[rows]
         of each set (fp32; else zeros), loaded right after the wait, with x: the epilogue then waits on no load
         (otherwise it reads each set's residual after the reduction, and a PAIRED set's only after the set before
-        it is stored, which it may alias). STACKED_SUM: the sets' final reductions as one (_half_totals)."""
+        it is stored, which it may alias). STACKED_SUM: the sets' final reductions as one (_half_totals).
+        EVEN_N (whole row blocks) where the steps do not divide K (not EVEN; down_proj's 172 groups): the steps
+        after the first load unmasked but for the last, partial one (offline, sm90, down's pick: the loop's 163
+        SASS instructions per step masked, 135 unmasked)."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUNS: tl.constexpr = WORDS // 4                         # runs of 4 words (a thread's 16-byte load)
         num_groups = K // GROUP
@@ -702,13 +705,23 @@ if HAS_TRITON:
         a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
             a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, 0,
             num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
-        for g0 in range(GROUPS_PER_BLOCK, num_groups, GROUPS_PER_BLOCK):
+        WHOLE_STEPS: tl.constexpr = EVEN_N and not EVEN       # the loop unmasked, then a masked last step
+        loop_end = (num_groups // GROUPS_PER_BLOCK) * GROUPS_PER_BLOCK if WHOLE_STEPS else num_groups
+        for g0 in range(GROUPS_PER_BLOCK, loop_end, GROUPS_PER_BLOCK):
             w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
                 w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups, stride_wn, stride_sn, WORDS,
-                GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN)
+                GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN or WHOLE_STEPS)
             a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
                 a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, g0,
-                num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
+                num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN or WHOLE_STEPS, EMULATE)
+        if WHOLE_STEPS:
+            if GROUPS_PER_BLOCK <= loop_end and loop_end < num_groups:   # (else the first step held every group)
+                w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
+                    w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, loop_end, num_groups, stride_wn, stride_sn, WORDS,
+                    GROUPS_PER_BLOCK, HAS_MINS, SETS, False)
+                a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
+                    a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row,
+                    loop_end, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, False, EMULATE)
         t0, t1, t2, t3 = _half_totals(a0, l0, a1, l1, a2, l2, a3, l3, HAS_MINS, SETS, STACKED_SUM)
         return t0, t1, t2, t3, r0, r1, r2, r3
 
@@ -776,7 +789,8 @@ if HAS_TRITON:
                       INT4_SUB: tl.constexpr = False, XPRE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
                       XGLOBAL: tl.constexpr = False, PAIRED: tl.constexpr = False, XHALF: tl.constexpr = False,
                       EMULATE: tl.constexpr = False, DOUBLE: tl.constexpr = False,
-                      EARLY_RESIDUAL: tl.constexpr = False, STACKED_SUM: tl.constexpr = False):
+                      EARLY_RESIDUAL: tl.constexpr = False, STACKED_SUM: tl.constexpr = False,
+                      EVEN_N: tl.constexpr = False):
         """INT4_ROW (one x row; a config option the tuner weighs against the group-sum loop): _int4_row_dot's
         per-lane accumulation, with its NIBBLES and EVEN options (EVEN: set by w4_even), no NORM; with INT4_SUB,
         _int4_sub_dot's form of it, with its XPRE and PREFETCH options, and NORM. PDL:
@@ -790,7 +804,8 @@ if HAS_TRITON:
         half of y's rows, the gate rows r and r + N with the up rows 2N further, y's two halves. EARLY_RESIDUAL
         (XHALF, RESIDUAL, not GATED; w4_gemv_triton sets it there): the residual is read right after the PDL wait
         (_half_dot), not in the epilogue. STACKED_SUM (XHALF): the row sets' final reductions as one
-        (_half_totals)."""
+        (_half_totals). EVEN_N (XHALF; set by w4_even_n): whole BLOCK_N row blocks, so that steps of whole groups
+        load unmasked where K is not whole steps (_half_dot)."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -815,7 +830,7 @@ if HAS_TRITON:
             dot, dot_up, dot_3, dot_4, res, res_up, res_3, res_4 = _half_dot(
                 x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, y_ptr + m * stride_ym, row, N, n_mask, K, stride_wn,
                 stride_sn, GROUP, HAS_MINS, SETS, BLOCK_N, GROUPS_PER_BLOCK, EVEN, PDL, EMULATE, EARLY_RESIDUAL,
-                STACKED_SUM)
+                STACKED_SUM, EVEN_N)
             acc += dot
             acc_up += dot_up
             acc_3 += dot_3
@@ -899,7 +914,11 @@ if HAS_TRITON:
         """_w4_gemv_body's EVEN for a launch: whole BLOCK_N row blocks and whole GROUPS_PER_BLOCK group blocks."""
         return args["N"] % args["BLOCK_N"] == 0 and (args["K"] // args["GROUP"]) % args["GROUPS_PER_BLOCK"] == 0
 
-    _w4_gemv_even = triton.heuristics({"EVEN": w4_even})(_w4_gemv_body)
+    def w4_even_n(args: dict) -> bool:
+        """_w4_gemv_body's EVEN_N for a launch: whole BLOCK_N row blocks."""
+        return args["N"] % args["BLOCK_N"] == 0
+
+    _w4_gemv_even = triton.heuristics({"EVEN": w4_even, "EVEN_N": w4_even_n})(_w4_gemv_body)
     _w4_gemv_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY,
                                       prune_configs_by={"early_config_prune": _prune_int4})(_w4_gemv_even)
     _w4_gemv_residual_kernel = triton.autotune(configs=_INT4_CONFIGS, key=_INT4_KEY, restore_value=["y_ptr"],
