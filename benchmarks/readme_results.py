@@ -593,7 +593,50 @@ def early_residual_sentence(doc: dict) -> str:
             "launch's second set only after the first set's store: two dependent L2 round trips at the end (offline "
             "sm90 SASS). Read right after the PDL wait instead (`EARLY_RESIDUAL`, now on for these launches), each "
             f"chained 16 times in a CUDA graph: {shapes} per launch, {'the same bits' if same else 'DIFFERENT bits'} "
-            "([JSON](benchmarks/results/early-residual-probe-h200.json)); not yet measured end to end.")
+            "([JSON](benchmarks/results/early-residual-probe-h200.json)); end to end in the next item.")
+
+
+def _ratio_link(doc: dict, name: str, variant: str) -> str:
+    """'[A against bf16's B ms/token, Rx](JSON)' for a bf16 + variant batch-1 run."""
+    r = doc["results"]
+    return (f"[{r[variant]['batch1']['decode_ms_per_step']} against bf16's "
+            f"{r['bf16']['batch1']['decode_ms_per_step']} ms/token, {r['speedup_vs_bf16'][variant]['batch1_decode']}x]"
+            f"(benchmarks/results/{name})")
+
+
+def epilogue_sentence(probe: dict, run: dict, int8: dict, probe_even_n: dict, run_even_n: dict,
+                      attention: dict) -> str:
+    """Session 30: the XHALF row sets reduced together (STACKED_SUM), gemv.py's epilogue loads before its K loop,
+    both end to end with EARLY_RESIDUAL; then EVEN_N (down's whole steps unmasked); the decode attention's launch
+    parameters."""
+    def us(doc: dict, shape: str, variant: str) -> float:
+        return next(row for row in doc["results"]["shapes"] if row["shape"] == shape)["us"][variant]
+
+    stacked = ", ".join(f"{row['shape']} {row['us']['plain']} -> {row['us']['stacked']}"
+                        for row in probe["results"]["shapes"])
+    at_576 = {(r["block_n"], r["num_splits"], r["num_warps"]): r["us_per_layer"]
+              for r in attention["results"]["rows"] if r["context"] == 576}
+    others = [us_ for key, us_ in at_576.items() if key != (64, 16, 4)]
+    return ("The row sets' final reductions as one `tl.reduce` over a tuple (`STACKED_SUM`, on for every XHALF "
+            "launch: 9 -> 6 barriers for two sets, 19 -> 10 for `DOUBLE`'s four, offline sm90 SASS), chained as "
+            f"above: {stacked} us, the same bits "
+            "([JSON](benchmarks/results/xhalf-epilogue-probe-h200.json), `benchmarks/xhalf_epilogue_probe.py`). "
+            "bf16's and int8's GEMV (`gemv.py`) now read their residual and int8 scales before the K loop too. "
+            f"End to end with both (every GEMV retimed; down's pick moved to one row per program): int4 "
+            f"{_ratio_link(run, 'quant-bf16-int4-epilogue-llama-7b-h200.json', 'int4')} (target 2.8x: not met), int8 "
+            f"{_ratio_link(int8, 'quant-bf16-int8-epilogue-llama-7b-h200.json', 'int8')} (target 1.7x: met). "
+            "down's 172 groups are not whole steps, so every step of its loop was masked (163 SASS per step against "
+            "135 unmasked); with whole row blocks (`EVEN_N`) only the last, partial step is now: down's old pick "
+            f"{us(probe_even_n, 'down_w8', 'early_stacked')} -> "
+            f"{us(probe_even_n, 'down_w8', 'early_stacked_whole_steps')} us, its new one "
+            f"{us(probe_even_n, 'down', 'early_stacked')} -> {us(probe_even_n, 'down', 'early_stacked_whole_steps')} "
+            "([JSON](benchmarks/results/xhalf-epilogue-probe-even-n-h200.json)); end to end the retimed tuners "
+            "moved qkv's and o's picks too (down's segment 10.4 us per layer, qkv's 10.4 against 9.4): int4 "
+            f"{_ratio_link(run_even_n, 'quant-bf16-int4-even-n-llama-7b-h200.json', 'int4')}, within the picks' "
+            "run-to-run spread. The decode attention's launch (tiles of 64 keys, 16 splits, 4 warps) is the fastest "
+            f"of seven tile, split and warp choices at a 576-token context ({at_576[(64, 16, 4)]} us per layer for "
+            f"split and merge chained over 32 layers, the others {min(others)}-{max(others)}); tiles of 16 with 32 "
+            "splits win at 128 and 2048 tokens ([JSON](benchmarks/results/decode-attention-probe-h200.json)).")
 
 
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
@@ -614,6 +657,8 @@ INT4_H200_LATEST = [
     ("defaults at the session's end", "quant-bf16-int4-final-default-llama-7b-h200.json"),
     ("step tuning's window widened to 30% (same picks; bf16 slower)", "quant-bf16-int4-step-close-1.3-llama-7b-h200.json"),
     ("defaults again (session 29), batch-1 warm-up at the prompt length", "quant-bf16-int4-head-llama-7b-h200.json"),
+    ("the residual read early, row sets reduced together (session 30)", "quant-bf16-int4-epilogue-llama-7b-h200.json"),
+    ("down's whole steps unmasked (`EVEN_N`; qkv's and o's picks moved)", "quant-bf16-int4-even-n-llama-7b-h200.json"),
 ]
 
 
@@ -717,8 +762,8 @@ GLANCE = [
     ("serving (#7)", "serve-llama-7b-h100.json", None),
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
-    ("quantization (#5)", "quant-bf16-int8-head-llama-7b-h200.json", None),
-    ("quantization (#5)", "quant-bf16-int4-head-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int8-epilogue-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-even-n-llama-7b-h200.json", None),
     ("quantization (#5)", "quant-bf16-int4-asm-gemm-llama-7b-h100.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-h100.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
@@ -780,6 +825,12 @@ def int4_h200_history() -> str:
                       results("quant-bf16-int8-head-llama-7b-h200.json"),
                       results("quant-bf16-int8-step-tuner-0-llama-7b-h200.json")),
         early_residual_sentence(results("early-residual-probe-h200.json")),
+        epilogue_sentence(results("xhalf-epilogue-probe-h200.json"),
+                          results("quant-bf16-int4-epilogue-llama-7b-h200.json"),
+                          results("quant-bf16-int8-epilogue-llama-7b-h200.json"),
+                          results("xhalf-epilogue-probe-even-n-h200.json"),
+                          results("quant-bf16-int4-even-n-llama-7b-h200.json"),
+                          results("decode-attention-probe-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])
