@@ -9,8 +9,6 @@ BLOCK_N 64 leaves 7 of 16 splits idle (9 tiles). Each variant's output is checke
 """
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -20,7 +18,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_stream_probe import graph_us  # noqa: E402
+from int4_stream_probe import graph_us, lacks_cuda, probe_parser  # noqa: E402
 
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.bench.results import write_result  # noqa: E402
@@ -48,13 +46,10 @@ def launch(q, k_cache, v_cache, tables, lens, out, part_acc, part_ml, block_n: i
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = probe_parser(__doc__, "decode-attention-probe.json")
     parser.add_argument("--contexts", default="128,576,2048")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results"))
-                        / "decode-attention-probe.json")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU", file=sys.stderr)
+    if lacks_cuda():
         return 2
     from tierllm.kernels.decode_attention import paged_decode_attention_ref
 

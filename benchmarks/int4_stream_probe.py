@@ -112,6 +112,22 @@ def random_int4_copies(n: int, k: int, count: int, generator: torch.Generator, g
     return copies
 
 
+def probe_parser(doc: str, result_name: str) -> argparse.ArgumentParser:
+    """A GPU probe's command line: its docstring's first paragraph as the description and --out (default:
+    $OUT/result_name, else benchmarks/results/result_name)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")) / result_name)
+    return parser
+
+
+def lacks_cuda() -> bool:
+    """True (after saying so) where there is no CUDA GPU: the probes measure nothing without one."""
+    if torch.cuda.is_available():
+        return False
+    print("error: needs a CUDA GPU", file=sys.stderr)
+    return True
+
+
 def graph_us(run, replays: int = 20) -> float:
     """Median microseconds of one replay of a CUDA graph of run() (captured after one eager call)."""
     run()
@@ -133,16 +149,13 @@ def graph_us(run, replays: int = 20) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = probe_parser(__doc__, "int4-stream-probe.json")
     parser.add_argument("--configs", default=None,
                         help="loader:rows:chunk:warps:stages, comma-separated (default: CONFIGS)")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results"))
-                        / "int4-stream-probe.json")
     args = parser.parse_args(argv)
     configs = CONFIGS if args.configs is None else [
         (loader, *map(int, rest)) for loader, *rest in (spec.split(":") for spec in args.configs.split(","))]
-    if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU", file=sys.stderr)
+    if lacks_cuda():
         return 2
     from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -17,8 +17,6 @@ results against the dequantized weight times the int8-rounded x (fp32; the DP4A 
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +26,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_stream_probe import graph_us, random_int4_copies  # noqa: E402
+from int4_stream_probe import graph_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
 
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.bench.results import write_result  # noqa: E402
@@ -101,12 +99,9 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results"))
-                        / "w4a8-dp4a-probe.json")
+    parser = probe_parser(__doc__, "w4a8-dp4a-probe.json")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU", file=sys.stderr)
+    if lacks_cuda():
         return 2
     from tierllm.kernels.quant_gemv import w4_gemv_triton
     from tierllm.quant.formats import dequantize_int4

@@ -19,8 +19,6 @@ rounding.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -30,7 +28,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_stream_probe import graph_us, random_int4_copies  # noqa: E402
+from int4_stream_probe import graph_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
 
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.bench.results import write_result  # noqa: E402
@@ -75,12 +73,9 @@ def launch(x: torch.Tensor, w: dict, y: torch.Tensor, gated: bool, config: dict,
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results"))
-                        / "xhalf-epilogue-probe.json")
+    parser = probe_parser(__doc__, "xhalf-epilogue-probe.json")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU", file=sys.stderr)
+    if lacks_cuda():
         return 2
     copy_GBps = hbm_copy_GBps()
     gen = torch.Generator(device="cuda").manual_seed(0)
