@@ -673,6 +673,19 @@ if HAS_TRITON:
         return w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3
 
     @triton.jit
+    def _half_load_step(a0, l0, a1, l1, a2, l2, a3, l3, xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0,
+                        num_groups, stride_wn, stride_sn, WORDS: tl.constexpr, RUNS: tl.constexpr,
+                        GROUPS_PER_BLOCK: tl.constexpr, HAS_MINS: tl.constexpr, SETS: tl.constexpr,
+                        EVEN: tl.constexpr, EMULATE: tl.constexpr):
+        """A step of _half_dot after its first: the weight loads of groups g0 .. g0 + GPB (_half_loads), then their
+        products (_half_step), masked unless EVEN."""
+        w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
+            w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups, stride_wn, stride_sn, WORDS,
+            GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN)
+        return _half_step(a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row,
+                          g0, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
+
+    @triton.jit
     def _half_dot(xp_ptr, w_ptr, s_ptr, mn_ptr, y_row_ptr, row, set_rows, n_mask, K, stride_wn, stride_sn,
                   GROUP: tl.constexpr, HAS_MINS: tl.constexpr, SETS: tl.constexpr, BLOCK_N: tl.constexpr,
                   GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr,
@@ -708,20 +721,14 @@ if HAS_TRITON:
         WHOLE_STEPS: tl.constexpr = EVEN_N and not EVEN       # the loop unmasked, then a masked last step
         loop_end = (num_groups // GROUPS_PER_BLOCK) * GROUPS_PER_BLOCK if WHOLE_STEPS else num_groups
         for g0 in range(GROUPS_PER_BLOCK, loop_end, GROUPS_PER_BLOCK):
-            w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
-                w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups, stride_wn, stride_sn, WORDS,
-                GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN or WHOLE_STEPS)
-            a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
-                a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, g0,
-                num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN or WHOLE_STEPS, EMULATE)
+            a0, l0, a1, l1, a2, l2, a3, l3 = _half_load_step(
+                a0, l0, a1, l1, a2, l2, a3, l3, xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups,
+                stride_wn, stride_sn, WORDS, RUNS, GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN or WHOLE_STEPS, EMULATE)
         if WHOLE_STEPS:
             if GROUPS_PER_BLOCK <= loop_end and loop_end < num_groups:   # (else the first step held every group)
-                w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
-                    w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, loop_end, num_groups, stride_wn, stride_sn, WORDS,
-                    GROUPS_PER_BLOCK, HAS_MINS, SETS, False)
-                a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
-                    a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row,
-                    loop_end, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, False, EMULATE)
+                a0, l0, a1, l1, a2, l2, a3, l3 = _half_load_step(
+                    a0, l0, a1, l1, a2, l2, a3, l3, xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, loop_end,
+                    num_groups, stride_wn, stride_sn, WORDS, RUNS, GROUPS_PER_BLOCK, HAS_MINS, SETS, False, EMULATE)
         t0, t1, t2, t3 = _half_totals(a0, l0, a1, l1, a2, l2, a3, l3, HAS_MINS, SETS, STACKED_SUM)
         return t0, t1, t2, t3, r0, r1, r2, r3
 
