@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Quantization work on one GPU of the device machine, from the repo root, nothing carried; each part fits one
 # 10-minute call. Results and logs go to $OUT.
+#   bash benchmarks/quant_session.sh peer-split # int4_peer_kernels.py (torch's tinygemm int4 kernel, cuBLAS bf16 and
+#                                            # XHALF per llama-7b linear), then int4_split_k_probe.py (~8 minutes)
 #   bash benchmarks/quant_session.sh tests   # the int8 and int4 decode chains (PDL) against plain launches and the
 #                                            # PTX nibble unpacking, then tests/gpu/test_quant_gpu.py in two halves
 #                                            # (each config of every kernel compiles and runs: the first half took
@@ -53,11 +55,17 @@
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
+part=${1:?part: peer-split, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$part" in
+  peer-split)
+    timeout 200 python3 benchmarks/int4_peer_kernels.py --out "$OUT/int4-peer-kernels-h200.json" 2>&1 \
+        | tee "$OUT/int4-peer-kernels.log" | grep -v -i warn | cut -c1-600
+    timeout 380 python3 benchmarks/int4_split_k_probe.py --budget-s 300 --out "$OUT/int4-split-k-probe-h200.json" \
+        2>&1 | tee "$OUT/int4-split-k-probe.log" | grep -v -i warn | cut -c1-400
+    ;;
   tests)
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py -k "chained or nibbles" \
         2>&1 | tee "$OUT/gpu-tests-quant-chain.log" | tail -4
