@@ -561,3 +561,23 @@ def test_graph_tuner_is_the_default(monkeypatch):
     assert graph_tuning()
     monkeypatch.setenv("TIERLLM_GEMV_TUNER", "triton")
     assert not graph_tuning()
+
+
+@pytest.mark.parametrize("where", ["newest", "first", "middle"])
+def test_paged_decode_attention_reads_every_key_it_must(where):
+    """The split kernel loads each first tile's keys of earlier steps before its PDL wait and the step's own key
+    (position context_len - 1) after it (EARLY_KV). Here one key per sequence and head matches the query far more
+    than the rest (the newest, the first, or one past the middle: in a later tile of a multi-tile split), so the
+    output is that key's value: a key dropped or read from the wrong place shows."""
+    torch.manual_seed(7)
+    head_dim, heads, lens = 32, 2, [150, 37, 2]
+    k_cache, v_cache, tables = _random_paged(lens, heads, head_dim, 16, torch.float16, width=16)
+    q = torch.randn(len(lens), heads, head_dim, device=DEVICE).to(torch.float16)
+    for seq, n in enumerate(lens):
+        pos = {"newest": n - 1, "first": 0, "middle": min(n // 2 + 1, n - 1)}[where]
+        k_cache[tables[seq, pos // 16], pos % 16] = (20 * q[seq].float() / q[seq].float().norm(dim=-1,
+                                                                                               keepdim=True)).half()
+    ctx = torch.tensor(lens, device=DEVICE)
+    out = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 1.0)
+    ref = decode_attention.paged_decode_attention_ref(q, k_cache, v_cache, tables.long(), ctx, 1.0)
+    assert _rel_err(out, ref) < 1e-2

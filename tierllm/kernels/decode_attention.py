@@ -22,18 +22,27 @@ if HAS_TRITON:
     from tierllm.kernels.l2_prefetch import l2_prefetch_share
 
     @triton.jit
+    def _kv_offsets(block, offs, dims, kv_head, num_kv_heads, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+        """A tile's [BLOCK_N, HEAD_DIM] offsets into the paged caches: positions offs, in blocks `block`."""
+        slot = block.to(tl.int64) * BLOCK_SIZE + offs % BLOCK_SIZE
+        return slot[:, None] * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims[None, :]
+
+    @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
                              out_ptr, part_acc_ptr, part_ml_ptr, stride_qs, stride_qh, stride_bt, stride_os,
                              stride_oh, scale, num_kv_heads, window, prefetch_addr, prefetch_bytes,
                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                             PDL: tl.constexpr, L2_PREFETCH: tl.constexpr):
+                             PDL: tl.constexpr, L2_PREFETCH: tl.constexpr, EARLY_KV: tl.constexpr = True):
         """L2_PREFETCH: once its predecessor is done (the QKV GEMV's stream with it), every program also
         prefetches its share of [prefetch_addr, + prefetch_bytes) into L2 (the next kernel's weight,
         kernels/l2_prefetch.py). The context length and the first tile's block-table entries are read before the
         PDL wait (both are written before the forward's first kernel, never by a kernel of the PDL chain), and
         each tile's V with its K, so that after the wait a one-tile split waits out a single memory round trip
-        (there were four in a row: the context length, the block table, K, then V after the scores)."""
+        (there were four in a row: the context length, the block table, K, then V after the scores). EARLY_KV:
+        the first tile's keys and values written by earlier steps are loaded before the wait too, and only
+        this step's own key and value (position context_len - 1, the rotary kernel's, an L2 hit) after it, so
+        the wait is followed by L2 round trips alone (q and that row) instead of a KV tile from HBM."""
         if PDL:
             gdc_launch_dependents()
         seq = tl.program_id(0).to(tl.int64)
@@ -49,13 +58,26 @@ if HAS_TRITON:
         end = tl.minimum(start + split_len, context_len)
         offs = start + tl.arange(0, BLOCK_N)                      # the tile's key positions
         block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=offs < end, other=0)
+        dims = tl.arange(0, HEAD_DIM)
+        valid = offs < end
+        kv_off = _kv_offsets(block, offs, dims, kv_head, num_kv_heads, HEAD_DIM, BLOCK_SIZE)   # [BLOCK_N, HEAD_DIM]
+        if EARLY_KV:                   # keys before this step's are written by earlier steps only: safe before the wait
+            settled = (valid & (offs < context_len - 1))[:, None]
+            k = tl.load(k_cache_ptr + kv_off, mask=settled, other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=settled, other=0.0)
         if PDL:
             gdc_wait()
+        if EARLY_KV:
+            newest = (valid & (offs == context_len - 1))[:, None]
+            k = tl.where(newest, tl.load(k_cache_ptr + kv_off, mask=newest, other=0.0), k)
+            v = tl.where(newest, tl.load(v_cache_ptr + kv_off, mask=newest, other=0.0), v)
+        else:
+            k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
         if L2_PREFETCH:
             l2_prefetch_share(prefetch_addr, prefetch_bytes, (seq * tl.num_programs(1) + kv_head) * NUM_SPLITS + split,
                               tl.num_programs(0) * tl.num_programs(1) * NUM_SPLITS)
         rows = tl.arange(0, 16)                                   # query heads of this KV head, padded to 16
-        dims = tl.arange(0, HEAD_DIM)
         row_mask = rows < GROUP
         heads = kv_head * GROUP + rows
         q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
@@ -63,12 +85,7 @@ if HAS_TRITON:
         m = tl.full([16], float("-inf"), tl.float32)
         l = tl.zeros([16], tl.float32)
         acc = tl.zeros([16, HEAD_DIM], tl.float32)
-        for _ in range(start, end, BLOCK_N):
-            valid = offs < end
-            slot = block.to(tl.int64) * BLOCK_SIZE + offs % BLOCK_SIZE
-            kv_off = slot[:, None] * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims[None, :]
-            k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)   # [BLOCK_N, HEAD_DIM]
-            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        for _ in range(start, end, BLOCK_N):                      # k, v: this tile's [BLOCK_N, HEAD_DIM]
             offs += BLOCK_N                                       # the next tile's entries, during this tile's math
             block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=offs < end, other=0)
             s = tl.dot(q, tl.trans(k)) * scale                                  # [16, BLOCK_N]
@@ -79,6 +96,10 @@ if HAS_TRITON:
             l = l * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
+            valid = offs < end                                    # the next tile (none past the split's end)
+            kv_off = _kv_offsets(block, offs, dims, kv_head, num_kv_heads, HEAD_DIM, BLOCK_SIZE)
+            k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
         if NUM_SPLITS == 1:
             out = acc / tl.where(l > 0, l, 1.0)[:, None]
             tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
