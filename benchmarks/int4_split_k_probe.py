@@ -70,6 +70,8 @@ def main(argv=None) -> int:
                 if not config.kwargs.get("XHALF"):
                     continue
                 kwargs = {key: v for key, v in config.kwargs.items() if key not in _FLAGS}
+                if rows_s // quant_gemv.row_sets(kwargs) > 65535 * kwargs["BLOCK_N"]:      # the grid's y limit
+                    continue
                 times[config_name(kwargs, config.num_warps)] = round(chained_us(
                     lambda w, x=x, y=y, kwargs=kwargs, warps=config.num_warps: launch(
                         x, w, y, False, kwargs, warps, True, True, True), copies), 2)

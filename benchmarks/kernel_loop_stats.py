@@ -65,7 +65,7 @@ def kernels(args) -> dict:
                      "XPRE": args.xpre, "PREFETCH": args.prefetch, "XGLOBAL": args.xglobal or args.xhalf,
                      "PAIRED": args.paired, "XHALF": args.xhalf, "DOUBLE": args.double,
                      **({"RESIDUAL": True, "EARLY_RESIDUAL": args.xhalf} if args.residual else {}),
-                     "STACKED_SUM": args.stacked, "EVEN_N": args.even_n}),
+                     "STACKED_SUM": args.stacked, "EVEN_N": args.even_n, "NORM": args.norm}),
         "w8_gemv": (gemv._gemv_body, w8_args, {**FUSIONS, "INT8": True, "BLOCK_M": 1, "BLOCK_N": args.block_n,
                                                "BLOCK_K": args.block_k, "ROW": args.row, "PTX": True,
                                                "SUM16": args.sum16, "PDL": False, "GATED": args.gated,
@@ -139,6 +139,8 @@ def main() -> int:
                         help="w4_gemv, w8_gemv: RESIDUAL (w4_gemv --xhalf: read right after the wait, EARLY_RESIDUAL)")
     parser.add_argument("--stacked", action="store_true",
                         help="w4_gemv --xhalf: STACKED_SUM (the row sets' final reductions as one)")
+    parser.add_argument("--norm", action="store_true",
+                        help="w4_gemv --xhalf: NORM (rstd in the epilogue from the runs' sums of squares)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--maxnreg", type=int, default=None, help="ptxas's register cap per thread")

@@ -276,7 +276,7 @@ def test_prepared_x_matches_its_reference(monkeypatch, group, norm, whole_row):
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "norm"])
 def test_prepared_x_half_layout_matches_its_reference(norm):
     """int4_prepared_x's half layout (per run of 32 k: fp16 pairs of x scaled by a power of two per run, the run's
-    factor and sum) against its torch form, K not a whole number of the kernel's blocks, one run all zeros (its
+    factor and sum; with a norm weight, x times it and the run's sum of the raw x's squares) against its torch form, K not a whole number of the kernel's blocks, one run all zeros (its
     scale clamped, not infinite) and x spanning 2^-20..2^20 in magnitude across runs."""
     from tierllm.kernels import int4_prepared_x
 
@@ -294,7 +294,11 @@ def test_prepared_x_half_layout_matches_its_reference(norm):
     assert largest[torch.arange(k // 32) != 2].min() >= 2 ** 14 and largest.max() < 2 ** 15  # ...within fp16's range
     assert _rel_err(halves, ref_halves) < 1e-3                  # (the norm's fp32 rounding may move an fp16 ulp)
     assert torch.equal(out[:, 16], ref[:, 16])                                              # the factors
-    assert _rel_err(out[:, 17], ref[:, 17]) < 1e-5 and not out[:, 18:].any()                # the sums, the padding
+    assert _rel_err(out[:, 17], ref[:, 17]) < 1e-5 and not out[:, 19].any()                 # the sums, the padding
+    if norm:                                                                                # the squares
+        assert _rel_err(out[:, 18], ref[:, 18]) < 1e-5 and (out[:, 18] > 0).sum() == k // 32 - 1
+    else:
+        assert not out[:, 18].any()
 
 
 @pytest.mark.parametrize("n,k", [(24, 256), (19, 384)])                 # whole blocks (EVEN), partial ones
@@ -306,7 +310,7 @@ def test_prepared_x_half_layout_matches_its_reference(norm):
                          ids=["fp32", "xhalf", "xhalf_wide", "xhalf_one_row_block", "xhalf_double"])
 def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, groups, double):
     """XGLOBAL: the INT4_SUB loop on x prepared by int4_prepared_x's kernel (its norm applied there, no x work in
-    the loop) against the norm and the int4 linear in fp32: gated or adding into the residual, ragged row and group
+    the loop; with XHALF all but rstd, which the epilogue takes from the runs' sums of squares) against the norm and the int4 linear in fp32: gated or adding into the residual, ragged row and group
     blocks; PAIRED: each program also takes the rows of the weight's second half (2n rows here). XHALF: the products
     in packed fp16 (int4_half_dot.py; PTX on a GPU, its rounding emulated on CPU), whose fp16 sums over 16 products
     cost 2-10x the fp32 path's error on these outputs (about the size of a bf16 output's own rounding); wide: 8
@@ -328,8 +332,8 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, g
     y = (torch.empty(1, out_rows, dtype=torch.float16, device=DEVICE) if gated
          else _x(1, out_rows, torch.float16, seed=74))
     start = y.clone()
-    flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": False, "GATED": gated, "RESIDUAL": not gated,
-             "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "XHALF": half,
+    flags = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": norm and half, "GATED": gated,
+             "RESIDUAL": not gated, "INT4_ROW": True, "INT4_SUB": True, "XGLOBAL": True, "PAIRED": paired, "XHALF": half,
              "BLOCK_N": block_n, "GROUPS_PER_BLOCK": groups, "DOUBLE": double}
     x_prepared = prepare_x_half_triton(x, g) if half else prepare_x_triton(x, 64, g)
     quant_gemv._w4_gemv_body[(1, triton.cdiv(n, block_n))](

@@ -116,3 +116,10 @@ if HAS_TRITON:
         factor = masked_load(runs_at, run_mask, MASK)[None]
         x_sum = masked_load(runs_at + 1, run_mask, MASK)[None]
         return xp0, xp1, xp2, xp3, factor, x_sum
+
+    @triton.jit
+    def half_run_squares(xp_ptr, row, g0, num_groups, WORDS: tl.constexpr, RUNS: tl.constexpr,
+                         GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        """The step's runs' sums of squares of the raw x [1, GPB, RUNS] (a normed x's buffer: the GEMV's rstd)."""
+        _, run_at, _, run_mask = run_chunks(row, g0, num_groups, WORDS, RUNS, _CHUNK, GROUPS_PER_BLOCK)
+        return masked_load(xp_ptr + run_at + 18, run_mask, not EVEN)[None]

@@ -47,7 +47,7 @@ if HAS_TRITON:
 
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
-    from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
+    from tierllm.kernels.int4_half_dot import half_run_dots, half_run_squares, half_x_loads
     from tierllm.kernels.int4_prepared_x import run_chunks
     from tierllm.kernels.w4_mma_gemv import masked_load
 
@@ -641,19 +641,22 @@ if HAS_TRITON:
                 low + x_sum * mins)
 
     @triton.jit
-    def _half_step(a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, g0,
+    def _half_step(a0, l0, a1, l1, a2, l2, a3, l3, q, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, g0,
                    num_groups, WORDS: tl.constexpr, RUNS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
-                   SETS: tl.constexpr, EVEN: tl.constexpr, EMULATE: tl.constexpr):
-        """_half_dot's step of groups g0 .. g0 + GPB: x's planes loaded once for the SETS row sets' words."""
+                   SETS: tl.constexpr, EVEN: tl.constexpr, EMULATE: tl.constexpr, NORM: tl.constexpr):
+        """_half_dot's step of groups g0 .. g0 + GPB: x's planes loaded once for the SETS row sets' words; NORM: the
+        runs' sums of squares added into q."""
         xp0, xp1, xp2, xp3, factor, x_sum = half_x_loads(xp_ptr, row, g0, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK,
                                                          EVEN)
+        if NORM:
+            q += half_run_squares(xp_ptr, row, g0, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, EVEN)
         a0, l0 = _half_set_step(a0, l0, w0, s0, m0, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
         if SETS > 1:
             a1, l1 = _half_set_step(a1, l1, w1, s1, m1, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
         if SETS > 2:
             a2, l2 = _half_set_step(a2, l2, w2, s2, m2, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
             a3, l3 = _half_set_step(a3, l3, w3, s3, m3, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
-        return a0, l0, a1, l1, a2, l2, a3, l3
+        return a0, l0, a1, l1, a2, l2, a3, l3, q
 
     @triton.jit
     def _half_loads(w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups, stride_wn, stride_sn,
@@ -673,23 +676,23 @@ if HAS_TRITON:
         return w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3
 
     @triton.jit
-    def _half_load_step(a0, l0, a1, l1, a2, l2, a3, l3, xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0,
+    def _half_load_step(a0, l0, a1, l1, a2, l2, a3, l3, q, xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0,
                         num_groups, stride_wn, stride_sn, WORDS: tl.constexpr, RUNS: tl.constexpr,
                         GROUPS_PER_BLOCK: tl.constexpr, HAS_MINS: tl.constexpr, SETS: tl.constexpr,
-                        EVEN: tl.constexpr, EMULATE: tl.constexpr):
+                        EVEN: tl.constexpr, EMULATE: tl.constexpr, NORM: tl.constexpr):
         """A step of _half_dot after its first: the weight loads of groups g0 .. g0 + GPB (_half_loads), then their
         products (_half_step), masked unless EVEN."""
         w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
             w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups, stride_wn, stride_sn, WORDS,
             GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN)
-        return _half_step(a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row,
-                          g0, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
+        return _half_step(a0, l0, a1, l1, a2, l2, a3, l3, q, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr,
+                          row, g0, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE, NORM)
 
     @triton.jit
     def _half_dot(xp_ptr, w_ptr, s_ptr, mn_ptr, y_row_ptr, row, set_rows, n_mask, K, stride_wn, stride_sn,
                   GROUP: tl.constexpr, HAS_MINS: tl.constexpr, SETS: tl.constexpr, BLOCK_N: tl.constexpr,
                   GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr,
-                  EARLY_RESIDUAL: tl.constexpr, STACKED_SUM: tl.constexpr, EVEN_N: tl.constexpr):
+                  EARLY_RESIDUAL: tl.constexpr, STACKED_SUM: tl.constexpr, EVEN_N: tl.constexpr, NORM: tl.constexpr):
         """XHALF, _int4_sub_dot's XGLOBAL loop with the products in packed fp16 (int4_half_dot.py; EMULATE: its
         Triton-ops twin, for the interpreter) on x in int4_prepared_x's half layout (xp_ptr): one x row @
         dequant(W)[rows, :]^T for SETS (1, 2 or 4) sets of weight rows row + j * set_rows, each a [BLOCK_N] fp32
@@ -701,12 +704,14 @@ if HAS_TRITON:
         it is stored, which it may alias). STACKED_SUM: the sets' final reductions as one (_half_totals).
         EVEN_N (whole row blocks) where the steps do not divide K (not EVEN; down_proj's 172 groups): the steps
         after the first load unmasked but for the last, partial one (offline, sm90, down's pick: the loop's 163
-        SASS instructions per step masked, 135 unmasked)."""
+        SASS instructions per step masked, 135 unmasked). NORM (x prepared with a norm weight): also returns the sum
+        of x's squares (int4_prepared_x: the runs' sums, read with x's factors) for the epilogue's rstd; else 0."""
         WORDS: tl.constexpr = GROUP // 8                        # int32 words per group of one row
         RUNS: tl.constexpr = WORDS // 4                         # runs of 4 words (a thread's 16-byte load)
         num_groups = K // GROUP
         zero = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
         a0, l0, a1, l1, a2, l2, a3, l3 = zero, zero, zero, zero, zero, zero, zero, zero
+        q = tl.zeros([1, GROUPS_PER_BLOCK, RUNS], tl.float32)              # NORM: the runs' sums of squares
         if PDL:
             gdc_launch_dependents()
         w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
@@ -715,22 +720,24 @@ if HAS_TRITON:
         if PDL:
             gdc_wait()
         r0, r1, r2, r3 = _half_residuals(y_row_ptr, row, set_rows, n_mask, SETS, EARLY_RESIDUAL)
-        a0, l0, a1, l1, a2, l2, a3, l3 = _half_step(
-            a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, 0,
-            num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE)
+        a0, l0, a1, l1, a2, l2, a3, l3, q = _half_step(
+            a0, l0, a1, l1, a2, l2, a3, l3, q, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp_ptr, row, 0,
+            num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, SETS, EVEN, EMULATE, NORM)
         WHOLE_STEPS: tl.constexpr = EVEN_N and not EVEN       # the loop unmasked, then a masked last step
         loop_end = (num_groups // GROUPS_PER_BLOCK) * GROUPS_PER_BLOCK if WHOLE_STEPS else num_groups
         for g0 in range(GROUPS_PER_BLOCK, loop_end, GROUPS_PER_BLOCK):
-            a0, l0, a1, l1, a2, l2, a3, l3 = _half_load_step(
-                a0, l0, a1, l1, a2, l2, a3, l3, xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups,
-                stride_wn, stride_sn, WORDS, RUNS, GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN or WHOLE_STEPS, EMULATE)
+            a0, l0, a1, l1, a2, l2, a3, l3, q = _half_load_step(
+                a0, l0, a1, l1, a2, l2, a3, l3, q, xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0,
+                num_groups, stride_wn, stride_sn, WORDS, RUNS, GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN or WHOLE_STEPS,
+                EMULATE, NORM)
         if WHOLE_STEPS:
             if GROUPS_PER_BLOCK <= loop_end and loop_end < num_groups:   # (else the first step held every group)
-                a0, l0, a1, l1, a2, l2, a3, l3 = _half_load_step(
-                    a0, l0, a1, l1, a2, l2, a3, l3, xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, loop_end,
-                    num_groups, stride_wn, stride_sn, WORDS, RUNS, GROUPS_PER_BLOCK, HAS_MINS, SETS, False, EMULATE)
+                a0, l0, a1, l1, a2, l2, a3, l3, q = _half_load_step(
+                    a0, l0, a1, l1, a2, l2, a3, l3, q, xp_ptr, w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, loop_end,
+                    num_groups, stride_wn, stride_sn, WORDS, RUNS, GROUPS_PER_BLOCK, HAS_MINS, SETS, False, EMULATE,
+                    NORM)
         t0, t1, t2, t3 = _half_totals(a0, l0, a1, l1, a2, l2, a3, l3, HAS_MINS, SETS, STACKED_SUM)
-        return t0, t1, t2, t3, r0, r1, r2, r3
+        return t0, t1, t2, t3, r0, r1, r2, r3, tl.sum(q)
 
     @triton.jit
     def _half_residuals(y_row_ptr, row, set_rows, n_mask, SETS: tl.constexpr, LOAD: tl.constexpr):
@@ -812,7 +819,8 @@ if HAS_TRITON:
         (XHALF, RESIDUAL, not GATED; w4_gemv_triton sets it there): the residual is read right after the PDL wait
         (_half_dot), not in the epilogue. STACKED_SUM (XHALF): the row sets' final reductions as one
         (_half_totals). EVEN_N (XHALF; set by w4_even_n): whole BLOCK_N row blocks, so that steps of whole groups
-        load unmasked where K is not whole steps (_half_dot)."""
+        load unmasked where K is not whole steps (_half_dot). NORM with XHALF: x was prepared with the norm weight
+        (int4_prepared_x), and the epilogue applies rstd from the runs' sums of squares that _half_dot reads."""
         if not (INT4_ROW and INT4_SUB):
             pdl_start(PDL)
         m = tl.program_id(0)
@@ -828,16 +836,17 @@ if HAS_TRITON:
         acc_3 = tl.zeros([BLOCK_N], tl.float32)                     # DOUBLE: the third and fourth row sets
         acc_4 = tl.zeros([BLOCK_N], tl.float32)
         sumsq = tl.zeros([GROUPS_PER_BLOCK], tl.float32)            # NORM: x's squares, per group slot
+        total_sq = 0.0                                              # NORM, XHALF: x's squares
         res, res_up, res_3, res_4 = acc, acc, acc, acc              # EARLY_RESIDUAL: each row set's residual
         tl.static_assert(not EARLY_RESIDUAL or (INT4_ROW and INT4_SUB and XHALF and RESIDUAL and not GATED),
                          "EARLY_RESIDUAL: the XHALF loop, ungated, with RESIDUAL")
         if INT4_ROW and INT4_SUB and XHALF:
             tl.static_assert(not DOUBLE or GATED or PAIRED, "DOUBLE doubles two row sets: GATED or PAIRED")
             SETS: tl.constexpr = (2 if GATED or PAIRED else 1) * (2 if DOUBLE else 1)
-            dot, dot_up, dot_3, dot_4, res, res_up, res_3, res_4 = _half_dot(
+            dot, dot_up, dot_3, dot_4, res, res_up, res_3, res_4, total_sq = _half_dot(
                 x_ptr + m * stride_xm, w_ptr, s_ptr, mn_ptr, y_ptr + m * stride_ym, row, N, n_mask, K, stride_wn,
                 stride_sn, GROUP, HAS_MINS, SETS, BLOCK_N, GROUPS_PER_BLOCK, EVEN, PDL, EMULATE, EARLY_RESIDUAL,
-                STACKED_SUM, EVEN_N)
+                STACKED_SUM, EVEN_N, NORM)
             acc += dot
             acc_up += dot_up
             acc_3 += dot_3
@@ -878,19 +887,20 @@ if HAS_TRITON:
                     acc_up += _w4_block_dot(packed_up, s_ptr, mn_ptr, row_up, n_mask, offs_g, g_mask, x_even, x_odd,
                                             stride_sn, HAS_MINS)
         y_row = y_ptr + m * stride_ym
+        if INT4_ROW and INT4_SUB and XHALF:
+            total = total_sq
+        else:
+            total = tl.sum(sumsq, axis=0)
         if GATED and DOUBLE:                             # y[r] from gate r and up r + 2N, y[r + N] from r + N, r + 3N
-            first = fused_epilogue(acc, acc_3, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, 2 * N, K, eps,
-                                   HAS_BIAS, NORM, GATED)
-            second = fused_epilogue(acc_up, acc_4, tl.sum(sumsq, axis=0), b_ptr + N, offs_n, n_mask, 2 * N, K, eps,
-                                    HAS_BIAS, NORM, GATED)
+            first = fused_epilogue(acc, acc_3, total, b_ptr, offs_n, n_mask, 2 * N, K, eps, HAS_BIAS, NORM, GATED)
+            second = fused_epilogue(acc_up, acc_4, total, b_ptr + N, offs_n, n_mask, 2 * N, K, eps, HAS_BIAS, NORM,
+                                    GATED)
             _w4_store(first, first, y_row, offs_n, n_mask, RESIDUAL, False)
             _w4_store(second, second, y_row + N, offs_n, n_mask, RESIDUAL, False)
         else:
-            acc = fused_epilogue(acc, acc_up, tl.sum(sumsq, axis=0), b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS,
-                                 NORM, GATED)
+            acc = fused_epilogue(acc, acc_up, total, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
             _w4_store(acc, res, y_row, offs_n, n_mask, RESIDUAL, EARLY_RESIDUAL)
         if PAIRED:                                       # the other sets' rows, N further each
-            total = tl.sum(sumsq, axis=0)
             _w4_set_store(acc_up, res_up, total, b_ptr + N, y_row + N, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM,
                           RESIDUAL, EARLY_RESIDUAL)
             if DOUBLE:
@@ -994,14 +1004,14 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                                    config={name: v for name, v in config.kwargs.items() if name != TENSOR_CORES})
             rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
             grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
-            if config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x
-                half = config.kwargs.get("XHALF", False)
-                x_prepared = (prepare_x_half_triton(x, norm_weight, eps, pdl=pdl) if half
+            if config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x,
+                half = config.kwargs.get("XHALF", False)        # but for XHALF's rstd, which is the GEMV's
+                x_prepared = (prepare_x_half_triton(x, norm_weight, pdl=pdl) if half
                               else prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl))
                 # the residual read with x, not after the reduction: o 7.08 -> 5.75 us, down 13.24 -> 12.66 chained
                 # on an H200 (benchmarks/xhalf_epilogue_probe.py); the row sets reduced together (STACKED_SUM)
                 early = half and residual is not None and not gated
-                _w4_gemv_even[grid](*args(w, out, x_prepared, None, rows), **{**flags, "NORM": False},
+                _w4_gemv_even[grid](*args(w, out, x_prepared, None, rows), **{**flags, "NORM": flags["NORM"] and half},
                                     **config.all_kwargs(), EMULATE=_dispatch.is_interpreted(), EARLY_RESIDUAL=early,
                                     STACKED_SUM=half, **pdl_options(x, pdl))
             else:
