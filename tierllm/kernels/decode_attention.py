@@ -9,6 +9,8 @@ starts and waits for its predecessor before it reads anything, so the chain from
 launches early and o_proj (gemv.py, gemv_all_reduce.py) loads its first weights while the attention runs."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -130,6 +132,10 @@ if HAS_TRITON:
         tl.store(out_ptr + seq * stride_os + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
 
 
+# TIERLLM_DECODE_EARLY_KV=0: the split kernel loads every key after its PDL wait (the A/B switch of EARLY_KV)
+_EARLY_KV = os.environ.get("TIERLLM_DECODE_EARLY_KV", "1") != "0"
+
+
 def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, device) -> int:
     """Enough programs to fill the GPU twice over, never splits shorter than one tile. Depends only on
     shapes, so a captured graph keeps a valid launch."""
@@ -162,7 +168,7 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
         *(l2_prefetch or (0, 0)), GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None, **pdl, L2_PREFETCH=l2_prefetch is not None,
-        num_warps=4)
+        EARLY_KV=_EARLY_KV, num_warps=4)
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
                                                     HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl)
