@@ -1,4 +1,5 @@
 """Rewrite the README's results section (between the results markers) from the committed result files."""
+import ast
 import json
 from pathlib import Path
 
@@ -639,6 +640,41 @@ def epilogue_sentence(probe: dict, run: dict, int8: dict, probe_even_n: dict, ru
             "splits win at 128 and 2048 tokens ([JSON](benchmarks/results/decode-attention-probe-h200.json)).")
 
 
+def session31_sentence(peer: dict, split_log: str, run: dict, int8: dict, ab_runs: list[dict], attention: dict) -> str:
+    """Session 31: torch's tinygemm int4 kernel as a peer, the split-K proxy (a log: its JSON was not written), the
+    split kernel's early KV loads (EARLY_KV) with the XHALF norms' rstd moved into the GEMV, their bf16 A/B."""
+    totals = peer["results"]["per_layer_us"]
+    splits = [ast.literal_eval(line) for line in split_log.splitlines() if line.startswith("{")]
+    by_shape: dict[str, list[str]] = {}
+    for row in splits:
+        by_shape.setdefault(row["shape"], []).append(f"{row['best_us']}")
+    split_text = "; ".join(f"{shape} {' / '.join(values)}" for shape, values in by_shape.items())
+    off, on = ([d["results"]["bf16"]["batch1"]["decode_ms_per_step"] for d in ab_runs if f"early-kv-{v}-" in d["_name"]]
+               for v in (0, 1))
+    probe = {(r["context"], r["early_kv"]): r["us_per_layer"] for r in attention["results"]["rows"]
+             if (r["block_n"], r["num_splits"], r["num_warps"]) == (64, 16, 4)}
+    return ("In one call against torch's own int4 kernel, tinygemm (`_weight_int4pack_mm`, gpt-fast's and "
+            "torchao's int4 decode), on the same int4 grid, each chained 16 times in a CUDA graph: llama-7b's four "
+            f"linears take {totals['tierllm_xhalf']} us per layer here (XHALF, preparing kernels included), "
+            f"{totals['tinygemm']} with tinygemm, {totals['bf16_cublas']} in bf16 through cuBLAS; their int4 bytes "
+            f"at the copy rate take {totals['int4_floor']} ([JSON](benchmarks/results/int4-peer-kernels-h200.json)). "
+            "Splitting K (a proxy: S x N rows over K / S at every XHALF config, best us for S = 1 / 2 / 4: "
+            f"{split_text}; [log](benchmarks/results/int4-split-k-probe-h200.log)) gains nothing, so x's loads "
+            "are not what holds the GEMVs back. The decode split kernel now loads its first tile's earlier keys and "
+            "values before its PDL wait (`EARLY_KV`; only the step's own row after it), and the XHALF norms' "
+            "preparing kernels leave rstd to the GEMV's epilogue (from per-run sums of squares): in the int4 "
+            "timeline the split segment went 5.5 -> 4.1 us per layer and the two norm preparing kernels 1.7 / 2.5 -> "
+            f"1.3 / 1.5. End to end: int4 {_ratio_link(run, 'quant-bf16-int4-early-kv-norm-rstd-llama-7b-h200.json', 'int4')} "
+            f"(target 2.8x: not met; the split kernel's gain is bf16's too), int8 "
+            f"{_ratio_link(int8, 'quant-bf16-int8-early-kv-llama-7b-h200.json', 'int8')} (target 1.7x: met). bf16 "
+            f"alone, `TIERLLM_DECODE_EARLY_KV` 0, 1, 0, 1 on one machine: {off[0]}, {on[0]}, {off[1]}, {on[1]} "
+            "ms/token (quant-bf16-early-kv-*-llama-7b-h200.json). In the attention probe's shorter chain "
+            f"(split and merge only) it is {probe[(576, False)]} -> {probe[(576, True)]} us per layer at 576 tokens "
+            f"and {probe[(2048, False)]} -> {probe[(2048, True)]} at 2048 "
+            "([JSON](benchmarks/results/decode-attention-probe-early-kv-h200.json)): its loads need a predecessor "
+            "to hide behind.")
+
+
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
 INT4_H200_LATEST = [
     ("L2 prefetch configs in the tuner's list (none picked)", "quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
@@ -659,6 +695,8 @@ INT4_H200_LATEST = [
     ("defaults again (session 29), batch-1 warm-up at the prompt length", "quant-bf16-int4-head-llama-7b-h200.json"),
     ("the residual read early, row sets reduced together (session 30)", "quant-bf16-int4-epilogue-llama-7b-h200.json"),
     ("down's whole steps unmasked (`EVEN_N`; qkv's and o's picks moved)", "quant-bf16-int4-even-n-llama-7b-h200.json"),
+    ("early KV loads in the split kernel, XHALF norms' rstd in the GEMV (session 31)",
+     "quant-bf16-int4-early-kv-norm-rstd-llama-7b-h200.json"),
 ]
 
 
@@ -762,8 +800,8 @@ GLANCE = [
     ("serving (#7)", "serve-llama-7b-h100.json", None),
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
-    ("quantization (#5)", "quant-bf16-int8-epilogue-llama-7b-h200.json", None),
-    ("quantization (#5)", "quant-bf16-int4-even-n-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int8-early-kv-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-early-kv-norm-rstd-llama-7b-h200.json", None),
     ("quantization (#5)", "quant-bf16-int4-asm-gemm-llama-7b-h100.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-h100.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
@@ -831,6 +869,13 @@ def int4_h200_history() -> str:
                           results("xhalf-epilogue-probe-even-n-h200.json"),
                           results("quant-bf16-int4-even-n-llama-7b-h200.json"),
                           results("decode-attention-probe-h200.json")),
+        session31_sentence(results("int4-peer-kernels-h200.json"),
+                           (ROOT / "benchmarks/results/int4-split-k-probe-h200.log").read_text(),
+                           results("quant-bf16-int4-early-kv-norm-rstd-llama-7b-h200.json"),
+                           results("quant-bf16-int8-early-kv-llama-7b-h200.json"),
+                           [{**results(name), "_name": name} for name in sorted(
+                               p.name for p in (ROOT / "benchmarks/results").glob("quant-bf16-early-kv-*-run*.json"))],
+                           results("decode-attention-probe-early-kv-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])
