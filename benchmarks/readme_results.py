@@ -697,6 +697,8 @@ INT4_H200_LATEST = [
     ("down's whole steps unmasked (`EVEN_N`; qkv's and o's picks moved)", "quant-bf16-int4-even-n-llama-7b-h200.json"),
     ("early KV loads in the split kernel, XHALF norms' rstd in the GEMV (session 31)",
      "quant-bf16-int4-early-kv-norm-rstd-llama-7b-h200.json"),
+    ("the same defaults on a fresh machine, every GEMV retimed",
+     "quant-bf16-int4-early-kv-norm-rstd-rerun-llama-7b-h200.json"),
 ]
 
 
