@@ -122,4 +122,4 @@ if HAS_TRITON:
                          GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
         """The step's runs' sums of squares of the raw x [1, GPB, RUNS] (a normed x's buffer: the GEMV's rstd)."""
         _, run_at, _, run_mask = run_chunks(row, g0, num_groups, WORDS, RUNS, _CHUNK, GROUPS_PER_BLOCK)
-        return masked_load(xp_ptr + run_at + 18, run_mask, not EVEN)[None]
+        return masked_load(xp_ptr + run_at + 18, run_mask, not EVEN)[None]           # after the planes, factor, sum
