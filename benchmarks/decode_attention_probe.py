@@ -20,7 +20,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_stream_probe import graph_us, lacks_cuda, probe_parser  # noqa: E402
+from int4_stream_probe import chained_us, lacks_cuda, probe_parser  # noqa: E402
 
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.bench.results import write_result  # noqa: E402
@@ -89,11 +89,9 @@ def main(argv=None) -> int:
             results[variant] = {"rel_err": err, "us": []}
         for _ in range(ROUNDS):
             for variant, (out, part_acc, part_ml) in buffers.items():
-                def run(variant=variant, out=out, part_acc=part_acc, part_ml=part_ml, layers=layers,
-                        lens=lens) -> None:
-                    for layer in layers:
-                        launch(*layer, lens, out, part_acc, part_ml, *variant)
-                results[variant]["us"].append(graph_us(run) / LAYERS)
+                results[variant]["us"].append(chained_us(
+                    lambda layer, variant=variant, out=out, part_acc=part_acc, part_ml=part_ml, lens=lens: launch(
+                        *layer, lens, out, part_acc, part_ml, *variant), layers))
         for (block_n, splits, warps, early_kv), r in results.items():
             split_len = triton.cdiv(triton.cdiv(context, splits), block_n) * block_n   # whole tiles per split
             active = triton.cdiv(context, split_len)

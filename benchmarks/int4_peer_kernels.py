@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_stream_probe import graph_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
+from int4_stream_probe import chained_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
 from xhalf_epilogue_probe import SHAPES, launch  # noqa: E402
 
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
@@ -40,11 +40,6 @@ def tinygemm_weight(w: dict, inner_k_tiles: int) -> tuple[torch.Tensor, torch.Te
     scale, low = w["scales"].float(), w["mins"].float()
     scale_zero = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().bfloat16()
     return int4pack, scale_zero
-
-
-def chained_us(launch_one, items: list) -> float:
-    """Microseconds per launch of launch_one(item) for each item, chained in one CUDA graph."""
-    return graph_us(lambda: [launch_one(item) for item in items]) / len(items)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

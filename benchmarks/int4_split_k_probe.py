@@ -24,8 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_peer_kernels import chained_us  # noqa: E402
-from int4_stream_probe import lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
+from int4_stream_probe import chained_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
 from xhalf_epilogue_probe import launch  # noqa: E402
 
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402

@@ -148,6 +148,11 @@ def graph_us(run, replays: int = 20) -> float:
     return statistics.median(times)
 
 
+def chained_us(launch_one, items: list) -> float:
+    """Microseconds per launch of launch_one(item) for each item, chained in one CUDA graph."""
+    return graph_us(lambda: [launch_one(item) for item in items]) / len(items)
+
+
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-stream-probe.json")
     parser.add_argument("--configs", default=None,

@@ -640,17 +640,19 @@ def epilogue_sentence(probe: dict, run: dict, int8: dict, probe_even_n: dict, ru
             "splits win at 128 and 2048 tokens ([JSON](benchmarks/results/decode-attention-probe-h200.json)).")
 
 
-def session31_sentence(peer: dict, split_log: str, run: dict, int8: dict, ab_runs: list[dict], attention: dict) -> str:
+def session31_sentence(peer: dict, split_log: str, run: dict, int8: dict, ab_runs: dict[str, dict],
+                       attention: dict) -> str:
     """Session 31: torch's tinygemm int4 kernel as a peer, the split-K proxy (a log: its JSON was not written), the
-    split kernel's early KV loads (EARLY_KV) with the XHALF norms' rstd moved into the GEMV, their bf16 A/B."""
+    split kernel's early KV loads (EARLY_KV) with the XHALF norms' rstd moved into the GEMV, their bf16 A/B (ab_runs:
+    file name -> JSON, in run order by name)."""
     totals = peer["results"]["per_layer_us"]
     splits = [ast.literal_eval(line) for line in split_log.splitlines() if line.startswith("{")]
     by_shape: dict[str, list[str]] = {}
     for row in splits:
         by_shape.setdefault(row["shape"], []).append(f"{row['best_us']}")
     split_text = "; ".join(f"{shape} {' / '.join(values)}" for shape, values in by_shape.items())
-    off, on = ([d["results"]["bf16"]["batch1"]["decode_ms_per_step"] for d in ab_runs if f"early-kv-{v}-" in d["_name"]]
-               for v in (0, 1))
+    off, on = ([doc["results"]["bf16"]["batch1"]["decode_ms_per_step"] for name, doc in sorted(ab_runs.items())
+                if f"early-kv-{v}-" in name] for v in (0, 1))
     probe = {(r["context"], r["early_kv"]): r["us_per_layer"] for r in attention["results"]["rows"]
              if (r["block_n"], r["num_splits"], r["num_warps"]) == (64, 16, 4)}
     return ("In one call against torch's own int4 kernel, tinygemm (`_weight_int4pack_mm`, gpt-fast's and "
@@ -875,8 +877,8 @@ def int4_h200_history() -> str:
                            (ROOT / "benchmarks/results/int4-split-k-probe-h200.log").read_text(),
                            results("quant-bf16-int4-early-kv-norm-rstd-llama-7b-h200.json"),
                            results("quant-bf16-int8-early-kv-llama-7b-h200.json"),
-                           [{**results(name), "_name": name} for name in sorted(
-                               p.name for p in (ROOT / "benchmarks/results").glob("quant-bf16-early-kv-*-run*.json"))],
+                           {p.name: results(p.name)
+                            for p in (ROOT / "benchmarks/results").glob("quant-bf16-early-kv-*-run*.json")},
                            results("decode-attention-probe-early-kv-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]

@@ -28,7 +28,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_stream_probe import graph_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
+from int4_stream_probe import chained_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
 
 from tierllm.bench.probe import hbm_copy_GBps  # noqa: E402
 from tierllm.bench.results import write_result  # noqa: E402
@@ -91,15 +91,12 @@ def main(argv=None) -> int:
             launch(x, copies[0], y, gated, config, warps, *options)
             outputs[variant] = y
         y = start.clone()                                           # the timed runs add into it, replay after replay
-
-        def run(options: tuple, copies=copies, x=x, y=y, gated=gated, config=config, warps=warps) -> None:
-            for w in copies:
-                launch(x, w, y, gated, config, warps, *options)
-
         times = {variant: [] for variant in variants}
         for _ in range(ROUNDS):
             for variant, options in variants.items():
-                times[variant].append(graph_us(lambda options=options: run(options)) / COPIES)
+                times[variant].append(chained_us(
+                    lambda w, options=options, x=x, y=y, gated=gated, config=config, warps=warps: launch(
+                        x, w, y, gated, config, warps, *options), copies))
         nbytes = sum(t.nbytes for t in copies[0].values())
         plain = outputs["plain"].float()
         row = {"shape": name, "n": n, "k": k, "gated": gated, "config": config, "num_warps": warps,

@@ -99,10 +99,11 @@ if HAS_TRITON:
 
     @triton.jit
     def half_x_loads(xp_ptr, row, g0, num_groups, WORDS: tl.constexpr, RUNS: tl.constexpr,
-                     GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
+                     GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr, SQUARES: tl.constexpr = False):
         """x's step in the half layout (xp_ptr: the fp32 buffer of int4_prepared_x.prepare_x_half_triton) -> its 4
         planes [BLOCK_N, GPB, WORDS] int32 (the shape and layout of the weight words: each thread loads 16
-        contiguous bytes per plane, at constant offsets from one address) and the runs' factors and x sums
+        contiguous bytes per plane, at constant offsets from one address) and the runs' factors, x sums and, with
+        SQUARES (x prepared with a norm weight: the GEMV's rstd), sums of the raw x's squares (else zeros)
         [1, GPB, RUNS]."""
         tl.static_assert(WORDS // RUNS == 4, "XHALF: runs of 4 words (groups of 32 codes or more)")
         word_at, run_at, mask, run_mask = run_chunks(row, g0, num_groups, WORDS, RUNS, _CHUNK, GROUPS_PER_BLOCK)
@@ -115,11 +116,7 @@ if HAS_TRITON:
         xp3 = masked_load(at + 12, mask, MASK)
         factor = masked_load(runs_at, run_mask, MASK)[None]
         x_sum = masked_load(runs_at + 1, run_mask, MASK)[None]
-        return xp0, xp1, xp2, xp3, factor, x_sum
-
-    @triton.jit
-    def half_run_squares(xp_ptr, row, g0, num_groups, WORDS: tl.constexpr, RUNS: tl.constexpr,
-                         GROUPS_PER_BLOCK: tl.constexpr, EVEN: tl.constexpr):
-        """The step's runs' sums of squares of the raw x [1, GPB, RUNS] (a normed x's buffer: the GEMV's rstd)."""
-        _, run_at, _, run_mask = run_chunks(row, g0, num_groups, WORDS, RUNS, _CHUNK, GROUPS_PER_BLOCK)
-        return masked_load(xp_ptr + run_at + 18, run_mask, not EVEN)[None]           # after the planes, factor, sum
+        squares = tl.zeros(x_sum.shape, tl.float32)
+        if SQUARES:
+            squares = masked_load(runs_at + 2, run_mask, MASK)[None]
+        return xp0, xp1, xp2, xp3, factor, x_sum, squares

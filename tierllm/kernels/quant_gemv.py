@@ -47,7 +47,7 @@ if HAS_TRITON:
 
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
-    from tierllm.kernels.int4_half_dot import half_run_dots, half_run_squares, half_x_loads
+    from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
     from tierllm.kernels.int4_prepared_x import run_chunks
     from tierllm.kernels.w4_mma_gemv import masked_load
 
@@ -646,10 +646,9 @@ if HAS_TRITON:
                    SETS: tl.constexpr, EVEN: tl.constexpr, EMULATE: tl.constexpr, NORM: tl.constexpr):
         """_half_dot's step of groups g0 .. g0 + GPB: x's planes loaded once for the SETS row sets' words; NORM: the
         runs' sums of squares added into q."""
-        xp0, xp1, xp2, xp3, factor, x_sum = half_x_loads(xp_ptr, row, g0, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK,
-                                                         EVEN)
-        if NORM:
-            q += half_run_squares(xp_ptr, row, g0, num_groups, WORDS, RUNS, GROUPS_PER_BLOCK, EVEN)
+        xp0, xp1, xp2, xp3, factor, x_sum, squares = half_x_loads(xp_ptr, row, g0, num_groups, WORDS, RUNS,
+                                                                  GROUPS_PER_BLOCK, EVEN, NORM)
+        q += squares
         a0, l0 = _half_set_step(a0, l0, w0, s0, m0, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
         if SETS > 1:
             a1, l1 = _half_set_step(a1, l1, w1, s1, m1, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
