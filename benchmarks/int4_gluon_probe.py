@@ -1,0 +1,267 @@
+"""A layout-explicit int4 GEMV in Gluon (Triton's layout-level language) against the engine's XHALF GEMV, at batch 1
+on llama-7b's four linears: does streaming the weights through a shared-memory ring by cp.async, with x's loads
+shared by several rows per thread, close XHALF's gap to the read rate?
+
+Why this kernel: plain Triton loads the weights into registers, so the bytes a program keeps in flight are bounded by
+what its registers hold between the loads and the math (benchmarks/notes/gpu-decode.md, sessions 20-28: cp.async or
+TMA through Triton's pipeliner and register prefetches all lost). Here each thread copies its own 16-byte pieces of
+STAGES iterations ahead into shared memory (cp.async.cg, no registers held), and reads back only what it copied.
+Each thread holds R rows x one group (8 words) per iteration, so x's four planes load once for R rows (XHALF's
+pick: once per one or two rows). The products are XHALF's (int4_half_dot: one AND and one HFMA2 per two codes, on
+x prepared in the half layout by the engine's own kernel), so the results match XHALF's to fp32 rounding.
+
+Modes: "gemv" (the whole GEMV), "read" (the same ring and loads, the words summed: the ceiling of this data path).
+Scales and mins are read as one int32 word per (row, group): (scale, min) as a pair of fp16 (the probe repacks them;
+the engine's format keeps two arrays). Each kernel is chained COPIES times in a CUDA graph with PDL over weight
+copies that miss L2, as in int4_peer_kernels.py; XHALF is timed with its preparing kernel, the Gluon GEMV on the
+same prepared x plus that kernel's time.
+
+    python benchmarks/int4_gluon_probe.py [--configs R:TN:WN:WG:STAGES,...] [--out PATH]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from int4_stream_probe import chained_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
+
+from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels.int4_half_dot import _run_dot_asm  # noqa: E402
+from tierllm.quant.formats import dequantize_int4  # noqa: E402
+
+GROUP = 64
+COPIES = 16
+# R rows per thread : TN lanes over rows (32 / TN over groups) : WN warps over rows : WG warps over groups : STAGES
+CONFIGS = ["4:1:4:1:3", "4:1:4:1:4", "4:1:4:1:2", "2:1:4:1:4", "4:2:2:1:4", "2:2:4:1:4", "2:2:2:1:4", "1:2:4:1:4",
+           "8:1:4:1:3", "4:4:2:1:4", "4:1:2:2:3"]
+SHAPES = {"o": (4096, 4096), "qkv": (12288, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
+
+
+def packed_run_dot_asm() -> str:
+    """int4_half_dot's run dot for inline asm with pack=4: outputs $0..$3 (the run's dot in $0, zeros after it), the
+    run's 4 words $4..$7 and plane p's 4 words $8 + 4p .. $11 + 4p."""
+    body = _run_dot_asm()
+    for index in range(20, 0, -1):               # operands $1..$20 of the one-output form move up by 3
+        body = body.replace(f"${index},", f"${index + 3},").replace(f"${index};", f"${index + 3};")
+    return body.replace("add.f32 $0, flo, fhi;", "add.f32 $0, flo, fhi;\n        mov.b32 $1, 0;\n"
+                        "        mov.b32 $2, 0;\n        mov.b32 $3, 0;")
+
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAS_GLUON = True
+except ImportError:                              # a Triton without Gluon: the probe says so and stops
+    HAS_GLUON = False
+
+if HAS_GLUON:
+    _PACKED_ASM = gl.constexpr(packed_run_dot_asm())
+
+    @gluon.jit
+    def _w4_ring_gemv(xp_ptr, w_ptr, sm_ptr, y_ptr, G, R: gl.constexpr, TN: gl.constexpr, WN: gl.constexpr,
+                      WG: gl.constexpr, STAGES: gl.constexpr, READ_ONLY: gl.constexpr, EVEN: gl.constexpr,
+                      PDL: gl.constexpr):
+        """y[n] = sum_k W[n, k] x[k] for BN = R * TN * WN rows per program; G groups of 64 along K; w int32 [N, G * 8]
+        (quant/formats.py's bytes as words), sm int32 [N, G] ((scale, min) fp16 pairs), xp the half layout."""
+        TG: gl.constexpr = 32 // TN
+        GI: gl.constexpr = TG * WG                                     # groups per iteration
+        BN: gl.constexpr = R * TN * WN
+        L4: gl.constexpr = gl.BlockedLayout([R, 1, 2, 4], [TN, TG, 1, 1], [WN, WG, 1, 1], [3, 2, 1, 0])
+        LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))                   # [BN, GI]
+        LX: gl.constexpr = gl.SliceLayout(0, L4)                                       # [GI, 2, 4]
+        row0 = gl.program_id(0) * BN
+        rows = row0 + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L4))))
+        rows4 = rows[:, None, None, None]                                              # [BN, 1, 1, 1]
+        groups4 = gl.arange(0, GI, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L4))))
+        groups4 = groups4[None, :, None, None]                                         # [1, GI, 1, 1]
+        runs4 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L4))))
+        words4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))
+        words4 = runs4[None, None, :, None] * 4 + words4[None, None, None, :]          # [1, 1, 2, 4]
+        s_rows = row0 + gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
+        s_groups = gl.arange(0, GI, layout=gl.SliceLayout(0, LS))
+        smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
+        smem_s: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, GI, 2, 4], smem)
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, GI], smem_s)
+        iters = gl.cdiv(G, GI)
+        for stage in gl.static_range(STAGES - 1):                     # the weights do not depend on x: before wait
+            g = stage * GI + groups4
+            gs = stage * GI + s_groups
+            async_copy.async_copy_global_to_shared(
+                w_ring.index(stage), w_ptr + rows4 * (G * 8) + g * 8 + words4, mask=g < G, cache_modifier=".cg")
+            async_copy.async_copy_global_to_shared(
+                s_ring.index(stage), sm_ptr + s_rows[:, None] * G + gs[None, :], mask=(gs < G)[None, :])
+            async_copy.commit_group()
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        # x: run r's chunk of 20 words holds planes p (4 words each), then the factor and the sum
+        xg = gl.arange(0, GI, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))[:, None, None]     # [GI, 1, 1]
+        xr = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))[None, :, None]      # [1, 2, 1]
+        xj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))[None, None, :]      # [1, 1, 4]
+        LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))                              # [GI, 2]
+        rg = gl.arange(0, GI, layout=gl.SliceLayout(1, LR))[:, None]
+        rr = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))[None, :]
+        xi = xp_ptr.to(gl.pointer_type(gl.int32))
+        acc = gl.zeros([BN, GI], gl.float32, LS)
+        total = gl.zeros([BN, GI, 2, 4], gl.int32, L4)
+        for it in range(iters):
+            ahead = it + STAGES - 1
+            g = ahead * GI + groups4
+            gs = ahead * GI + s_groups
+            async_copy.async_copy_global_to_shared(
+                w_ring.index(ahead % STAGES), w_ptr + rows4 * (G * 8) + g * 8 + words4, mask=g < G,
+                cache_modifier=".cg")
+            async_copy.async_copy_global_to_shared(
+                s_ring.index(ahead % STAGES), sm_ptr + s_rows[:, None] * G + gs[None, :], mask=(gs < G)[None, :])
+            async_copy.commit_group()
+            async_copy.wait_group(STAGES - 1)
+            words = w_ring.index(it % STAGES).load(L4)                                 # [BN, GI, 2, 4] int32
+            if READ_ONLY:
+                total += words
+            else:
+                pair = s_ring.index(it % STAGES).load(LS)                              # [BN, GI] int32
+                gx = it * GI + xg
+                chunk = (gx * 2 + xr) * 20 + xj                                        # [GI, 2, 4]
+                in_k = gx < G
+                x0 = gl.load(xi + chunk, mask=in_k, other=0)[None]
+                x1 = gl.load(xi + chunk + 4, mask=in_k, other=0)[None]
+                x2 = gl.load(xi + chunk + 8, mask=in_k, other=0)[None]
+                x3 = gl.load(xi + chunk + 12, mask=in_k, other=0)[None]
+                gr = it * GI + rg
+                run_at = (gr * 2 + rr) * 20 + 16                                       # [GI, 2]
+                factor = gl.load(xp_ptr + run_at, mask=gr < G, other=0.0)
+                x_sum = gl.load(xp_ptr + run_at + 1, mask=gr < G, other=0.0)
+                dots = gl.inline_asm_elementwise(
+                    asm=_PACKED_ASM, constraints="=r,=r,=r,=r," + "r," * 19 + "r",
+                    args=[words, x0, x1, x2, x3], dtype=gl.float32, is_pure=True, pack=4)   # [BN, GI, 2, 4]
+                run_dots = gl.sum(dots, axis=3)                                        # [BN, GI, 2]
+                group_dot = gl.sum(run_dots * factor[None], axis=2)                    # [BN, GI]
+                group_sum = gl.sum(x_sum, axis=1)                                      # [GI]
+                group_sum = gl.convert_layout(group_sum, gl.SliceLayout(0, LS))
+                scale = (pair & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
+                low = ((pair >> 16) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
+                acc += scale * group_dot + low * group_sum[None, :]
+        async_copy.wait_group(0)
+        if READ_ONLY:
+            acc += gl.sum(gl.sum(total, axis=3), axis=2).to(gl.float32)
+        y = gl.sum(acc, axis=1)                                                        # [BN]
+        gl.store(y_ptr + rows, y)
+
+
+def scale_min_pairs(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """fp16 [N, G] scales and mins -> int32 [N, G]: the scale's bits low, the min's high."""
+    return (scales.view(torch.int16).int() & 0xFFFF) | (mins.view(torch.int16).int() << 16)
+
+
+def parse_config(spec: str) -> dict:
+    r, tn, wn, wg, stages = map(int, spec.split(":"))
+    return {"R": r, "TN": tn, "WN": wn, "WG": wg, "STAGES": stages}
+
+
+def gluon_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, read_only: bool) -> None:
+    n, groups = w["pairs"].shape
+    rows = config["R"] * config["TN"] * config["WN"]
+    gi = 32 // config["TN"] * config["WG"]
+    _w4_ring_gemv[(n // rows,)](prepared, w["words"], w["pairs"], y, groups, **config, READ_ONLY=read_only,
+                                EVEN=groups % gi == 0, PDL=True, num_warps=config["WN"] * config["WG"],
+                                launch_pdl=True)
+
+
+def main(argv=None) -> int:
+    parser = probe_parser(__doc__, "int4-gluon-probe-h200.json")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    args = parser.parse_args(argv)
+    if lacks_cuda():
+        return 2
+    if not HAS_GLUON:
+        print("error: this Triton has no Gluon (triton.experimental.gluon)", file=sys.stderr)
+        return 2
+    from xhalf_epilogue_probe import SHAPES as XHALF_SHAPES
+    from xhalf_epilogue_probe import launch as xhalf_launch
+
+    from tierllm.bench.probe import hbm_copy_GBps
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+
+    copy_GBps = hbm_copy_GBps()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    configs = [parse_config(spec) for spec in args.configs.split(",")]
+    rows_out = []
+    for name, (n, k) in SHAPES.items():
+        copies = random_int4_copies(n, k, COPIES, gen, GROUP, min_jitter=0.1)
+        for w in copies:
+            w["words"] = w["qweight"].view(torch.int32)
+            w["pairs"] = scale_min_pairs(w["scales"], w["mins"])
+        x = torch.randn(1, k, device="cuda", generator=gen).bfloat16()
+        ref = (x.float() @ dequantize_int4(copies[0]["qweight"], copies[0]["scales"], copies[0]["mins"], GROUP,
+                                           torch.float32).t())[0]                            # [N]
+        int4_bytes = sum(copies[0][key].nbytes for key in ("qweight", "scales", "mins"))
+        row = {"shape": name, "n": n, "k": k, "int4_bytes": int4_bytes,
+               "int4_floor_us": round(int4_bytes / (copy_GBps * 1e9) * 1e6, 2), "configs": []}
+        prepared = prepare_x_half_triton(x)
+        row["prepare_us"] = round(chained_us(lambda w, x=x: prepare_x_half_triton(x, pdl=True), copies), 2)
+
+        # the engine's XHALF GEMV at decode's pick as decode launches it (gate/up gated, the others adding into y),
+        # its preparing kernel included; the Gluon kernel runs gate/up ungated (22016 rows, no SiLU)
+        _, _, gated, xconfig, xwarps = XHALF_SHAPES[name]
+        y = torch.zeros(1, n // 2 if gated else n, device="cuda", dtype=torch.bfloat16)
+        options = (not gated, True, True)                              # EARLY_RESIDUAL, STACKED_SUM, EVEN_N
+        row["xhalf_us"] = round(chained_us(lambda w, x=x, y=y, gated=gated, xconfig=xconfig, xwarps=xwarps,
+                                           options=options: xhalf_launch(x, w, y, gated, xconfig, xwarps, *options),
+                                           copies), 2)
+        if not gated:
+            y.zero_()
+            xhalf_launch(x, copies[0], y, gated, xconfig, xwarps, *options)
+            row["xhalf_rel_err"] = float(((y[0].float() - ref).norm() / ref.norm()).item())
+
+        out = torch.zeros(n, device="cuda", dtype=torch.float32)
+        for config in configs:
+            label = ":".join(str(v) for v in config.values())
+            entry = {"config": label}
+            try:
+                for mode in ("gemv", "read"):
+                    read_only = mode == "read"
+                    entry[f"{mode}_us"] = round(chained_us(lambda w, config=config, read_only=read_only: gluon_launch(
+                        prepared, w, out, config, read_only), copies), 2)
+                out.zero_()
+                gluon_launch(prepared, copies[0], out, config, False)
+                entry["rel_err"] = float(((out - ref).norm() / ref.norm()).item())
+                entry["gemv_with_prepare_us"] = round(entry["gemv_us"] + row["prepare_us"], 2)
+            except Exception as error:                 # a config that does not compile or fit: recorded, go on
+                entry["error"] = f"{type(error).__name__}: {error}"[:400]
+            row["configs"].append(entry)
+            print(name, entry, flush=True)
+        timed = [c for c in row["configs"] if "gemv_us" in c and c["rel_err"] < 1e-2]
+        if timed:
+            best = min(timed, key=lambda c: c["gemv_us"])
+            row["best"] = best["config"]
+            row["best_gemv_with_prepare_us"] = best["gemv_with_prepare_us"]
+        print(name, {key: value for key, value in row.items() if key != "configs"}, flush=True)
+        rows_out.append(row)
+        del copies
+        torch.cuda.empty_cache()
+    per_layer = {"xhalf": round(sum(r["xhalf_us"] for r in rows_out), 2),
+                 "int4_floor": round(sum(r["int4_floor_us"] for r in rows_out), 2)}
+    if all("best" in r for r in rows_out):
+        per_layer["gluon_ring"] = round(sum(r["best_gemv_with_prepare_us"] for r in rows_out), 2)
+    print("us per layer:", per_layer)
+    checks = [{"name": f"{r['shape']} {c['config']}: within 1e-2 of the dequantized reference",
+               "value": c["rel_err"], "op": "<=", "target": 1e-2, "passed": c["rel_err"] <= 1e-2}
+              for r in rows_out for c in r["configs"] if "rel_err" in c]
+    write_result(args.out, "int4-gluon-probe", torch.device("cuda"), {"hbm_copy_GBps(read+write)": round(copy_GBps, 1)},
+                 {"note": "the engine's XHALF GEMV (decode's picks) in the same run; torch's tinygemm in "
+                          "int4-peer-kernels-h200.json"},
+                 {"shapes": rows_out, "per_layer_us": per_layer}, checks,
+                 {"copies": COPIES, "group": GROUP, "pdl": True})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
