@@ -36,8 +36,10 @@ from tierllm.quant.formats import dequantize_int4  # noqa: E402
 GROUP = 64
 COPIES = 16
 # R rows per thread : TN lanes over rows (32 / TN over groups) : WN warps over rows : WG warps over groups : STAGES
-CONFIGS = ["4:1:4:1:3", "4:1:4:1:4", "4:1:4:1:2", "2:1:4:1:4", "4:2:2:1:4", "2:2:4:1:4", "2:2:2:1:4", "1:2:4:1:4",
-           "8:1:4:1:3", "4:4:2:1:4", "4:1:2:2:3"]
+# [: programs per SM, persistent]
+CONFIGS = ["4:1:2:2:3", "4:4:2:1:4", "4:1:4:1:2",                                     # one tile per program
+           "4:4:2:1:4:6", "4:4:2:1:4:4", "4:4:2:1:6:4", "2:4:4:1:6:4", "4:2:2:1:4:6", "4:2:4:1:4:3", "4:1:4:1:3:4",
+           "4:1:2:2:3:4", "4:4:4:1:4:3", "8:4:1:1:4:6"]
 SHAPES = {"o": (4096, 4096), "qkv": (12288, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
 
 
@@ -64,40 +66,60 @@ if HAS_GLUON:
     _PACKED_ASM = gl.constexpr(packed_run_dot_asm())
 
     @gluon.jit
-    def _w4_ring_gemv(xp_ptr, w_ptr, sm_ptr, y_ptr, G, R: gl.constexpr, TN: gl.constexpr, WN: gl.constexpr,
-                      WG: gl.constexpr, STAGES: gl.constexpr, READ_ONLY: gl.constexpr, EVEN: gl.constexpr,
+    def _issue(w_ring, s_ring, w_ptr, sm_ptr, slot, live, tile, g0, G, local4, groups4, words4, s_local, s_groups,
+               BN: gl.constexpr):
+        """cp.async of one work item (rows of `tile`, groups g0 .. g0 + GI): weight words [BN, GI, 2, 4] and (scale,
+        min) words [BN, GI] into ring `slot`, as one commit group (empty unless `live`). Each thread copies the
+        pieces it later reads."""
+        g = g0 + groups4
+        w_at = (tile * BN + local4) * (G * 8) + g * 8 + words4                             # [BN, GI, 2, 4]
+        async_copy.async_copy_global_to_shared(w_ring.index(slot), w_ptr + w_at, mask=(g < G) & live,
+                                               cache_modifier=".cg")
+        gs = g0 + s_groups
+        s_at = (tile * BN + s_local)[:, None] * G + gs[None, :]                            # [BN, GI]
+        async_copy.async_copy_global_to_shared(s_ring.index(slot), sm_ptr + s_at, mask=((gs < G) & live)[None, :])
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _w4_ring_gemv(xp_ptr, w_ptr, sm_ptr, y_ptr, G, tiles, programs, R: gl.constexpr, TN: gl.constexpr,
+                      WN: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, READ_ONLY: gl.constexpr,
                       PDL: gl.constexpr):
-        """y[n] = sum_k W[n, k] x[k] for BN = R * TN * WN rows per program; G groups of 64 along K; w int32 [N, G * 8]
-        (quant/formats.py's bytes as words), sm int32 [N, G] ((scale, min) fp16 pairs), xp the half layout."""
+        """y[n] = sum_k W[n, k] x[k]; tiles of BN = R * TN * WN rows, tile t taken by program t % programs (one each
+        where programs == tiles); G groups of 64 along K, GI per step; w int32 [N, G * 8] (quant/formats.py's bytes
+        as words), sm int32 [N, G] ((scale, min) fp16 pairs), xp the half layout. The ring runs STAGES - 1 steps
+        ahead across tiles, so a program's next tile streams in while it finishes one."""
         TG: gl.constexpr = 32 // TN
-        GI: gl.constexpr = TG * WG                                     # groups per iteration
+        GI: gl.constexpr = TG * WG                                     # groups per step
         BN: gl.constexpr = R * TN * WN
         L4: gl.constexpr = gl.BlockedLayout([R, 1, 2, 4], [TN, TG, 1, 1], [WN, WG, 1, 1], [3, 2, 1, 0])
         LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))                   # [BN, GI]
         LX: gl.constexpr = gl.SliceLayout(0, L4)                                       # [GI, 2, 4]
-        row0 = gl.program_id(0) * BN
-        rows = row0 + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L4))))
-        rows4 = rows[:, None, None, None]                                              # [BN, 1, 1, 1]
+        LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))                   # [GI, 2]
+        pid = gl.program_id(0)
+        local4 = gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L4))))
+        local4 = local4[:, None, None, None]                                           # [BN, 1, 1, 1]
         groups4 = gl.arange(0, GI, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L4))))
         groups4 = groups4[None, :, None, None]                                         # [1, GI, 1, 1]
         runs4 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L4))))
         words4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))
         words4 = runs4[None, None, :, None] * 4 + words4[None, None, None, :]          # [1, 1, 2, 4]
-        s_rows = row0 + gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
+        s_local = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
         s_groups = gl.arange(0, GI, layout=gl.SliceLayout(0, LS))
         smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
         smem_s: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, GI, 2, 4], smem)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, GI], smem_s)
-        iters = gl.cdiv(G, GI)
-        for stage in gl.static_range(STAGES - 1):                     # the weights do not depend on x: before wait
-            g = stage * GI + groups4
-            gs = stage * GI + s_groups
-            async_copy.async_copy_global_to_shared(
-                w_ring.index(stage), w_ptr + rows4 * (G * 8) + g * 8 + words4, mask=g < G, cache_modifier=".cg")
-            async_copy.async_copy_global_to_shared(
-                s_ring.index(stage), sm_ptr + s_rows[:, None] * G + gs[None, :], mask=(gs < G)[None, :])
-            async_copy.commit_group()
+        k_iters = gl.cdiv(G, GI)
+        items = gl.cdiv(tiles - pid, programs) * k_iters
+        ahead_tile = pid                                               # the item STAGES - 1 ahead: its tile, step
+        ahead_step = 0
+        for item in gl.static_range(STAGES - 1):                      # the weights do not depend on x: before wait
+            _issue(w_ring, s_ring, w_ptr, sm_ptr, item, item < items, ahead_tile, ahead_step * GI, G, local4,
+                   groups4, words4, s_local, s_groups, BN)
+            ahead_step += 1
+            if ahead_step == k_iters:
+                ahead_step = 0
+                ahead_tile += programs
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -105,36 +127,34 @@ if HAS_GLUON:
         xg = gl.arange(0, GI, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))[:, None, None]     # [GI, 1, 1]
         xr = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))[None, :, None]      # [1, 2, 1]
         xj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))[None, None, :]      # [1, 1, 4]
-        LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))                              # [GI, 2]
-        rg = gl.arange(0, GI, layout=gl.SliceLayout(1, LR))[:, None]
-        rr = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))[None, :]
+        rg = gl.arange(0, GI, layout=gl.SliceLayout(1, LR))[:, None]                             # [GI, 1]
+        rr = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))[None, :]                              # [1, 2]
         xi = xp_ptr.to(gl.pointer_type(gl.int32))
         acc = gl.zeros([BN, GI], gl.float32, LS)
-        total = gl.zeros([BN, GI, 2, 4], gl.int32, L4)
-        for it in range(iters):
-            ahead = it + STAGES - 1
-            g = ahead * GI + groups4
-            gs = ahead * GI + s_groups
-            async_copy.async_copy_global_to_shared(
-                w_ring.index(ahead % STAGES), w_ptr + rows4 * (G * 8) + g * 8 + words4, mask=g < G,
-                cache_modifier=".cg")
-            async_copy.async_copy_global_to_shared(
-                s_ring.index(ahead % STAGES), sm_ptr + s_rows[:, None] * G + gs[None, :], mask=(gs < G)[None, :])
-            async_copy.commit_group()
+        tile = pid
+        step = 0
+        for item in range(items):
+            _issue(w_ring, s_ring, w_ptr, sm_ptr, (item + STAGES - 1) % STAGES, item + STAGES - 1 < items, ahead_tile,
+                   ahead_step * GI, G, local4, groups4, words4, s_local, s_groups, BN)
+            ahead_step += 1
+            if ahead_step == k_iters:
+                ahead_step = 0
+                ahead_tile += programs
             async_copy.wait_group(STAGES - 1)
-            words = w_ring.index(it % STAGES).load(L4)                                 # [BN, GI, 2, 4] int32
+            words = w_ring.index(item % STAGES).load(L4)                               # [BN, GI, 2, 4] int32
+            g0 = step * GI
             if READ_ONLY:
-                total += words
+                acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32)
             else:
-                pair = s_ring.index(it % STAGES).load(LS)                              # [BN, GI] int32
-                gx = it * GI + xg
+                pair = s_ring.index(item % STAGES).load(LS)                            # [BN, GI] int32
+                gx = g0 + xg
                 chunk = (gx * 2 + xr) * 20 + xj                                        # [GI, 2, 4]
                 in_k = gx < G
                 x0 = gl.load(xi + chunk, mask=in_k, other=0)[None]
                 x1 = gl.load(xi + chunk + 4, mask=in_k, other=0)[None]
                 x2 = gl.load(xi + chunk + 8, mask=in_k, other=0)[None]
                 x3 = gl.load(xi + chunk + 12, mask=in_k, other=0)[None]
-                gr = it * GI + rg
+                gr = g0 + rg
                 run_at = (gr * 2 + rr) * 20 + 16                                       # [GI, 2]
                 factor = gl.load(xp_ptr + run_at, mask=gr < G, other=0.0)
                 x_sum = gl.load(xp_ptr + run_at + 1, mask=gr < G, other=0.0)
@@ -143,16 +163,17 @@ if HAS_GLUON:
                     args=[words, x0, x1, x2, x3], dtype=gl.float32, is_pure=True, pack=4)   # [BN, GI, 2, 4]
                 run_dots = gl.sum(dots, axis=3)                                        # [BN, GI, 2]
                 group_dot = gl.sum(run_dots * factor[None], axis=2)                    # [BN, GI]
-                group_sum = gl.sum(x_sum, axis=1)                                      # [GI]
-                group_sum = gl.convert_layout(group_sum, gl.SliceLayout(0, LS))
+                group_sum = gl.convert_layout(gl.sum(x_sum, axis=1), gl.SliceLayout(0, LS))     # [GI]
                 scale = (pair & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
                 low = ((pair >> 16) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
                 acc += scale * group_dot + low * group_sum[None, :]
+            step += 1
+            if step == k_iters:                                        # the tile's last step: its rows are done
+                gl.store(y_ptr + tile * BN + s_local, gl.sum(acc, axis=1))
+                acc = gl.zeros([BN, GI], gl.float32, LS)
+                step = 0
+                tile += programs
         async_copy.wait_group(0)
-        if READ_ONLY:
-            acc += gl.sum(gl.sum(total, axis=3), axis=2).to(gl.float32)
-        y = gl.sum(acc, axis=1)                                                        # [BN]
-        gl.store(y_ptr + rows, y)
 
 
 def scale_min_pairs(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
@@ -161,17 +182,21 @@ def scale_min_pairs(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
 
 
 def parse_config(spec: str) -> dict:
-    r, tn, wn, wg, stages = map(int, spec.split(":"))
-    return {"R": r, "TN": tn, "WN": wn, "WG": wg, "STAGES": stages}
+    """R:TN:WN:WG:STAGES[:P]: P programs per SM (persistent; 0 or absent: one tile per program)."""
+    r, tn, wn, wg, stages, *per_sm = map(int, spec.split(":"))
+    return {"R": r, "TN": tn, "WN": wn, "WG": wg, "STAGES": stages, "per_sm": per_sm[0] if per_sm else 0}
 
 
 def gluon_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, read_only: bool) -> None:
     n, groups = w["pairs"].shape
     rows = config["R"] * config["TN"] * config["WN"]
-    gi = 32 // config["TN"] * config["WG"]
-    _w4_ring_gemv[(n // rows,)](prepared, w["words"], w["pairs"], y, groups, **config, READ_ONLY=read_only,
-                                EVEN=groups % gi == 0, PDL=True, num_warps=config["WN"] * config["WG"],
-                                launch_pdl=True)
+    tiles = n // rows
+    per_sm = config["per_sm"]
+    programs = min(tiles, per_sm * torch.cuda.get_device_properties(y.device).multi_processor_count) if per_sm \
+        else tiles
+    kernel_config = {key: value for key, value in config.items() if key != "per_sm"}
+    _w4_ring_gemv[(programs,)](prepared, w["words"], w["pairs"], y, groups, tiles, programs, **kernel_config,
+                               READ_ONLY=read_only, PDL=True, num_warps=config["WN"] * config["WG"], launch_pdl=True)
 
 
 def main(argv=None) -> int:
