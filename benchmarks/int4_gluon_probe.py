@@ -37,9 +37,9 @@ GROUP = 64
 COPIES = 16
 # R rows per thread : TN lanes over rows (32 / TN over groups) : WN warps over rows : WG warps over groups : STAGES
 # [: programs per SM, persistent]
-CONFIGS = ["4:1:2:2:3", "4:4:2:1:4", "4:1:4:1:2",                                     # one tile per program
-           "4:4:2:1:4:6", "4:4:2:1:4:4", "4:4:2:1:6:4", "2:4:4:1:6:4", "4:2:2:1:4:6", "4:2:4:1:4:3", "4:1:4:1:3:4",
-           "4:1:2:2:3:4", "4:4:4:1:4:3", "8:4:1:1:4:6"]
+CONFIGS = ["4:1:2:2:3", "4:4:2:1:4", "4:1:4:1:2", "4:4:2:1:4:6", "4:2:2:1:4:6", "4:1:2:2:3:4",          # ring
+           "r4:1:4:1:1", "r4:4:2:1:1", "r4:1:2:2:1", "r4:1:4:1:1:4", "r4:4:2:1:1:6", "r4:2:2:1:1:6",   # registers
+           "r4:1:2:2:1:4", "r2:1:4:1:1:8", "r8:4:1:1:1:6", "r2:4:4:1:1:4", "r2:2:2:1:1:8"]
 SHAPES = {"o": (4096, 4096), "qkv": (12288, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
 
 
@@ -81,13 +81,33 @@ if HAS_GLUON:
         async_copy.commit_group()
 
     @gluon.jit
+    def _item_loads(w_ptr, sm_ptr, live, tile, g0, G, local4, groups4, words4, s_local, s_groups, BN: gl.constexpr):
+        """REGS: one work item's weight words [BN, GI, 2, 4] and (scale, min) words [BN, GI] by plain loads."""
+        g = g0 + groups4
+        w_at = (tile * BN + local4) * (G * 8) + g * 8 + words4
+        gs = g0 + s_groups
+        s_at = (tile * BN + s_local)[:, None] * G + gs[None, :]
+        return (gl.load(w_ptr + w_at, mask=(g < G) & live, other=0, cache_modifier=".cg"),
+                gl.load(sm_ptr + s_at, mask=((gs < G) & live)[None, :], other=0))
+
+    @gluon.jit
+    def _advance(step, tile, k_iters, programs):
+        """The next work item's K step and tile."""
+        step += 1
+        if step == k_iters:
+            step = 0
+            tile += programs
+        return step, tile
+
+    @gluon.jit
     def _w4_ring_gemv(xp_ptr, w_ptr, sm_ptr, y_ptr, G, tiles, programs, R: gl.constexpr, TN: gl.constexpr,
                       WN: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, READ_ONLY: gl.constexpr,
-                      PDL: gl.constexpr):
+                      REGS: gl.constexpr, PDL: gl.constexpr):
         """y[n] = sum_k W[n, k] x[k]; tiles of BN = R * TN * WN rows, tile t taken by program t % programs (one each
         where programs == tiles); G groups of 64 along K, GI per step; w int32 [N, G * 8] (quant/formats.py's bytes
         as words), sm int32 [N, G] ((scale, min) fp16 pairs), xp the half layout. The ring runs STAGES - 1 steps
-        ahead across tiles, so a program's next tile streams in while it finishes one."""
+        ahead across tiles, so a program's next tile streams in while it finishes one. REGS: no ring; plain loads one
+        item ahead into registers (as plain Triton's loops load)."""
         TG: gl.constexpr = 32 // TN
         GI: gl.constexpr = TG * WG                                     # groups per step
         BN: gl.constexpr = R * TN * WN
@@ -107,19 +127,22 @@ if HAS_GLUON:
         s_groups = gl.arange(0, GI, layout=gl.SliceLayout(0, LS))
         smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
         smem_s: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, GI, 2, 4], smem)
-        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, GI], smem_s)
+        RING: gl.constexpr = 1 if REGS else STAGES                    # REGS: a ring slot nothing uses
+        w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, GI, 2, 4], smem)
+        s_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, GI], smem_s)
         k_iters = gl.cdiv(G, GI)
         items = gl.cdiv(tiles - pid, programs) * k_iters
-        ahead_tile = pid                                               # the item STAGES - 1 ahead: its tile, step
+        ahead_tile = pid                                               # the item loaded ahead: its tile, step
         ahead_step = 0
-        for item in gl.static_range(STAGES - 1):                      # the weights do not depend on x: before wait
-            _issue(w_ring, s_ring, w_ptr, sm_ptr, item, item < items, ahead_tile, ahead_step * GI, G, local4,
-                   groups4, words4, s_local, s_groups, BN)
-            ahead_step += 1
-            if ahead_step == k_iters:
-                ahead_step = 0
-                ahead_tile += programs
+        if REGS:                                                       # the weights do not depend on x: before wait
+            words_next, pair_next = _item_loads(w_ptr, sm_ptr, 0 < items, ahead_tile, 0, G, local4, groups4, words4,
+                                                s_local, s_groups, BN)
+            ahead_step, ahead_tile = _advance(ahead_step, ahead_tile, k_iters, programs)
+        else:
+            for item in gl.static_range(STAGES - 1):
+                _issue(w_ring, s_ring, w_ptr, sm_ptr, item, item < items, ahead_tile, ahead_step * GI, G, local4,
+                       groups4, words4, s_local, s_groups, BN)
+                ahead_step, ahead_tile = _advance(ahead_step, ahead_tile, k_iters, programs)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -134,19 +157,22 @@ if HAS_GLUON:
         tile = pid
         step = 0
         for item in range(items):
-            _issue(w_ring, s_ring, w_ptr, sm_ptr, (item + STAGES - 1) % STAGES, item + STAGES - 1 < items, ahead_tile,
-                   ahead_step * GI, G, local4, groups4, words4, s_local, s_groups, BN)
-            ahead_step += 1
-            if ahead_step == k_iters:
-                ahead_step = 0
-                ahead_tile += programs
-            async_copy.wait_group(STAGES - 1)
-            words = w_ring.index(item % STAGES).load(L4)                               # [BN, GI, 2, 4] int32
+            if REGS:
+                words = words_next                                                     # [BN, GI, 2, 4] int32
+                pair = pair_next                                                       # [BN, GI] int32
+                words_next, pair_next = _item_loads(w_ptr, sm_ptr, item + 1 < items, ahead_tile, ahead_step * GI, G,
+                                                    local4, groups4, words4, s_local, s_groups, BN)
+            else:
+                _issue(w_ring, s_ring, w_ptr, sm_ptr, (item + STAGES - 1) % STAGES, item + STAGES - 1 < items,
+                       ahead_tile, ahead_step * GI, G, local4, groups4, words4, s_local, s_groups, BN)
+                async_copy.wait_group(STAGES - 1)
+                words = w_ring.index(item % STAGES).load(L4)
+                pair = s_ring.index(item % STAGES).load(LS)
+            ahead_step, ahead_tile = _advance(ahead_step, ahead_tile, k_iters, programs)
             g0 = step * GI
             if READ_ONLY:
-                acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32)
+                acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32) + pair.to(gl.float32)
             else:
-                pair = s_ring.index(item % STAGES).load(LS)                            # [BN, GI] int32
                 gx = g0 + xg
                 chunk = (gx * 2 + xr) * 20 + xj                                        # [GI, 2, 4]
                 in_k = gx < G
@@ -167,13 +193,12 @@ if HAS_GLUON:
                 scale = (pair & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
                 low = ((pair >> 16) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
                 acc += scale * group_dot + low * group_sum[None, :]
-            step += 1
-            if step == k_iters:                                        # the tile's last step: its rows are done
+            if step == k_iters - 1:                                    # the tile's last step: its rows are done
                 gl.store(y_ptr + tile * BN + s_local, gl.sum(acc, axis=1))
                 acc = gl.zeros([BN, GI], gl.float32, LS)
-                step = 0
-                tile += programs
-        async_copy.wait_group(0)
+            step, tile = _advance(step, tile, k_iters, programs)
+        if not REGS:
+            async_copy.wait_group(0)
 
 
 def scale_min_pairs(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
@@ -182,9 +207,12 @@ def scale_min_pairs(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
 
 
 def parse_config(spec: str) -> dict:
-    """R:TN:WN:WG:STAGES[:P]: P programs per SM (persistent; 0 or absent: one tile per program)."""
-    r, tn, wn, wg, stages, *per_sm = map(int, spec.split(":"))
-    return {"R": r, "TN": tn, "WN": wn, "WG": wg, "STAGES": stages, "per_sm": per_sm[0] if per_sm else 0}
+    """[r]R:TN:WN:WG:STAGES[:P]: P programs per SM (persistent; 0 or absent: one tile per program); a leading "r":
+    REGS (plain loads one item ahead, STAGES unused)."""
+    regs = spec.startswith("r")
+    r, tn, wn, wg, stages, *per_sm = map(int, spec.lstrip("r").split(":"))
+    return {"R": r, "TN": tn, "WN": wn, "WG": wg, "STAGES": stages, "REGS": regs,
+            "per_sm": per_sm[0] if per_sm else 0}
 
 
 def gluon_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, read_only: bool) -> None:
@@ -247,7 +275,8 @@ def main(argv=None) -> int:
 
         out = torch.zeros(n, device="cuda", dtype=torch.float32)
         for config in configs:
-            label = ":".join(str(v) for v in config.values())
+            label = ("r" if config["REGS"] else "") + ":".join(
+                str(v) for key, v in config.items() if key != "REGS")
             entry = {"config": label}
             try:
                 for mode in ("gemv", "read"):
