@@ -10,7 +10,9 @@ Each thread holds R rows x one group (8 words) per iteration, so x's four planes
 pick: once per one or two rows). The products are XHALF's (int4_half_dot: one AND and one HFMA2 per two codes, on
 x prepared in the half layout by the engine's own kernel), so the results match XHALF's to fp32 rounding.
 
-Modes: "gemv" (the whole GEMV), "read" (the same ring and loads, the words summed: the ceiling of this data path).
+Modes: "gemv" (the whole GEMV), "read" (the same loads, the words summed: the ceiling of this data path), "heavy"
+(the products twice over: what the math costs) and "no_x" (the words stand in for x's planes: what x's loads cost);
+only "gemv" computes the GEMV.
 Scales and mins are read as one int32 word per (row, group): (scale, min) as a pair of fp16 (the probe repacks them;
 the engine's format keeps two arrays). Each kernel is chained COPIES times in a CUDA graph with PDL over weight
 copies that miss L2, as in int4_peer_kernels.py; XHALF is timed with its preparing kernel, the Gluon GEMV on the
@@ -43,14 +45,20 @@ CONFIGS = ["4:1:2:2:3", "4:4:2:1:4", "4:1:4:1:2", "4:4:2:1:4:6", "4:2:2:1:4:6", 
 SHAPES = {"o": (4096, 4096), "qkv": (12288, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
 
 
-def packed_run_dot_asm() -> str:
-    """int4_half_dot's run dot for inline asm with pack=4: outputs $0..$3 (the run's dot in $0, zeros after it), the
-    run's 4 words $4..$7 and plane p's 4 words $8 + 4p .. $11 + 4p."""
-    body = _run_dot_asm()
-    for index in range(20, 0, -1):               # operands $1..$20 of the one-output form move up by 3
-        body = body.replace(f"${index},", f"${index + 3},").replace(f"${index};", f"${index + 3};")
-    return body.replace("add.f32 $0, flo, fhi;", "add.f32 $0, flo, fhi;\n        mov.b32 $1, 0;\n"
-                        "        mov.b32 $2, 0;\n        mov.b32 $3, 0;")
+def packed_run_dot_asm(repeat: int = 1) -> str:
+    """int4_half_dot's run dot (its PTX, operands renumbered) for inline asm with pack=4: outputs $0..$3 (the run's
+    dot in $0, zeros after it), the run's 4 words $4..$7 and plane p's 4 words $8 + 4p .. $11 + 4p. repeat > 1 (the
+    HEAVY mode): the products that many times over (a wrong result with the same loads), to time the math."""
+    body = ["{", ".reg .b32 t, c, a;", ".reg .b16 lo, hi;", ".reg .f32 flo, fhi;", "mov.b32 a, 0;"]
+    for _ in range(repeat):
+        for j in range(4):
+            body.append(f"shr.u32 t, ${4 + j}, 8;")
+            for p in range(4):
+                body += [f"and.b32 c, {f'${4 + j}' if p < 2 else 't'}, "
+                         f"{'0x000F000F' if p % 2 == 0 else '0x00F000F0'};", f"fma.rn.f16x2 a, c, ${8 + 4 * p + j}, a;"]
+    body += ["mov.b32 {lo, hi}, a;", "cvt.f32.f16 flo, lo;", "cvt.f32.f16 fhi, hi;", "add.f32 $0, flo, fhi;",
+             "mov.b32 $1, 0;", "mov.b32 $2, 0;", "mov.b32 $3, 0;", "}"]
+    return "\n        ".join(body)
 
 
 try:
@@ -64,6 +72,7 @@ except ImportError:                              # a Triton without Gluon: the p
 
 if HAS_GLUON:
     _PACKED_ASM = gl.constexpr(packed_run_dot_asm())
+    _HEAVY_ASM = gl.constexpr(packed_run_dot_asm(2))
 
     @gluon.jit
     def _issue(w_ring, s_ring, w_ptr, sm_ptr, slot, live, tile, g0, G, local4, groups4, words4, s_local, s_groups,
@@ -101,7 +110,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _w4_ring_gemv(xp_ptr, w_ptr, sm_ptr, y_ptr, G, tiles, programs, R: gl.constexpr, TN: gl.constexpr,
-                      WN: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, READ_ONLY: gl.constexpr,
+                      WN: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr,
                       REGS: gl.constexpr, PDL: gl.constexpr):
         """y[n] = sum_k W[n, k] x[k]; tiles of BN = R * TN * WN rows, tile t taken by program t % programs (one each
         where programs == tiles); G groups of 64 along K, GI per step; w int32 [N, G * 8] (quant/formats.py's bytes
@@ -170,22 +179,28 @@ if HAS_GLUON:
                 pair = s_ring.index(item % STAGES).load(LS)
             ahead_step, ahead_tile = _advance(ahead_step, ahead_tile, k_iters, programs)
             g0 = step * GI
-            if READ_ONLY:
+            if MODE == 1:
                 acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32) + pair.to(gl.float32)
             else:
-                gx = g0 + xg
-                chunk = (gx * 2 + xr) * 20 + xj                                        # [GI, 2, 4]
-                in_k = gx < G
-                x0 = gl.load(xi + chunk, mask=in_k, other=0)[None]
-                x1 = gl.load(xi + chunk + 4, mask=in_k, other=0)[None]
-                x2 = gl.load(xi + chunk + 8, mask=in_k, other=0)[None]
-                x3 = gl.load(xi + chunk + 12, mask=in_k, other=0)[None]
+                if MODE == 3:                                          # NO_X: the words stand in for x's planes
+                    x0 = words
+                    x1 = words
+                    x2 = words
+                    x3 = words
+                else:
+                    gx = g0 + xg
+                    chunk = (gx * 2 + xr) * 20 + xj                                    # [GI, 2, 4]
+                    in_k = gx < G
+                    x0 = gl.load(xi + chunk, mask=in_k, other=0)[None]
+                    x1 = gl.load(xi + chunk + 4, mask=in_k, other=0)[None]
+                    x2 = gl.load(xi + chunk + 8, mask=in_k, other=0)[None]
+                    x3 = gl.load(xi + chunk + 12, mask=in_k, other=0)[None]
                 gr = g0 + rg
                 run_at = (gr * 2 + rr) * 20 + 16                                       # [GI, 2]
                 factor = gl.load(xp_ptr + run_at, mask=gr < G, other=0.0)
                 x_sum = gl.load(xp_ptr + run_at + 1, mask=gr < G, other=0.0)
                 dots = gl.inline_asm_elementwise(
-                    asm=_PACKED_ASM, constraints="=r,=r,=r,=r," + "r," * 19 + "r",
+                    asm=_HEAVY_ASM if MODE == 2 else _PACKED_ASM, constraints="=r,=r,=r,=r," + "r," * 19 + "r",
                     args=[words, x0, x1, x2, x3], dtype=gl.float32, is_pure=True, pack=4)   # [BN, GI, 2, 4]
                 run_dots = gl.sum(dots, axis=3)                                        # [BN, GI, 2]
                 group_dot = gl.sum(run_dots * factor[None], axis=2)                    # [BN, GI]
@@ -215,7 +230,10 @@ def parse_config(spec: str) -> dict:
             "per_sm": per_sm[0] if per_sm else 0}
 
 
-def gluon_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, read_only: bool) -> None:
+MODES = {"gemv": 0, "read": 1, "heavy": 2, "no_x": 3}       # the kernel's MODE
+
+
+def gluon_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, mode: str = "gemv") -> None:
     n, groups = w["pairs"].shape
     rows = config["R"] * config["TN"] * config["WN"]
     tiles = n // rows
@@ -224,7 +242,7 @@ def gluon_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict,
         else tiles
     kernel_config = {key: value for key, value in config.items() if key != "per_sm"}
     _w4_ring_gemv[(programs,)](prepared, w["words"], w["pairs"], y, groups, tiles, programs, **kernel_config,
-                               READ_ONLY=read_only, PDL=True, num_warps=config["WN"] * config["WG"], launch_pdl=True)
+                               MODE=MODES[mode], PDL=True, num_warps=config["WN"] * config["WG"], launch_pdl=True)
 
 
 def main(argv=None) -> int:
@@ -279,12 +297,11 @@ def main(argv=None) -> int:
                 str(v) for key, v in config.items() if key != "REGS")
             entry = {"config": label}
             try:
-                for mode in ("gemv", "read"):
-                    read_only = mode == "read"
-                    entry[f"{mode}_us"] = round(chained_us(lambda w, config=config, read_only=read_only: gluon_launch(
-                        prepared, w, out, config, read_only), copies), 2)
+                for mode in MODES:
+                    entry[f"{mode}_us"] = round(chained_us(lambda w, config=config, mode=mode: gluon_launch(
+                        prepared, w, out, config, mode), copies), 2)
                 out.zero_()
-                gluon_launch(prepared, copies[0], out, config, False)
+                gluon_launch(prepared, copies[0], out, config)
                 entry["rel_err"] = float(((out - ref).norm() / ref.norm()).item())
                 entry["gemv_with_prepare_us"] = round(entry["gemv_us"] + row["prepare_us"], 2)
             except Exception as error:                 # a config that does not compile or fit: recorded, go on
@@ -303,7 +320,7 @@ def main(argv=None) -> int:
     per_layer = {"xhalf": round(sum(r["xhalf_us"] for r in rows_out), 2),
                  "int4_floor": round(sum(r["int4_floor_us"] for r in rows_out), 2)}
     if all("best" in r for r in rows_out):
-        per_layer["gluon_ring"] = round(sum(r["best_gemv_with_prepare_us"] for r in rows_out), 2)
+        per_layer["gluon_best_config_per_shape"] = round(sum(r["best_gemv_with_prepare_us"] for r in rows_out), 2)
     print("us per layer:", per_layer)
     checks = [{"name": f"{r['shape']} {c['config']}: within 1e-2 of the dequantized reference",
                "value": c["rel_err"], "op": "<=", "target": 1e-2, "passed": c["rel_err"] <= 1e-2}
