@@ -12,7 +12,8 @@ x prepared in the half layout by the engine's own kernel), so the results match 
 
 Modes: "gemv" (the whole GEMV), "read" (the same loads, the words summed: the ceiling of this data path), "heavy"
 (the products twice over: what the math costs) and "no_x" (the words stand in for x's planes: what x's loads cost);
-only "gemv" computes the GEMV.
+only "gemv" computes the GEMV, and "x_once" where one step spans K (x's loads before the loop, kept in registers
+across a persistent program's tiles).
 Scales and mins are read as one int32 word per (row, group): (scale, min) as a pair of fp16 (the probe repacks them;
 the engine's format keeps two arrays). Each kernel is chained COPIES times in a CUDA graph with PDL over weight
 copies that miss L2, as in int4_peer_kernels.py; XHALF is timed with its preparing kernel, the Gluon GEMV on the
@@ -100,6 +101,19 @@ if HAS_GLUON:
                 gl.load(sm_ptr + s_at, mask=((gs < G) & live)[None, :], other=0))
 
     @gluon.jit
+    def _x_loads(xi, xp_ptr, g0, G, xg, xr, xj, rg, rr):
+        """x's four planes [1, GI, 2, 4] (int32 pairs of fp16) and each run's factor and sum [GI, 2] for groups
+        g0 .. g0 + GI: run r's chunk of 20 words holds planes p (4 words each), then the factor and the sum."""
+        gx = g0 + xg
+        chunk = (gx * 2 + xr) * 20 + xj                                                    # [GI, 2, 4]
+        in_k = gx < G
+        gr = g0 + rg
+        run_at = (gr * 2 + rr) * 20 + 16                                                   # [GI, 2]
+        return (gl.load(xi + chunk, mask=in_k, other=0)[None], gl.load(xi + chunk + 4, mask=in_k, other=0)[None],
+                gl.load(xi + chunk + 8, mask=in_k, other=0)[None], gl.load(xi + chunk + 12, mask=in_k, other=0)[None],
+                gl.load(xp_ptr + run_at, mask=gr < G, other=0.0), gl.load(xp_ptr + run_at + 1, mask=gr < G, other=0.0))
+
+    @gluon.jit
     def _advance(step, tile, k_iters, programs):
         """The next work item's K step and tile."""
         step += 1
@@ -155,13 +169,14 @@ if HAS_GLUON:
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        # x: run r's chunk of 20 words holds planes p (4 words each), then the factor and the sum
         xg = gl.arange(0, GI, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))[:, None, None]     # [GI, 1, 1]
         xr = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))[None, :, None]      # [1, 2, 1]
         xj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))[None, None, :]      # [1, 1, 4]
         rg = gl.arange(0, GI, layout=gl.SliceLayout(1, LR))[:, None]                             # [GI, 1]
         rr = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))[None, :]                              # [1, 2]
         xi = xp_ptr.to(gl.pointer_type(gl.int32))
+        if MODE == 4:                                                  # X_ONCE: one step spans K, x stays in registers
+            kx0, kx1, kx2, kx3, kept_factor, kept_sum = _x_loads(xi, xp_ptr, 0, G, xg, xr, xj, rg, rr)
         acc = gl.zeros([BN, GI], gl.float32, LS)
         tile = pid
         step = 0
@@ -183,22 +198,15 @@ if HAS_GLUON:
                 acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32) + pair.to(gl.float32)
             else:
                 if MODE == 3:                                          # NO_X: the words stand in for x's planes
+                    x0, x1, x2, x3, factor, x_sum = _x_loads(xi, xp_ptr, g0, G, xg, xr, xj, rg, rr)
                     x0 = words
                     x1 = words
                     x2 = words
                     x3 = words
+                elif MODE == 4:
+                    x0, x1, x2, x3, factor, x_sum = kx0, kx1, kx2, kx3, kept_factor, kept_sum
                 else:
-                    gx = g0 + xg
-                    chunk = (gx * 2 + xr) * 20 + xj                                    # [GI, 2, 4]
-                    in_k = gx < G
-                    x0 = gl.load(xi + chunk, mask=in_k, other=0)[None]
-                    x1 = gl.load(xi + chunk + 4, mask=in_k, other=0)[None]
-                    x2 = gl.load(xi + chunk + 8, mask=in_k, other=0)[None]
-                    x3 = gl.load(xi + chunk + 12, mask=in_k, other=0)[None]
-                gr = g0 + rg
-                run_at = (gr * 2 + rr) * 20 + 16                                       # [GI, 2]
-                factor = gl.load(xp_ptr + run_at, mask=gr < G, other=0.0)
-                x_sum = gl.load(xp_ptr + run_at + 1, mask=gr < G, other=0.0)
+                    x0, x1, x2, x3, factor, x_sum = _x_loads(xi, xp_ptr, g0, G, xg, xr, xj, rg, rr)
                 dots = gl.inline_asm_elementwise(
                     asm=_HEAVY_ASM if MODE == 2 else _PACKED_ASM, constraints="=r,=r,=r,=r," + "r," * 19 + "r",
                     args=[words, x0, x1, x2, x3], dtype=gl.float32, is_pure=True, pack=4)   # [BN, GI, 2, 4]
@@ -230,7 +238,8 @@ def parse_config(spec: str) -> dict:
             "per_sm": per_sm[0] if per_sm else 0}
 
 
-MODES = {"gemv": 0, "read": 1, "heavy": 2, "no_x": 3}       # the kernel's MODE
+MODES = {"gemv": 0, "read": 1, "heavy": 2, "no_x": 3, "x_once": 4}       # the kernel's MODE (x_once: where one
+                                                                             # step spans K)
 
 
 def gluon_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, mode: str = "gemv") -> None:
@@ -298,11 +307,17 @@ def main(argv=None) -> int:
             entry = {"config": label}
             try:
                 for mode in MODES:
+                    if mode == "x_once" and 32 // config["TN"] * config["WG"] < k // GROUP:
+                        continue
                     entry[f"{mode}_us"] = round(chained_us(lambda w, config=config, mode=mode: gluon_launch(
                         prepared, w, out, config, mode), copies), 2)
                 out.zero_()
                 gluon_launch(prepared, copies[0], out, config)
                 entry["rel_err"] = float(((out - ref).norm() / ref.norm()).item())
+                if "x_once_us" in entry:
+                    out.zero_()
+                    gluon_launch(prepared, copies[0], out, config, "x_once")
+                    entry["x_once_rel_err"] = float(((out - ref).norm() / ref.norm()).item())
                 entry["gemv_with_prepare_us"] = round(entry["gemv_us"] + row["prepare_us"], 2)
             except Exception as error:                 # a config that does not compile or fit: recorded, go on
                 entry["error"] = f"{type(error).__name__}: {error}"[:400]
