@@ -347,6 +347,57 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, g
     assert _rel_err(y, ref) < (5e-3 if half else 1e-3)
 
 
+@pytest.mark.parametrize("gated,norm,paired", [(False, False, False), (True, True, False), (False, True, True),
+                                               (False, False, True)],
+                         ids=["residual", "norm_gated", "norm_paired", "paired"])
+@pytest.mark.parametrize("n,k,block_n,double", [(19, 256, 2, False), (20, 256, 2, True), (7, 192, 1, True),
+                                                 (16, 576, 4, False)],
+                         ids=["ragged_rows", "whole_double", "ragged_groups_double", "nine_groups"])
+def test_xhalf_persistent_kernel(n, k, gated, norm, paired, block_n, double):
+    """_w4_xhalf_persistent (XHALF with x held across a program's row blocks) against the norm and the int4
+    linear in fp32, with a bias: three programs over more row blocks (each takes several, the last past the end),
+    ragged row blocks, K of 3 or 9 groups in a step of 4 or 16 (masked groups) or of 4 (whole), gated or adding
+    into the residual, PAIRED, DOUBLE; XHALF's tolerance (test_int4_sub_loop_on_prepared_x)."""
+    from tierllm.kernels.gemv import fused_linear_ref
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+    from tierllm.quant.formats import dequantize_int4
+
+    if double and not (gated or paired):
+        pytest.skip("DOUBLE takes two row sets to double: gated or PAIRED")
+    quant = QuantConfig(bits=4, group_size=64)
+    sets = (2 if gated or paired else 1) * (2 if double else 1)
+    out_rows = n * sets // (2 if gated else 1)
+    w, bias = _quantized(n * sets, k, quant, seed=75)
+    x = 2 * _x(1, k, torch.float16, seed=76)
+    g = (1 + 0.5 * _x(1, k, torch.float16, seed=77)).reshape(k) if norm else None
+    y = (torch.empty(1, out_rows, dtype=torch.float16, device=DEVICE) if gated
+         else _x(1, out_rows, torch.float16, seed=78))
+    start = y.clone()
+    groups = triton.next_power_of_2(k // 64)
+    config = {"BLOCK_N": block_n, "GROUPS_PER_BLOCK": groups, "PERSIST": 1, "PAIRED": paired, "DOUBLE": double}
+    assert triton.cdiv(n, block_n) > 3
+    quant_gemv._w4_xhalf_persistent[(1, 3)](
+        prepare_x_half_triton(x, g), w["qweight"], w["scales"], w["mins"], bias.half(), y, n, k,
+        w["qweight"].stride(0), w["scales"].stride(0), 1e-6, GROUP=64, HAS_MINS=True, HAS_BIAS=True, NORM=norm,
+        GATED=gated, RESIDUAL=not gated, **config, EVEN=quant_gemv.w4_even({"N": n, "K": k, "GROUP": 64, **config}),
+        EMULATE=_dispatch.is_interpreted())
+    dense = dequantize_int4(w["qweight"], w["scales"], w["mins"], 64, torch.float32)
+    ref = fused_linear_ref(x.float(), dense, bias.float(), norm_weight=None if g is None else g.float(), gated=gated)
+    ref = ref if gated else ref + start.float()
+    assert _rel_err(y, ref) < 5e-3
+
+
+def test_persistent_configs_only_where_one_step_spans_k():
+    """The persistent XHALF configs take K's groups in one step: offered for K of up to PERSIST_MAX_GROUPS groups,
+    a power of 2 of groups per step (masked past K), and not for longer K (down_proj's 11008 = 172 groups)."""
+    assert {c.kwargs["GROUPS_PER_BLOCK"] for c in quant_gemv.persistent_configs(4096, 64)} == {64}
+    assert {c.kwargs["GROUPS_PER_BLOCK"] for c in quant_gemv.persistent_configs(576, 64)} == {16}
+    assert quant_gemv.persistent_configs(11008, 64) == []
+    assert any(c.kwargs.get("PERSIST") for c in quant_gemv.prepared_configs(4096, 64, True, 4096))
+    assert not any(c.kwargs.get("PERSIST") for c in quant_gemv.prepared_configs(4096, 64, False, 11008))
+    assert not any(c.kwargs.get("PERSIST") for c in quant_gemv.prepared_configs(4096, 64, False))
+
+
 # (n, k, gated, paired, double, early, stacked): ragged row and group blocks, whole ones (EVEN), and whole row
 # blocks with 18 groups in steps of 8 (EVEN_N: a masked first step, an unmasked one, a masked 2-group tail)
 _XHALF_EPILOGUES = [(19, 384, False, False, False, True, False), (19, 384, False, True, False, True, False),
@@ -429,8 +480,9 @@ def test_w4_gemv_graph_tuned(monkeypatch, gated, xhalf):
     kept = [] if xhalf else [c for c in quant_gemv._INT4_CONFIGS if not (interpreted and c.kwargs.get("NIBBLES") == 2)]
     assert xhalf or any(c.kwargs.get("INT4_SUB") for c in kept)
     assert xhalf or (len(kept) < len(quant_gemv._INT4_CONFIGS) if interpreted else kept == quant_gemv._INT4_CONFIGS)
-    kept += quant_gemv.prepared_configs(n, quant.group_size, gated)       # one row: the loop on x prepared by a
-    # kernel before it (PAIRED for the ungated linear: 20 rows are two halves of 10)
+    kept += quant_gemv.prepared_configs(n, quant.group_size, gated, k)    # one row: the loop on x prepared by a
+    # kernel before it (PAIRED for the ungated linear: 20 rows are two halves of 10; the persistent XHALF ones last)
+    assert xhalf == any(c.kwargs.get("PERSIST") for c in kept)
     assert any(c.kwargs.get("XHALF") for c in kept) == xhalf and any(c.kwargs.get("PAIRED") for c in kept) != gated
     fastest = kept[-1]                                   # (so its launch, with the preparing kernel, is checked)
     timed = []
@@ -477,7 +529,7 @@ def test_w4_gemv_graph_tuned_on_gpu(monkeypatch, gated):
                                        quant.group_size), 1, n,
                      {"gated": True} if gated else _fusion_inputs("residual", 1, n, k, torch.bfloat16, seed=7))
     [config] = quant_gemv._w4_graph_tuner.cache.values()
-    assert (config in quant_gemv._INT4_CONFIGS + quant_gemv.prepared_configs(n, quant.group_size, gated)
+    assert (config in quant_gemv._INT4_CONFIGS + quant_gemv.prepared_configs(n, quant.group_size, gated, k)
             or config.kwargs.get(quant_gemv.TENSOR_CORES))
 
 
