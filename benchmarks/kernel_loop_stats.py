@@ -26,7 +26,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tierllm.kernels import gemv, quant_gemm, quant_gemv, w4_mma_gemv  # noqa: E402
+from tierllm.kernels import gemv, int4_held_x, quant_gemm, quant_gemv, w4_mma_gemv  # noqa: E402
 
 FUSIONS = {"HAS_BIAS": False, "NORM": False, "GATED": False, "RESIDUAL": False}
 
@@ -48,15 +48,14 @@ def kernels(args) -> dict:
                 ("y_ptr", "*bf16"), ("ws_ptr", "*fp32"), ("count_ptr", "*i32"), ("M", "i32"), ("N", "i32"),
                 ("K", "i32"), ("stride_xw", "i32"), ("stride_ww", "i32"), ("stride_sn", "i32"), ("stride_ym", "i32"),
                 ("M_BUCKET", "i32")]
-    persist_args = [("xp_ptr", "*fp32"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
+    held_args = [("xp_ptr", "*fp32"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
                     ("y_ptr", "*bf16"), ("N", "i32"), ("K", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"),
                     ("eps", "fp32")]
     return {
-        "w4_persist": (quant_gemv._w4_xhalf_persistent, persist_args,
-                       {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "NORM": args.norm, "GATED": args.gated,
-                        "RESIDUAL": args.residual, "BLOCK_N": args.block_n, "GROUPS_PER_BLOCK": args.groups,
-                        "PERSIST": 4, "PAIRED": args.paired, "DOUBLE": args.double, "EVEN": args.even, "PDL": True,
-                        "EMULATE": False}),
+        "w4_held": (int4_held_x.w4_held_x_kernel, held_args,
+                    {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "NORM": args.norm, "GATED": args.gated,
+                     "RESIDUAL": args.residual, "BLOCK_N": args.block_n, "GROUPS_PER_BLOCK": args.groups,
+                     "PERSIST": 4, "EVEN": args.even, "PDL": True, "EMULATE": False}),
         "w4_mma": (w4_mma_gemv._w4_mma_gemv_kernel, mma_args,
                    {"HAS_MINS": True, "HAS_BIAS": False, "GATED": args.gated, "RESIDUAL": not args.gated,
                     "TWO_TILES": False, "WARPS": args.warps, "UNROLL": args.unroll, "EMULATE": False, "EVEN_N": True,
@@ -112,7 +111,7 @@ def loop_stats(fn, arguments, constexprs, warps: int, stages: int,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kernel", choices=["w4_gemv", "w4_persist", "w8_gemv", "w4_gemm", "w4_mma"])
+    parser.add_argument("kernel", choices=["w4_gemv", "w4_held", "w8_gemv", "w4_gemm", "w4_mma"])
     parser.add_argument("--block-m", type=int, default=64, help="w4_gemm: BLOCK_M")
     parser.add_argument("--split-k", type=int, default=1, help="w4_gemm, w4_mma: SPLIT_K")
     parser.add_argument("--unroll", type=int, default=4, help="w4_mma: UNROLL (groups per warp per iteration)")
@@ -158,7 +157,7 @@ def main() -> int:
         parser.error("w4_gemm: --block-m and --block-n must be at least 16 (tl.dot's minimum)")
     fn, arguments, constexprs = kernels(args)[args.kernel]
     mix, whole, conversions, registers = loop_stats(fn, arguments, constexprs, args.warps, args.stages, args.maxnreg)
-    weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w4_persist": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}.get(
+    weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w4_held": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}.get(
         args.kernel, 0) or 16 * 32 * args.unroll * args.warps                      # w4_mma: 16 rows per warp group
     weight_bytes *= 2 if args.gated or args.paired else 1                         # gate and up rows, or halves
     weight_bytes *= 2 if args.double else 1                                       # and their halves

@@ -27,6 +27,7 @@ from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
+from tierllm.kernels.int4_held_x import held_configs, held_programs
 from tierllm.kernels.int4_prepared_x import HALF_RUN_K, prepare_x_half_triton, prepare_x_triton
 from tierllm.kernels.w4_mma_gemv import tuned_configs as w4_mma_tuned_configs
 from tierllm.kernels.w4_mma_gemv import w4_mma_gemv, w4_mma_supported
@@ -48,6 +49,7 @@ if HAS_TRITON:
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
     from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
+    from tierllm.kernels.int4_held_x import w4_held_x_kernel
     from tierllm.kernels.int4_prepared_x import run_chunks
     from tierllm.kernels.w4_mma_gemv import masked_load
 
@@ -159,32 +161,6 @@ if HAS_TRITON:
                          (2, 32, 4, True, True), (4, 16, 4, True, True), (4, 32, 8, True, True),
                          (2, 64, 8, True, True)]]
 
-    # PERSIST: the XHALF loop as a persistent kernel (_w4_xhalf_persistent) where one step spans K: x loaded once per
-    # program, PERSIST programs per SM. (BLOCK_N, warps, PAIRED, DOUBLE, PERSIST); GROUPS_PER_BLOCK is K's groups
-    # (persistent_configs). Four rows per thread at one k, as the Gluon probe's fastest held them, and two.
-    _PERSIST_SHAPES = [(1, 4, True, True, 4), (2, 4, True, True, 4), (1, 4, True, True, 2), (2, 8, True, True, 2),
-                       (1, 2, True, True, 8), (1, 4, True, False, 4), (2, 4, True, False, 4),
-                       (1, 4, False, True, 4), (2, 4, False, True, 4), (2, 8, False, True, 2), (1, 2, False, True, 8),
-                       (2, 4, False, False, 4)]
-    PERSIST_MAX_GROUPS = 64          # x's planes of at most this many groups held per program (registers)
-
-    def persistent_configs(k: int, group_size: int) -> list:
-        """_w4_xhalf_persistent's configs for K = k: one step of K's groups (a power of 2), where that is at most
-        PERSIST_MAX_GROUPS; else none."""
-        groups = triton.next_power_of_2(k // group_size)
-        if k % group_size or groups > PERSIST_MAX_GROUPS:
-            return []
-        return [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": groups, "PERSIST": per_sm,
-                               **({"PAIRED": True} if paired else {}), **({"DOUBLE": True} if double else {})},
-                              num_warps=w, num_stages=1)
-                for bn, w, paired, double, per_sm in _PERSIST_SHAPES]
-
-    def persistent_programs(blocks: int, per_sm: int, device: torch.device) -> int:
-        """A persistent launch's programs: per_sm per SM (two SMs' worth under the interpreter, so that programs
-        take several blocks in the CPU tests), at most one per row block."""
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
-        return max(1, min(blocks, per_sm * sms))
-
     def row_sets(config: dict) -> int:
         """What a one-row launch's N divides y's rows by: 2 for PAIRED, twice that with DOUBLE (a gated launch's N:
         y's rows, half with DOUBLE)."""
@@ -199,8 +175,8 @@ if HAS_TRITON:
         """The graph tuner's XGLOBAL configs for one x row on n output rows, PAIRED ones for an ungated linear of
         an even row count: where XHALF applies, its configs and the fp32 loop's best step (bn4 gpb16 w4, plain and
         PAIRED; the rest of the one-row list times 1.2-3x the best on llama-7b's shapes on an H200 and is not
-        timed, quant-bf16-int4-attention-loads-llama-7b-h200.json), and with k the persistent ones that apply
-        (persistent_configs); else the fp32 loop's configs."""
+        timed, quant-bf16-int4-attention-loads-llama-7b-h200.json), and with k the HELD kernel's where K fits its
+        one step (int4_held_x.py); else the fp32 loop's configs."""
         paired_ok = not gated and n % 2 == 0
         if not xhalf_applies(group_size):
             return _PREPARED_CONFIGS + (_PAIRED_CONFIGS if paired_ok else [])
@@ -210,9 +186,9 @@ if HAS_TRITON:
             if not double:
                 return paired_ok or not paired
             return paired_ok and n % 4 == 0 if paired else gated and n % 2 == 0
-        persistent = persistent_configs(k, group_size) if k is not None else []
+        held = held_configs(k, group_size) if k is not None else []
         return _PREPARED_CONFIGS[:1] + (_PAIRED_CONFIGS[:1] if paired_ok else []) + [
-            c for c in _HALF_CONFIGS + persistent if applies(c)]
+            c for c in _HALF_CONFIGS + held if applies(c)]
 
     def _prune_int4(configs, named_args, **kwargs):
         """INT4_ROW configs only where they apply: one x row, x rows at 4-byte boundaries (it reads x as int32
@@ -954,55 +930,6 @@ if HAS_TRITON:
                               NORM, RESIDUAL, EARLY_RESIDUAL)
 
     @triton.jit
-    def _w4_xhalf_persistent(xp_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, N, K, stride_wn, stride_sn, eps,
-                             GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
-                             GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
-                             GROUPS_PER_BLOCK: tl.constexpr, PERSIST: tl.constexpr, PAIRED: tl.constexpr = False,
-                             DOUBLE: tl.constexpr = False, EVEN: tl.constexpr = False, PDL: tl.constexpr = False,
-                             EMULATE: tl.constexpr = False):
-        """The XHALF loop (_half_dot) for one x row whose one step spans K (GROUPS_PER_BLOCK * GROUP >= K), as a
-        persistent kernel: program p takes row blocks p, p + P, ... (P programs: PERSIST per SM, the launcher's
-        grid) and loads x's planes, factors and sums once, keeping them in registers for all its blocks; each
-        block's weights are loaded while the block before it is summed and stored (the first block's before the
-        PDL wait). Row sets, epilogues and N as _w4_gemv_body's XHALF path (PAIRED, DOUBLE, GATED, NORM, RESIDUAL:
-        the residual read in the epilogue). Why: an int4 GEMV in Gluon (benchmarks/int4_gluon_probe.py) lost
-        2-5 us of a qkv or gate/up GEMV to x's loads in each block, and kept them as this kernel does."""
-        tl.static_assert(not DOUBLE or GATED or PAIRED, "DOUBLE doubles two row sets: GATED or PAIRED")
-        SETS: tl.constexpr = (2 if GATED or PAIRED else 1) * (2 if DOUBLE else 1)
-        WORDS: tl.constexpr = GROUP // 8
-        RUNS: tl.constexpr = WORDS // 4
-        num_groups = K // GROUP
-        stride = tl.num_programs(1) * BLOCK_N
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < N
-        if PDL:
-            gdc_launch_dependents()
-        w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(
-            w_ptr, s_ptr, mn_ptr, offs_n.to(tl.int64), N, n_mask, 0, num_groups, stride_wn, stride_sn, WORDS,
-            GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN)
-        if PDL:
-            gdc_wait()
-        xp0, xp1, xp2, xp3, factor, x_sum, squares = half_x_loads(xp_ptr, offs_n.to(tl.int64), 0, num_groups, WORDS,
-                                                                  RUNS, GROUPS_PER_BLOCK, EVEN, NORM)
-        total = tl.sum(squares)
-        zero = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, RUNS], tl.float32)
-        none = tl.zeros([BLOCK_N], tl.float32)                        # no early residuals: the epilogue reads them
-        for _ in range(tl.program_id(1) * BLOCK_N, N, stride):
-            a0, l0, a1, l1, a2, l2, a3, l3 = _half_sets(zero, zero, zero, zero, zero, zero, zero, zero, w0, s0, m0, w1,
-                                                        s1, m1, w2, s2, m2, w3, s3, m3, xp0, xp1, xp2, xp3, factor,
-                                                        x_sum, RUNS, SETS, EMULATE)
-            next_n = offs_n + stride
-            next_mask = next_n < N
-            w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3 = _half_loads(    # past the last block: row N - 1 again,
-                w_ptr, s_ptr, mn_ptr, tl.minimum(next_n, N - 1).to(tl.int64), N, next_mask, 0, num_groups,  # unused
-                stride_wn, stride_sn, WORDS, GROUPS_PER_BLOCK, HAS_MINS, SETS, EVEN)
-            t0, t1, t2, t3 = _half_totals(a0, l0, a1, l1, a2, l2, a3, l3, HAS_MINS, SETS, True)
-            _w4_epilogue(t0, t1, t2, t3, none, none, none, none, total, b_ptr, y_ptr, offs_n, n_mask, N, K, eps,
-                         HAS_BIAS, NORM, GATED, RESIDUAL, PAIRED, DOUBLE, False)
-            offs_n = next_n
-            n_mask = next_mask
-
-    @triton.jit
     def _w4_set_store(acc, residual, sumsq, b_ptr, y_row_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS: tl.constexpr,
                       NORM: tl.constexpr, RESIDUAL: tl.constexpr, EARLY: tl.constexpr):
         """A PAIRED launch's further set of rows: the ungated epilogue, then _w4_store."""
@@ -1097,13 +1024,13 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                                    config={name: v for name, v in config.kwargs.items() if name != TENSOR_CORES})
             rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
             grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
-            if config.kwargs.get("PERSIST"):
-                grid = (1, persistent_programs(grid[1], config.kwargs["PERSIST"], x.device))
-                even = w4_even({"N": rows, "K": k, "GROUP": group_size, **config.kwargs})
-                _w4_xhalf_persistent[grid](
+            if config.kwargs.get("PERSIST"):                    # int4_held_x.py: x held across row blocks
+                grid = (1, held_programs(grid[1], config.kwargs["PERSIST"], x.device))
+                w4_held_x_kernel[grid](
                     prepare_x_half_triton(x, norm_weight, pdl=pdl), w, scales, mins if mins is not None else scales,
                     bias if bias is not None else scales, out, rows, k, w.stride(0), scales.stride(0), eps, **flags,
-                    **config.all_kwargs(), EVEN=even, EMULATE=_dispatch.is_interpreted(), **pdl_options(x, pdl))
+                    **config.all_kwargs(), EVEN=k // group_size == config.kwargs["GROUPS_PER_BLOCK"],
+                    EMULATE=_dispatch.is_interpreted(), **pdl_options(x, pdl))
             elif config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x,
                 half = config.kwargs.get("XHALF", False)        # but for XHALF's rstd, which is the GEMV's
                 x_prepared = (prepare_x_half_triton(x, norm_weight, pdl=pdl) if half

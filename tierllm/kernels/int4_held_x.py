@@ -1,0 +1,177 @@
+"""HELD: the XHALF int4 GEMV (int4_half_dot.py) for one x row whose K fits one step, as a persistent kernel that
+loads x once per program and holds it in registers for all the row blocks the program takes.
+
+Why: in the XHALF loop (quant_gemv._half_dot) each program reloads x's planes for its few rows, and at batch 1
+those loads cost 1.5-3.6 us of a llama-7b GEMV on an H200 even with four rows per thread sharing them (the Gluon
+probe, benchmarks/int4_gluon_probe.py: its "no_x" mode against "gemv"). A persistent program holding x (the probe's
+"x_once") took gate/up (ungated) from 18.0 us with XHALF's preparing kernel to 15.4, qkv from 12.6 to 10.4
+(benchmarks/results/int4-gluon-probe-x-once-h200.json).
+
+Layout: a block's weight words load as [2 runs, BLOCK_N rows, GPB groups, 4 words] int32 (a group of 64 codes is 8
+words, 2 runs of 4): with the runs in the slowest dimension each thread holds both runs of its group for its rows
+(offline, Triton 3.6, sm90, 4 warps: 8 rows x 64 groups give each thread 4 rows x 32 bytes), so that its x planes,
+factors and sums (held) and each (row, group) scale and min serve 32 weight bytes. The next block's weights load
+while a block's products are summed and stored (the first block's before the PDL wait). Row blocks past N repeat
+row N - 1 (loaded, never stored). GATED: the up rows N + r in a second tile of the same layout.
+
+y[r] = sum_g scale[r, g] * (factor_g0 * dot(r, run 0) + factor_g1 * dot(r, run 1)) + min[r, g] * (sum of x over g),
+then quant_gemv's fused epilogue (rstd from the runs' sums of squares with NORM, bias, SiLU-and-mul, residual)."""
+from __future__ import annotations
+
+import torch
+
+from tierllm.kernels._dispatch import HAS_TRITON
+
+HELD_MAX_GROUPS = 64                 # x's planes of at most this many groups held per program (registers)
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
+    from tierllm.kernels.gemv import fused_epilogue
+    from tierllm.kernels.int4_half_dot import _RUN_DOT_ASM, _emulated_word
+    from tierllm.kernels.int4_prepared_x import HALF_CHUNK
+    from tierllm.kernels.w4_mma_gemv import masked_load
+
+    _CHUNK = tl.constexpr(HALF_CHUNK)
+
+    @triton.jit
+    def _group_index(GPB: tl.constexpr):
+        """Each group's run and word positions: g [1, 1, GPB, 1], run [2, 1, 1, 1], word [1, 1, 1, 4]."""
+        g = tl.arange(0, GPB)[None, None, :, None]
+        run = tl.arange(0, 2)[:, None, None, None]
+        word = tl.arange(0, 4)[None, None, None, :]
+        return g, run, word
+
+    @triton.jit
+    def _block_loads(w_ptr, s_ptr, mn_ptr, rows, num_groups, stride_wn, stride_sn, GPB: tl.constexpr,
+                     HAS_MINS: tl.constexpr, EVEN: tl.constexpr):
+        """Rows `rows` (int64 [BLOCK_N], inside the weight): their words [2, BLOCK_N, GPB, 4] int32 and group
+        scales and mins [BLOCK_N, GPB] fp32 (symmetric: -8 * scale); groups past K masked unless EVEN."""
+        g, run, word = _group_index(GPB)
+        at = rows[None, :, None, None] * (stride_wn // 4) + g * 8 + run * 4 + word
+        MASK: tl.constexpr = not EVEN
+        words = masked_load(w_ptr.to(tl.pointer_type(tl.int32)) + at, g < num_groups, MASK)
+        groups = tl.arange(0, GPB)[None, :]
+        s_at = rows[:, None] * stride_sn + groups
+        scale = masked_load(s_ptr + s_at, groups < num_groups, MASK).to(tl.float32)
+        low = -8.0 * scale
+        if HAS_MINS:
+            low = masked_load(mn_ptr + s_at, groups < num_groups, MASK).to(tl.float32)
+        return words, scale, low
+
+    @triton.jit
+    def _words(t):
+        """[2, BLOCK_N, GPB, 4] -> its four words, [2, BLOCK_N, GPB] each."""
+        even, odd = tl.split(tl.reshape(t, [t.shape[0], t.shape[1], t.shape[2], 2, 2]))     # words 0, 2 | 1, 3
+        w0, w2 = tl.split(even)
+        w1, w3 = tl.split(odd)
+        return w0, w1, w2, w3
+
+    @triton.jit
+    def _block_dot(words, scale, low, x0, x1, x2, x3, factor, x_sum, EMULATE: tl.constexpr):
+        """One tile's rows: each run's packed-fp16 dot product (int4_half_dot's PTX, or its emulation), times the
+        run's factor, summed over the group's two runs; times the group's scale, plus its min times x's sum over
+        the group; summed over the groups -> [BLOCK_N] fp32."""
+        w0, w1, w2, w3 = _words(words)
+        a0, a1, a2, a3 = _words(x0)
+        b0, b1, b2, b3 = _words(x1)
+        c0, c1, c2, c3 = _words(x2)
+        d0, d1, d2, d3 = _words(x3)
+        if EMULATE:
+            zero = tl.zeros(w0.shape, tl.float32)
+            low_half, high_half = _emulated_word(zero, zero, w0, a0, b0, c0, d0)
+            low_half, high_half = _emulated_word(low_half, high_half, w1, a1, b1, c1, d1)
+            low_half, high_half = _emulated_word(low_half, high_half, w2, a2, b2, c2, d2)
+            low_half, high_half = _emulated_word(low_half, high_half, w3, a3, b3, c3, d3)
+            dots = low_half + high_half
+        else:
+            dots = tl.inline_asm_elementwise(
+                asm=_RUN_DOT_ASM, constraints="=r," + "r," * 19 + "r",
+                args=[w0, w1, w2, w3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3],
+                dtype=tl.float32, is_pure=True, pack=1)                                 # [2, BLOCK_N, GPB]
+        group_dots = tl.sum(dots * factor, axis=0)                                      # [BLOCK_N, GPB]
+        return tl.sum(group_dots * scale + low * x_sum, axis=1)
+
+    @triton.jit
+    def w4_held_x_kernel(xp_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, N, K, stride_wn, stride_sn, eps,
+                         GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+                         GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+                         GROUPS_PER_BLOCK: tl.constexpr, PERSIST: tl.constexpr, EVEN: tl.constexpr = False,
+                         PDL: tl.constexpr = False, EMULATE: tl.constexpr = False):
+        """y[:N] (+)= epilogue(x @ dequant(W)[rows]^T) for one x row prepared in int4_prepared_x's half layout
+        (xp_ptr), groups of GROUP = 64 codes, K's groups in one step of GROUPS_PER_BLOCK (a power of 2, masked
+        past K unless EVEN); program p of P (the grid's second axis: PERSIST per SM, quant_gemv.persistent_programs)
+        takes row blocks p, p + P, ... (module doc)."""
+        tl.static_assert(GROUP == 64, "HELD: groups of 64 codes (2 runs of 4 words)")
+        num_groups = K // GROUP
+        stride = tl.num_programs(1) * BLOCK_N
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+        if PDL:
+            gdc_launch_dependents()
+        words, scale, low = _block_loads(w_ptr, s_ptr, mn_ptr, rows, num_groups, stride_wn, stride_sn,
+                                         GROUPS_PER_BLOCK, HAS_MINS, EVEN)
+        words_up, scale_up, low_up = words, scale, low
+        if GATED:
+            words_up, scale_up, low_up = _block_loads(w_ptr, s_ptr, mn_ptr, rows + N, num_groups, stride_wn,
+                                                      stride_sn, GROUPS_PER_BLOCK, HAS_MINS, EVEN)
+        if PDL:
+            gdc_wait()
+        g, run, word = _group_index(GROUPS_PER_BLOCK)
+        in_k = g < num_groups
+        x_at = (g * 2 + run) * _CHUNK + word                                             # [2, 1, GPB, 4]
+        xi = xp_ptr.to(tl.pointer_type(tl.int32))
+        MASK: tl.constexpr = not EVEN
+        x0 = masked_load(xi + x_at, in_k, MASK)
+        x1 = masked_load(xi + x_at + 4, in_k, MASK)
+        x2 = masked_load(xi + x_at + 8, in_k, MASK)
+        x3 = masked_load(xi + x_at + 12, in_k, MASK)
+        run_at = (g * 2 + run) * _CHUNK + 16                                             # [2, 1, GPB, 1]
+        factor = tl.sum(masked_load(xp_ptr + run_at, in_k, MASK), axis=3)                # [2, 1, GPB]
+        x_sum = tl.sum(tl.sum(masked_load(xp_ptr + run_at + 1, in_k, MASK), axis=3), axis=0)     # [1, GPB]
+        total = 0.0
+        if NORM:
+            total = tl.sum(masked_load(xp_ptr + run_at + 2, in_k, MASK))
+        for _ in range(tl.program_id(1) * BLOCK_N, N, stride):
+            acc = _block_dot(words, scale, low, x0, x1, x2, x3, factor, x_sum, EMULATE)
+            acc_up = acc
+            if GATED:
+                acc_up = _block_dot(words_up, scale_up, low_up, x0, x1, x2, x3, factor, x_sum, EMULATE)
+            next_n = offs_n + stride                       # the next block's loads before this one's epilogue
+            rows = tl.minimum(next_n, N - 1).to(tl.int64)
+            words, scale, low = _block_loads(w_ptr, s_ptr, mn_ptr, rows, num_groups, stride_wn, stride_sn,
+                                             GROUPS_PER_BLOCK, HAS_MINS, EVEN)
+            if GATED:
+                words_up, scale_up, low_up = _block_loads(w_ptr, s_ptr, mn_ptr, rows + N, num_groups, stride_wn,
+                                                          stride_sn, GROUPS_PER_BLOCK, HAS_MINS, EVEN)
+            n_mask = offs_n < N
+            out = fused_epilogue(acc, acc_up, total, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
+            if RESIDUAL:
+                out += tl.load(y_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            tl.store(y_ptr + offs_n, out.to(y_ptr.dtype.element_ty), mask=n_mask)
+            offs_n = next_n
+
+
+def held_programs(blocks: int, per_sm: int, device: torch.device) -> int:
+    """A launch's programs: per_sm per SM (two SMs' worth under the interpreter, so that programs take several
+    blocks in the CPU tests), at most one per row block."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    return max(1, min(blocks, per_sm * sms))
+
+
+def held_configs(k: int, group_size: int) -> list:
+    """The HELD kernel's configs for K = k: GROUPS_PER_BLOCK = K's groups (a power of 2) where that is at most
+    HELD_MAX_GROUPS and the groups hold 64 codes; else none. (BLOCK_N, warps, programs per SM): rows per thread
+    (4 warps spread 2 x 2 over rows and groups at 64 groups) and occupancy (offline: 8 rows x 4 warps take ~250
+    registers per thread ungated)."""
+    import triton
+
+    groups = triton.next_power_of_2(max(1, k // group_size))
+    if group_size != 64 or k % group_size or groups > HELD_MAX_GROUPS:
+        return []
+    return [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": groups, "PERSIST": per_sm}, num_warps=w,
+                          num_stages=1)
+            for bn, w, per_sm in [(8, 4, 2), (4, 4, 2), (4, 4, 3), (4, 2, 4), (2, 2, 6), (2, 4, 4), (8, 8, 1),
+                                  (4, 8, 2), (2, 1, 8)]]
