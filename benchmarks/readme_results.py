@@ -677,6 +677,47 @@ def session31_sentence(peer: dict, split_log: str, run: dict, int8: dict, ab_run
             "to hide behind.")
 
 
+def _gluon_layer(doc: dict) -> float:
+    """A Gluon probe run's per-layer sum of each shape's fastest config (its key was renamed between runs)."""
+    return next(v for k, v in doc["results"]["per_layer_us"].items() if k.startswith("gluon"))
+
+
+def session32_sentence(oneshot: dict, ring: dict, regs: dict, modes: dict, x_once: dict, run: dict,
+                       rerun: dict) -> str:
+    """Session 32: an int4 GEMV in Gluon (shared-memory ring, plain loads; its modes split the time between math
+    and loads; x held across a persistent program's tiles), then HELD, the Triton kernel built on what it showed."""
+    def entry(doc: dict, shape: str, config: str) -> dict:
+        row = next(r for r in doc["results"]["shapes"] if r["shape"] == shape)
+        return next(c for c in row["configs"] if c["config"] == config) | {"_row": row}
+
+    split = "; ".join(
+        f"{shape} {e['read_us']} / {e['no_x_us']} / {e['gemv_us']} / {e['heavy_us']}"
+        for shape in ("o", "qkv", "gate_up", "down") for e in [entry(modes, shape, "r4:1:2:2:1:0")])
+    gate, qkv = entry(x_once, "gate_up", "r4:1:2:2:1:4"), entry(x_once, "qkv", "r4:1:2:2:1:4")
+    return ("An int4 GEMV written in Gluon (Triton's layout-explicit language; `benchmarks/int4_gluon_probe.py`), "
+            "with XHALF's products and each thread holding four rows at one k so that x's loads serve all four: "
+            "streaming the weights through a shared-memory ring by cp.async lost to the engine's XHALF GEMV, "
+            f"{_gluon_layer(oneshot)} and {_gluon_layer(ring)} (persistent) against {oneshot['results']['per_layer_us']['xhalf']} "
+            f"us per layer, and plain loads came to {_gluon_layer(regs)} "
+            "([one-shot](benchmarks/results/int4-gluon-probe-oneshot-h200.json), "
+            "[persistent](benchmarks/results/int4-gluon-probe-ring-h200.json), "
+            "[registers](benchmarks/results/int4-gluon-probe-h200.json)). Its modes split the time (one config, "
+            "us, read / no x loads / the GEMV / the products twice): "
+            f"{split} ([JSON](benchmarks/results/int4-gluon-probe-modes-h200.json)): doubling the HFMA2s cost "
+            "0.05-1.3 us, x's loads 1.6-3.6. Holding x in registers across a persistent program's tiles (K in one "
+            f"step) took ungated gate/up to {gate['x_once_us']} us against {gate['gemv_us']} and qkv to "
+            f"{qkv['x_once_us']} against {qkv['gemv_us']}, with XHALF at {gate['_row']['xhalf_us']} and "
+            f"{qkv['_row']['xhalf_us']} (its preparing kernel included, ~1.1 us) "
+            "([JSON](benchmarks/results/int4-gluon-probe-x-once-h200.json)). HELD (`tierllm/kernels/int4_held_x.py`) "
+            "is that kernel in plain Triton, so the interpreter tests it: a [runs, rows, groups, words] tile gives "
+            "each thread both runs of a group for its rows (3.3-3.9 SASS per weight byte offline, 4.9 for a first "
+            "form on XHALF's tile), x held, the next block's weights loaded under the current one's sums. The "
+            "graph tuner put gate/up on it (timeline segment 17.6 -> 15.1 us per layer); qkv, o and down kept "
+            f"XHALF. End to end: int4 {_ratio_link(run, 'quant-bf16-int4-held-x-llama-7b-h200.json', 'int4')} "
+            f"(target 2.8x: not met), again on the same machine "
+            f"{_ratio_link(rerun, 'quant-bf16-int4-held-x-rerun-llama-7b-h200.json', 'int4')}.")
+
+
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
 INT4_H200_LATEST = [
     ("L2 prefetch configs in the tuner's list (none picked)", "quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
@@ -701,6 +742,9 @@ INT4_H200_LATEST = [
      "quant-bf16-int4-early-kv-norm-rstd-llama-7b-h200.json"),
     ("the same defaults on a fresh machine, every GEMV retimed",
      "quant-bf16-int4-early-kv-norm-rstd-rerun-llama-7b-h200.json"),
+    ("HELD: x held across a persistent program's row blocks (gate/up; session 32)",
+     "quant-bf16-int4-held-x-llama-7b-h200.json"),
+    ("the same again on the same machine, its tuning file kept", "quant-bf16-int4-held-x-rerun-llama-7b-h200.json"),
 ]
 
 
@@ -805,7 +849,7 @@ GLANCE = [
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
     ("quantization (#5)", "quant-bf16-int8-early-kv-llama-7b-h200.json", None),
-    ("quantization (#5)", "quant-bf16-int4-early-kv-norm-rstd-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-held-x-llama-7b-h200.json", None),
     ("quantization (#5)", "quant-bf16-int4-asm-gemm-llama-7b-h100.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-h100.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
@@ -880,6 +924,11 @@ def int4_h200_history() -> str:
                            {p.name: results(p.name)
                             for p in (ROOT / "benchmarks/results").glob("quant-bf16-early-kv-*-run*.json")},
                            results("decode-attention-probe-early-kv-h200.json")),
+        session32_sentence(results("int4-gluon-probe-oneshot-h200.json"), results("int4-gluon-probe-ring-h200.json"),
+                           results("int4-gluon-probe-h200.json"), results("int4-gluon-probe-modes-h200.json"),
+                           results("int4-gluon-probe-x-once-h200.json"),
+                           results("quant-bf16-int4-held-x-llama-7b-h200.json"),
+                           results("quant-bf16-int4-held-x-rerun-llama-7b-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])
