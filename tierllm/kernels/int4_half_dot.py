@@ -85,6 +85,13 @@ if HAS_TRITON:
         b0, b1, b2, b3 = _run_words(xp1, RUNS)
         c0, c1, c2, c3 = _run_words(xp2, RUNS)
         d0, d1, d2, d3 = _run_words(xp3, RUNS)
+        return split_run_dots(w0, w1, w2, w3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3, EMULATE)
+
+    @triton.jit
+    def split_run_dots(w0, w1, w2, w3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+                       EMULATE: tl.constexpr):
+        """A run's 4 weight words w0..w3 and x's planes 0..3 at those words (a, b, c, d: plane 0..3, word 0..3),
+        each a tensor of one shape -> the run's code . X * 2^-24, fp32 of that shape (PTX, or EMULATE)."""
         if EMULATE:
             zero = tl.zeros(w0.shape, tl.float32)
             low, high = _emulated_word(zero, zero, w0, a0, b0, c0, d0)

@@ -30,7 +30,7 @@ if HAS_TRITON:
 
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait
     from tierllm.kernels.gemv import fused_epilogue
-    from tierllm.kernels.int4_half_dot import _RUN_DOT_ASM, _emulated_word
+    from tierllm.kernels.int4_half_dot import split_run_dots
     from tierllm.kernels.int4_prepared_x import HALF_CHUNK
     from tierllm.kernels.w4_mma_gemv import masked_load
 
@@ -79,18 +79,8 @@ if HAS_TRITON:
         b0, b1, b2, b3 = _words(x1)
         c0, c1, c2, c3 = _words(x2)
         d0, d1, d2, d3 = _words(x3)
-        if EMULATE:
-            zero = tl.zeros(w0.shape, tl.float32)
-            low_half, high_half = _emulated_word(zero, zero, w0, a0, b0, c0, d0)
-            low_half, high_half = _emulated_word(low_half, high_half, w1, a1, b1, c1, d1)
-            low_half, high_half = _emulated_word(low_half, high_half, w2, a2, b2, c2, d2)
-            low_half, high_half = _emulated_word(low_half, high_half, w3, a3, b3, c3, d3)
-            dots = low_half + high_half
-        else:
-            dots = tl.inline_asm_elementwise(
-                asm=_RUN_DOT_ASM, constraints="=r," + "r," * 19 + "r",
-                args=[w0, w1, w2, w3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3],
-                dtype=tl.float32, is_pure=True, pack=1)                                 # [2, BLOCK_N, GPB]
+        dots = split_run_dots(w0, w1, w2, w3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+                              EMULATE)                                                   # [2, BLOCK_N, GPB]
         group_dots = tl.sum(dots * factor, axis=0)                                      # [BLOCK_N, GPB]
         return tl.sum(group_dots * scale + low * x_sum, axis=1)
 
