@@ -652,22 +652,14 @@ if HAS_TRITON:
         runs' sums of squares added into q."""
         xp0, xp1, xp2, xp3, factor, x_sum, squares = half_x_loads(xp_ptr, row, g0, num_groups, WORDS, RUNS,
                                                                   GROUPS_PER_BLOCK, EVEN, NORM)
-        a0, l0, a1, l1, a2, l2, a3, l3 = _half_sets(a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2,
-                                                    m2, w3, s3, m3, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, SETS,
-                                                    EMULATE)
-        return a0, l0, a1, l1, a2, l2, a3, l3, q + squares
-
-    @triton.jit
-    def _half_sets(a0, l0, a1, l1, a2, l2, a3, l3, w0, s0, m0, w1, s1, m1, w2, s2, m2, w3, s3, m3, xp0, xp1, xp2,
-                   xp3, factor, x_sum, RUNS: tl.constexpr, SETS: tl.constexpr, EMULATE: tl.constexpr):
-        """_half_step's products for its SETS row sets, on x's planes, factors and sums already loaded."""
+        q += squares
         a0, l0 = _half_set_step(a0, l0, w0, s0, m0, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
         if SETS > 1:
             a1, l1 = _half_set_step(a1, l1, w1, s1, m1, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
         if SETS > 2:
             a2, l2 = _half_set_step(a2, l2, w2, s2, m2, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
             a3, l3 = _half_set_step(a3, l3, w3, s3, m3, xp0, xp1, xp2, xp3, factor, x_sum, RUNS, EMULATE)
-        return a0, l0, a1, l1, a2, l2, a3, l3
+        return a0, l0, a1, l1, a2, l2, a3, l3, q
 
     @triton.jit
     def _half_loads(w_ptr, s_ptr, mn_ptr, row, set_rows, n_mask, g0, num_groups, stride_wn, stride_sn,
@@ -897,20 +889,11 @@ if HAS_TRITON:
                 if GATED:
                     acc_up += _w4_block_dot(packed_up, s_ptr, mn_ptr, row_up, n_mask, offs_g, g_mask, x_even, x_odd,
                                             stride_sn, HAS_MINS)
+        y_row = y_ptr + m * stride_ym
         if INT4_ROW and INT4_SUB and XHALF:
             total = total_sq
         else:
             total = tl.sum(sumsq, axis=0)
-        _w4_epilogue(acc, acc_up, acc_3, acc_4, res, res_up, res_3, res_4, total, b_ptr, y_ptr + m * stride_ym, offs_n,
-                     n_mask, N, K, eps, HAS_BIAS, NORM, GATED, RESIDUAL, PAIRED, DOUBLE, EARLY_RESIDUAL)
-
-    @triton.jit
-    def _w4_epilogue(acc, acc_up, acc_3, acc_4, res, res_up, res_3, res_4, total, b_ptr, y_row, offs_n, n_mask, N, K,
-                     eps, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-                     PAIRED: tl.constexpr, DOUBLE: tl.constexpr, EARLY_RESIDUAL: tl.constexpr):
-        """A one-row block's row sets' sums (acc, acc_up: the gate and up rows where GATED, a PAIRED launch's two
-        halves; acc_3, acc_4: DOUBLE's further sets) and residuals (EARLY_RESIDUAL) -> fused_epilogue, stored into
-        y's row (total: NORM's sum of x's squares)."""
         if GATED and DOUBLE:                             # y[r] from gate r and up r + 2N, y[r + N] from r + N, r + 3N
             first = fused_epilogue(acc, acc_3, total, b_ptr, offs_n, n_mask, 2 * N, K, eps, HAS_BIAS, NORM, GATED)
             second = fused_epilogue(acc_up, acc_4, total, b_ptr + N, offs_n, n_mask, 2 * N, K, eps, HAS_BIAS, NORM,
@@ -1031,7 +1014,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                     bias if bias is not None else scales, out, rows, k, w.stride(0), scales.stride(0), eps, **flags,
                     **config.all_kwargs(), EVEN=k // group_size == config.kwargs["GROUPS_PER_BLOCK"],
                     EMULATE=_dispatch.is_interpreted(), **pdl_options(x, pdl))
-            elif config.kwargs.get("XGLOBAL"):                    # the norm (if any) is applied in the prepared x,
+            elif config.kwargs.get("XGLOBAL"):                  # the norm (if any) is applied in the prepared x,
                 half = config.kwargs.get("XHALF", False)        # but for XHALF's rstd, which is the GEMV's
                 x_prepared = (prepare_x_half_triton(x, norm_weight, pdl=pdl) if half
                               else prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl))
