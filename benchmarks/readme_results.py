@@ -712,8 +712,10 @@ def session32_sentence(oneshot: dict, ring: dict, regs: dict, modes: dict, x_onc
             "is that kernel in plain Triton, so the interpreter tests it: a [runs, rows, groups, words] tile gives "
             "each thread both runs of a group for its rows (3.3-3.9 SASS per weight byte offline, 4.9 for a first "
             "form on XHALF's tile), x held, the next block's weights loaded under the current one's sums. The "
-            "graph tuner put gate/up on it (timeline segment 17.6 -> 15.1 us per layer); qkv, o and down kept "
-            f"XHALF. End to end: int4 {_ratio_link(run, 'quant-bf16-int4-held-x-llama-7b-h200.json', 'int4')} "
+            "graph tuner timed it fastest on gate/up and qkv (17.04 and 11.19 us against XHALF's 19.06 and 11.61, "
+            "[extract](benchmarks/results/int4-held-tuner-timings-h200.json)); decode-step tuning kept it on gate/up "
+            "(timeline segment 17.6 -> 15.1 us per layer) and moved qkv back to XHALF; o and down kept XHALF. "
+            f"End to end: int4 {_ratio_link(run, 'quant-bf16-int4-held-x-llama-7b-h200.json', 'int4')} "
             f"(target 2.8x: not met), again on the same machine "
             f"{_ratio_link(rerun, 'quant-bf16-int4-held-x-rerun-llama-7b-h200.json', 'int4')}.")
 
