@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from int4_stream_probe import chained_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
-from tierllm.kernels.int4_half_dot import _run_dot_asm  # noqa: E402
 from tierllm.quant.formats import dequantize_int4  # noqa: E402
 
 GROUP = 64
@@ -47,9 +46,10 @@ SHAPES = {"o": (4096, 4096), "qkv": (12288, 4096), "gate_up": (22016, 4096), "do
 
 
 def packed_run_dot_asm(repeat: int = 1) -> str:
-    """int4_half_dot's run dot (its PTX, operands renumbered) for inline asm with pack=4: outputs $0..$3 (the run's
-    dot in $0, zeros after it), the run's 4 words $4..$7 and plane p's 4 words $8 + 4p .. $11 + 4p. repeat > 1 (the
-    HEAVY mode): the products that many times over (a wrong result with the same loads), to time the math."""
+    """int4_half_dot's run dot (the same PTX as its _run_dot_asm, operands renumbered) for inline asm with pack=4:
+    outputs $0..$3 (the run's dot in $0, zeros after it), the run's 4 words $4..$7 and plane p's 4 words $8 + 4p ..
+    $11 + 4p. repeat > 1 (the HEAVY mode): the products that many times over (a wrong result with the same loads),
+    to time the math."""
     body = ["{", ".reg .b32 t, c, a;", ".reg .b16 lo, hi;", ".reg .f32 flo, fhi;", "mov.b32 a, 0;"]
     for _ in range(repeat):
         for j in range(4):
@@ -309,8 +309,9 @@ def main(argv=None) -> int:
                 for mode in MODES:
                     if mode == "x_once" and 32 // config["TN"] * config["WG"] < k // GROUP:
                         continue
-                    entry[f"{mode}_us"] = round(chained_us(lambda w, config=config, mode=mode: gluon_launch(
-                        prepared, w, out, config, mode), copies), 2)
+                    entry[f"{mode}_us"] = round(chained_us(
+                        lambda w, config=config, mode=mode, prepared=prepared, out=out: gluon_launch(
+                            prepared, w, out, config, mode), copies), 2)
                 out.zero_()
                 gluon_launch(prepared, copies[0], out, config)
                 entry["rel_err"] = float(((out - ref).norm() / ref.norm()).item())

@@ -71,7 +71,8 @@ def main(argv=None) -> int:
         rows_out.append(row)
         del w
         torch.cuda.empty_cache()
-    write_result(args.out, "int4-tuner-timings", torch.device("cuda"), {"hbm_copy_GBps(read+write)": round(copy_GBps, 1)},
+    write_result(args.out, "int4-tuner-timings", torch.device("cuda"),
+                 {"hbm_copy_GBps(read+write)": round(copy_GBps, 1)},
                  {"note": "no peer: the engine's own configs; torch's tinygemm in int4-peer-kernels-h200.json"},
                  {"shapes": rows_out}, [], {"group": GROUP, "pdl": True, "tuner": "graph (graph_tuning.py)"})
     print(f"wrote {args.out}")

@@ -157,8 +157,8 @@ def main() -> int:
         parser.error("w4_gemm: --block-m and --block-n must be at least 16 (tl.dot's minimum)")
     fn, arguments, constexprs = kernels(args)[args.kernel]
     mix, whole, conversions, registers = loop_stats(fn, arguments, constexprs, args.warps, args.stages, args.maxnreg)
-    weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w4_held": args.groups * 32, "w8_gemv": args.block_k, "w4_gemm": 32}.get(
-        args.kernel, 0) or 16 * 32 * args.unroll * args.warps                      # w4_mma: 16 rows per warp group
+    weight_bytes = args.block_n * {"w4_gemv": args.groups * 32, "w4_held": args.groups * 32, "w8_gemv": args.block_k,
+                                   "w4_gemm": 32}.get(args.kernel, 0) or 16 * 32 * args.unroll * args.warps  # w4_mma
     weight_bytes *= 2 if args.gated or args.paired else 1                         # gate and up rows, or halves
     weight_bytes *= 2 if args.double else 1                                       # and their halves
     per_thread = weight_bytes / (32 * args.warps)

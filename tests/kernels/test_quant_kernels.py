@@ -481,7 +481,7 @@ def test_w4_gemv_graph_tuned(monkeypatch, gated, xhalf):
     assert xhalf or any(c.kwargs.get("INT4_SUB") for c in kept)
     assert xhalf or (len(kept) < len(quant_gemv._INT4_CONFIGS) if interpreted else kept == quant_gemv._INT4_CONFIGS)
     kept += quant_gemv.prepared_configs(n, quant.group_size, gated, k)    # one row: the loop on x prepared by a
-    # kernel before it (PAIRED for the ungated linear: 20 rows are two halves of 10; the persistent XHALF ones last)
+    # kernel before it (PAIRED for the ungated linear: 20 rows are two halves of 10; the HELD ones last)
     assert xhalf == any(c.kwargs.get("PERSIST") for c in kept)
     assert any(c.kwargs.get("XHALF") for c in kept) == xhalf and any(c.kwargs.get("PAIRED") for c in kept) != gated
     fastest = kept[-1]                                   # (so its launch, with the preparing kernel, is checked)

@@ -2,7 +2,7 @@
 loads x once per program and holds it in registers for all the row blocks the program takes.
 
 Why: in the XHALF loop (quant_gemv._half_dot) each program reloads x's planes for its few rows, and at batch 1
-those loads cost 1.5-3.6 us of a llama-7b GEMV on an H200 even with four rows per thread sharing them (the Gluon
+those loads cost 1.6-3.6 us of a llama-7b GEMV on an H200 even with four rows per thread sharing them (the Gluon
 probe, benchmarks/int4_gluon_probe.py: its "no_x" mode against "gemv"). A persistent program holding x (the probe's
 "x_once") took gate/up (ungated) from 18.0 us with XHALF's preparing kernel to 15.4, qkv from 12.6 to 10.4
 (benchmarks/results/int4-gluon-probe-x-once-h200.json).
@@ -92,7 +92,7 @@ if HAS_TRITON:
                          PDL: tl.constexpr = False, EMULATE: tl.constexpr = False):
         """y[:N] (+)= epilogue(x @ dequant(W)[rows]^T) for one x row prepared in int4_prepared_x's half layout
         (xp_ptr), groups of GROUP = 64 codes, K's groups in one step of GROUPS_PER_BLOCK (a power of 2, masked
-        past K unless EVEN); program p of P (the grid's second axis: PERSIST per SM, quant_gemv.persistent_programs)
+        past K unless EVEN); program p of P (the grid's second axis: PERSIST per SM, held_programs)
         takes row blocks p, p + P, ... (module doc)."""
         tl.static_assert(GROUP == 64, "HELD: groups of 64 codes (2 runs of 4 words)")
         num_groups = K // GROUP
