@@ -52,10 +52,14 @@
 #   bash benchmarks/quant_session.sh epilogue # the XHALF epilogue options' and the bf16/int8 GEMV's fused tests
 #                                            # natively, then xhalf_epilogue_probe.py (EARLY_RESIDUAL, STACKED_SUM
 #                                            # A/B per llama-7b shape at decode's picks)
+#   bash benchmarks/quant_session.sh held [SHAPES [EXTRA]] # HELD's tests natively (int4_held_x.py, ~10 s), then
+#                                            # int4_tuner_timings.py: every one-row config of SHAPES (default
+#                                            # qkv,gate_up) timed as the graph tuner does, EXTRA: HELD configs added
+#                                            # for this run (BLOCK_N:warps:per_sm, comma-separated; ~1 minute a shape)
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: peer-split, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench}
+part=${1:?part: peer-split, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -93,6 +97,12 @@ case "$part" in
         2>&1 | tee "$OUT/gpu-tests-epilogue.log" | grep -E "FAILED|ERROR|passed|failed" | tail -6
     timeout 300 python3 benchmarks/xhalf_epilogue_probe.py --out "$OUT/xhalf-epilogue-probe-h200.json" 2>&1 \
         | tee "$OUT/xhalf-epilogue-probe.log" | grep -v -i warn | cut -c1-900
+    ;;
+  held)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_quant_kernels.py -k "held" 2>&1 \
+        | tee "$OUT/gpu-tests-held.log" | tail -3
+    timeout 420 python3 benchmarks/int4_tuner_timings.py --shapes "${2:-qkv,gate_up}" ${3:+--held-extra "$3"} \
+        --out "$OUT/int4-tuner-timings-h200.json" 2>&1 | tee "$OUT/int4-tuner-timings.log" | grep -v -i warn | cut -c1-600
     ;;
   stream)
     timeout 300 python3 benchmarks/int4_stream_probe.py ${2:+--configs "$2"} --out "$OUT/int4-stream-probe-h200.json" 2>&1 \
