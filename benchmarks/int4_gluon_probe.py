@@ -23,6 +23,7 @@ same prepared x plus that kernel's time.
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from int4_stream_probe import chained_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels.int4_half_dot import _run_dot_asm  # noqa: E402
 from tierllm.quant.formats import dequantize_int4  # noqa: E402
 
 GROUP = 64
@@ -46,20 +48,16 @@ SHAPES = {"o": (4096, 4096), "qkv": (12288, 4096), "gate_up": (22016, 4096), "do
 
 
 def packed_run_dot_asm(repeat: int = 1) -> str:
-    """int4_half_dot's run dot (the same PTX as its _run_dot_asm, operands renumbered) for inline asm with pack=4:
-    outputs $0..$3 (the run's dot in $0, zeros after it), the run's 4 words $4..$7 and plane p's 4 words $8 + 4p ..
-    $11 + 4p. repeat > 1 (the HEAVY mode): the products that many times over (a wrong result with the same loads),
-    to time the math."""
-    body = ["{", ".reg .b32 t, c, a;", ".reg .b16 lo, hi;", ".reg .f32 flo, fhi;", "mov.b32 a, 0;"]
-    for _ in range(repeat):
-        for j in range(4):
-            body.append(f"shr.u32 t, ${4 + j}, 8;")
-            for p in range(4):
-                body += [f"and.b32 c, {f'${4 + j}' if p < 2 else 't'}, "
-                         f"{'0x000F000F' if p % 2 == 0 else '0x00F000F0'};", f"fma.rn.f16x2 a, c, ${8 + 4 * p + j}, a;"]
-    body += ["mov.b32 {lo, hi}, a;", "cvt.f32.f16 flo, lo;", "cvt.f32.f16 fhi, hi;", "add.f32 $0, flo, fhi;",
-             "mov.b32 $1, 0;", "mov.b32 $2, 0;", "mov.b32 $3, 0;", "}"]
-    return "\n        ".join(body)
+    """int4_half_dot's run dot (its _run_dot_asm, operands renumbered) for inline asm with pack=4: outputs $0..$3
+    (the run's dot in $0, zeros after it), the run's 4 words $4..$7 and plane p's 4 words $8 + 4p .. $11 + 4p.
+    repeat > 1 (the HEAVY mode): its products that many times over (a wrong result with the same loads), to time the
+    math."""
+    lines = re.sub(r"\$(\d+)", lambda m: f"${int(m.group(1)) + 3 if m.group(1) != '0' else 0}",
+                   _run_dot_asm()).split("\n")
+    first = next(i for i, line in enumerate(lines) if "shr.u32" in line)          # the products, then the sum
+    last = next(i for i, line in enumerate(lines) if "mov.b32 {lo, hi}" in line)
+    zeros = [f"        mov.b32 ${out}, 0;" for out in (1, 2, 3)]
+    return "\n".join(lines[:first] + lines[first:last] * repeat + lines[last:-1] + zeros + lines[-1:])
 
 
 try:
@@ -337,6 +335,7 @@ def main(argv=None) -> int:
                  "int4_floor": round(sum(r["int4_floor_us"] for r in rows_out), 2)}
     if all("best" in r for r in rows_out):
         per_layer["gluon_best_config_per_shape"] = round(sum(r["best_gemv_with_prepare_us"] for r in rows_out), 2)
+        per_layer["gluon_over_xhalf"] = round(per_layer["gluon_best_config_per_shape"] / per_layer["xhalf"], 3)
     print("us per layer:", per_layer)
     checks = [{"name": f"{r['shape']} {c['config']}: within 1e-2 of the dequantized reference",
                "value": c["rel_err"], "op": "<=", "target": 1e-2, "passed": c["rel_err"] <= 1e-2}

@@ -88,6 +88,7 @@ def main(argv=None) -> int:
                "fastest_held": {"config": config_name(held[0][1]), "us": round(held[0][0], 2)}
                if held else None,
                "fastest_other": {"config": config_name(other[0][1]), "us": round(other[0][0], 2)},
+               "held_over_other": round(held[0][0] / other[0][0], 3) if held else None,
                "timings_us": [{"config": config_name(c), "us": round(us, 2)} for us, c in timings]}
         print(name, {key: value for key, value in row.items() if key != "timings_us"}, flush=True)
         for entry in row["timings_us"][:8]:

@@ -679,11 +679,19 @@ def session31_sentence(peer: dict, split_log: str, run: dict, int8: dict, ab_run
 
 def _gluon_layer(doc: dict) -> float:
     """A Gluon probe run's per-layer sum of each shape's fastest config (its key was renamed between runs)."""
-    return next(v for k, v in doc["results"]["per_layer_us"].items() if k.startswith("gluon"))
+    return next(v for k, v in doc["results"]["per_layer_us"].items()
+                if k.startswith("gluon") and k != "gluon_over_xhalf")
+
+
+def _held_against_xhalf(tuner: dict, shape: str) -> tuple[float, float]:
+    """The graph tuner's fastest HELD and fastest XHALF times (us) for one shape of int4-held-tuner-timings."""
+    timings = next(row for row in tuner["results"]["shapes"] if row["shape"].startswith(shape))["timings_us"]
+    return (min(t["us"] for t in timings if "PERSIST" in t["config"]),
+            min(t["us"] for t in timings if "XHALF=True" in t["config"]))
 
 
 def session32_sentence(oneshot: dict, ring: dict, regs: dict, modes: dict, x_once: dict, run: dict,
-                       rerun: dict) -> str:
+                       rerun: dict, tuner: dict) -> str:
     """Session 32: an int4 GEMV in Gluon (shared-memory ring, plain loads; its modes split the time between math
     and loads; x held across a persistent program's tiles), then HELD, the Triton kernel built on what it showed."""
     def entry(doc: dict, shape: str, config: str) -> dict:
@@ -694,6 +702,7 @@ def session32_sentence(oneshot: dict, ring: dict, regs: dict, modes: dict, x_onc
         f"{shape} {e['read_us']} / {e['no_x_us']} / {e['gemv_us']} / {e['heavy_us']}"
         for shape in ("o", "qkv", "gate_up", "down") for e in [entry(modes, shape, "r4:1:2:2:1:0")])
     gate, qkv = entry(x_once, "gate_up", "r4:1:2:2:1:4"), entry(x_once, "qkv", "r4:1:2:2:1:4")
+    (held_gate, xhalf_gate), (held_qkv, xhalf_qkv) = (_held_against_xhalf(tuner, shape) for shape in ("gate_up", "qkv"))
     return ("An int4 GEMV written in Gluon (Triton's layout-explicit language; `benchmarks/int4_gluon_probe.py`), "
             "with XHALF's products and each thread holding four rows at one k so that x's loads serve all four: "
             "streaming the weights through a shared-memory ring by cp.async lost to the engine's XHALF GEMV, "
@@ -713,8 +722,9 @@ def session32_sentence(oneshot: dict, ring: dict, regs: dict, modes: dict, x_onc
             "is that kernel in plain Triton, so the interpreter tests it: a [runs, rows, groups, words] tile gives "
             "each thread both runs of a group for its rows (3.3-3.9 SASS per weight byte offline, 4.9 for a first "
             "form on XHALF's tile), x held, the next block's weights loaded under the current one's sums. The "
-            "graph tuner timed it fastest on gate/up and qkv (17.04 and 11.19 us against XHALF's 19.06 and 11.61, "
-            "[extract](benchmarks/results/int4-held-tuner-timings-h200.json)); decode-step tuning kept it on gate/up "
+            f"graph tuner timed it fastest on gate/up and qkv ({held_gate} and {held_qkv} us against XHALF's "
+            f"{xhalf_gate} and {xhalf_qkv}, [extract](benchmarks/results/int4-held-tuner-timings-h200.json)); "
+            "decode-step tuning kept it on gate/up "
             "(timeline segment 17.6 -> 15.1 us per layer) and moved qkv back to XHALF; o and down kept XHALF. "
             f"End to end: int4 {_ratio_link(run, 'quant-bf16-int4-held-x-llama-7b-h200.json', 'int4')} "
             f"(target 2.8x: not met), again on the same machine "
@@ -931,7 +941,8 @@ def int4_h200_history() -> str:
                            results("int4-gluon-probe-h200.json"), results("int4-gluon-probe-modes-h200.json"),
                            results("int4-gluon-probe-x-once-h200.json"),
                            results("quant-bf16-int4-held-x-llama-7b-h200.json"),
-                           results("quant-bf16-int4-held-x-rerun-llama-7b-h200.json")),
+                           results("quant-bf16-int4-held-x-rerun-llama-7b-h200.json"),
+                           results("int4-held-tuner-timings-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])

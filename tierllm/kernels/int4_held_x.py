@@ -143,25 +143,21 @@ if HAS_TRITON:
             tl.store(y_ptr + offs_n, out.to(y_ptr.dtype.element_ty), mask=n_mask)
             offs_n = next_n
 
+    def held_programs(blocks: int, per_sm: int, device: torch.device) -> int:
+        """A launch's programs: per_sm per SM (two SMs' worth under the interpreter, so that programs take several
+        blocks in the CPU tests), at most one per row block."""
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+        return max(1, min(blocks, per_sm * sms))
 
-def held_programs(blocks: int, per_sm: int, device: torch.device) -> int:
-    """A launch's programs: per_sm per SM (two SMs' worth under the interpreter, so that programs take several
-    blocks in the CPU tests), at most one per row block."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
-    return max(1, min(blocks, per_sm * sms))
-
-
-def held_configs(k: int, group_size: int) -> list:
-    """The HELD kernel's configs for K = k: GROUPS_PER_BLOCK = K's groups (a power of 2) where that is at most
-    HELD_MAX_GROUPS and the groups hold 64 codes; else none. (BLOCK_N, warps, programs per SM): rows per thread
-    (4 warps spread 2 x 2 over rows and groups at 64 groups) and occupancy (offline: 8 rows x 4 warps take ~250
-    registers per thread ungated)."""
-    import triton
-
-    groups = triton.next_power_of_2(max(1, k // group_size))
-    if group_size != 64 or k % group_size or groups > HELD_MAX_GROUPS:
-        return []
-    return [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": groups, "PERSIST": per_sm}, num_warps=w,
-                          num_stages=1)
-            for bn, w, per_sm in [(8, 4, 2), (4, 4, 2), (4, 4, 3), (4, 2, 4), (2, 2, 6), (2, 4, 4), (8, 8, 1),
-                                  (4, 8, 2), (2, 1, 8)]]
+    def held_configs(k: int, group_size: int) -> list:
+        """The HELD kernel's configs for K = k: GROUPS_PER_BLOCK = K's groups (a power of 2) where that is at most
+        HELD_MAX_GROUPS and the groups hold 64 codes; else none. (BLOCK_N, warps, programs per SM): rows per thread
+        (4 warps spread 2 x 2 over rows and groups at 64 groups) and occupancy (offline: 8 rows x 4 warps take ~250
+        registers per thread ungated)."""
+        groups = triton.next_power_of_2(max(1, k // group_size))
+        if group_size != 64 or k % group_size or groups > HELD_MAX_GROUPS:
+            return []
+        return [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": groups, "PERSIST": per_sm}, num_warps=w,
+                              num_stages=1)
+                for bn, w, per_sm in [(8, 4, 2), (4, 4, 2), (4, 4, 3), (4, 2, 4), (2, 2, 6), (2, 4, 4), (8, 8, 1),
+                                      (4, 8, 2), (2, 1, 8)]]

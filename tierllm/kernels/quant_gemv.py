@@ -27,7 +27,6 @@ from tierllm.kernels import _dispatch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
-from tierllm.kernels.int4_held_x import held_configs, held_programs
 from tierllm.kernels.int4_prepared_x import HALF_RUN_K, prepare_x_half_triton, prepare_x_triton
 from tierllm.kernels.w4_mma_gemv import tuned_configs as w4_mma_tuned_configs
 from tierllm.kernels.w4_mma_gemv import w4_mma_gemv, w4_mma_supported
@@ -49,7 +48,7 @@ if HAS_TRITON:
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
     from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
-    from tierllm.kernels.int4_held_x import w4_held_x_kernel
+    from tierllm.kernels.int4_held_x import held_configs, held_programs, w4_held_x_kernel
     from tierllm.kernels.int4_prepared_x import run_chunks
     from tierllm.kernels.w4_mma_gemv import masked_load
 
