@@ -352,12 +352,14 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, g
                          ids=["residual", "norm_gated", "norm_symmetric", "gated_symmetric"])
 @pytest.mark.parametrize("n,k,block_n", [(19, 256, 2), (32, 256, 4), (7, 192, 1), (16, 576, 4)],
                          ids=["ragged_rows", "whole", "ragged_groups", "nine_groups"])
-def test_held_x_kernel(n, k, block_n, gated, norm, residual, symmetric):
+@pytest.mark.parametrize("raw_x", [True, False], ids=["raw_x", "prepared_x"])
+def test_held_x_kernel(n, k, block_n, gated, norm, residual, symmetric, raw_x):
     """int4_held_x's kernel (XHALF with x held across a program's row blocks) against the norm and the int4 linear
     in fp32, with a bias: three programs over more row blocks (each takes several, the last past the end, whose
     loads repeat row N - 1), ragged row blocks, K of 3 or 9 groups in a step of 4 or 16 (masked groups) or of 4
     (whole, EVEN), gated, adding into the residual or writing y, asymmetric (XHALF's tolerance, as in
-    test_int4_sub_loop_on_prepared_x) or symmetric."""
+    test_int4_sub_loop_on_prepared_x) or symmetric; x's planes computed by each program from x itself (RAW_X) or
+    read from int4_prepared_x's buffer."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_held_x import w4_held_x_kernel
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
@@ -372,16 +374,28 @@ def test_held_x_kernel(n, k, block_n, gated, norm, residual, symmetric):
     groups = triton.next_power_of_2(k // 64)
     assert triton.cdiv(n, block_n) > 3
     w4_held_x_kernel[(1, 3)](
-        prepare_x_half_triton(x, g), w["qweight"], w["scales"], w.get("mins", w["scales"]),
-        bias.half(), y, n, k, w["qweight"].stride(0), w["scales"].stride(0), 1e-6, GROUP=64, HAS_MINS=not symmetric,
-        HAS_BIAS=True, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_N=block_n, GROUPS_PER_BLOCK=groups,
-        PERSIST=1, EVEN=k // 64 == groups, EMULATE=_dispatch.is_interpreted())
+        x if raw_x else prepare_x_half_triton(x, g), g if raw_x and norm else x, w["qweight"], w["scales"],
+        w.get("mins", w["scales"]), bias.half(), y, n, k, w["qweight"].stride(0), w["scales"].stride(0), 1e-6,
+        GROUP=64, HAS_MINS=not symmetric, HAS_BIAS=True, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_N=block_n,
+        GROUPS_PER_BLOCK=groups, PERSIST=1, RAW_X=raw_x, EVEN=k // 64 == groups, EMULATE=_dispatch.is_interpreted())
     dense = dequantize_int4(w["qweight"], w["scales"], w.get("mins"), 64, torch.float32)
     ref = fused_linear_ref(x.float(), dense, bias.float(), norm_weight=None if g is None else g.float(), gated=gated)
     ref = ref + start.float() if residual else ref
     # symmetric: the fp16 sums hold code . x (codes 0..15) and the -8 * sum(x) term comes off after them, so their
     # rounding is relative to a larger sum than the result (gated, SiLU's slope then scales it): 3-5.5e-3 here
     assert _rel_err(y, ref) < (8e-3 if symmetric else 5e-3)
+
+
+def test_held_programs_per_sm_follow_registers_and_shared_memory():
+    """launch_held's occupancy: registers are allocated per warp, 256 at a time (190 per thread on 2 warps: 6144
+    per warp, 10 warps, 5 programs), then the thread and shared-memory limits and the 32-block cap."""
+    from tierllm.kernels.int4_held_x import programs_per_sm
+
+    assert programs_per_sm(190, 0, 2) == 5
+    assert programs_per_sm(130, 0, 2) == 7 and programs_per_sm(255, 0, 1) == 8
+    assert programs_per_sm(32, 0, 1) == 32 and programs_per_sm(32, 0, 4) == 16        # threads: 2048 per SM
+    assert programs_per_sm(64, 40000, 1) == 5                                          # shared memory
+    assert programs_per_sm(255, 0, 8) == 1
 
 
 def test_held_configs_only_where_one_step_spans_k():

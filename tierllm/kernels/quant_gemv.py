@@ -48,7 +48,7 @@ if HAS_TRITON:
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
     from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
-    from tierllm.kernels.int4_held_x import held_configs, held_programs, w4_held_x_kernel
+    from tierllm.kernels.int4_held_x import held_configs, launch_held
     from tierllm.kernels.int4_prepared_x import run_chunks
     from tierllm.kernels.w4_mma_gemv import masked_load
 
@@ -1007,12 +1007,14 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
             grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
             if config.kwargs.get("PERSIST"):                    # int4_held_x.py: x held across row blocks
-                grid = (1, held_programs(grid[1], config.kwargs["PERSIST"], x.device))
-                w4_held_x_kernel[grid](
-                    prepare_x_half_triton(x, norm_weight, pdl=pdl), w, scales, mins if mins is not None else scales,
-                    bias if bias is not None else scales, out, rows, k, w.stride(0), scales.stride(0), eps, **flags,
-                    **config.all_kwargs(), EVEN=k // group_size == config.kwargs["GROUPS_PER_BLOCK"],
-                    EMULATE=_dispatch.is_interpreted(), **pdl_options(x, pdl))
+                raw = config.kwargs.get("RAW_X", False)         # x as it is, each program preparing its planes
+                launch_held((x if raw else prepare_x_half_triton(x, norm_weight, pdl=pdl),
+                             norm_weight if raw and norm_weight is not None else x, w, scales,
+                             mins if mins is not None else scales, bias if bias is not None else scales, out, rows, k,
+                             w.stride(0), scales.stride(0), eps),
+                            {**flags, **config.all_kwargs(), "EMULATE": _dispatch.is_interpreted(),
+                             "EVEN": k // group_size == config.kwargs["GROUPS_PER_BLOCK"], **pdl_options(x, pdl)},
+                            grid[1], x.device)
             elif config.kwargs.get("XGLOBAL"):                  # the norm (if any) is applied in the prepared x,
                 half = config.kwargs.get("XHALF", False)        # but for XHALF's rstd, which is the GEMV's
                 x_prepared = (prepare_x_half_triton(x, norm_weight, pdl=pdl) if half
