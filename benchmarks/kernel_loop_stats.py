@@ -48,9 +48,9 @@ def kernels(args) -> dict:
                 ("y_ptr", "*bf16"), ("ws_ptr", "*fp32"), ("count_ptr", "*i32"), ("M", "i32"), ("N", "i32"),
                 ("K", "i32"), ("stride_xw", "i32"), ("stride_ww", "i32"), ("stride_sn", "i32"), ("stride_ym", "i32"),
                 ("M_BUCKET", "i32")]
-    held_args = [("xp_ptr", "*bf16" if args.raw_x else "*fp32"), ("g_ptr", "*bf16"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
-                    ("y_ptr", "*bf16"), ("N", "i32"), ("K", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"),
-                    ("eps", "fp32")]
+    held_args = [("xp_ptr", "*bf16" if args.raw_x else "*fp32"), ("g_ptr", "*bf16"), ("w_ptr", "*u8"),
+                 ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"), ("y_ptr", "*bf16"), ("N", "i32"),
+                 ("K", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"), ("eps", "fp32")]
     return {
         "w4_held": (int4_held_x.w4_held_x_kernel, held_args,
                     {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "NORM": args.norm, "GATED": args.gated,
