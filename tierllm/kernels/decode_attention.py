@@ -92,40 +92,35 @@ if HAS_TRITON:
             slot = tl.load(slot_ptr + seq)
         if PDL:
             gdc_wait()
+        rows = tl.arange(0, 16)                                   # query heads of this KV head, padded to 16
+        row_mask = rows < GROUP
+        heads = kv_head * GROUP + rows
+        q_at = q_ptr + seq * stride_qs + heads[:, None] * stride_qh                      # [16, 1]
+        # every load after the wait is issued together (q's, the step's key and value): one L2 round trip
         if ROTARY:
+            q = _rotated_row(q_at, dims[None, :], rot_cos[None, :], rot_sin[None, :], row_mask[:, None], HEAD_DIM)
             k_new = _rotated_row(k_new_ptr + seq * stride_kt + kv_head * stride_kh, dims, rot_cos, rot_sin,
-                                 dims < HEAD_DIM, HEAD_DIM)
+                                 dims < HEAD_DIM, HEAD_DIM)                               # [HEAD_DIM]
             v_new = tl.load(v_new_ptr + seq * stride_vt + kv_head * stride_vh + dims)
-            if (start <= context_len - 1) & (context_len - 1 < end) & (slot >= 0):      # this split's: the cache
-                row = slot * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims
-                tl.store(k_cache_ptr + row, k_new)
-                tl.store(v_cache_ptr + row, v_new)
-        if ROTARY and EARLY_KV:
-            newest = (valid & (offs == context_len - 1))[:, None]
-            k = tl.where(newest, k_new[None, :], k)
-            v = tl.where(newest, v_new[None, :], v)
+        else:
+            q = tl.load(q_at + dims[None, :], mask=row_mask[:, None], other=0.0)          # [16, HEAD_DIM]
+        newest = (valid & (offs == context_len - 1))[:, None]
+        if ROTARY:
+            if EARLY_KV:
+                k = tl.where(newest, k_new[None, :], k)
+                v = tl.where(newest, v_new[None, :], v)
+            else:
+                k = tl.where(newest, k_new[None, :], tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0))
+                v = tl.where(newest, v_new[None, :], tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0))
         elif EARLY_KV:
-            newest = (valid & (offs == context_len - 1))[:, None]
             k = tl.where(newest, tl.load(k_cache_ptr + kv_off, mask=newest, other=0.0), k)
             v = tl.where(newest, tl.load(v_cache_ptr + kv_off, mask=newest, other=0.0), v)
         else:
             k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
             v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-            if ROTARY:
-                newest = (valid & (offs == context_len - 1))[:, None]
-                k = tl.where(newest, k_new[None, :], k)
-                v = tl.where(newest, v_new[None, :], v)
         if L2_PREFETCH:
             l2_prefetch_share(prefetch_addr, prefetch_bytes, (seq * tl.num_programs(1) + kv_head) * NUM_SPLITS + split,
                               tl.num_programs(0) * tl.num_programs(1) * NUM_SPLITS)
-        rows = tl.arange(0, 16)                                   # query heads of this KV head, padded to 16
-        row_mask = rows < GROUP
-        heads = kv_head * GROUP + rows
-        q_at = q_ptr + seq * stride_qs + heads[:, None] * stride_qh                      # [16, 1]
-        if ROTARY:
-            q = _rotated_row(q_at, dims[None, :], rot_cos[None, :], rot_sin[None, :], row_mask[:, None], HEAD_DIM)
-        else:
-            q = tl.load(q_at + dims[None, :], mask=row_mask[:, None], other=0.0)          # [16, HEAD_DIM]
         m = tl.full([16], float("-inf"), tl.float32)
         l = tl.zeros([16], tl.float32)
         acc = tl.zeros([16, HEAD_DIM], tl.float32)
@@ -158,6 +153,11 @@ if HAS_TRITON:
             tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_mask[:, None])
             tl.store(part_ml_ptr + part * 2, m, mask=row_mask)
             tl.store(part_ml_ptr + part * 2 + 1, l, mask=row_mask)
+        if ROTARY:          # last: a store before a load makes the load wait (the compiler cannot rule out aliasing)
+            if (start <= context_len - 1) & (context_len - 1 < end) & (slot >= 0):      # this split's position
+                row = slot * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims
+                tl.store(k_cache_ptr + row, k_new)
+                tl.store(v_cache_ptr + row, v_new)
 
     @triton.jit
     def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_os, stride_oh, num_heads,
