@@ -61,9 +61,10 @@ if HAS_TRITON:
         this step's own key and value (position context_len - 1, the rotary kernel's, an L2 hit) after it, so
         the wait is followed by L2 round trips alone (q and that row) instead of a KV tile from HBM.
         ROTARY: q and the step's key come unrotated (the QKV projection's output, k_new and v_new: [seqs, KV
-        heads, HEAD_DIM]) with the step's cos and sin; the kernel rotates them as kernels/rotary.py does and the
-        program whose split holds position context_len - 1 writes the key and value to their cache slot. Every
-        program uses the step's key and value from registers, so no program reads that slot in this step."""
+        heads, HEAD_DIM]) with the step's cos and sin; the kernel rotates them as kernels/rotary.py does. The
+        program whose split holds position context_len - 1 leaves it out of its tiles, adds that key and value to
+        its softmax from registers after them (a rank-1 update: a where over whole tiles cost ~60 registers per
+        thread, offline) and writes them to their cache slot at its end; no program reads the slot in this step."""
         if PDL:
             gdc_launch_dependents()
         seq = tl.program_id(0).to(tl.int64)
@@ -80,7 +81,10 @@ if HAS_TRITON:
         offs = start + tl.arange(0, BLOCK_N)                      # the tile's key positions
         block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=offs < end, other=0)
         dims = tl.arange(0, HEAD_DIM)
+        last = context_len - 1                                    # this step's own key
         valid = offs < end
+        if ROTARY:                                                # that key is added after the tiles
+            valid = valid & (offs != last)
         kv_off = _kv_offsets(block, offs, dims, kv_head, num_kv_heads, HEAD_DIM, BLOCK_SIZE)   # [BLOCK_N, HEAD_DIM]
         if EARLY_KV:                   # keys before this step's are written by earlier steps only: safe before the wait
             settled = (valid & (offs < context_len - 1))[:, None]
@@ -104,15 +108,11 @@ if HAS_TRITON:
             v_new = tl.load(v_new_ptr + seq * stride_vt + kv_head * stride_vh + dims)
         else:
             q = tl.load(q_at + dims[None, :], mask=row_mask[:, None], other=0.0)          # [16, HEAD_DIM]
-        newest = (valid & (offs == context_len - 1))[:, None]
-        if ROTARY:
-            if EARLY_KV:
-                k = tl.where(newest, k_new[None, :], k)
-                v = tl.where(newest, v_new[None, :], v)
-            else:
-                k = tl.where(newest, k_new[None, :], tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0))
-                v = tl.where(newest, v_new[None, :], tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0))
-        elif EARLY_KV:
+        newest = (valid & (offs == last))[:, None]
+        if ROTARY and not EARLY_KV:
+            k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
+        elif EARLY_KV and not ROTARY:
             k = tl.where(newest, tl.load(k_cache_ptr + kv_off, mask=newest, other=0.0), k)
             v = tl.where(newest, tl.load(v_cache_ptr + kv_off, mask=newest, other=0.0), v)
         else:
@@ -130,19 +130,27 @@ if HAS_TRITON:
             s = tl.dot(q, tl.trans(k)) * scale                                  # [16, BLOCK_N]
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile with no key yet (ROTARY: its only key
+            alpha = tl.exp(m - m_safe)                            # is this step's)
+            p = tl.exp(s - m_safe[:, None])
             l = l * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
             valid = offs < end                                    # the next tile (none past the split's end)
+            if ROTARY:
+                valid = valid & (offs != last)
             kv_off = _kv_offsets(block, offs, dims, kv_head, num_kv_heads, HEAD_DIM, BLOCK_SIZE)
             k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
             v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-            if ROTARY:                                            # the step's key: this program's registers
-                newest = (valid & (offs == context_len - 1))[:, None]
-                k = tl.where(newest, k_new[None, :], k)
-                v = tl.where(newest, v_new[None, :], v)
+        if ROTARY:
+            if (start <= last) & (last < end):     # this step's key and value (registers), in this split's softmax
+                s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale     # [16]
+                m_new = tl.maximum(m, s_new)
+                alpha = tl.exp(m - m_new)
+                p_new = tl.exp(s_new - m_new)
+                l = l * alpha + p_new
+                acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+                m = m_new
         if NUM_SPLITS == 1:
             out = acc / tl.where(l > 0, l, 1.0)[:, None]
             tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
@@ -154,7 +162,7 @@ if HAS_TRITON:
             tl.store(part_ml_ptr + part * 2, m, mask=row_mask)
             tl.store(part_ml_ptr + part * 2 + 1, l, mask=row_mask)
         if ROTARY:          # last: a store before a load makes the load wait (the compiler cannot rule out aliasing)
-            if (start <= context_len - 1) & (context_len - 1 < end) & (slot >= 0):      # this split's position
+            if (start <= last) & (last < end) & (slot >= 0):
                 row = slot * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims
                 tl.store(k_cache_ptr + row, k_new)
                 tl.store(v_cache_ptr + row, v_new)
@@ -233,15 +241,21 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     return out
 
 
+_ROTARY_MAX_REGISTERS = 65536 // (3 * 4 * 32) // 8 * 8          # 3 programs of 4 warps per SM: 168
+
+
 def _rotary_arguments(new_kv) -> dict:
     """The split kernel's ROTARY arguments for new_kv (paged_decode_attention_triton)."""
     if new_kv is None:
         return {}
     k, v, cos, sin, slots = new_kv
-    # without FMA contraction, as the rotary kernel: the rotated rows then match HF's bit for bit
+    # without FMA contraction, as the rotary kernel: the rotated rows then match HF's bit for bit. At most the
+    # plain kernel's 168 registers per thread: 3 programs of 4 warps per SM (offline, Triton 3.6, sm90: ROTARY took
+    # 191, so 2, and a second wave at 288 active programs, llama-7b at 576 tokens, ran 2 us per layer slower than
+    # the rotary kernel and the plain split kernel, decode-attention-rotary-probe-h200.json; capped, ~18 spill stores)
     return dict(k_new_ptr=k, v_new_ptr=v, cos_ptr=cos, sin_ptr=sin, slot_ptr=slots, stride_kt=k.stride(0),
                 stride_kh=k.stride(1), stride_vt=v.stride(0), stride_vh=v.stride(1), stride_cs=cos.stride(0),
-                ROTARY=True, enable_fp_fusion=False)
+                ROTARY=True, enable_fp_fusion=False, maxnreg=_ROTARY_MAX_REGISTERS)
 
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
