@@ -200,49 +200,6 @@ def test_paged_decode_attention_splits_per_kv_head_merge_repeatably():
     assert torch.equal(first[1], torch.zeros_like(first[1]))
 
 
-def _rotary_tables(positions, head_dim, dtype):
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=DEVICE).float() / head_dim))
-    emb = torch.cat([positions[:, None] * inv_freq] * 2, dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-@pytest.mark.parametrize("dtype", LOW_PRECISION)
-@pytest.mark.parametrize("lens,heads,kv_heads,window", [([200, 150], 8, 2, None), ([200], 4, 1, None),
-                                                         ([37, 1, 0, 64], 4, 4, None), ([150, 90], 4, 2, 40)])
-def test_decode_attention_with_rotary_and_cache_write(dtype, lens, heads, kv_heads, window):
-    """The split kernel's ROTARY form (the rotary kernel's work inside it) against the rotary reference, its cache
-    write and the attention reference. Each sequence's new key points along its query heads' mean, large, so the
-    output leans on that key and its value: a key not rotated as q is, or read from the stale cache slot, shows. The
-    newest position lands in a later tile of a split ([200, 150]: two splits of 128), in a one-split launch, in a
-    one-key context, and beside a padding row (slot -1) that must write nothing."""
-    torch.manual_seed(8)
-    head_dim, block_size = 32, 16
-    k_cache, v_cache, tables = _random_paged(lens, kv_heads, head_dim, block_size, dtype, width=16)
-    n = len(lens)
-    q = torch.randn(n, heads, head_dim, device=DEVICE).to(dtype)
-    v = torch.randn(n, kv_heads, head_dim, device=DEVICE).to(dtype)
-    group_mean = q.float().view(n, kv_heads, heads // kv_heads, head_dim).mean(dim=2)
-    k = (6 * group_mean / group_mean.norm(dim=-1, keepdim=True)).to(dtype)        # [n, kv_heads, head_dim]
-    ctx = torch.tensor(lens, device=DEVICE)
-    positions = (ctx - 1).clamp(min=0)
-    cos, sin = _rotary_tables(positions.float(), head_dim, dtype)
-    slots = torch.tensor([int(tables[i, (c - 1) // block_size]) * block_size + (c - 1) % block_size if c else -1
-                          for i, c in enumerate(lens)], device=DEVICE)
-    caches_ref = [k_cache.clone(), v_cache.clone()]
-    q_ref, _ = rotary.rotary_and_cache_write_ref(q.clone(), k.clone(), v, cos, sin, *caches_ref, slots)
-    ref = decode_attention.paged_decode_attention_ref(q_ref, *caches_ref, tables.long(), ctx, 1.0, window)
-    inputs = (q.clone(), k.clone())
-    out = decode_attention.paged_decode_attention_triton(q, k_cache, v_cache, tables, ctx, 1.0, window,
-                                                         new_kv=(k, v, cos, sin, slots))
-    live = ctx > 0
-    assert _rel_err(out[live], ref[live]) < 1e-2
-    assert torch.equal(out[~live], torch.zeros_like(out[~live]))
-    assert torch.equal(k_cache, caches_ref[0]) and torch.equal(v_cache, caches_ref[1])     # the rotated key, bitwise
-    assert torch.equal(q, inputs[0]) and torch.equal(k, inputs[1])
-    unrotated = decode_attention.paged_decode_attention_ref(q, *caches_ref, tables.long(), ctx, 1.0, window)
-    assert _rel_err(unrotated[live], ref[live]) > 5e-2                  # the rotation matters to these outputs
-
-
 QUERY_LENS, CONTEXT_LENS = [70, 5, 33], [70, 90, 100]        # fresh, short chunk, chunk after a cached prefix
 
 

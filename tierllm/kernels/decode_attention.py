@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
-from tierllm.kernels.rotary import rotary_and_cache_write_ref
 
 if HAS_TRITON:
     import triton
@@ -31,26 +30,12 @@ if HAS_TRITON:
         return slot[:, None] * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims[None, :]
 
     @triton.jit
-    def _rotated_row(at, dims, c, s, mask, HEAD_DIM: tl.constexpr):
-        """The rotary embedding of the rows at `at` (HF's rotate_half: dim d pairs with d +- HEAD_DIM / 2), rounded
-        where kernels/rotary._rotated rounds: (x * cos) and (partner * sin) in x's dtype, then their sum."""
-        x = tl.load(at + dims, mask=mask, other=0.0)
-        partner = tl.load(at + (dims + HEAD_DIM // 2) % HEAD_DIM, mask=mask, other=0.0).to(tl.float32)
-        sign = tl.where(dims < HEAD_DIM // 2, -1.0, 1.0)
-        dtype = x.dtype
-        return ((x.to(tl.float32) * c).to(dtype).to(tl.float32)
-                + sign * (partner * s).to(dtype).to(tl.float32)).to(dtype)
-
-    @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
                              out_ptr, part_acc_ptr, part_ml_ptr, stride_qs, stride_qh, stride_bt, stride_os,
                              stride_oh, scale, num_kv_heads, window, prefetch_addr, prefetch_bytes,
                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                             PDL: tl.constexpr, L2_PREFETCH: tl.constexpr, EARLY_KV: tl.constexpr = True,
-                             k_new_ptr=None, v_new_ptr=None, cos_ptr=None, sin_ptr=None, slot_ptr=None,
-                             stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0, stride_cs=0,
-                             ROTARY: tl.constexpr = False):
+                             PDL: tl.constexpr, L2_PREFETCH: tl.constexpr, EARLY_KV: tl.constexpr = True):
         """L2_PREFETCH: once its predecessor is done (the QKV GEMV's stream with it), every program also
         prefetches its share of [prefetch_addr, + prefetch_bytes) into L2 (the next kernel's weight,
         kernels/l2_prefetch.py). The context length and the first tile's block-table entries are read before the
@@ -59,12 +44,7 @@ if HAS_TRITON:
         (there were four in a row: the context length, the block table, K, then V after the scores). EARLY_KV:
         the first tile's keys and values written by earlier steps are loaded before the wait too, and only
         this step's own key and value (position context_len - 1, the rotary kernel's, an L2 hit) after it, so
-        the wait is followed by L2 round trips alone (q and that row) instead of a KV tile from HBM.
-        ROTARY: q and the step's key come unrotated (the QKV projection's output, k_new and v_new: [seqs, KV
-        heads, HEAD_DIM]) with the step's cos and sin; the kernel rotates them as kernels/rotary.py does. The
-        program whose split holds position context_len - 1 leaves it out of its tiles, adds that key and value to
-        its softmax from registers after them (a rank-1 update: a where over whole tiles cost ~60 registers per
-        thread, offline) and writes them to their cache slot at its end; no program reads the slot in this step."""
+        the wait is followed by L2 round trips alone (q and that row) instead of a KV tile from HBM."""
         if PDL:
             gdc_launch_dependents()
         seq = tl.program_id(0).to(tl.int64)
@@ -81,38 +61,16 @@ if HAS_TRITON:
         offs = start + tl.arange(0, BLOCK_N)                      # the tile's key positions
         block = tl.load(block_tables_ptr + seq * stride_bt + offs // BLOCK_SIZE, mask=offs < end, other=0)
         dims = tl.arange(0, HEAD_DIM)
-        last = context_len - 1                                    # this step's own key
         valid = offs < end
-        if ROTARY:                                                # that key is added after the tiles
-            valid = valid & (offs != last)
         kv_off = _kv_offsets(block, offs, dims, kv_head, num_kv_heads, HEAD_DIM, BLOCK_SIZE)   # [BLOCK_N, HEAD_DIM]
         if EARLY_KV:                   # keys before this step's are written by earlier steps only: safe before the wait
             settled = (valid & (offs < context_len - 1))[:, None]
             k = tl.load(k_cache_ptr + kv_off, mask=settled, other=0.0)
             v = tl.load(v_cache_ptr + kv_off, mask=settled, other=0.0)
-        if ROTARY:             # the step's cos, sin and slot are written before the forward's first kernel
-            rot_cos = tl.load(cos_ptr + seq * stride_cs + dims).to(tl.float32)            # [HEAD_DIM]
-            rot_sin = tl.load(sin_ptr + seq * stride_cs + dims).to(tl.float32)
-            slot = tl.load(slot_ptr + seq)
         if PDL:
             gdc_wait()
-        rows = tl.arange(0, 16)                                   # query heads of this KV head, padded to 16
-        row_mask = rows < GROUP
-        heads = kv_head * GROUP + rows
-        q_at = q_ptr + seq * stride_qs + heads[:, None] * stride_qh                      # [16, 1]
-        # every load after the wait is issued together (q's, the step's key and value): one L2 round trip
-        if ROTARY:
-            q = _rotated_row(q_at, dims[None, :], rot_cos[None, :], rot_sin[None, :], row_mask[:, None], HEAD_DIM)
-            k_new = _rotated_row(k_new_ptr + seq * stride_kt + kv_head * stride_kh, dims, rot_cos, rot_sin,
-                                 dims < HEAD_DIM, HEAD_DIM)                               # [HEAD_DIM]
-            v_new = tl.load(v_new_ptr + seq * stride_vt + kv_head * stride_vh + dims)
-        else:
-            q = tl.load(q_at + dims[None, :], mask=row_mask[:, None], other=0.0)          # [16, HEAD_DIM]
-        newest = (valid & (offs == last))[:, None]
-        if ROTARY and not EARLY_KV:
-            k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-            v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        elif EARLY_KV and not ROTARY:
+        if EARLY_KV:
+            newest = (valid & (offs == context_len - 1))[:, None]
             k = tl.where(newest, tl.load(k_cache_ptr + kv_off, mask=newest, other=0.0), k)
             v = tl.where(newest, tl.load(v_cache_ptr + kv_off, mask=newest, other=0.0), v)
         else:
@@ -121,6 +79,11 @@ if HAS_TRITON:
         if L2_PREFETCH:
             l2_prefetch_share(prefetch_addr, prefetch_bytes, (seq * tl.num_programs(1) + kv_head) * NUM_SPLITS + split,
                               tl.num_programs(0) * tl.num_programs(1) * NUM_SPLITS)
+        rows = tl.arange(0, 16)                                   # query heads of this KV head, padded to 16
+        row_mask = rows < GROUP
+        heads = kv_head * GROUP + rows
+        q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
+                    mask=row_mask[:, None], other=0.0)            # [16, HEAD_DIM]
         m = tl.full([16], float("-inf"), tl.float32)
         l = tl.zeros([16], tl.float32)
         acc = tl.zeros([16, HEAD_DIM], tl.float32)
@@ -130,27 +93,15 @@ if HAS_TRITON:
             s = tl.dot(q, tl.trans(k)) * scale                                  # [16, BLOCK_N]
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile with no key yet (ROTARY: its only key
-            alpha = tl.exp(m - m_safe)                            # is this step's)
-            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
             valid = offs < end                                    # the next tile (none past the split's end)
-            if ROTARY:
-                valid = valid & (offs != last)
             kv_off = _kv_offsets(block, offs, dims, kv_head, num_kv_heads, HEAD_DIM, BLOCK_SIZE)
             k = tl.load(k_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
             v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
-        if ROTARY:
-            if (start <= last) & (last < end):     # this step's key and value (registers), in this split's softmax
-                s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale     # [16]
-                m_new = tl.maximum(m, s_new)
-                alpha = tl.exp(m - m_new)
-                p_new = tl.exp(s_new - m_new)
-                l = l * alpha + p_new
-                acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
-                m = m_new
         if NUM_SPLITS == 1:
             out = acc / tl.where(l > 0, l, 1.0)[:, None]
             tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
@@ -161,11 +112,6 @@ if HAS_TRITON:
             tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_mask[:, None])
             tl.store(part_ml_ptr + part * 2, m, mask=row_mask)
             tl.store(part_ml_ptr + part * 2 + 1, l, mask=row_mask)
-        if ROTARY:          # last: a store before a load makes the load wait (the compiler cannot rule out aliasing)
-            if (start <= last) & (last < end) & (slot >= 0):
-                row = slot * num_kv_heads * HEAD_DIM + kv_head * HEAD_DIM + dims
-                tl.store(k_cache_ptr + row, k_new)
-                tl.store(v_cache_ptr + row, v_new)
 
     @triton.jit
     def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_os, stride_oh, num_heads,
@@ -188,8 +134,6 @@ if HAS_TRITON:
 
 # TIERLLM_DECODE_EARLY_KV=0: the split kernel loads every key after its PDL wait (the A/B switch of EARLY_KV)
 _EARLY_KV = os.environ.get("TIERLLM_DECODE_EARLY_KV", "1") != "0"
-# TIERLLM_DECODE_ROTARY=0: decode steps rotate q and k in the rotary kernel, not the split kernel (A/B switch)
-_FUSED_ROTARY = os.environ.get("TIERLLM_DECODE_ROTARY", "1") != "0"
 
 
 def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, device) -> int:
@@ -200,25 +144,15 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, de
     return int(min(wanted, max(1, -(-max_len // block_n)), 32))
 
 
-def fits_split_kernel(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """The split kernel's limits: 16 padded query rows per KV head, a power-of-2 head size."""
-    return q.shape[1] // k_cache.shape[2] <= 16 and not q.shape[2] & (q.shape[2] - 1)
-
-
 def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
-                                  split_kv_heads=None, l2_prefetch=None, new_kv=None):
+                                  split_kv_heads=None, l2_prefetch=None):
     """split_kv_heads: the KV head count the split count is computed from (None: the cache's); l2_prefetch:
-    (address, bytes) the split kernel prefetches into L2 (kernels/l2_prefetch.prefetch_span), or None. new_kv:
-    (k, v, cos, sin, slot_mapping) of the step (k [num_seqs, KV heads, head_dim] and q unrotated, cos and sin
-    [num_seqs, head_dim]): the split kernel rotates q and k and writes k and v to the caches (the rotary
-    kernel's work, kernels/rotary.py), or None (q rotated and the caches written before)."""
-    if not fits_split_kernel(q, k_cache):
-        if new_kv is not None:
-            q, _ = rotary_and_cache_write_ref(q, *new_kv[:4], k_cache, v_cache, new_kv[4])
-        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
+    (address, bytes) the split kernel prefetches into L2 (kernels/l2_prefetch.prefetch_span), or None."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
+    if group > 16 or head_dim & (head_dim - 1):           # 16 padded query rows per KV head, pow-2 head size
+        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
     out = torch.empty_like(q)
     block_n = 64 if block_size <= 64 else block_size
     max_len = block_tables.shape[1] * block_size
@@ -234,28 +168,11 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
         *(l2_prefetch or (0, 0)), GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None, **pdl, L2_PREFETCH=l2_prefetch is not None,
-        EARLY_KV=_EARLY_KV, num_warps=4, **_rotary_arguments(new_kv))
+        EARLY_KV=_EARLY_KV, num_warps=4)
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
                                                     HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl)
     return out
-
-
-_ROTARY_MAX_REGISTERS = 65536 // (3 * 4 * 32) // 8 * 8          # 3 programs of 4 warps per SM: 168
-
-
-def _rotary_arguments(new_kv) -> dict:
-    """The split kernel's ROTARY arguments for new_kv (paged_decode_attention_triton)."""
-    if new_kv is None:
-        return {}
-    k, v, cos, sin, slots = new_kv
-    # without FMA contraction, as the rotary kernel: the rotated rows then match HF's bit for bit. At most the
-    # plain kernel's 168 registers per thread: 3 programs of 4 warps per SM (offline, Triton 3.6, sm90: ROTARY took
-    # 191, so 2, and a second wave at 288 active programs, llama-7b at 576 tokens, ran 2 us per layer slower than
-    # the rotary kernel and the plain split kernel, decode-attention-rotary-probe-h200.json; capped, ~18 spill stores)
-    return dict(k_new_ptr=k, v_new_ptr=v, cos_ptr=cos, sin_ptr=sin, slot_ptr=slots, stride_kt=k.stride(0),
-                stride_kh=k.stride(1), stride_vt=v.stride(0), stride_vh=v.stride(1), stride_cs=cos.stride(0),
-                ROTARY=True, enable_fp_fusion=False, maxnreg=_ROTARY_MAX_REGISTERS)
 
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -287,19 +204,3 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window,
                                              split_kv_heads, l2_prefetch)
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
-
-
-def rotary_fits_decode_attention(q: torch.Tensor, k_cache: torch.Tensor | None, cos: torch.Tensor) -> bool:
-    """Whether a pure-decode step's rotary embedding and cache write can run inside the split kernel
-    (rotary_decode_attention): on the Triton path, rotating whole heads, unless TIERLLM_DECODE_ROTARY=0 (the
-    separate rotary kernel, for A/B runs)."""
-    return (_FUSED_ROTARY and k_cache is not None and use_triton(q) and q.dtype in (torch.float16, torch.bfloat16)
-            and cos.shape[-1] == q.shape[-1] and fits_split_kernel(q, k_cache))
-
-
-def rotary_decode_attention(q, k, v, cos, sin, slot_mapping, k_cache, v_cache, block_tables, context_lens, scale,
-                            sliding_window=None, split_kv_heads=None, l2_prefetch=None):
-    """A pure-decode step's rotary embedding, cache write and attention in the split kernel (one kernel fewer per
-    layer than kernels/rotary.py's, then paged_decode_attention); q and k unrotated, left as they are."""
-    return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window,
-                                         split_kv_heads, l2_prefetch, new_kv=(k, v, cos, sin, slot_mapping))

@@ -53,17 +53,11 @@ class Attention(nn.Module):
         kernel's weight span that pure-decode steps prefetch into L2 (kernels/l2_prefetch.py). -> [num_tokens, H*d]"""
         if self.cpu_attention is not None:
             return self.cpu_attention.attend(self, q, k, v, meta, cos_sin)
-        num_decode = meta.num_decode_tokens
-        if (num_decode == q.shape[0] and cos_sin is not None
-                and kernels.rotary_fits_decode_attention(q, self.k_cache, cos_sin[0])):
-            out = kernels.rotary_decode_attention(q, k, v, *cos_sin, meta.slot_mapping, self.k_cache, self.v_cache,
-                                                  meta.decode_block_tables, meta.decode_context_lens, self.scale,
-                                                  self.sliding_window, self.split_kv_heads, l2_prefetch)
-            return out.reshape(q.shape[0], self.num_heads * self.head_dim)
         if cos_sin is not None:
             q, k = kernels.rotary_and_cache_write(q, k, v, *cos_sin, self.k_cache, self.v_cache, meta.slot_mapping)
         else:
             kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        num_decode = meta.num_decode_tokens
         if num_decode == q.shape[0]:
             out = kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
                                                  meta.decode_context_lens, self.scale, self.sliding_window,
