@@ -48,14 +48,14 @@ def kernels(args) -> dict:
                 ("y_ptr", "*bf16"), ("ws_ptr", "*fp32"), ("count_ptr", "*i32"), ("M", "i32"), ("N", "i32"),
                 ("K", "i32"), ("stride_xw", "i32"), ("stride_ww", "i32"), ("stride_sn", "i32"), ("stride_ym", "i32"),
                 ("M_BUCKET", "i32")]
-    held_args = [("xp_ptr", "*bf16" if args.raw_x else "*fp32"), ("g_ptr", "*bf16"), ("w_ptr", "*u8"),
-                 ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"), ("y_ptr", "*bf16"), ("N", "i32"),
-                 ("K", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"), ("eps", "fp32")]
+    held_args = [("xp_ptr", "*fp32"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
+                 ("y_ptr", "*bf16"), ("N", "i32"), ("K", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"),
+                 ("eps", "fp32")]
     return {
         "w4_held": (int4_held_x.w4_held_x_kernel, held_args,
                     {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "NORM": args.norm, "GATED": args.gated,
                      "RESIDUAL": args.residual, "BLOCK_N": args.block_n, "GROUPS_PER_BLOCK": args.groups,
-                     "PERSIST": 4, "RAW_X": args.raw_x, "EVEN": args.even, "PDL": True, "EMULATE": False}),
+                     "PERSIST": 4, "EVEN": args.even, "PDL": True, "EMULATE": False}),
         "w4_mma": (w4_mma_gemv._w4_mma_gemv_kernel, mma_args,
                    {"HAS_MINS": True, "HAS_BIAS": False, "GATED": args.gated, "RESIDUAL": not args.gated,
                     "TWO_TILES": False, "WARPS": args.warps, "UNROLL": args.unroll, "EMULATE": False, "EVEN_N": True,
@@ -148,7 +148,6 @@ def main() -> int:
                         help="w4_gemv --xhalf: STACKED_SUM (the row sets' final reductions as one)")
     parser.add_argument("--norm", action="store_true",
                         help="w4_gemv --xhalf: NORM (rstd in the epilogue from the runs' sums of squares)")
-    parser.add_argument("--raw-x", action="store_true", help="w4_held: RAW_X (x's planes computed per program)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--maxnreg", type=int, default=None, help="ptxas's register cap per thread")

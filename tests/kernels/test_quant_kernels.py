@@ -352,14 +352,12 @@ def test_int4_sub_loop_on_prepared_x(n, k, gated, norm, paired, half, block_n, g
                          ids=["residual", "norm_gated", "norm_symmetric", "gated_symmetric"])
 @pytest.mark.parametrize("n,k,block_n", [(19, 256, 2), (32, 256, 4), (7, 192, 1), (16, 576, 4)],
                          ids=["ragged_rows", "whole", "ragged_groups", "nine_groups"])
-@pytest.mark.parametrize("raw_x", [True, False], ids=["raw_x", "prepared_x"])
-def test_held_x_kernel(n, k, block_n, gated, norm, residual, symmetric, raw_x):
+def test_held_x_kernel(n, k, block_n, gated, norm, residual, symmetric):
     """int4_held_x's kernel (XHALF with x held across a program's row blocks) against the norm and the int4 linear
     in fp32, with a bias: three programs over more row blocks (each takes several, the last past the end, whose
     loads repeat row N - 1), ragged row blocks, K of 3 or 9 groups in a step of 4 or 16 (masked groups) or of 4
     (whole, EVEN), gated, adding into the residual or writing y, asymmetric (XHALF's tolerance, as in
-    test_int4_sub_loop_on_prepared_x) or symmetric; x's planes computed by each program from x itself (RAW_X) or
-    read from int4_prepared_x's buffer."""
+    test_int4_sub_loop_on_prepared_x) or symmetric."""
     from tierllm.kernels.gemv import fused_linear_ref
     from tierllm.kernels.int4_held_x import w4_held_x_kernel
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
@@ -374,10 +372,10 @@ def test_held_x_kernel(n, k, block_n, gated, norm, residual, symmetric, raw_x):
     groups = triton.next_power_of_2(k // 64)
     assert triton.cdiv(n, block_n) > 3
     w4_held_x_kernel[(1, 3)](
-        x if raw_x else prepare_x_half_triton(x, g), g if raw_x and norm else x, w["qweight"], w["scales"],
-        w.get("mins", w["scales"]), bias.half(), y, n, k, w["qweight"].stride(0), w["scales"].stride(0), 1e-6,
-        GROUP=64, HAS_MINS=not symmetric, HAS_BIAS=True, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_N=block_n,
-        GROUPS_PER_BLOCK=groups, PERSIST=1, RAW_X=raw_x, EVEN=k // 64 == groups, EMULATE=_dispatch.is_interpreted())
+        prepare_x_half_triton(x, g), w["qweight"], w["scales"], w.get("mins", w["scales"]),
+        bias.half(), y, n, k, w["qweight"].stride(0), w["scales"].stride(0), 1e-6, GROUP=64, HAS_MINS=not symmetric,
+        HAS_BIAS=True, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_N=block_n, GROUPS_PER_BLOCK=groups,
+        PERSIST=1, EVEN=k // 64 == groups, EMULATE=_dispatch.is_interpreted())
     dense = dequantize_int4(w["qweight"], w["scales"], w.get("mins"), 64, torch.float32)
     ref = fused_linear_ref(x.float(), dense, bias.float(), norm_weight=None if g is None else g.float(), gated=gated)
     ref = ref + start.float() if residual else ref
@@ -396,6 +394,36 @@ def test_held_programs_per_sm_follow_registers_and_shared_memory():
     assert programs_per_sm(32, 0, 1) == 32 and programs_per_sm(32, 0, 4) == 16        # threads: 2048 per SM
     assert programs_per_sm(64, 40000, 1) == 5                                          # shared memory
     assert programs_per_sm(255, 0, 8) == 1
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="compiles for the GPU's registers: GPU only")
+def test_launch_held_keeps_programs_resident_on_gpu(monkeypatch):
+    """launch_held natively: asked for 32 programs per SM of 4 warps (more than the SM holds), it launches no more
+    than the compiled kernel's registers and shared memory keep resident, and the output matches the reference
+    (gated, with the norm, as gate/up runs)."""
+    from tierllm.kernels import int4_held_x
+    from tierllm.kernels.gemv import fused_linear_ref
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+    from tierllm.quant.formats import dequantize_int4
+
+    n, k = 1000, 4096
+    w, bias = _quantized(2 * n, k, QuantConfig(bits=4, group_size=64), seed=79)
+    x = _x(1, k, torch.bfloat16, seed=80)
+    g = (1 + 0.5 * _x(1, k, torch.bfloat16, seed=81)).reshape(k)
+    y = torch.empty(1, n, dtype=torch.bfloat16, device=DEVICE)
+    options = {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": True, "NORM": True, "GATED": True, "RESIDUAL": False,
+               "BLOCK_N": 2, "GROUPS_PER_BLOCK": 64, "PERSIST": 32, "EVEN": True, "num_warps": 4, "num_stages": 1}
+    launched = []
+    original = int4_held_x.held_programs
+    monkeypatch.setattr(int4_held_x, "held_programs",
+                        lambda blocks, per_sm, device: launched.append(per_sm) or original(blocks, per_sm, device))
+    int4_held_x.launch_held((prepare_x_half_triton(x, g), w["qweight"], w["scales"], w["mins"], bias.bfloat16(), y,
+                             n, k, w["qweight"].stride(0), w["scales"].stride(0), 1e-6), options, n // 2, x.device)
+    [per_sm] = launched
+    assert 1 <= per_sm < 32 and per_sm in int4_held_x._RESIDENT.values()
+    dense = dequantize_int4(w["qweight"], w["scales"], w["mins"], 64, torch.float32)
+    ref = fused_linear_ref(x.float(), dense, bias.float(), norm_weight=g.float(), gated=True)
+    assert _rel_err(y, ref) < 1e-2
 
 
 def test_held_configs_only_where_one_step_spans_k():

@@ -15,14 +15,8 @@ while a block's products are summed and stored (the first block's before the PDL
 row N - 1 (loaded, never stored). GATED: the up rows N + r in a second tile of the same layout.
 
 y[r] = sum_g scale[r, g] * (factor_g0 * dot(r, run 0) + factor_g1 * dot(r, run 1)) + min[r, g] * (sum of x over g),
-then quant_gemv's fused epilogue (rstd from the runs' sums of squares with NORM, bias, SiLU-and-mul, residual).
-
-RAW_X: each program computes x's planes, factors and sums itself, from x (and the norm weight), once before its row
-blocks, as int4_prepared_x's kernel would: the GEMV then needs no preparing kernel before it, one kernel fewer in the
-decode chain (on llama-7b's H200 timeline that kernel's segment was 1.1-1.7 us per GEMV)."""
+then quant_gemv's fused epilogue (rstd from the runs' sums of squares with NORM, bias, SiLU-and-mul, residual)."""
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -38,6 +32,7 @@ def programs_per_sm(registers: int, shared: int, warps: int, register_file: int 
     per_warp = -(-max(registers, 1) * 32 // 256) * 256
     fits = min(register_file // per_warp // warps, threads // (32 * warps), shared_memory // shared if shared else 32)
     return max(1, min(fits, 32))
+
 
 if HAS_TRITON:
     import triton
@@ -77,59 +72,6 @@ if HAS_TRITON:
         return words, scale, low
 
     @triton.jit
-    def _raw_x_planes(x_ptr, g_ptr, num_groups, NORM: tl.constexpr, GPB: tl.constexpr, MASK: tl.constexpr):
-        """RAW_X: x's planes, factors and sums as _held_x_planes reads them from the half layout, computed here
-        from x itself (x_ptr: [K] in x's dtype; NORM: times the norm weight g, and the whole row's raw sum of
-        squares as total), as int4_prepared_x._prepare_x_half_kernel computes that layout."""
-        g, run, word = _group_index(GPB)
-        i = tl.arange(0, 8)[None, None, None, None, :]
-        at = ((g * 2 + run) * 32 + word * 8)[:, :, :, :, None] + i                         # [2, 1, GPB, 4, 8]
-        in_k = (g < num_groups)[:, :, :, :, None]
-        x = masked_load(x_ptr + at, in_k, MASK).to(tl.float32)
-        total = 0.0
-        if NORM:
-            total = tl.sum(tl.reshape(x * x, [2 * GPB * 32]), axis=0)
-            x = x * masked_load(g_ptr + at, in_k, MASK).to(tl.float32)
-        largest = tl.max(tl.max(tl.abs(x), axis=4), axis=3)                                # [2, 1, GPB]
-        exponent = ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127              # floor(log2), normal
-        exponent = tl.minimum(tl.maximum(exponent, -100), 110)
-        up = ((141 - exponent) << 23).to(tl.float32, bitcast=True)                         # 2^s, s = 14 - exponent
-        sixteenth = tl.where(i % 2 == 1, 0.0625, 1.0)                                      # the high nibbles' codes
-        scaled = (x * up[:, :, :, None, None] * sixteenth).to(tl.float16)                  # are 16x theirs
-        bits = scaled.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        # i = 4h + p: plane p of a word pairs (x[8w + p], x[8w + p + 4]) as its (low, high) halves
-        pairs = tl.permute(tl.reshape(bits, [2, 1, GPB, 4, 2, 4]), (0, 1, 2, 3, 5, 4))      # [.., word, p, h]
-        low, high = tl.split(pairs)
-        planes = tl.reshape(low | (high << 16), [2, 1, GPB, 4, 2, 2])                      # [.., word, p // 2, p % 2]
-        even, odd = tl.split(planes)
-        x0, x2 = tl.split(even)
-        x1, x3 = tl.split(odd)
-        factor = ((137 + exponent) << 23).to(tl.float32, bitcast=True)                     # 2^(24 - s)
-        x_sum = tl.sum(tl.sum(tl.sum(x, axis=4), axis=3), axis=0)                          # [1, GPB]
-        return x0, x1, x2, x3, factor, x_sum, total
-
-    @triton.jit
-    def _held_x_planes(xp_ptr, num_groups, NORM: tl.constexpr, GPB: tl.constexpr, MASK: tl.constexpr):
-        """x's planes [2, 1, GPB, 4] int32 (plane p of each run's 4 words), the runs' factors [2, 1, GPB], x's
-        sums over each group [1, GPB] and, with NORM, the whole row's raw sum of squares (else 0), from x prepared
-        in int4_prepared_x's half layout."""
-        g, run, word = _group_index(GPB)
-        in_k = g < num_groups
-        x_at = (g * 2 + run) * _CHUNK + word                                             # [2, 1, GPB, 4]
-        xi = xp_ptr.to(tl.pointer_type(tl.int32))
-        x0 = masked_load(xi + x_at, in_k, MASK)
-        x1 = masked_load(xi + x_at + 4, in_k, MASK)
-        x2 = masked_load(xi + x_at + 8, in_k, MASK)
-        x3 = masked_load(xi + x_at + 12, in_k, MASK)
-        run_at = (g * 2 + run) * _CHUNK + 16                                             # [2, 1, GPB, 1]
-        factor = tl.sum(masked_load(xp_ptr + run_at, in_k, MASK), axis=3)                # [2, 1, GPB]
-        x_sum = tl.sum(tl.sum(masked_load(xp_ptr + run_at + 1, in_k, MASK), axis=3), axis=0)     # [1, GPB]
-        total = 0.0
-        if NORM:
-            total = tl.sum(masked_load(xp_ptr + run_at + 2, in_k, MASK))
-        return x0, x1, x2, x3, factor, x_sum, total
-
-    @triton.jit
     def _words(t):
         """[2, BLOCK_N, GPB, 4] -> its four words, [2, BLOCK_N, GPB] each."""
         even, odd = tl.split(tl.reshape(t, [t.shape[0], t.shape[1], t.shape[2], 2, 2]))     # words 0, 2 | 1, 3
@@ -153,16 +95,15 @@ if HAS_TRITON:
         return tl.sum(group_dots * scale + low * x_sum, axis=1)
 
     @triton.jit
-    def w4_held_x_kernel(xp_ptr, g_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, N, K, stride_wn, stride_sn, eps,
+    def w4_held_x_kernel(xp_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, N, K, stride_wn, stride_sn, eps,
                          GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
                          GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
-                         GROUPS_PER_BLOCK: tl.constexpr, PERSIST: tl.constexpr, RAW_X: tl.constexpr = False,
-                         EVEN: tl.constexpr = False, PDL: tl.constexpr = False, EMULATE: tl.constexpr = False):
-        """y[:N] (+)= epilogue(x @ dequant(W)[rows]^T) for one x row: RAW_X, x itself (xp_ptr, [K]) and the norm
-        weight g_ptr with NORM, each program preparing x's planes for itself; else x prepared in
-        int4_prepared_x's half layout (xp_ptr, its norm weight applied there; g_ptr unused). Groups of GROUP = 64
-        codes, K's groups in one step of GROUPS_PER_BLOCK (a power of 2, masked past K unless EVEN); program p of
-        P (the grid's second axis: PERSIST per SM, held_programs) takes row blocks p, p + P, ... (module doc)."""
+                         GROUPS_PER_BLOCK: tl.constexpr, PERSIST: tl.constexpr, EVEN: tl.constexpr = False,
+                         PDL: tl.constexpr = False, EMULATE: tl.constexpr = False):
+        """y[:N] (+)= epilogue(x @ dequant(W)[rows]^T) for one x row prepared in int4_prepared_x's half layout
+        (xp_ptr), groups of GROUP = 64 codes, K's groups in one step of GROUPS_PER_BLOCK (a power of 2, masked
+        past K unless EVEN); program p of P (the grid's second axis: PERSIST per SM, held_programs)
+        takes row blocks p, p + P, ... (module doc)."""
         tl.static_assert(GROUP == 64, "HELD: groups of 64 codes (2 runs of 4 words)")
         num_groups = K // GROUP
         stride = tl.num_programs(1) * BLOCK_N
@@ -178,12 +119,21 @@ if HAS_TRITON:
                                                       stride_sn, GROUPS_PER_BLOCK, HAS_MINS, EVEN)
         if PDL:
             gdc_wait()
+        g, run, word = _group_index(GROUPS_PER_BLOCK)
+        in_k = g < num_groups
+        x_at = (g * 2 + run) * _CHUNK + word                                             # [2, 1, GPB, 4]
+        xi = xp_ptr.to(tl.pointer_type(tl.int32))
         MASK: tl.constexpr = not EVEN
-        if RAW_X:
-            x0, x1, x2, x3, factor, x_sum, total = _raw_x_planes(xp_ptr, g_ptr, num_groups, NORM, GROUPS_PER_BLOCK,
-                                                                 MASK)
-        else:
-            x0, x1, x2, x3, factor, x_sum, total = _held_x_planes(xp_ptr, num_groups, NORM, GROUPS_PER_BLOCK, MASK)
+        x0 = masked_load(xi + x_at, in_k, MASK)
+        x1 = masked_load(xi + x_at + 4, in_k, MASK)
+        x2 = masked_load(xi + x_at + 8, in_k, MASK)
+        x3 = masked_load(xi + x_at + 12, in_k, MASK)
+        run_at = (g * 2 + run) * _CHUNK + 16                                             # [2, 1, GPB, 1]
+        factor = tl.sum(masked_load(xp_ptr + run_at, in_k, MASK), axis=3)                # [2, 1, GPB]
+        x_sum = tl.sum(tl.sum(masked_load(xp_ptr + run_at + 1, in_k, MASK), axis=3), axis=0)     # [1, GPB]
+        total = 0.0
+        if NORM:
+            total = tl.sum(masked_load(xp_ptr + run_at + 2, in_k, MASK))
         for _ in range(tl.program_id(1) * BLOCK_N, N, stride):
             acc = _block_dot(words, scale, low, x0, x1, x2, x3, factor, x_sum, EMULATE)
             acc_up = acc
@@ -214,8 +164,8 @@ if HAS_TRITON:
     def launch_held(args: tuple, options: dict, blocks: int, device: torch.device) -> None:
         """w4_held_x_kernel on `blocks` row blocks with options["PERSIST"] programs per SM, or fewer where its
         compiled registers or shared memory do not let that many stay resident at once: a program past those would
-        start only when another ends, a second wave behind the first (RAW_X's prologue takes up to ~60 more
-        registers than the prepared x's, offline)."""
+        start only when another ends, a second wave behind the first. (The configs' PERSIST assume a kernel's
+        registers; its gated, norm and residual forms take 120-250 per thread offline at the same BLOCK_N.)"""
         per_sm = options["PERSIST"]
         if device.type == "cuda":
             key = (tuple(sorted(options.items())),
@@ -235,18 +185,17 @@ if HAS_TRITON:
 
     def held_configs(k: int, group_size: int) -> list:
         """The HELD kernel's configs for K = k: GROUPS_PER_BLOCK = K's groups (a power of 2) where that is at most
-        HELD_MAX_GROUPS and the groups hold 64 codes; else none. RAW_X (x prepared by each program, no preparing
-        kernel before the GEMV) unless TIERLLM_HELD_RAW_X=0 (for A/B runs). (BLOCK_N, warps, programs per SM): rows
-        per thread (4 warps spread 2 x 2 over rows and groups at 64 groups) and occupancy (offline: 8 rows x 4 warps
-        take ~250 registers per thread ungated; launch_held lowers the programs per SM to what fits)."""
+        HELD_MAX_GROUPS and the groups hold 64 codes; else none. (BLOCK_N, warps, programs per SM): rows per thread
+        (4 warps spread 2 x 2 over rows and groups at 64 groups) and occupancy (offline: 8 rows x 4 warps take ~250
+        registers per thread ungated; launch_held lowers the programs per SM to what fits)."""
         groups = triton.next_power_of_2(max(1, k // group_size))
         if group_size != 64 or k % group_size or groups > HELD_MAX_GROUPS:
             return []
-        raw = os.environ.get("TIERLLM_HELD_RAW_X", "1") != "0"
-        return [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": groups, "PERSIST": per_sm, "RAW_X": raw},
-                              num_warps=w, num_stages=1)
+        return [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": groups, "PERSIST": per_sm}, num_warps=w,
+                              num_stages=1)
                 # the smallest were the fastest on llama-7b's gate/up and qkv (an H200, session 32:
                 # int4-held-tuner-timings-h200.json); (4, 4, 2), (2, 4, 4) and (8, 8, 1) timed 21-23 us there against
-                # 17.0 for the best and left for smaller ones
+                # 17.0 for the best and made way for smaller ones, of which (1, 1, 16) was the fastest on both in
+                # session 33 (quant-bf16-int4-held-small-llama-7b-h200.json)
                 for bn, w, per_sm in [(8, 4, 2), (4, 4, 3), (4, 2, 4), (2, 2, 6), (2, 2, 8), (4, 8, 2), (2, 1, 8),
                                       (2, 1, 12), (1, 1, 16)]]

@@ -1007,9 +1007,7 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
             grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
             if config.kwargs.get("PERSIST"):                    # int4_held_x.py: x held across row blocks
-                raw = config.kwargs.get("RAW_X", False)         # x as it is, each program preparing its planes
-                launch_held((x if raw else prepare_x_half_triton(x, norm_weight, pdl=pdl),
-                             norm_weight if raw and norm_weight is not None else x, w, scales,
+                launch_held((prepare_x_half_triton(x, norm_weight, pdl=pdl), w, scales,
                              mins if mins is not None else scales, bias if bias is not None else scales, out, rows, k,
                              w.stride(0), scales.stride(0), eps),
                             {**flags, **config.all_kwargs(), "EMULATE": _dispatch.is_interpreted(),
