@@ -1,6 +1,7 @@
 """Rewrite the README's results section (between the results markers) from the committed result files."""
 import ast
 import json
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -731,6 +732,54 @@ def session32_sentence(oneshot: dict, ring: dict, regs: dict, modes: dict, x_onc
             f"{_ratio_link(rerun, 'quant-bf16-int4-held-x-rerun-llama-7b-h200.json', 'int4')}.")
 
 
+def _layer_us(timeline: list) -> float:
+    """A batch-1 decode timeline's median layer: the time between the ends of consecutive merge kernels."""
+    ends = [start + duration for start, duration, name in timeline if "merge" in name]
+    return round(statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False) if b - a < 200), 2)
+
+
+def _tuner_fastest(doc: dict, n: int, k: int) -> tuple[float, str]:
+    """An int4 run's graph-tuner fastest time (us) and config on the [n, k] linear."""
+    pick = next(p for p in doc["results"]["int4"]["batch1_tuner_picks"] if p["key"].startswith(f"(1, {n}, {k},"))
+    us, config = pick["fastest_us"][0][1], pick["fastest_us"][0][0]
+    return us, ("HELD" if "PERSIST" in config else "XHALF")
+
+
+def session33_sentence(first_probe: dict, probe: dict, rotary_on: dict, rotary_off: dict, raw_x: dict,
+                       small: dict, raw_x_timeline: list, small_timeline: list) -> str:
+    """Session 33: the rotary embedding inside the decode split kernel (reverted), HELD preparing x itself (RAW_X,
+    deleted), then HELD's smaller configs under an occupancy limit."""
+    def probe_us(doc: dict, context: int, rotary: str) -> float:
+        return next(r["us_per_layer"] for r in doc["results"]["rows"]
+                    if r["context"] == context and r["rotary"] == rotary)
+
+    def pair(doc: dict, context: int) -> str:
+        return f"{probe_us(doc, context, 'fused')} against {probe_us(doc, context, 'kernel')}"
+
+    def ms(doc: dict, variant: str) -> float:
+        return doc["results"][variant]["batch1"]["decode_ms_per_step"]
+
+    (qkv_us, qkv_kind), (gate_us, gate_kind) = _tuner_fastest(small, 12288, 4096), _tuner_fastest(small, 11008, 4096)
+    return ("The rotary embedding and the cache write inside the decode split kernel (`ROTARY`: one kernel fewer "
+            "per layer; reverted): chained, 32 layers with PDL, it took "
+            f"{pair(probe, 128)} us per layer for the rotary kernel and the split kernel at 128 tokens, but "
+            f"{pair(probe, 576)} at 576 ([JSON](benchmarks/results/decode-attention-rotary-probe-h200.json); a first "
+            f"form with 254 registers per thread: {pair(first_probe, 576)} at 576, "
+            "[JSON](benchmarks/results/decode-attention-rotary-probe-first-h200.json)); end to end bf16 took "
+            f"{ms(rotary_on, 'bf16')} ms/token with it against {ms(rotary_off, 'bf16')} and int4 {ms(rotary_on, 'int4')} "
+            f"against {ms(rotary_off, 'int4')} ([on](benchmarks/results/quant-bf16-int4-decode-rotary-1-llama-7b-h200.json), "
+            "[off](benchmarks/results/quant-bf16-int4-decode-rotary-0-llama-7b-h200.json)). HELD preparing x's "
+            "planes itself (`RAW_X`, no preparing kernel before it; deleted) moved the preparing kernels' time into the "
+            f"GEMVs: a layer took {_layer_us(raw_x_timeline)} us against {_layer_us(small_timeline)} with HELD on "
+            f"prepared x, int4 {_ratio_link(raw_x, 'quant-bf16-int4-held-raw-x-llama-7b-h200.json', 'int4')}. "
+            "With smaller HELD configs in the list (down to one row and one warp per program, 16 programs per SM), "
+            "launched no wider than the compiled kernel's registers keep resident (`launch_held`), the graph tuner "
+            f"timed {qkv_kind} fastest on qkv ({qkv_us} us, its preparing kernel included) and {gate_kind} on gate/up "
+            f"({gate_us} us), and decode-step tuning put both on that smallest config: "
+            f"int4 {_ratio_link(small, 'quant-bf16-int4-held-small-llama-7b-h200.json', 'int4')} "
+            "(target 2.8x: not met).")
+
+
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
 INT4_H200_LATEST = [
     ("L2 prefetch configs in the tuner's list (none picked)", "quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
@@ -758,6 +807,13 @@ INT4_H200_LATEST = [
     ("HELD: x held across a persistent program's row blocks (gate/up; session 32)",
      "quant-bf16-int4-held-x-llama-7b-h200.json"),
     ("the same again on the same machine, its tuning file kept", "quant-bf16-int4-held-x-rerun-llama-7b-h200.json"),
+    ("the rotary embedding inside the split kernel (first form; reverted), HELD preparing its own x (session 33)",
+     "quant-bf16-int4-rotary-first-raw-x-llama-7b-h200.json"),
+    ("A/B: the rotary embedding inside the split kernel (reverted)", "quant-bf16-int4-decode-rotary-1-llama-7b-h200.json"),
+    ("A/B: the rotary kernel", "quant-bf16-int4-decode-rotary-0-llama-7b-h200.json"),
+    ("HELD preparing its own x (RAW_X, deleted), fresh machine", "quant-bf16-int4-held-raw-x-llama-7b-h200.json"),
+    ("HELD on prepared x, smaller configs, occupancy limit (the defaults)",
+     "quant-bf16-int4-held-small-llama-7b-h200.json"),
 ]
 
 
@@ -862,7 +918,7 @@ GLANCE = [
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
     ("quantization (#5)", "quant-bf16-int8-early-kv-llama-7b-h200.json", None),
-    ("quantization (#5)", "quant-bf16-int4-held-x-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-held-small-llama-7b-h200.json", None),
     ("quantization (#5)", "quant-bf16-int4-asm-gemm-llama-7b-h100.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-h100.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
@@ -943,6 +999,14 @@ def int4_h200_history() -> str:
                            results("quant-bf16-int4-held-x-llama-7b-h200.json"),
                            results("quant-bf16-int4-held-x-rerun-llama-7b-h200.json"),
                            results("int4-held-tuner-timings-h200.json")),
+        session33_sentence(results("decode-attention-rotary-probe-first-h200.json"),
+                           results("decode-attention-rotary-probe-h200.json"),
+                           results("quant-bf16-int4-decode-rotary-1-llama-7b-h200.json"),
+                           results("quant-bf16-int4-decode-rotary-0-llama-7b-h200.json"),
+                           results("quant-bf16-int4-held-raw-x-llama-7b-h200.json"),
+                           results("quant-bf16-int4-held-small-llama-7b-h200.json"),
+                           results("timeline-int4-b1-long-held-raw-x-h200.json"),
+                           results("timeline-int4-b1-long-held-small-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])
