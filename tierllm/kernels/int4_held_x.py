@@ -164,8 +164,8 @@ if HAS_TRITON:
     def launch_held(args: tuple, options: dict, blocks: int, device: torch.device) -> None:
         """w4_held_x_kernel on `blocks` row blocks with options["PERSIST"] programs per SM, or fewer where its
         compiled registers or shared memory do not let that many stay resident at once: a program past those would
-        start only when another ends, a second wave behind the first. (The configs' PERSIST assume a kernel's
-        registers; its gated, norm and residual forms take 120-250 per thread offline at the same BLOCK_N.)"""
+        start only when another ends, a second wave behind the first. (A config's PERSIST cannot know its kernel's
+        registers: the gated, norm and residual forms of one BLOCK_N take 120-250 per thread offline.)"""
         per_sm = options["PERSIST"]
         if device.type == "cuda":
             key = (tuple(sorted(options.items())),
