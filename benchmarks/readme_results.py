@@ -598,12 +598,15 @@ def early_residual_sentence(doc: dict) -> str:
             "([JSON](benchmarks/results/early-residual-probe-h200.json)); end to end in the next item.")
 
 
+def _batch1_ms(doc: dict, variant: str) -> float:
+    """A quant_gpu.py run's batch-1 decode ms/token for one variant."""
+    return doc["results"][variant]["batch1"]["decode_ms_per_step"]
+
+
 def _ratio_link(doc: dict, name: str, variant: str) -> str:
     """'[A against bf16's B ms/token, Rx](JSON)' for a bf16 + variant batch-1 run."""
-    r = doc["results"]
-    return (f"[{r[variant]['batch1']['decode_ms_per_step']} against bf16's "
-            f"{r['bf16']['batch1']['decode_ms_per_step']} ms/token, {r['speedup_vs_bf16'][variant]['batch1_decode']}x]"
-            f"(benchmarks/results/{name})")
+    return (f"[{_batch1_ms(doc, variant)} against bf16's {_batch1_ms(doc, 'bf16')} ms/token, "
+            f"{doc['results']['speedup_vs_bf16'][variant]['batch1_decode']}x](benchmarks/results/{name})")
 
 
 def epilogue_sentence(probe: dict, run: dict, int8: dict, probe_even_n: dict, run_even_n: dict,
@@ -735,7 +738,7 @@ def session32_sentence(oneshot: dict, ring: dict, regs: dict, modes: dict, x_onc
 def _layer_us(timeline: list) -> float:
     """A batch-1 decode timeline's median layer: the time between the ends of consecutive merge kernels."""
     ends = [start + duration for start, duration, name in timeline if "merge" in name]
-    return round(statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False) if b - a < 200), 2)
+    return round(statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False)), 2)
 
 
 def _tuner_fastest(doc: dict, n: int, k: int) -> tuple[float, str]:
@@ -756,9 +759,6 @@ def session33_sentence(first_probe: dict, probe: dict, rotary_on: dict, rotary_o
     def pair(doc: dict, context: int) -> str:
         return f"{probe_us(doc, context, 'fused')} against {probe_us(doc, context, 'kernel')}"
 
-    def ms(doc: dict, variant: str) -> float:
-        return doc["results"][variant]["batch1"]["decode_ms_per_step"]
-
     (qkv_us, qkv_kind), (gate_us, gate_kind) = _tuner_fastest(small, 12288, 4096), _tuner_fastest(small, 11008, 4096)
     return ("The rotary embedding and the cache write inside the decode split kernel (`ROTARY`: one kernel fewer "
             "per layer; reverted): chained, 32 layers with PDL, it took "
@@ -766,10 +766,12 @@ def session33_sentence(first_probe: dict, probe: dict, rotary_on: dict, rotary_o
             f"{pair(probe, 576)} at 576 ([JSON](benchmarks/results/decode-attention-rotary-probe-h200.json); a first "
             f"form with 254 registers per thread: {pair(first_probe, 576)} at 576, "
             "[JSON](benchmarks/results/decode-attention-rotary-probe-first-h200.json)); end to end bf16 took "
-            f"{ms(rotary_on, 'bf16')} ms/token with it against {ms(rotary_off, 'bf16')} and int4 {ms(rotary_on, 'int4')} "
-            f"against {ms(rotary_off, 'int4')} ([on](benchmarks/results/quant-bf16-int4-decode-rotary-1-llama-7b-h200.json), "
+            f"{_batch1_ms(rotary_on, 'bf16')} ms/token with it against {_batch1_ms(rotary_off, 'bf16')} and int4 "
+            f"{_batch1_ms(rotary_on, 'int4')} against {_batch1_ms(rotary_off, 'int4')} "
+            "([on](benchmarks/results/quant-bf16-int4-decode-rotary-1-llama-7b-h200.json), "
             "[off](benchmarks/results/quant-bf16-int4-decode-rotary-0-llama-7b-h200.json)). HELD preparing x's "
-            "planes itself (`RAW_X`, no preparing kernel before it; deleted) moved the preparing kernels' time into the "
+            "planes itself (`RAW_X`, no preparing kernel before it; deleted) moved the preparing kernels' time into "
+            "the "
             f"GEMVs: a layer took {_layer_us(raw_x_timeline)} us against {_layer_us(small_timeline)} with HELD on "
             f"prepared x, int4 {_ratio_link(raw_x, 'quant-bf16-int4-held-raw-x-llama-7b-h200.json', 'int4')}. "
             "With smaller HELD configs in the list (down to one row and one warp per program, 16 programs per SM), "
@@ -825,7 +827,7 @@ def int4_h200_latest_table(calls: list[tuple[str, str, dict]]) -> list[str]:
     for label, name, doc in calls:
         r = doc["results"]
         lines.append(f"| [{label}](benchmarks/results/{name}) | {doc['versions']['commit']} | "
-                     f"{r['int4']['batch1']['decode_ms_per_step']} | {r['bf16']['batch1']['decode_ms_per_step']} | "
+                     f"{_batch1_ms(doc, 'int4')} | {_batch1_ms(doc, 'bf16')} | "
                      f"{r['speedup_vs_bf16']['int4']['batch1_decode']}x |")
     return lines + [""]
 
