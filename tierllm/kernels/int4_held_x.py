@@ -22,8 +22,7 @@ import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON
 
-HELD_MAX_GROUPS = 256                # x's planes of at most this many groups held per program (registers)
-_WIDE_GROUPS = 64                    # past this many groups a step takes 4-16 warps, one or two groups per thread
+HELD_MAX_GROUPS = 64                 # x's planes of at most this many groups held per program (registers)
 
 
 def programs_per_sm(registers: int, shared: int, warps: int, register_file: int = 65536, threads: int = 2048,
@@ -188,20 +187,15 @@ if HAS_TRITON:
         """The HELD kernel's configs for K = k: GROUPS_PER_BLOCK = K's groups (a power of 2) where that is at most
         HELD_MAX_GROUPS and the groups hold 64 codes; else none. (BLOCK_N, warps, programs per SM): rows per thread
         (4 warps spread 2 x 2 over rows and groups at 64 groups) and occupancy (offline: 8 rows x 4 warps take ~250
-        registers per thread ungated; launch_held lowers the programs per SM to what fits). Past 64 groups (down_proj's
-        172 of llama-7b in a step of 256) the warps span the groups, one or two per thread, so that x's planes stay
-        ~34 registers per group held (offline, Triton 3.6, sm90, residual, 256 groups: 64 registers at 1 row x 8
-        warps and 2 x 16, 124 at 1 x 4, 128 at 2 x 8)."""
+        registers per thread ungated; launch_held lowers the programs per SM to what fits)."""
         groups = triton.next_power_of_2(max(1, k // group_size))
         if group_size != 64 or k % group_size or groups > HELD_MAX_GROUPS:
             return []
-        # the smallest were the fastest on llama-7b's gate/up and qkv (an H200, session 32:
-        # int4-held-tuner-timings-h200.json); (4, 4, 2), (2, 4, 4) and (8, 8, 1) timed 21-23 us there against
-        # 17.0 for the best and made way for smaller ones, of which (1, 1, 16) was the fastest on both in
-        # session 33 (quant-bf16-int4-held-small-llama-7b-h200.json)
-        shapes = ([(8, 4, 2), (4, 4, 3), (4, 2, 4), (2, 2, 6), (2, 2, 8), (4, 8, 2), (2, 1, 8), (2, 1, 12), (1, 1, 16)]
-                  if groups <= _WIDE_GROUPS else
-                  [(1, 4, 4), (2, 4, 2), (1, 8, 4), (1, 8, 3), (2, 8, 2), (2, 16, 2), (4, 16, 1)])
         return [triton.Config({"BLOCK_N": bn, "GROUPS_PER_BLOCK": groups, "PERSIST": per_sm}, num_warps=w,
                               num_stages=1)
-                for bn, w, per_sm in shapes]
+                # the smallest were the fastest on llama-7b's gate/up and qkv (an H200, session 32:
+                # int4-held-tuner-timings-h200.json); (4, 4, 2), (2, 4, 4) and (8, 8, 1) timed 21-23 us there against
+                # 17.0 for the best and made way for smaller ones, of which (1, 1, 16) was the fastest on both in
+                # session 33 (quant-bf16-int4-held-small-llama-7b-h200.json)
+                for bn, w, per_sm in [(8, 4, 2), (4, 4, 3), (4, 2, 4), (2, 2, 6), (2, 2, 8), (4, 8, 2), (2, 1, 8),
+                                      (2, 1, 12), (1, 1, 16)]]
