@@ -50,12 +50,14 @@ def kernels(args) -> dict:
                 ("M_BUCKET", "i32")]
     held_args = [("xp_ptr", "*fp32"), ("w_ptr", "*u8"), ("s_ptr", "*fp16"), ("mn_ptr", "*fp16"), ("b_ptr", "*fp16"),
                  ("y_ptr", "*bf16"), ("N", "i32"), ("K", "i32"), ("stride_wn", "i32"), ("stride_sn", "i32"),
-                 ("eps", "fp32")]
+                 ("eps", "fp32"), ("cos_ptr", "*bf16"), ("sin_ptr", "*bf16"), ("kc_ptr", "*bf16"), ("vc_ptr", "*bf16"),
+                 ("slot_ptr", "*i64"), ("Q_ROWS", "i32"), ("KV_ROWS", "i32")]
     return {
         "w4_held": (int4_held_x.w4_held_x_kernel, held_args,
                     {"GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "NORM": args.norm, "GATED": args.gated,
                      "RESIDUAL": args.residual, "BLOCK_N": args.block_n, "GROUPS_PER_BLOCK": args.groups,
-                     "PERSIST": 4, "EVEN": args.even, "PDL": True, "EMULATE": False}),
+                     "PERSIST": 4, "EVEN": args.even, "PDL": True, "EMULATE": False,
+                     "ROTARY": 64 if args.rotary else 0}),
         "w4_mma": (w4_mma_gemv._w4_mma_gemv_kernel, mma_args,
                    {"HAS_MINS": True, "HAS_BIAS": False, "GATED": args.gated, "RESIDUAL": not args.gated,
                     "TWO_TILES": False, "WARPS": args.warps, "UNROLL": args.unroll, "EMULATE": False, "EVEN_N": True,
@@ -148,6 +150,8 @@ def main() -> int:
                         help="w4_gemv --xhalf: STACKED_SUM (the row sets' final reductions as one)")
     parser.add_argument("--norm", action="store_true",
                         help="w4_gemv --xhalf: NORM (rstd in the epilogue from the runs' sums of squares)")
+    parser.add_argument("--rotary", action="store_true",
+                        help="w4_held: ROTARY (the QKV epilogue: q and k rotated, k and v to the cache; head_dim 128)")
     parser.add_argument("--sum16", action="store_true", help="w8_gemv --row: SUM16 (runs of 16 k summed first)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--maxnreg", type=int, default=None, help="ptxas's register cap per thread")

@@ -218,6 +218,36 @@ def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch,
     assert out.shape == (1, 56)
 
 
+def test_int4_decode_rotary_in_the_held_epilogue_equals_the_rotary_kernel(monkeypatch):
+    """CUDA-graph decode of an int4 model whose one-row GEMVs are HELD with pairs of rows (the one config offered
+    here): the QKV GEMV rotates q and k and writes the cache in its epilogue (ROTARY), and the greedy tokens equal
+    TIERLLM_QKV_ROTARY=0's (the same GEMV, then the rotary kernel); only decode's QKV launches asked for it."""
+    import triton
+
+    from tierllm.kernels import int4_held_x
+
+    held = [triton.Config({"BLOCK_N": 2, "GROUPS_PER_BLOCK": 1, "PERSIST": 4}, num_warps=1, num_stages=1)]
+    monkeypatch.setattr(quant_gemv, "prepared_configs", lambda *args: held)
+    monkeypatch.setattr(quant_gemv._w4_graph_tuner, "cache", {})
+    monkeypatch.setenv("TIERLLM_TUNING_CACHE", "0")
+    rotary_launches = []
+    real = int4_held_x.launch_held
+    monkeypatch.setattr(quant_gemv, "launch_held", lambda args, options, blocks, device:
+                        rotary_launches.append(options["ROTARY"]) or real(args, options, blocks, device))
+    hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda()
+    ids = torch.tensor(random_prompts([40], seed=3), device="cuda")
+    outs, asked = [], []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TIERLLM_QKV_ROTARY", flag)
+        rotary_launches.clear()
+        engine = tierllm.init_inference(hf, dtype=torch.bfloat16, quant="int4", show_progress=False, max_num_seqs=8)
+        outs.append(engine.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False))
+        asked.append(set(rotary_launches))
+    assert torch.equal(outs[0], outs[1])
+    head_dim = hf.config.hidden_size // hf.config.num_attention_heads
+    assert asked[0] == {0, head_dim // 2} and asked[1] == {0}
+
+
 _ONE_PREFILL_GEMM = """
 import torch
 from tierllm.config import QuantConfig

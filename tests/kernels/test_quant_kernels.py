@@ -359,7 +359,7 @@ def test_held_x_kernel(n, k, block_n, gated, norm, residual, symmetric):
     (whole, EVEN), gated, adding into the residual or writing y, asymmetric (XHALF's tolerance, as in
     test_int4_sub_loop_on_prepared_x) or symmetric."""
     from tierllm.kernels.gemv import fused_linear_ref
-    from tierllm.kernels.int4_held_x import w4_held_x_kernel
+    from tierllm.kernels.int4_held_x import held_rotary_args, w4_held_x_kernel
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
     from tierllm.quant.formats import dequantize_int4
 
@@ -373,9 +373,9 @@ def test_held_x_kernel(n, k, block_n, gated, norm, residual, symmetric):
     assert triton.cdiv(n, block_n) > 3
     w4_held_x_kernel[(1, 3)](
         prepare_x_half_triton(x, g), w["qweight"], w["scales"], w.get("mins", w["scales"]),
-        bias.half(), y, n, k, w["qweight"].stride(0), w["scales"].stride(0), 1e-6, GROUP=64, HAS_MINS=not symmetric,
-        HAS_BIAS=True, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_N=block_n, GROUPS_PER_BLOCK=groups,
-        PERSIST=1, EVEN=k // 64 == groups, EMULATE=_dispatch.is_interpreted())
+        bias.half(), y, n, k, w["qweight"].stride(0), w["scales"].stride(0), 1e-6, *held_rotary_args(None, n, y),
+        GROUP=64, HAS_MINS=not symmetric, HAS_BIAS=True, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_N=block_n,
+        GROUPS_PER_BLOCK=groups, PERSIST=1, EVEN=k // 64 == groups, EMULATE=_dispatch.is_interpreted())
     dense = dequantize_int4(w["qweight"], w["scales"], w.get("mins"), 64, torch.float32)
     ref = fused_linear_ref(x.float(), dense, bias.float(), norm_weight=None if g is None else g.float(), gated=gated)
     ref = ref + start.float() if residual else ref
@@ -418,12 +418,119 @@ def test_launch_held_keeps_programs_resident_on_gpu(monkeypatch):
     monkeypatch.setattr(int4_held_x, "held_programs",
                         lambda blocks, per_sm, device: launched.append(per_sm) or original(blocks, per_sm, device))
     int4_held_x.launch_held((prepare_x_half_triton(x, g), w["qweight"], w["scales"], w["mins"], bias.bfloat16(), y,
-                             n, k, w["qweight"].stride(0), w["scales"].stride(0), 1e-6), options, n // 2, x.device)
+                             n, k, w["qweight"].stride(0), w["scales"].stride(0), 1e-6,
+                             *int4_held_x.held_rotary_args(None, n, y)), options, n // 2, x.device)
     [per_sm] = launched
     assert 1 <= per_sm < 32 and per_sm in int4_held_x._RESIDENT.values()
     dense = dequantize_int4(w["qweight"], w["scales"], w["mins"], 64, torch.float32)
     ref = fused_linear_ref(x.float(), dense, bias.float(), norm_weight=g.float(), gated=True)
     assert _rel_err(y, ref) < 1e-2
+
+
+def _qkv_rotary_case(heads: int, kv_heads: int, head_dim: int, k: int, slot: int, seed: int):
+    """A QKV projection's int4 weights and bias, x, a norm weight, one token's rotary tables [1, head_dim] (bf16)
+    and empty caches of 3 blocks of 4 slots, with its DecodeRotary at `slot`."""
+    from tierllm.kernels.rotary import DecodeRotary
+
+    n = (heads + 2 * kv_heads) * head_dim
+    w, bias = _quantized(n, k, QuantConfig(bits=4, group_size=64), seed=seed)
+    x = 2 * _x(1, k, torch.bfloat16, seed=seed + 1)
+    g = (1 + 0.5 * _x(1, k, torch.bfloat16, seed=seed + 2)).reshape(k)
+    angles = 6 * torch.rand(head_dim // 2, generator=torch.Generator().manual_seed(seed + 3))
+    cos = torch.cat([angles.cos(), angles.cos()])[None].to(DEVICE, torch.bfloat16)
+    sin = torch.cat([angles.sin(), angles.sin()])[None].to(DEVICE, torch.bfloat16)
+    caches = [torch.zeros(3, 4, kv_heads, head_dim, dtype=torch.bfloat16, device=DEVICE) for _ in range(2)]
+    rotary = DecodeRotary(cos, sin, *caches, torch.tensor([slot], device=DEVICE))
+    return w, bias.bfloat16(), x, g, rotary
+
+
+def _qkv_rotary_ref(w, bias, x, g, rotary):
+    """The projection in fp32 (bf16 out), then rotary.py's reference rotation and cache write, on fresh caches ->
+    (y, k cache, v cache)."""
+    from tierllm.kernels.rotary import rotary_and_cache_write_ref
+    from tierllm.quant.formats import dequantize_int4
+
+    dense = dequantize_int4(w["qweight"], w["scales"], w["mins"], 64, torch.float32)
+    y = quant_gemv.fused_linear_ref(x.float(), dense, bias.float(), norm_weight=g.float()).bfloat16()
+    k_cache, v_cache = torch.zeros_like(rotary.k_cache), torch.zeros_like(rotary.v_cache)
+    q, k, v = (part.view(1, -1, rotary.head_dim)
+               for part in y.split([y.shape[1] - 2 * rotary.kv_rows, rotary.kv_rows, rotary.kv_rows], dim=-1))
+    q, k = rotary_and_cache_write_ref(q, k, v, rotary.cos, rotary.sin, k_cache, v_cache, rotary.slot_mapping)
+    return torch.cat([q.reshape(1, -1), k.reshape(1, -1), v.reshape(1, -1)], dim=1), k_cache, v_cache
+
+
+@pytest.mark.parametrize("heads,kv_heads,block_n,slot", [(4, 2, 2, 5), (2, 2, 4, 0), (4, 1, 2, -1)],
+                         ids=["gqa_pairs", "mha_two_pairs", "gqa_padding_slot"])
+def test_held_x_kernel_rotary(heads, kv_heads, block_n, slot):
+    """ROTARY: HELD's QKV epilogue (each block's rows pairs d, d + head_dim / 2 of a head; q and k rotated, k and v
+    to the cache at the token's slot, none at -1) gives the same bits as HELD without it followed by the rotary
+    kernel, and matches the fp32 projection followed by rotary.py's reference (bf16's tolerance). Three programs
+    over many blocks."""
+    from tierllm.kernels.int4_held_x import held_rotary_args, w4_held_x_kernel
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+    from tierllm.kernels.rotary import DecodeRotary, rotary_and_cache_write_triton
+
+    head_dim, k = 16, 256
+    w, bias, x, g, rotary = _qkv_rotary_case(heads, kv_heads, head_dim, k, slot, seed=90)
+    n = (heads + 2 * kv_heads) * head_dim
+
+    def run(fused: bool):
+        y = torch.zeros(1, n, dtype=torch.bfloat16, device=DEVICE)
+        case = DecodeRotary(rotary.cos, rotary.sin, torch.zeros_like(rotary.k_cache),
+                            torch.zeros_like(rotary.v_cache), rotary.slot_mapping)
+        w4_held_x_kernel[(1, 3)](
+            prepare_x_half_triton(x, g), w["qweight"], w["scales"], w["mins"], bias, y, n, k, w["qweight"].stride(0),
+            w["scales"].stride(0), 1e-6, *held_rotary_args(case if fused else None, n, y), GROUP=64, HAS_MINS=True,
+            HAS_BIAS=True, NORM=True, GATED=False, RESIDUAL=False, BLOCK_N=block_n, GROUPS_PER_BLOCK=4, PERSIST=1,
+            EVEN=True, EMULATE=_dispatch.is_interpreted(), ROTARY=head_dim // 2 if fused else 0)
+        if not fused:                       # the rotary kernel itself (the interpreter's bf16 rounding on CPU)
+            parts = [part.view(1, -1, head_dim) for part in y.split([heads * head_dim, case.kv_rows, case.kv_rows],
+                                                                    dim=-1)]
+            rotary_and_cache_write_triton(*parts, case.cos, case.sin, case.k_cache, case.v_cache, case.slot_mapping)
+        return y, case.k_cache, case.v_cache
+
+    fused, unfused = run(True), run(False)
+    for got, want in zip(fused, unfused, strict=True):
+        assert torch.equal(got, want)
+    y, k_cache, v_cache = fused
+    ref_y, ref_k, ref_v = _qkv_rotary_ref(w, bias, x, g, rotary)
+    # bf16 outputs rounded before and in the rotation (and the interpreter's bf16 on CPU): 1.03e-2 on mha_two_pairs
+    assert _rel_err(y, ref_y) < 2e-2
+    if slot >= 0:
+        assert _rel_err(k_cache, ref_k) < 2e-2 and _rel_err(v_cache, ref_v) < 2e-2
+    assert bool(k_cache.any()) == (slot >= 0) and bool(v_cache.any()) == (slot >= 0)
+
+
+@pytest.mark.parametrize("winner", [0, 1, 2], ids=["held_pairs", "held_one_row", "xhalf"])
+def test_w4_gemv_rotary_graph_tuned(monkeypatch, winner):
+    """TIERLLM_GEMV_TUNER=graph, a QKV projection with a DecodeRotary: the tuner times each config with the
+    rotation and cache write (HELD's epilogue where its blocks pair rows, the rotary kernel after the others) and
+    the picked one does them once more on the real weight: q and k rotated, k and v cached, against the reference;
+    the rotary kernel runs only after a config that does not pair rows."""
+    from tierllm.kernels import rotary as rotary_module
+
+    configs = [triton.Config({"BLOCK_N": 2, "GROUPS_PER_BLOCK": 4, "PERSIST": 2}, num_warps=2, num_stages=1),
+               triton.Config({"BLOCK_N": 1, "GROUPS_PER_BLOCK": 4, "PERSIST": 2}, num_warps=1, num_stages=1),
+               [c for c in quant_gemv.prepared_configs(96, 64, False, 256) if c.kwargs.get("XHALF")][0]]
+    monkeypatch.setattr(quant_gemv, "prepared_configs", lambda *args: configs)
+    timed, kernel_calls = [], []
+
+    def fake_seconds(launch, copies):
+        launch(copies[1])
+        timed.append(len(timed))
+        return 0.5 if len(timed) - 1 == winner else 1.0
+
+    fake_graph_tuning(monkeypatch, quant_gemv, quant_gemv._w4_graph_tuner, fake_seconds)
+    real = rotary_module.rotary_and_cache_write
+    monkeypatch.setattr(rotary_module, "rotary_and_cache_write",
+                        lambda *args: kernel_calls.append(1) or real(*args))
+    w, bias, x, g, rotary = _qkv_rotary_case(2, 2, 16, 256, slot=7, seed=95)
+    y = quant_gemv.w4_gemv_triton(x, w["qweight"], w["scales"], w["mins"], 64, bias, norm_weight=g, rotary=rotary)
+    assert len(timed) == len(configs)
+    assert len(kernel_calls) == 2 + (winner != 0)                 # the tuning runs of configs 1 and 2, the pick's
+    ref_y, ref_k, ref_v = _qkv_rotary_ref(w, bias, x, g, rotary)
+    assert _rel_err(y, ref_y) < 2e-2
+    assert _rel_err(rotary.k_cache, ref_k) < 2e-2 and _rel_err(rotary.v_cache, ref_v) < 2e-2
 
 
 def test_held_configs_only_where_one_step_spans_k():

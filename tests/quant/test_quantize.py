@@ -139,3 +139,25 @@ def test_quant_argument_on_llm_and_init_inference():
     assert len(out[0].outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="cannot read"):
         make_engine(hf, quant="int3")
+
+
+def test_int4_decode_steps_rotate_in_the_qkv_projection(monkeypatch):
+    """One-token decode steps of an int4 model hand the rotary embedding and the cache write to the QKV
+    projection (kernels.DecodeRotary: the HELD GEMV's epilogue on a GPU, its apply() here): greedy tokens equal
+    those with TIERLLM_QKV_ROTARY=0 (the attention's rotary kernel), and only decode steps took that path.
+    tests/gpu/test_quant_gpu.py repeats this with the epilogue and CUDA graphs."""
+    from tierllm.kernels.rotary import DecodeRotary
+
+    hf = build_hf_model("llama_gqa")
+    quant = QuantConfig(bits=4, group_size=32)
+    applied = []
+    real = DecodeRotary.apply
+    monkeypatch.setattr(DecodeRotary, "apply", lambda self, qkv: applied.append(qkv.shape) or real(self, qkv))
+    ids = torch.tensor(random_prompts([11], seed=7))
+    engine = make_engine(hf, quant=quant)
+    rotated_inside = engine.generate(ids, max_new_tokens=6, do_sample=False)
+    qkv_rows = engine.model.model.layers[0].self_attn.qkv_proj.out_features
+    assert applied == [(1, qkv_rows)] * 5 * 2                      # 5 decode steps x 2 layers
+    monkeypatch.setenv("TIERLLM_QKV_ROTARY", "0")
+    assert torch.equal(make_engine(hf, quant=quant).generate(ids, max_new_tokens=6, do_sample=False), rotated_inside)
+    assert len(applied) == 10

@@ -15,7 +15,11 @@ while a block's products are summed and stored (the first block's before the PDL
 row N - 1 (loaded, never stored). GATED: the up rows N + r in a second tile of the same layout.
 
 y[r] = sum_g scale[r, g] * (factor_g0 * dot(r, run 0) + factor_g1 * dot(r, run 1)) + min[r, g] * (sum of x over g),
-then quant_gemv's fused epilogue (rstd from the runs' sums of squares with NORM, bias, SiLU-and-mul, residual)."""
+then quant_gemv's fused epilogue (rstd from the runs' sums of squares with NORM, bias, SiLU-and-mul, residual).
+
+ROTARY (a QKV projection at batch 1, even BLOCK_N): each block's rows are pairs (d, d + head_dim / 2) of one head
+(_pair_rows), so that its epilogue rotates q and k as rotary.py's kernel does (the same bits) and writes k and v to
+their cache slot: the decode step then runs no rotary kernel between the QKV GEMV and the attention."""
 from __future__ import annotations
 
 import torch
@@ -42,6 +46,7 @@ if HAS_TRITON:
     from tierllm.kernels.gemv import fused_epilogue
     from tierllm.kernels.int4_half_dot import split_run_dots
     from tierllm.kernels.int4_prepared_x import HALF_CHUNK
+    from tierllm.kernels.rotary import rotated_in_kernel
     from tierllm.kernels.w4_mma_gemv import masked_load
 
     _CHUNK = tl.constexpr(HALF_CHUNK)
@@ -95,20 +100,64 @@ if HAS_TRITON:
         return tl.sum(group_dots * scale + low * x_sum, axis=1)
 
     @triton.jit
+    def _pair_rows(i, HALF: tl.constexpr):
+        """ROTARY: a block's i-th row -> its weight row: rows 2p and 2p + 1 are d and d + HALF of head h, where
+        p = h * HALF + d (a permutation of each 2 * HALF rows: of N, a multiple of them, and of the rows past N)."""
+        pair = i // 2
+        return (pair // HALF) * (2 * HALF) + pair % HALF + (i % 2) * HALF
+
+    @triton.jit
+    def _rotary_store(val, rows, n_mask, y_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot, Q_ROWS, KV_ROWS,
+                      HALF: tl.constexpr, EMULATE: tl.constexpr):
+        """ROTARY's epilogue: val [BLOCK_N] (y's dtype) of rows `rows` (_pair_rows) -> q's and k's pairs rotated
+        by the step's cos and sin (rotary.py's rounding), stored to y, and k's and v's also to their cache slot
+        (rows Q_ROWS.. are k's, Q_ROWS + KV_ROWS.. v's; caches [slot, KV_ROWS] flat; no cache write at slot -1)."""
+        PAIRS: tl.constexpr = val.shape[0] // 2
+        first, second = tl.split(tl.reshape(val, [PAIRS, 2]))                           # dims d, d + HALF
+        row = tl.split(tl.reshape(rows, [PAIRS, 2]))[0]                                # [PAIRS]: d's rows
+        ok = tl.split(tl.reshape(n_mask, [PAIRS, 2]))[0]
+        c = tl.load(cos_ptr + row % HALF).to(tl.float32)                                # cos/sin halves are equal
+        s = tl.load(sin_ptr + row % HALF).to(tl.float32)
+        turned1, turned2 = rotated_in_kernel(first, second, c, s, EMULATE)
+        rotate = row < Q_ROWS + KV_ROWS                                                 # q and k, not v
+        first = tl.where(rotate, turned1, first)
+        second = tl.where(rotate, turned2, second)
+        tl.store(y_ptr + row, first, mask=ok)
+        tl.store(y_ptr + row + HALF, second, mask=ok)
+        if slot >= 0:
+            kv = row - Q_ROWS                                                           # k: [0, KV_ROWS)
+            is_k = ok & (kv >= 0) & (kv < KV_ROWS)
+            is_v = ok & (kv >= KV_ROWS)
+            at = slot * KV_ROWS + kv
+            tl.store(kc_ptr + at, first, mask=is_k)
+            tl.store(kc_ptr + at + HALF, second, mask=is_k)
+            tl.store(vc_ptr + at - KV_ROWS, first, mask=is_v)
+            tl.store(vc_ptr + at - KV_ROWS + HALF, second, mask=is_v)
+
+    @triton.jit
     def w4_held_x_kernel(xp_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, N, K, stride_wn, stride_sn, eps,
+                         cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, Q_ROWS, KV_ROWS,
                          GROUP: tl.constexpr, HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
                          GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                          GROUPS_PER_BLOCK: tl.constexpr, PERSIST: tl.constexpr, EVEN: tl.constexpr = False,
-                         PDL: tl.constexpr = False, EMULATE: tl.constexpr = False):
+                         PDL: tl.constexpr = False, EMULATE: tl.constexpr = False, ROTARY: tl.constexpr = 0):
         """y[:N] (+)= epilogue(x @ dequant(W)[rows]^T) for one x row prepared in int4_prepared_x's half layout
         (xp_ptr), groups of GROUP = 64 codes, K's groups in one step of GROUPS_PER_BLOCK (a power of 2, masked
         past K unless EVEN); program p of P (the grid's second axis: PERSIST per SM, held_programs)
-        takes row blocks p, p + P, ... (module doc)."""
+        takes row blocks p, p + P, ... (module doc). ROTARY = head_dim / 2 (else 0): the QKV epilogue of the
+        module doc, with the step's cos and sin [head_dim] (cos_ptr, sin_ptr), the caches, the token's slot
+        (slot_ptr) and Q_ROWS, KV_ROWS: q's and k's rows (the rest of N is v's); without it those are not read."""
         tl.static_assert(GROUP == 64, "HELD: groups of 64 codes (2 runs of 4 words)")
+        tl.static_assert(ROTARY == 0 or (BLOCK_N % 2 == 0 and not (GATED or RESIDUAL)),
+                         "HELD ROTARY: pairs of rows in each block, y written")
         num_groups = K // GROUP
         stride = tl.num_programs(1) * BLOCK_N
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+        out_rows = offs_n                        # the block's rows of y (ROTARY: pairs; past N where offs_n is)
+        if ROTARY:
+            out_rows = _pair_rows(offs_n, ROTARY)
+            slot = tl.load(slot_ptr)             # written before the step's first kernel, by none of the chain
+        rows = tl.minimum(out_rows, N - 1).to(tl.int64)
         if PDL:
             gdc_launch_dependents()
         words, scale, low = _block_loads(w_ptr, s_ptr, mn_ptr, rows, num_groups, stride_wn, stride_sn,
@@ -140,18 +189,24 @@ if HAS_TRITON:
             if GATED:
                 acc_up = _block_dot(words_up, scale_up, low_up, x0, x1, x2, x3, factor, x_sum, EMULATE)
             next_n = offs_n + stride                       # the next block's loads before this one's epilogue
-            rows = tl.minimum(next_n, N - 1).to(tl.int64)
+            next_rows = _pair_rows(next_n, ROTARY) if ROTARY else next_n
+            rows = tl.minimum(next_rows, N - 1).to(tl.int64)
             words, scale, low = _block_loads(w_ptr, s_ptr, mn_ptr, rows, num_groups, stride_wn, stride_sn,
                                              GROUPS_PER_BLOCK, HAS_MINS, EVEN)
             if GATED:
                 words_up, scale_up, low_up = _block_loads(w_ptr, s_ptr, mn_ptr, rows + N, num_groups, stride_wn,
                                                           stride_sn, GROUPS_PER_BLOCK, HAS_MINS, EVEN)
             n_mask = offs_n < N
-            out = fused_epilogue(acc, acc_up, total, b_ptr, offs_n, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
-            if RESIDUAL:
-                out += tl.load(y_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            tl.store(y_ptr + offs_n, out.to(y_ptr.dtype.element_ty), mask=n_mask)
+            out = fused_epilogue(acc, acc_up, total, b_ptr, out_rows, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
+            if ROTARY:
+                _rotary_store(out.to(y_ptr.dtype.element_ty), out_rows, n_mask, y_ptr, cos_ptr, sin_ptr, kc_ptr,
+                              vc_ptr, slot, Q_ROWS, KV_ROWS, ROTARY, EMULATE)
+            else:
+                if RESIDUAL:
+                    out += tl.load(y_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+                tl.store(y_ptr + offs_n, out.to(y_ptr.dtype.element_ty), mask=n_mask)
             offs_n = next_n
+            out_rows = next_rows
 
     def held_programs(blocks: int, per_sm: int, device: torch.device) -> int:
         """A launch's programs: per_sm per SM (two SMs' worth under the interpreter, so that programs take several
@@ -182,6 +237,14 @@ if HAS_TRITON:
                     getattr(props, "shared_memory_per_multiprocessor", 233472))
             per_sm = min(per_sm, fits)
         w4_held_x_kernel[(1, held_programs(blocks, per_sm, device))](*args, **options)
+
+    def held_rotary_args(rotary, n: int, out: torch.Tensor) -> tuple:
+        """w4_held_x_kernel's rotary arguments (cos, sin, k cache, v cache, slot mapping, Q_ROWS, KV_ROWS) for a
+        rotary.DecodeRotary on a projection of n rows; without one, stand-ins it does not read (out, zeros)."""
+        if rotary is None:
+            return (out, out, out, out, out, 0, 0)
+        return (rotary.cos, rotary.sin, rotary.k_cache, rotary.v_cache, rotary.slot_mapping,
+                n - 2 * rotary.kv_rows, rotary.kv_rows)
 
     def held_configs(k: int, group_size: int) -> list:
         """The HELD kernel's configs for K = k: GROUPS_PER_BLOCK = K's groups (a power of 2) where that is at most

@@ -24,6 +24,7 @@ from tierllm.kernels.quant_gemv import (
     w8_gemv_triton,
     w8_linear_ref,
 )
+from tierllm.kernels.rotary import DecodeRotary
 from tierllm.kernels.split_k import split_k_counters
 from tierllm.kernels.tuning_cache import cache_path
 
@@ -337,26 +338,36 @@ def one_row_fusions(bits: int) -> frozenset:
 def fused_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                        bits: int, group_size: int | None, bias: torch.Tensor | None = None, *,
                        norm_weight: torch.Tensor | None = None, eps: float = 1e-6, gated: bool = False,
-                       residual: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+                       residual: torch.Tensor | None = None, pdl: bool = False,
+                       rotary: DecodeRotary | None = None) -> torch.Tensor:
     """`quant_linear` with the decode fusions (norm_weight [K]: RMSNorm x first; gated: [gate; up] weights with
     2N rows, silu(gate) * up; residual [M, N]: added into in place and returned); semantics: quant_gemv.w8/
     w4_fused_ref, except that residual is updated in place. Where quant_linear takes the GEMV, the fusions in
     GEMV_FUSIONS[bits] (one_row_fusions(bits) for one x row) happen inside it and the rest as separate kernels;
     elsewhere all are separate.
     pdl: the GEMV and the separate norm and SiLU-and-mul kernels around it are launched with programmatic
-    dependent launch (gemv.py)."""
+    dependent launch (gemv.py).
+    rotary (one decode token's QKV projection): q and k rotated and k, v written to the cache, inside the int4
+    GEMV where it can (quant_gemv.w4_gemv_triton), else by the rotary kernel after it."""
     if not (x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1
             and x.shape[0] <= QUANT_GEMV_ROWS[bits] and (residual is None or residual.stride(-1) == 1)):
-        return unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias),
-                              norm_weight, eps, gated, residual)
+        y = unfused_linear(x, lambda h: quant_linear(h, qweight, scales, mins, bits, group_size, bias),
+                           norm_weight, eps, gated, residual)
+        if rotary is not None:
+            rotary.apply(y)
+        return y
     inside = one_row_fusions(bits) if x.shape[0] == 1 else GEMV_FUSIONS[bits]
     fused = {"norm_weight": norm_weight if "norm" in inside else None, "eps": eps,
              "gated": gated and "gated" in inside, "residual": residual if "residual" in inside else None}
+    inside_rotary = rotary if bits == 4 and x.shape[0] == 1 and not gated and residual is None else None
     if bits == 8:
         project = lambda h: w8_gemv_triton(h, qweight, scales, bias, **fused, pdl=pdl)     # noqa: E731
     else:
         project = lambda h: w4_gemv_triton(h, qweight, scales, mins, group_size, bias,     # noqa: E731
-                                           **fused, pdl=pdl)
+                                           **fused, pdl=pdl, rotary=inside_rotary)
     # the fusions not taken inside run around the GEMV as separate kernels
-    return unfused_linear(x, project, None if fused["norm_weight"] is not None else norm_weight, eps,
-                          gated and not fused["gated"], None if fused["residual"] is not None else residual, pdl)
+    y = unfused_linear(x, project, None if fused["norm_weight"] is not None else norm_weight, eps,
+                       gated and not fused["gated"], None if fused["residual"] is not None else residual, pdl)
+    if rotary is not None and inside_rotary is None:
+        rotary.apply(y)
+    return y

@@ -28,6 +28,7 @@ from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options
 from tierllm.kernels.gemv import fused_linear_ref, fused_output, launch_gemv
 from tierllm.kernels.graph_tuning import GraphTuner, graph_tuning, launch_recording_sites
 from tierllm.kernels.int4_prepared_x import HALF_RUN_K, prepare_x_half_triton, prepare_x_triton
+from tierllm.kernels.rotary import DecodeRotary
 from tierllm.kernels.w4_mma_gemv import tuned_configs as w4_mma_tuned_configs
 from tierllm.kernels.w4_mma_gemv import w4_mma_gemv, w4_mma_supported
 from tierllm.quant.formats import dequantize_int4, dequantize_int8
@@ -48,7 +49,7 @@ if HAS_TRITON:
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
     from tierllm.kernels.gemv import _KEY, _gemv_body, fused_epilogue, prune_row_configs, rms_prologue
     from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
-    from tierllm.kernels.int4_held_x import held_configs, launch_held
+    from tierllm.kernels.int4_held_x import held_configs, held_rotary_args, launch_held
     from tierllm.kernels.int4_prepared_x import run_chunks
     from tierllm.kernels.w4_mma_gemv import masked_load
 
@@ -965,12 +966,16 @@ def w8_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                    group_size: int, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
                    eps: float = 1e-6, gated: bool = False, residual: torch.Tensor | None = None,
-                   pdl: bool = False) -> torch.Tensor:
+                   pdl: bool = False, rotary: DecodeRotary | None = None) -> torch.Tensor:
     """x: [M, K] (last dim contiguous); qweight: uint8 [N, K // 2]; scales / mins: [N, K // G] (mins None =
     symmetric) -> [M, N]. Fusions and pdl as gemv.gemv_triton (gated: qweight, scales, mins and bias have 2N
     rows). Several rows where w4_mma_supported: w4_mma_gemv; one row there too, or on the XGLOBAL loop after
-    int4_prepared_x's kernel, where the graph tuner (the default) times it faster."""
+    int4_prepared_x's kernel, where the graph tuner (the default) times it faster. rotary (a QKV projection of one
+    decode token, y written): q and k rotated and k, v cached, in the HELD kernel's epilogue where the graph tuner
+    picks a config of it that pairs rows (timed with the rotary kernel after the others), else by rotary.apply."""
     m, k = x.shape
+    if rotary is not None and (m > 1 or gated or residual is not None):
+        raise ValueError("w4_gemv_triton: rotary is for one x row's QKV projection (not gated, no residual)")
     if m > 1 and norm_weight is None and w4_mma_supported(x, qweight, group_size):
         # the tensor-core GEMV: x's rows are the MMA's columns, so 2-8 rows cost what one does (this kernel streams
         # the weight once per row, from L2 after the first)
@@ -992,6 +997,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         one_row = (m == 1 and norm_weight is None and x.data_ptr() % 4 == 0)
         kernel.fn[(m, triton.cdiv(n, 8))](*args(qweight, y), **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2,
                                           INT4_ROW=one_row)
+        if rotary is not None:
+            rotary.apply(y)
     elif graph_tuning():                     # Triton's tuner timed these at 1.4-3.3x a graph's time
         # one row: the tensor-core kernel's configs compete with the CUDA-core loops' (on an H200 each kernel was
         # the faster on two of llama-7b's four shapes: benchmarks/results/w4-mma-grid-h200.json), and so does the
@@ -1001,17 +1008,23 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
         def launch(config, w: torch.Tensor, out: torch.Tensor = y) -> torch.Tensor:
             if config.kwargs.get(TENSOR_CORES):
-                return w4_mma_gemv(x, w, scales, mins, bias, gated=gated, pdl=pdl,
-                                   residual=out if residual is not None else None,
-                                   config={name: v for name, v in config.kwargs.items() if name != TENSOR_CORES})
+                out = w4_mma_gemv(x, w, scales, mins, bias, gated=gated, pdl=pdl,
+                                  residual=out if residual is not None else None,
+                                  config={name: v for name, v in config.kwargs.items() if name != TENSOR_CORES})
+                if rotary is not None:
+                    rotary.apply(out)
+                return out
             rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
             grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
+            # HELD rotates in its epilogue where its blocks hold pairs of rows
+            fuse = rotary is not None and config.kwargs.get("PERSIST") and config.kwargs["BLOCK_N"] % 2 == 0
             if config.kwargs.get("PERSIST"):                    # int4_held_x.py: x held across row blocks
                 launch_held((prepare_x_half_triton(x, norm_weight, pdl=pdl), w, scales,
                              mins if mins is not None else scales, bias if bias is not None else scales, out, rows, k,
-                             w.stride(0), scales.stride(0), eps),
+                             w.stride(0), scales.stride(0), eps, *held_rotary_args(rotary if fuse else None, n, out)),
                             {**flags, **config.all_kwargs(), "EMULATE": _dispatch.is_interpreted(),
-                             "EVEN": k // group_size == config.kwargs["GROUPS_PER_BLOCK"], **pdl_options(x, pdl)},
+                             "EVEN": k // group_size == config.kwargs["GROUPS_PER_BLOCK"],
+                             "ROTARY": rotary.head_dim // 2 if fuse else 0, **pdl_options(x, pdl)},
                             grid[1], x.device)
             elif config.kwargs.get("XGLOBAL"):                  # the norm (if any) is applied in the prepared x,
                 half = config.kwargs.get("XHALF", False)        # but for XHALF's rstd, which is the GEMV's
@@ -1025,8 +1038,11 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                                     STACKED_SUM=half, **pdl_options(x, pdl))
             else:
                 _w4_gemv_even[grid](*args(w, out), **flags, **config.all_kwargs(), **pdl_options(x, pdl))
+            if rotary is not None and not fuse:
+                rotary.apply(out)
             return out
-        key = (m_bucket, n, k, tuple(flags.values()), x.dtype, tensor_cores, prepared)
+        key = (m_bucket, n, k, tuple(flags.values()), x.dtype, tensor_cores, prepared,
+               rotary.head_dim if rotary is not None else 0)
         config = _w4_graph_tuner.cache.get(key)
         if config is None:
             scratch = y.clone() if residual is not None else y      # tuning adds into the residual many times
@@ -1045,6 +1061,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     else:                                    # its tuned site recorded: quant_gpu.py's picks, step tuning
         launch_recording_sites(kernel, lambda: kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](
             *args(qweight, y), **flags, **pdl_options(x, pdl)), m_bucket)
+        if rotary is not None:
+            rotary.apply(y)
     return y
 
 

@@ -3,6 +3,9 @@ On GPUs with programmatic dependent launch (kernels/_dispatch.py) the kernel is 
 decode attention after it launch early and waits for the QKV projection before it reads what that wrote."""
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
@@ -31,6 +34,29 @@ if HAS_TRITON:
         x2 = x2.to(tl.float32)
         o1 = ((x1 * c).to(dtype).to(tl.float32) - (x2 * s).to(dtype).to(tl.float32)).to(dtype)
         o2 = ((x2 * c).to(dtype).to(tl.float32) + (x1 * s).to(dtype).to(tl.float32)).to(dtype)
+        return o1, o2
+
+    @triton.jit
+    def _product_rn(a, b, EMULATE: tl.constexpr):
+        """a * b in fp32, rounded once: never contracted into an FMA with what uses it (inline PTX), or plain under
+        the interpreter (EMULATE), which runs no PTX and contracts nothing."""
+        if EMULATE:
+            return a * b
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+    @triton.jit
+    def rotated_in_kernel(x1, x2, c, s, EMULATE: tl.constexpr):
+        """_rotated for a kernel compiled with FMA contraction (a GEMV's): Triton turns _rotated's products and
+        their difference into bf16 FMAs there, so the products are opaque PTX (_product_rn); the same bits as
+        _rotated without contraction."""
+        dtype = x1.dtype
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+        o1 = (_product_rn(x1, c, EMULATE).to(dtype).to(tl.float32)
+              - _product_rn(x2, s, EMULATE).to(dtype).to(tl.float32)).to(dtype)
+        o2 = (_product_rn(x2, c, EMULATE).to(dtype).to(tl.float32)
+              + _product_rn(x1, s, EMULATE).to(dtype).to(tl.float32)).to(dtype)
         return o1, o2
 
     @triton.jit
@@ -111,3 +137,41 @@ def rotary_and_cache_write(q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
     if use_triton(q) and cos.shape[-1] == q.shape[-1]:
         return rotary_and_cache_write_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
     return rotary_and_cache_write_ref(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+@dataclass
+class DecodeRotary:
+    """The rotary embedding and cache write of one decode token, handed to its QKV projection (the int4 GEMV's
+    HELD kernel does both in its epilogue: int4_held_x.py's ROTARY; any other GEMV leaves them to apply()).
+    cos, sin: [1, head_dim] in the model dtype (each half repeated); caches [blocks, block_size, kv_heads,
+    head_dim]; slot_mapping [1] (-1: no cache write)."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+
+    @property
+    def head_dim(self) -> int:
+        return self.k_cache.shape[-1]
+
+    @property
+    def kv_rows(self) -> int:
+        """k's (and v's) outputs of the projection: kv_heads * head_dim."""
+        return self.k_cache.shape[-2] * self.head_dim
+
+    def apply(self, qkv: torch.Tensor) -> None:
+        """The unfused form: qkv [1, q rows + 2 * kv_rows] rotated in place (q and k) and k, v cached."""
+        q, k, v = (part.view(1, -1, self.head_dim)
+                   for part in qkv.split([qkv.shape[-1] - 2 * self.kv_rows, self.kv_rows, self.kv_rows], dim=-1))
+        q_rotated, k_rotated = rotary_and_cache_write(q, k, v, self.cos, self.sin, self.k_cache, self.v_cache,
+                                                      self.slot_mapping)
+        if q_rotated.data_ptr() != q.data_ptr():          # the reference path returns new tensors
+            q.copy_(q_rotated)
+            k.copy_(k_rotated)
+
+
+def qkv_rotary_enabled() -> bool:
+    """Whether decode hands its rotary embedding to the QKV projection (DecodeRotary; TIERLLM_QKV_ROTARY=0: not,
+    for A/B runs)."""
+    return os.environ.get("TIERLLM_QKV_ROTARY", "1") != "0"

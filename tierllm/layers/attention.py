@@ -47,15 +47,16 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
-                l2_prefetch: tuple[int, int] | None = None) -> torch.Tensor:
+                l2_prefetch: tuple[int, int] | None = None, cached: bool = False) -> torch.Tensor:
         """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]; cos_sin: rotary
         tables of the step's positions, applied to q and k together with the cache write; l2_prefetch: the next
-        kernel's weight span that pure-decode steps prefetch into L2 (kernels/l2_prefetch.py). -> [num_tokens, H*d]"""
+        kernel's weight span that pure-decode steps prefetch into L2 (kernels/l2_prefetch.py); cached: q and k
+        already rotated and k, v in the cache (decode_rotary). -> [num_tokens, H*d]"""
         if self.cpu_attention is not None:
             return self.cpu_attention.attend(self, q, k, v, meta, cos_sin)
-        if cos_sin is not None:
+        if not cached and cos_sin is not None:
             q, k = kernels.rotary_and_cache_write(q, k, v, *cos_sin, self.k_cache, self.v_cache, meta.slot_mapping)
-        else:
+        elif not cached:
             kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         num_decode = meta.num_decode_tokens
         if num_decode == q.shape[0]:
@@ -76,3 +77,14 @@ class Attention(nn.Module):
                                                     self.scale, self.sliding_window, meta.prefill_plan)
             out = torch.cat((decode_out, prefill_out), dim=0)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+    def decode_rotary(self, meta: AttentionMetadata, cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
+                      num_tokens: int) -> kernels.DecodeRotary | None:
+        """The step's rotary embedding and cache write for its QKV projection to do (a linear whose takes_rotary),
+        on a one-token decode step with full-width rotary tables and the cache on the GPU; else None
+        (TIERLLM_QKV_ROTARY=0: always None)."""
+        if not (num_tokens == meta.num_decode_tokens == 1 and cos_sin is not None and self.k_cache is not None
+                and self.cpu_attention is None and cos_sin[0].shape[-1] == self.head_dim
+                and kernels.qkv_rotary_enabled()):
+            return None
+        return kernels.DecodeRotary(*cos_sin, self.k_cache, self.v_cache, meta.slot_mapping)

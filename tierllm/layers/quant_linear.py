@@ -92,10 +92,18 @@ class QuantLinear(nn.Module):
         return kernels.quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits, self.quant.group_size,
                                     bias)
 
-    def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False,
-              residual: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def takes_rotary(self) -> bool:
+        """Whether fused() takes a kernels.DecodeRotary (a QKV projection's int4 GEMV can rotate in its epilogue)."""
+        return self.quant.bits == 4 and self.quant.activations is None and not self.reduce_output
+
+    def fused(self, x: torch.Tensor, *, norm=None, gated: bool = False, residual: torch.Tensor | None = None,
+              rotary: kernels.DecodeRotary | None = None) -> torch.Tensor:
         """As Linear.fused, through kernels.fused_quant_linear (the fusions that pay inside the quantized GEMV: see
-        GEMV_FUSIONS there); W8A8 runs them as separate kernels, all-reduced outputs through reduced_fused."""
+        GEMV_FUSIONS there); W8A8 runs them as separate kernels, all-reduced outputs through reduced_fused.
+        rotary (where takes_rotary): the decode token's rotary embedding and cache write, done on the output."""
+        if rotary is not None and not self.takes_rotary:
+            raise ValueError(f"rotary is for an int4 weight-only projection, not {self.quant.name}")
         if self.reduce_output:
             return reduced_fused(self, x, norm, gated, residual)
         fusions = fusion_args(norm, gated, residual)
@@ -103,7 +111,7 @@ class QuantLinear(nn.Module):
             return kernels.unfused_linear(x, self, **fusions)
         # decode chained by programmatic dependent launch where the GPU has it, as Linear.fused's GEMVs
         return kernels.fused_quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits,
-                                          self.quant.group_size, self.bias, **fusions, pdl=True)
+                                          self.quant.group_size, self.bias, **fusions, pdl=True, rotary=rotary)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """[num_tokens, sum(sizes)] -> one view per shard (fused projections only)."""

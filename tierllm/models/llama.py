@@ -48,12 +48,17 @@ class LlamaAttention(nn.Module):
         """hidden: [num_tokens, hidden] -> [num_tokens, hidden]. The decode form (LlamaDecoderLayer.forward_decode)
         passes the un-normalized stream with its `norm`, and `residual` to add the output into (returned)."""
         n = hidden.shape[0]
-        qkv = self.qkv_proj(hidden) if norm is None else self.qkv_proj.fused(hidden, norm=norm)
+        # one decode token: an int4 projection rotates q and k and writes the cache in its GEMV (kernels.DecodeRotary)
+        rotary = self.attn.decode_rotary(meta, cos_sin, n) if getattr(self.qkv_proj, "takes_rotary", False) else None
+        if rotary is not None:
+            qkv = self.qkv_proj.fused(hidden, norm=norm, rotary=rotary)
+        else:
+            qkv = self.qkv_proj(hidden) if norm is None else self.qkv_proj.fused(hidden, norm=norm)
         q, k, v = self.qkv_proj.split(qkv)
         q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
         out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta, cos_sin,
-                        prefetch_span(self.o_proj))                    # TIERLLM_L2_PREFETCH=1, else None
+                        prefetch_span(self.o_proj), cached=rotary is not None)   # prefetch: TIERLLM_L2_PREFETCH=1
         return self.o_proj(out) if residual is None else self.o_proj.fused(out, residual=residual)
 
 
