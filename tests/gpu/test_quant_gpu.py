@@ -218,7 +218,7 @@ def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch,
     assert out.shape == (1, 56)
 
 
-def test_int4_decode_rotary_in_the_held_epilogue_equals_the_rotary_kernel(monkeypatch):
+def test_int4_decode_rotary_in_the_held_epilogue_equals_the_rotary_kernel(monkeypatch, first_config_only):
     """CUDA-graph decode of an int4 model whose one-row GEMVs are HELD with pairs of rows (the one config offered
     here): the QKV GEMV rotates q and k and writes the cache in its epilogue (ROTARY), and the greedy tokens equal
     TIERLLM_QKV_ROTARY=0's (the same GEMV, then the rotary kernel); only decode's QKV launches asked for it."""

@@ -846,7 +846,9 @@ def test_fused_quant_linear_fuses_inside_the_gemv_what_pays(quant, fusion, m, in
     assert ("norm" in quant_gemm.one_row_fusions(4)) == (int4_norm_inside is None)
     launched = []
 
-    def fake_gemv(x, qweight, scales, *rest, norm_weight=None, eps=1e-6, gated=False, residual=None, pdl=None):
+    def fake_gemv(x, qweight, scales, *rest, norm_weight=None, eps=1e-6, gated=False, residual=None, pdl=None,
+                  rotary=None):
+        assert rotary is None
         launched.append({"norm": norm_weight is not None, "gated": gated, "residual": residual is not None,
                          "pdl": pdl})
         ref = quant_gemv.w8_fused_ref if quant.bits == 8 else quant_gemv.w4_fused_ref

@@ -107,17 +107,29 @@ if HAS_TRITON:
         return (pair // HALF) * (2 * HALF) + pair % HALF + (i % 2) * HALF
 
     @triton.jit
-    def _rotary_store(val, rows, n_mask, y_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot, Q_ROWS, KV_ROWS,
-                      HALF: tl.constexpr, EMULATE: tl.constexpr):
+    def _first_of_pairs(t):
+        """[BLOCK_N] of a block's pairs of rows (_pair_rows) -> [BLOCK_N / 2]: the first of each pair (dim d's)."""
+        return tl.split(tl.reshape(t, [t.shape[0] // 2, 2]))[0]
+
+    @triton.jit
+    def _rotary_tables(cos_ptr, sin_ptr, rows, HALF: tl.constexpr):
+        """ROTARY: the step's cos and sin at a block's pairs (rows: its _pair_rows, or any valid rows) -> fp32
+        [BLOCK_N / 2] each (their halves are equal). Loaded with the block's weights: in the epilogue they would
+        add an L2 round trip to each program's first block."""
+        d = _first_of_pairs(rows) % HALF
+        return tl.load(cos_ptr + d).to(tl.float32), tl.load(sin_ptr + d).to(tl.float32)
+
+    @triton.jit
+    def _rotary_store(val, rows, n_mask, c, s, y_ptr, kc_ptr, vc_ptr, slot, Q_ROWS, KV_ROWS, HALF: tl.constexpr,
+                      EMULATE: tl.constexpr):
         """ROTARY's epilogue: val [BLOCK_N] (y's dtype) of rows `rows` (_pair_rows) -> q's and k's pairs rotated
-        by the step's cos and sin (rotary.py's rounding), stored to y, and k's and v's also to their cache slot
-        (rows Q_ROWS.. are k's, Q_ROWS + KV_ROWS.. v's; caches [slot, KV_ROWS] flat; no cache write at slot -1)."""
+        by the step's cos and sin at them (c, s: _rotary_tables; rotary.py's rounding), stored to y, and k's and
+        v's also to their cache slot (rows Q_ROWS.. are k's, Q_ROWS + KV_ROWS.. v's; caches [slot, KV_ROWS] flat;
+        no cache write at slot -1)."""
         PAIRS: tl.constexpr = val.shape[0] // 2
         first, second = tl.split(tl.reshape(val, [PAIRS, 2]))                           # dims d, d + HALF
-        row = tl.split(tl.reshape(rows, [PAIRS, 2]))[0]                                # [PAIRS]: d's rows
-        ok = tl.split(tl.reshape(n_mask, [PAIRS, 2]))[0]
-        c = tl.load(cos_ptr + row % HALF).to(tl.float32)                                # cos/sin halves are equal
-        s = tl.load(sin_ptr + row % HALF).to(tl.float32)
+        row = _first_of_pairs(rows)                                                     # [PAIRS]: d's rows
+        ok = _first_of_pairs(n_mask)
         turned1, turned2 = rotated_in_kernel(first, second, c, s, EMULATE)
         rotate = row < Q_ROWS + KV_ROWS                                                 # q and k, not v
         first = tl.where(rotate, turned1, first)
@@ -126,13 +138,9 @@ if HAS_TRITON:
         tl.store(y_ptr + row + HALF, second, mask=ok)
         if slot >= 0:
             kv = row - Q_ROWS                                                           # k: [0, KV_ROWS)
-            is_k = ok & (kv >= 0) & (kv < KV_ROWS)
-            is_v = ok & (kv >= KV_ROWS)
-            at = slot * KV_ROWS + kv
-            tl.store(kc_ptr + at, first, mask=is_k)
-            tl.store(kc_ptr + at + HALF, second, mask=is_k)
-            tl.store(vc_ptr + at - KV_ROWS, first, mask=is_v)
-            tl.store(vc_ptr + at - KV_ROWS + HALF, second, mask=is_v)
+            at = tl.where(kv < KV_ROWS, kc_ptr + slot * KV_ROWS + kv, vc_ptr + slot * KV_ROWS + kv - KV_ROWS)
+            tl.store(at, first, mask=ok & (kv >= 0))
+            tl.store(at + HALF, second, mask=ok & (kv >= 0))
 
     @triton.jit
     def w4_held_x_kernel(xp_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, N, K, stride_wn, stride_sn, eps,
@@ -168,6 +176,8 @@ if HAS_TRITON:
                                                       stride_sn, GROUPS_PER_BLOCK, HAS_MINS, EVEN)
         if PDL:
             gdc_wait()
+        if ROTARY:
+            c, s = _rotary_tables(cos_ptr, sin_ptr, rows, ROTARY)
         g, run, word = _group_index(GROUPS_PER_BLOCK)
         in_k = g < num_groups
         x_at = (g * 2 + run) * _CHUNK + word                                             # [2, 1, GPB, 4]
@@ -196,11 +206,14 @@ if HAS_TRITON:
             if GATED:
                 words_up, scale_up, low_up = _block_loads(w_ptr, s_ptr, mn_ptr, rows + N, num_groups, stride_wn,
                                                           stride_sn, GROUPS_PER_BLOCK, HAS_MINS, EVEN)
+            if ROTARY:
+                c_next, s_next = _rotary_tables(cos_ptr, sin_ptr, rows, ROTARY)
             n_mask = offs_n < N
             out = fused_epilogue(acc, acc_up, total, b_ptr, out_rows, n_mask, N, K, eps, HAS_BIAS, NORM, GATED)
             if ROTARY:
-                _rotary_store(out.to(y_ptr.dtype.element_ty), out_rows, n_mask, y_ptr, cos_ptr, sin_ptr, kc_ptr,
-                              vc_ptr, slot, Q_ROWS, KV_ROWS, ROTARY, EMULATE)
+                _rotary_store(out.to(y_ptr.dtype.element_ty), out_rows, n_mask, c, s, y_ptr, kc_ptr, vc_ptr, slot,
+                              Q_ROWS, KV_ROWS, ROTARY, EMULATE)
+                c, s = c_next, s_next
             else:
                 if RESIDUAL:
                     out += tl.load(y_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
