@@ -226,10 +226,14 @@ def test_int4_decode_rotary_in_the_held_epilogue_equals_the_rotary_kernel(monkey
 
     from tierllm.kernels import int4_held_x
 
-    held = [triton.Config({"BLOCK_N": 2, "GROUPS_PER_BLOCK": 1, "PERSIST": 4}, num_warps=1, num_stages=1)]
-    monkeypatch.setattr(quant_gemv, "prepared_configs", lambda *args: held)
+    def held(n, group_size, gated, k):                  # K's groups in one step, as held_configs sizes it
+        return [triton.Config({"BLOCK_N": 2, "GROUPS_PER_BLOCK": triton.next_power_of_2(k // group_size),
+                               "PERSIST": 4}, num_warps=1, num_stages=1)]
+
+    monkeypatch.setattr(quant_gemv, "prepared_configs", held)
     monkeypatch.setattr(quant_gemv._w4_graph_tuner, "cache", {})
     monkeypatch.setenv("TIERLLM_TUNING_CACHE", "0")
+    monkeypatch.setenv("TIERLLM_STEP_TUNER", "0")
     rotary_launches = []
     real = int4_held_x.launch_held
     monkeypatch.setattr(quant_gemv, "launch_held", lambda args, options, blocks, device:
@@ -240,7 +244,7 @@ def test_int4_decode_rotary_in_the_held_epilogue_equals_the_rotary_kernel(monkey
     for flag in ("1", "0"):
         monkeypatch.setenv("TIERLLM_QKV_ROTARY", flag)
         rotary_launches.clear()
-        engine = tierllm.init_inference(hf, dtype=torch.bfloat16, quant="int4", show_progress=False, max_num_seqs=8)
+        engine = tierllm.init_inference(hf, dtype=torch.bfloat16, quant="int4", show_progress=False, max_num_seqs=1)
         outs.append(engine.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False))
         asked.append(set(rotary_launches))
     assert torch.equal(outs[0], outs[1])
