@@ -782,6 +782,34 @@ def session33_sentence(first_probe: dict, probe: dict, rotary_on: dict, rotary_o
             "(target 2.8x: not met).")
 
 
+def _qkv_rotary_timings(doc: dict) -> tuple[float, float]:
+    """An int4 run's graph-tuner timings (us) on the qkv site with the rotary embedding handed to it: the fastest
+    HELD config whose blocks pair rows (its epilogue rotates) and the fastest other one (the rotary kernel after
+    it)."""
+    pick = next(p for p in doc["results"]["int4"]["batch1_tuner_picks"]
+                if p["key"].startswith("(1, 12288, 4096,") and p["key"].endswith(", 128)"))
+    paired = [us for config, us in pick["timed_us"] if "PERSIST" in config and "BLOCK_N: 1," not in config]
+    return min(paired), min(us for config, us in pick["timed_us"] if us not in paired)
+
+
+def session34_sentence(down: dict, first: dict, off: dict, on: dict, off_timeline: list, on_timeline: list) -> str:
+    """Session 34: HELD for down_proj (reverted), then the QKV GEMV's rotary epilogue."""
+    shape = down["results"]["shapes"][0]
+    fused_us, kernel_us = _qkv_rotary_timings(on)
+    return ("HELD for down_proj (its 172 groups in a step of 256, 4-16 warps spanning them; reverted): the graph "
+            f"tuner timed its fastest at {shape['fastest_held']['us']} us against XHALF's "
+            f"{shape['fastest_other']['us']} ([JSON](benchmarks/results/int4-tuner-timings-down-h200.json)). The "
+            "rotary embedding and the KV-cache write in the QKV GEMV's epilogue (HELD's `ROTARY`: each block's rows "
+            "pair dims d and d + 64 of a head; the same bits as the rotary kernel; `TIERLLM_QKV_ROTARY=0` turns it "
+            f"off): the graph tuner timed the qkv site at {fused_us} us with it against {kernel_us} for the fastest "
+            f"config followed by the rotary kernel; a layer took {_layer_us(on_timeline)} us against "
+            f"{_layer_us(off_timeline)} without it on the same machine, and int4 "
+            f"{_ratio_link(on, 'quant-bf16-int4-qkv-rotary-1-llama-7b-h200.json', 'int4')} against "
+            f"{_ratio_link(off, 'quant-bf16-int4-qkv-rotary-0-llama-7b-h200.json', 'int4')} (a first form, cos and "
+            f"sin loaded in the epilogue: {_ratio_link(first, 'quant-bf16-int4-qkv-rotary-first-llama-7b-h200.json', 'int4')} "
+            "on another machine; target 2.8x: not met).")
+
+
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
 INT4_H200_LATEST = [
     ("L2 prefetch configs in the tuner's list (none picked)", "quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
@@ -814,8 +842,12 @@ INT4_H200_LATEST = [
     ("A/B: the rotary embedding inside the split kernel (reverted)", "quant-bf16-int4-decode-rotary-1-llama-7b-h200.json"),
     ("A/B: the rotary kernel", "quant-bf16-int4-decode-rotary-0-llama-7b-h200.json"),
     ("HELD preparing its own x (RAW_X, deleted), fresh machine", "quant-bf16-int4-held-raw-x-llama-7b-h200.json"),
-    ("HELD on prepared x, smaller configs, occupancy limit (the defaults)",
-     "quant-bf16-int4-held-small-llama-7b-h200.json"),
+    ("HELD on prepared x, smaller configs, occupancy limit", "quant-bf16-int4-held-small-llama-7b-h200.json"),
+    ("the rotary embedding in the QKV GEMV's epilogue, first form (session 34)",
+     "quant-bf16-int4-qkv-rotary-first-llama-7b-h200.json"),
+    ("A/B: the rotary kernel (`TIERLLM_QKV_ROTARY=0`)", "quant-bf16-int4-qkv-rotary-0-llama-7b-h200.json"),
+    ("A/B: the rotary embedding in the QKV GEMV's epilogue (the defaults)",
+     "quant-bf16-int4-qkv-rotary-1-llama-7b-h200.json"),
 ]
 
 
@@ -920,7 +952,7 @@ GLANCE = [
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
     ("quantization (#5)", "quant-bf16-int8-early-kv-llama-7b-h200.json", None),
-    ("quantization (#5)", "quant-bf16-int4-held-small-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-qkv-rotary-1-llama-7b-h200.json", None),
     ("quantization (#5)", "quant-bf16-int4-asm-gemm-llama-7b-h100.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-h100.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
@@ -1009,6 +1041,12 @@ def int4_h200_history() -> str:
                            results("quant-bf16-int4-held-small-llama-7b-h200.json"),
                            results("timeline-int4-b1-long-held-raw-x-h200.json"),
                            results("timeline-int4-b1-long-held-small-h200.json")),
+        session34_sentence(results("int4-tuner-timings-down-h200.json"),
+                           results("quant-bf16-int4-qkv-rotary-first-llama-7b-h200.json"),
+                           results("quant-bf16-int4-qkv-rotary-0-llama-7b-h200.json"),
+                           results("quant-bf16-int4-qkv-rotary-1-llama-7b-h200.json"),
+                           results("timeline-int4-b1-long-qkv-rotary-0-h200.json"),
+                           results("timeline-int4-b1-long-qkv-rotary-1-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])
