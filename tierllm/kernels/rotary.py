@@ -26,15 +26,19 @@ if HAS_TRITON:
         return base, mask, tl.load(base, mask=mask, other=0.0), tl.load(base + HALF, mask=mask, other=0.0)
 
     @triton.jit
-    def _rotated(x1, x2, c, s):
-        """The rotated halves in x's dtype, rounded where HF rounds (q * cos and rotate_half(q) * sin are model-dtype
-        tensors before the add), so bf16 results match HF's bit for bit."""
-        dtype = x1.dtype
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-        o1 = ((x1 * c).to(dtype).to(tl.float32) - (x2 * s).to(dtype).to(tl.float32)).to(dtype)
-        o2 = ((x2 * c).to(dtype).to(tl.float32) + (x1 * s).to(dtype).to(tl.float32)).to(dtype)
+    def _rounded_sums(x1c, x2s, x2c, x1s, dtype: tl.constexpr):
+        """The rotated halves from their four fp32 products, rounded where HF rounds (q * cos and rotate_half(q) *
+        sin are model-dtype tensors before the add), so bf16 results match HF's bit for bit."""
+        o1 = (x1c.to(dtype).to(tl.float32) - x2s.to(dtype).to(tl.float32)).to(dtype)
+        o2 = (x2c.to(dtype).to(tl.float32) + x1s.to(dtype).to(tl.float32)).to(dtype)
         return o1, o2
+
+    @triton.jit
+    def _rotated(x1, x2, c, s):
+        """The rotated halves in x's dtype (_rounded_sums), for a kernel compiled without FMA contraction."""
+        a = x1.to(tl.float32)
+        b = x2.to(tl.float32)
+        return _rounded_sums(a * c, b * s, b * c, a * s, x1.dtype)
 
     @triton.jit
     def _product_rn(a, b, EMULATE: tl.constexpr):
@@ -50,14 +54,10 @@ if HAS_TRITON:
         """_rotated for a kernel compiled with FMA contraction (a GEMV's): Triton turns _rotated's products and
         their difference into bf16 FMAs there, so the products are opaque PTX (_product_rn); the same bits as
         _rotated without contraction."""
-        dtype = x1.dtype
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-        o1 = (_product_rn(x1, c, EMULATE).to(dtype).to(tl.float32)
-              - _product_rn(x2, s, EMULATE).to(dtype).to(tl.float32)).to(dtype)
-        o2 = (_product_rn(x2, c, EMULATE).to(dtype).to(tl.float32)
-              + _product_rn(x1, s, EMULATE).to(dtype).to(tl.float32)).to(dtype)
-        return o1, o2
+        a = x1.to(tl.float32)
+        b = x2.to(tl.float32)
+        return _rounded_sums(_product_rn(a, c, EMULATE), _product_rn(b, s, EMULATE), _product_rn(b, c, EMULATE),
+                             _product_rn(a, s, EMULATE), x1.dtype)
 
     @triton.jit
     def _rotary_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
