@@ -103,8 +103,9 @@ if HAS_TRITON:
     def _pair_rows(i, HALF: tl.constexpr):
         """ROTARY: a block's i-th row -> its weight row: rows 2p and 2p + 1 are d and d + HALF of head h, where
         p = h * HALF + d (a permutation of each 2 * HALF rows: of N, a multiple of them, and of the rows past N)."""
-        pair = i // 2
-        return (pair // HALF) * (2 * HALF) + pair % HALF + (i % 2) * HALF
+        u = i.to(tl.uint32)                          # unsigned: // and % by powers of 2 become shifts and masks
+        pair = u // 2
+        return ((pair // HALF) * (2 * HALF) + pair % HALF + (u % 2) * HALF).to(i.dtype)
 
     @triton.jit
     def _first_of_pairs(t):
