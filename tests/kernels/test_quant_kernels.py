@@ -470,7 +470,7 @@ def test_held_x_kernel_rotary(heads, kv_heads, block_n, slot):
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
     from tierllm.kernels.rotary import DecodeRotary, rotary_and_cache_write_triton
 
-    head_dim, k = 16, 256
+    head_dim, k = 8, 128
     w, bias, x, g, rotary = _qkv_rotary_case(heads, kv_heads, head_dim, k, slot, seed=90)
     n = (heads + 2 * kv_heads) * head_dim
 
@@ -481,7 +481,7 @@ def test_held_x_kernel_rotary(heads, kv_heads, block_n, slot):
         w4_held_x_kernel[(1, 3)](
             prepare_x_half_triton(x, g), w["qweight"], w["scales"], w["mins"], bias, y, n, k, w["qweight"].stride(0),
             w["scales"].stride(0), 1e-6, *held_rotary_args(case if fused else None, n, y), GROUP=64, HAS_MINS=True,
-            HAS_BIAS=True, NORM=True, GATED=False, RESIDUAL=False, BLOCK_N=block_n, GROUPS_PER_BLOCK=4, PERSIST=1,
+            HAS_BIAS=True, NORM=True, GATED=False, RESIDUAL=False, BLOCK_N=block_n, GROUPS_PER_BLOCK=2, PERSIST=1,
             EVEN=True, EMULATE=_dispatch.is_interpreted(), ROTARY=head_dim // 2 if fused else 0)
         if not fused:                       # the rotary kernel itself (the interpreter's bf16 rounding on CPU)
             parts = [part.view(1, -1, head_dim) for part in y.split([heads * head_dim, case.kv_rows, case.kv_rows],
@@ -509,9 +509,9 @@ def test_w4_gemv_rotary_graph_tuned(monkeypatch, winner):
     the rotary kernel runs only after a config that does not pair rows."""
     from tierllm.kernels import rotary as rotary_module
 
-    configs = [triton.Config({"BLOCK_N": 2, "GROUPS_PER_BLOCK": 4, "PERSIST": 2}, num_warps=2, num_stages=1),
-               triton.Config({"BLOCK_N": 1, "GROUPS_PER_BLOCK": 4, "PERSIST": 2}, num_warps=1, num_stages=1),
-               [c for c in quant_gemv.prepared_configs(96, 64, False, 256) if c.kwargs.get("XHALF")][0]]
+    configs = [triton.Config({"BLOCK_N": 2, "GROUPS_PER_BLOCK": 2, "PERSIST": 2}, num_warps=2, num_stages=1),
+               triton.Config({"BLOCK_N": 1, "GROUPS_PER_BLOCK": 2, "PERSIST": 2}, num_warps=1, num_stages=1),
+               [c for c in quant_gemv.prepared_configs(48, 64, False, 128) if c.kwargs.get("XHALF")][0]]
     monkeypatch.setattr(quant_gemv, "prepared_configs", lambda *args: configs)
     timed, kernel_calls = [], []
 
@@ -524,7 +524,7 @@ def test_w4_gemv_rotary_graph_tuned(monkeypatch, winner):
     real = rotary_module.rotary_and_cache_write
     monkeypatch.setattr(rotary_module, "rotary_and_cache_write",
                         lambda *args: kernel_calls.append(1) or real(*args))
-    w, bias, x, g, rotary = _qkv_rotary_case(2, 2, 16, 256, slot=7, seed=95)
+    w, bias, x, g, rotary = _qkv_rotary_case(2, 2, 8, 128, slot=7, seed=95)
     y = quant_gemv.w4_gemv_triton(x, w["qweight"], w["scales"], w["mins"], 64, bias, norm_weight=g, rotary=rotary)
     assert len(timed) == len(configs)
     assert len(kernel_calls) == 2 + (winner != 0)                 # the tuning runs of configs 1 and 2, the pick's
