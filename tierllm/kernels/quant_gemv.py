@@ -997,8 +997,6 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         one_row = (m == 1 and norm_weight is None and x.data_ptr() % 4 == 0)
         kernel.fn[(m, triton.cdiv(n, 8))](*args(qweight, y), **flags, BLOCK_N=8, GROUPS_PER_BLOCK=2,
                                           INT4_ROW=one_row)
-        if rotary is not None:
-            rotary.apply(y)
     elif graph_tuning():                     # Triton's tuner timed these at 1.4-3.3x a graph's time
         # one row: the tensor-core kernel's configs compete with the CUDA-core loops' (on an H200 each kernel was
         # the faster on two of llama-7b's four shapes: benchmarks/results/w4-mma-grid-h200.json), and so does the
@@ -1007,37 +1005,38 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         prepared = m == 1 and int4_sub_weight_ok(qweight.data_ptr(), qweight.stride(0), group_size)
 
         def launch(config, w: torch.Tensor, out: torch.Tensor = y) -> torch.Tensor:
+            # HELD rotates in its epilogue where its blocks hold pairs of rows; the others leave it to rotary.apply
+            fuse = rotary is not None and config.kwargs.get("PERSIST") and config.kwargs["BLOCK_N"] % 2 == 0
             if config.kwargs.get(TENSOR_CORES):
                 out = w4_mma_gemv(x, w, scales, mins, bias, gated=gated, pdl=pdl,
                                   residual=out if residual is not None else None,
                                   config={name: v for name, v in config.kwargs.items() if name != TENSOR_CORES})
-                if rotary is not None:
-                    rotary.apply(out)
-                return out
-            rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
-            grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
-            # HELD rotates in its epilogue where its blocks hold pairs of rows
-            fuse = rotary is not None and config.kwargs.get("PERSIST") and config.kwargs["BLOCK_N"] % 2 == 0
-            if config.kwargs.get("PERSIST"):                    # int4_held_x.py: x held across row blocks
-                launch_held((prepare_x_half_triton(x, norm_weight, pdl=pdl), w, scales,
-                             mins if mins is not None else scales, bias if bias is not None else scales, out, rows, k,
-                             w.stride(0), scales.stride(0), eps, *held_rotary_args(rotary if fuse else None, n, out)),
-                            {**flags, **config.all_kwargs(), "EMULATE": _dispatch.is_interpreted(),
-                             "EVEN": k // group_size == config.kwargs["GROUPS_PER_BLOCK"],
-                             "ROTARY": rotary.head_dim // 2 if fuse else 0, **pdl_options(x, pdl)},
-                            grid[1], x.device)
-            elif config.kwargs.get("XGLOBAL"):                  # the norm (if any) is applied in the prepared x,
-                half = config.kwargs.get("XHALF", False)        # but for XHALF's rstd, which is the GEMV's
-                x_prepared = (prepare_x_half_triton(x, norm_weight, pdl=pdl) if half
-                              else prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl))
-                # the residual read with x, not after the reduction: o 7.08 -> 5.75 us, down 13.24 -> 12.66 chained
-                # on an H200 (benchmarks/xhalf_epilogue_probe.py); the row sets reduced together (STACKED_SUM)
-                early = half and residual is not None and not gated
-                _w4_gemv_even[grid](*args(w, out, x_prepared, None, rows), **{**flags, "NORM": flags["NORM"] and half},
-                                    **config.all_kwargs(), EMULATE=_dispatch.is_interpreted(), EARLY_RESIDUAL=early,
-                                    STACKED_SUM=half, **pdl_options(x, pdl))
             else:
-                _w4_gemv_even[grid](*args(w, out), **flags, **config.all_kwargs(), **pdl_options(x, pdl))
+                rows = n // row_sets(config.kwargs)          # N: what each of a program's row sets spans
+                grid = (m, triton.cdiv(rows, config.kwargs["BLOCK_N"]))
+                if config.kwargs.get("PERSIST"):                    # int4_held_x.py: x held across row blocks
+                    launch_held((prepare_x_half_triton(x, norm_weight, pdl=pdl), w, scales,
+                                 mins if mins is not None else scales, bias if bias is not None else scales, out,
+                                 rows, k, w.stride(0), scales.stride(0), eps,
+                                 *held_rotary_args(rotary if fuse else None, n, out)),
+                                {**flags, **config.all_kwargs(), "EMULATE": _dispatch.is_interpreted(),
+                                 "EVEN": k // group_size == config.kwargs["GROUPS_PER_BLOCK"],
+                                 "ROTARY": rotary.head_dim // 2 if fuse else 0, **pdl_options(x, pdl)},
+                                grid[1], x.device)
+                elif config.kwargs.get("XGLOBAL"):                  # the norm (if any) is applied in the prepared
+                    half = config.kwargs.get("XHALF", False)        # x, but for XHALF's rstd, which is the GEMV's
+                    x_prepared = (prepare_x_half_triton(x, norm_weight, pdl=pdl) if half
+                                  else prepare_x_triton(x, group_size, norm_weight, eps, pdl=pdl))
+                    # the residual read with x, not after the reduction: o 7.08 -> 5.75 us, down 13.24 -> 12.66
+                    # chained on an H200 (benchmarks/xhalf_epilogue_probe.py); the row sets reduced together
+                    # (STACKED_SUM)
+                    early = half and residual is not None and not gated
+                    _w4_gemv_even[grid](*args(w, out, x_prepared, None, rows),
+                                        **{**flags, "NORM": flags["NORM"] and half}, **config.all_kwargs(),
+                                        EMULATE=_dispatch.is_interpreted(), EARLY_RESIDUAL=early, STACKED_SUM=half,
+                                        **pdl_options(x, pdl))
+                else:
+                    _w4_gemv_even[grid](*args(w, out), **flags, **config.all_kwargs(), **pdl_options(x, pdl))
             if rotary is not None and not fuse:
                 rotary.apply(out)
             return out
@@ -1061,8 +1060,8 @@ def w4_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     else:                                    # its tuned site recorded: quant_gpu.py's picks, step tuning
         launch_recording_sites(kernel, lambda: kernel[lambda meta: (m, triton.cdiv(n, meta["BLOCK_N"]))](
             *args(qweight, y), **flags, **pdl_options(x, pdl)), m_bucket)
-        if rotary is not None:
-            rotary.apply(y)
+    if rotary is not None:                   # the graph tuner's launch returned above, rotated
+        rotary.apply(y)
     return y
 
 
