@@ -45,6 +45,9 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant-method", choices=["rtn", "gptq"], default=None,
                    help="how int4 weights are rounded: rtn (round to nearest, default) or gptq (calibrated on text "
                         "the model samples itself; closer to the full-precision model, takes a minute or more)")
+    p.add_argument("--quant-lm-head", action="store_true",
+                   help="with --quant: the LM head in int8 too (per channel; +0.06%% perplexity on SmolLM2, half "
+                        "the head's bytes per decoded token)")
 
 
 def _quant_kwargs(args) -> dict:
@@ -52,10 +55,12 @@ def _quant_kwargs(args) -> dict:
     if args.quant is None:
         if args.group_size is not None or args.quant_method is not None:
             raise ValueError("--group-size and --quant-method need --quant int4")
+        if args.quant_lm_head:
+            raise ValueError("--quant-lm-head needs --quant (int8, int4 or w8a8)")
         return {}
     import tierllm
     fields = dict(tierllm.QuantConfig.from_any(args.quant).as_dict(), group_size=args.group_size,
-                  method=args.quant_method or "rtn")
+                  method=args.quant_method or "rtn", lm_head=args.quant_lm_head)
     if args.quant != "int4":
         fields.update(group_size=None, symmetric=None)
         if args.group_size is not None or args.quant_method == "gptq":
@@ -72,7 +77,7 @@ def _quantize(args) -> int:
     from tierllm.quant.saved import quantize_checkpoint
 
     quant = tierllm.QuantConfig(bits=args.bits, group_size=args.group_size, symmetric=args.symmetric or None,
-                                activations=args.activations, method=args.method)
+                                activations=args.activations, method=args.method, lm_head=args.lm_head)
     if args.calibration_text is not None and quant.method != "gptq":
         raise ValueError("--calibration-text is for --method gptq")
     text = Path(args.calibration_text).read_text() if args.calibration_text is not None else None
@@ -342,8 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                          "sequences the model samples itself unless --calibration-text is given)")
     qz.add_argument("--calibration-text", default=None, metavar="FILE",
                     help="with --method gptq: calibrate on this text file instead of model-sampled sequences")
+    qz.add_argument("--lm-head", action="store_true",
+                    help="the LM head in int8 too (per channel; a tied head gets its own copy)")
     qz.add_argument("--dtype", default="bfloat16", help="dtype of the tensors left unquantized (embedding, "
-                                                        "norms, LM head)")
+                                                        "norms, a dense LM head)")
     qz.add_argument("--device", default=None, help="where to quantize (default: cuda if available)")
     qz.set_defaults(func=_quantize)
 

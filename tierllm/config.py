@@ -79,18 +79,23 @@ QUANT_METHODS = ("rtn", "gptq")
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """Weight quantization of the decoder layers' linears (embedding and LM head stay in the model dtype).
+    """Weight quantization of the decoder layers' linears (the embedding stays in the model dtype, the LM head too
+    unless lm_head=True).
     bits=8: int8 weights, one scale per output channel (symmetric). bits=4: int4 weights in groups of
     `group_size` input channels, asymmetric (scale + min per group) unless symmetric=True.
     activations="int8" (bits=8 only): W8A8, activations quantized per token at run time (ZeroQuant-style).
     method: how int4 weights are rounded; both write the same layout. "rtn": round to nearest on a per-group
     least-squares grid. "gptq" (bits=4 only): GPTQ, calibrated on sequences the model samples itself, compensates
-    each rounding error in the weights not yet rounded (tierllm/quant/gptq.py; costs calibration forward passes)."""
+    each rounding error in the weights not yet rounded (tierllm/quant/gptq.py; costs calibration forward passes).
+    lm_head=True: the LM head in int8 too (per output channel, weight-only, rounded to nearest; a tied head gets its
+    own copy and the embedding stays dense). It halves the head's bytes, a large share of small models' and of
+    batch-1 decode's reads, for +0.06% perplexity on SmolLM2-135M (benchmarks/lm_head_quant_quality.py)."""
     bits: int = 8                             # 8 | 4
     group_size: int | None = None             # input channels per scale; None = per output channel (int8 only)
     symmetric: bool | None = None             # None = the default for `bits` (int8: True, int4: False)
     activations: str | None = None            # None = weight-only (activations stay fp16/bf16/fp32) | "int8"
     method: str = "rtn"                       # "rtn" | "gptq" (int4)
+    lm_head: bool = False                     # the LM head in int8 as well
 
     def __post_init__(self) -> None:
         if self.bits not in (8, 4):
@@ -112,20 +117,24 @@ class QuantConfig:
             raise ValueError(f"QuantConfig.method must be one of {QUANT_METHODS}, got {self.method!r}")
         if self.method == "gptq" and self.bits != 4:
             raise ValueError("method='gptq' quantizes int4 weights: use bits=4 (int8 is within 1% of fp32 with 'rtn')")
+        if not isinstance(self.lm_head, bool):
+            raise ValueError(f"QuantConfig.lm_head must be True or False, got {self.lm_head!r}")
 
     @property
     def name(self) -> str:
-        """Short name for logs and results: int8 | int4-g64 | int4-g64-sym | int4-g64-gptq | w8a8."""
+        """Short name for logs and results: int8 | int4-g64 | int4-g64-sym | int4-g64-gptq | w8a8, with -head8
+        where the LM head is int8 too."""
+        head = "-head8" if self.lm_head else ""
         if self.activations == "int8":
-            return "w8a8"
+            return "w8a8" + head
         if self.bits == 8:
-            return "int8"
+            return "int8" + head
         suffix = ("-sym" if self.symmetric else "") + ("-gptq" if self.method == "gptq" else "")
-        return f"int4-g{self.group_size}{suffix}"
+        return f"int4-g{self.group_size}{suffix}{head}"
 
     def as_dict(self) -> dict:
         return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric,
-                "activations": self.activations, "method": self.method}
+                "activations": self.activations, "method": self.method, "lm_head": self.lm_head}
 
     @classmethod
     def from_any(cls, value) -> QuantConfig:
@@ -133,10 +142,10 @@ class QuantConfig:
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            unknown = set(value) - {"bits", "group_size", "symmetric", "activations", "method"}
+            unknown = set(value) - {"bits", "group_size", "symmetric", "activations", "method", "lm_head"}
             if unknown:
                 raise ValueError(f"unknown QuantConfig fields {sorted(unknown)}; "
-                                 "use bits, group_size, symmetric, activations, method")
+                                 "use bits, group_size, symmetric, activations, method, lm_head")
             return cls(**value)
         names = {"int8": {"bits": 8}, "int4": {"bits": 4}, "w8a8": {"bits": 8, "activations": "int8"}}
         if isinstance(value, str) and value in names:

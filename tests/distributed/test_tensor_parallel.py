@@ -114,9 +114,10 @@ def test_tp2_greedy_tokens_equal_tp1(family, family_engine, caplog):
 @pytest.mark.parametrize("combined", ["offload", "int8", "int4"])
 def test_tp2_combined_with_offload_or_quantized_weights_equals_tp1(combined):
     """Each rank streams its own shard from CPU memory, or quantizes it: int8 scales of a row-parallel slice come
-    from whole rows (a MAX all-reduce), int4 groups are whole in each slice; the tokens are TP=1's (fp32)."""
+    from whole rows (a MAX all-reduce), int4 groups are whole in each slice, the int8 LM head's rows are each
+    rank's vocabulary slice; the tokens are TP=1's (fp32)."""
     options = {"offload": {"offload": tierllm.OffloadConfig(device="cpu", num_resident_layers=0)},
-               "int8": {"quant": "int8"}, "int4": {"quant": {"bits": 4, "group_size": 16}}}[combined]
+               "int8": {"quant": "int8"}, "int4": {"quant": {"bits": 4, "group_size": 16, "lm_head": True}}}[combined]
     model = build_hf_model("llama_gqa")
     prompt = torch.tensor(random_prompts([9], seed=2))
     expected = make_engine(model, **options).generate(prompt, max_new_tokens=16).tolist()

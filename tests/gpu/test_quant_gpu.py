@@ -200,14 +200,18 @@ def first_config_only(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("quant", ["int8", "int4", "w8a8"])
+@pytest.mark.parametrize("quant", ["int8", "int4", "w8a8", {"bits": 4, "lm_head": True}],
+                         ids=["int8", "int4", "w8a8", "int4-head8"])
 def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch, first_config_only):
     hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda()
     engine = tierllm.init_inference(hf, dtype=dtype, quant=quant, show_progress=False, max_num_seqs=8)
     prompt = random_prompts([40], seed=2)[0]
     logits = prefill_logits(engine.model, prompt)
+    hidden = torch.randn(1, hf.config.hidden_size, device="cuda", dtype=dtype)        # the head alone, one row
+    head_row = engine.model.compute_logits(hidden)
     monkeypatch.setenv("TIERLLM_KERNELS", "ref")
     ref = prefill_logits(engine.model, prompt)
+    assert _rel_err(head_row, engine.model.compute_logits(hidden)) < 1e-2
     monkeypatch.delenv("TIERLLM_KERNELS")
     # bf16 rounding differs between the two paths; W8A8 re-quantizes every linear's input to int8, so a rounding
     # difference upstream can move a code by one step (1/127 of the row's max) and that carries through the

@@ -21,7 +21,7 @@ def _tensors(skeleton: torch.nn.Module, quant: QuantConfig, pool: RandomPool) ->
         prefix = f"{module_name}." if module_name else ""
         if isinstance(module, QuantLinear):
             dense = pool.tensor((module.out_features, module.in_features))              # [out, in], this linear only
-            for name, tensor in quantize_weight(dense, quant).items():
+            for name, tensor in quantize_weight(dense, module.quant).items():   # an int8 LM head's own
                 yield prefix + name, tensor
             del dense
             if module.bias is not None:

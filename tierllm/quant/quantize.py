@@ -106,20 +106,46 @@ def quantizable_linears(model: nn.Module) -> list[tuple[nn.Module, str, Linear]]
 @torch.no_grad()
 def quantize_model(model: nn.Module, quant: QuantConfig, show_progress: bool = True,
                    calibration: list[list[int]] | None = None, max_len: int | None = None) -> nn.Module:
-    """Replace every decoder-layer linear with a QuantLinear holding its quantized (local) weight, in place.
-    Each dense weight is freed as soon as its replacement exists, so peak memory grows by one linear.
+    """Replace every decoder-layer linear with a QuantLinear holding its quantized (local) weight, in place (and
+    the LM head with a QuantLMHead where quant.lm_head). Each dense weight is freed as soon as its replacement
+    exists, so peak memory grows by one linear.
     quant.method "gptq" calibrates on `calibration` (token-id sequences; default: sampled from the model), cut to
     `max_len` tokens (the positions the model was built for)."""
     if quant.method == "gptq":
         from tierllm.quant.gptq import quantize_model_gptq
-        return quantize_model_gptq(model, quant, calibration, show_progress=show_progress, max_len=max_len)
-    linears = quantizable_linears(model)
-    for parent, attr, linear in tqdm(linears, desc=f"Quantizing ({quant.name})", unit="linear",
-                                     disable=not show_progress, leave=False):
-        tensors = _quantize_shard(linear, quant)
-        qlinear = QuantLinear.like(linear, quant)
-        qlinear.load_quantized(tensors, linear.bias)
-        setattr(parent, attr, qlinear)
+        quantize_model_gptq(model, quant, calibration, show_progress=show_progress, max_len=max_len)
+    else:
+        linears = quantizable_linears(model)
+        for parent, attr, linear in tqdm(linears, desc=f"Quantizing ({quant.name})", unit="linear",
+                                         disable=not show_progress, leave=False):
+            tensors = _quantize_shard(linear, quant)
+            qlinear = QuantLinear.like(linear, quant)
+            qlinear.load_quantized(tensors, linear.bias)
+            setattr(parent, attr, qlinear)
+    if quant.lm_head:
+        quantize_lm_head(model)
+    return model
+
+
+def _native_head(model: nn.Module):
+    """The model's vocab-parallel LM head (a clear error for models without one)."""
+    from tierllm.layers.embedding import ParallelLMHead
+    head = getattr(model, "lm_head", None)
+    if not isinstance(head, ParallelLMHead):
+        raise ValueError(f"QuantConfig(lm_head=True) quantizes the LM head of tierllm's native models; "
+                         f"{type(model).__name__} has none: drop lm_head=True")
+    return head
+
+
+@torch.no_grad()
+def quantize_lm_head(model: nn.Module) -> nn.Module:
+    """Replace the model's LM head with its int8 round to nearest (QuantLMHead), in place. A head tied to the
+    embedding gets its own int8 copy; the embedding stays as it was."""
+    from tierllm.layers.quant_lm_head import QuantLMHead, dense_head_weight
+    head = _native_head(model)
+    qhead = QuantLMHead(head)
+    qhead.load_quantized(quantize_int8(dense_head_weight(head)), None)
+    model.lm_head = qhead
     return model
 
 
@@ -144,8 +170,11 @@ def _quantize_shard(linear: Linear, quant: QuantConfig) -> dict[str, torch.Tenso
 
 
 def convert_to_quant_shells(model: nn.Module, quant: QuantConfig) -> nn.Module:
-    """Replace every decoder-layer linear with an empty QuantLinear (for loading an already quantized
-    checkpoint: nothing is quantized, the stored tensors fill the shells)."""
+    """Replace every decoder-layer linear (and, where quant.lm_head, the LM head) with an empty quantized shell
+    (for loading an already quantized checkpoint: nothing is quantized, the stored tensors fill the shells)."""
     for parent, attr, linear in quantizable_linears(model):
         setattr(parent, attr, QuantLinear.like(linear, quant))
+    if quant.lm_head:
+        from tierllm.layers.quant_lm_head import QuantLMHead
+        model.lm_head = QuantLMHead(_native_head(model))
     return model

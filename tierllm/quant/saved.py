@@ -104,8 +104,9 @@ def load_prequantized(model: torch.nn.Module, checkpoint: Checkpoint, quant=None
 
 def quantize_checkpoint(source, dst: Path, quant: QuantConfig, dtype: torch.dtype, device: torch.device,
                         show_progress: bool = True, calibration_text: str | None = None) -> Path:
-    """`tierllm quantize`: load `source` (HF folder, .gguf, model object), quantize its decoder linears, and write
-    a folder that loads back quantized. Non-quantized tensors (embedding, norms, LM head) are kept in `dtype`.
+    """`tierllm quantize`: load `source` (HF folder, .gguf, model object), quantize its decoder linears (and its
+    LM head where quant.lm_head), and write a folder that loads back quantized. Non-quantized tensors (embedding,
+    norms, a dense LM head) are kept in `dtype`.
     calibration_text: GPTQ calibrates on this text (tokenized, cut into sequences) instead of sequences sampled
     from the model."""
     from tierllm.api import _load_tokenizer
