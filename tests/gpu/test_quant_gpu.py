@@ -190,13 +190,19 @@ def test_w8a8_kernels(dtype, m):
 def first_config_only(monkeypatch):
     """Every autotuned kernel keeps its first config: the tiny model's launch shapes (each CUDA-graph batch size,
     each fusion) would otherwise compile and time every config of every kernel, minutes on the GPU machine; the
-    tests above run each config on its own."""
+    tests above run each config on its own. The graph tuner likewise times only the first config it is offered
+    (an int4 tiny model took over 5 minutes without), with no tuning file and no decode-step tuning."""
     from triton.runtime.autotuner import Autotuner
 
-    from tierllm.kernels import gemv
+    from tierllm.kernels import gemv, graph_tuning
     for module in (gemv, quant_gemv, quant_gemm, int8_gemm):
         for tuner in [obj for obj in vars(module).values() if isinstance(obj, Autotuner)]:
             monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+    pick = graph_tuning.GraphTuner.pick
+    monkeypatch.setattr(graph_tuning.GraphTuner, "pick", lambda self, key, launch, weight, block_m, configs=None:
+                        pick(self, key, launch, weight, block_m, (configs or self.configs)[:1]))
+    monkeypatch.setenv("TIERLLM_TUNING_CACHE", "0")
+    monkeypatch.setenv("TIERLLM_STEP_TUNER", "0")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -236,8 +242,6 @@ def test_int4_decode_rotary_in_the_held_epilogue_equals_the_rotary_kernel(monkey
 
     monkeypatch.setattr(quant_gemv, "prepared_configs", held)
     monkeypatch.setattr(quant_gemv._w4_graph_tuner, "cache", {})
-    monkeypatch.setenv("TIERLLM_TUNING_CACHE", "0")
-    monkeypatch.setenv("TIERLLM_STEP_TUNER", "0")
     rotary_launches = []
     real = int4_held_x.launch_held
     monkeypatch.setattr(quant_gemv, "launch_held", lambda args, options, blocks, device:
