@@ -810,6 +810,27 @@ def session34_sentence(down: dict, first: dict, off: dict, on: dict, off_timelin
             "on another machine; target 2.8x: not met).")
 
 
+def _head_us(timeline: list) -> float:
+    """A batch-1 decode timeline's median LM-head GEMV (us): the GEMV right after the final norm (bf16's and int8's
+    one-row GEMVs share gemv.py's body)."""
+    durations = [duration for (_, duration, name), (_, _, before) in zip(timeline[1:], timeline, strict=False)
+                 if before == "_norm_kernel" and name.startswith("_gemv_body")]     # (prefill's norms feed GEMMs)
+    return round(statistics.median(durations), 1)
+
+
+def session35_sentence(retimed: dict, rerun: dict, plain_timeline: list, head8_timeline: list) -> str:
+    """Session 35: the LM head in int8 (QuantConfig(lm_head=True)) against int4 with the bf16 head."""
+    return ("The LM head in int8 as an option (`QuantConfig(lm_head=True)`, `--quant-lm-head`; per output channel, "
+            "+0.06% perplexity on SmolLM2-135M): the head's GEMV took "
+            f"{_head_us(head8_timeline)} us per token against {_head_us(plain_timeline)} in bf16, a layer "
+            f"{_layer_us(head8_timeline)} against {_layer_us(plain_timeline)} us. On one machine with one tuning "
+            f"file, int4 with the int8 head {_ratio_link(rerun, 'quant-bf16-int4-head8-rerun-llama-7b-h200.json', 'int4-head8')} "
+            f"against int4's {_ratio_link(rerun, 'quant-bf16-int4-head8-rerun-llama-7b-h200.json', 'int4')}; in the "
+            f"call before, every GEMV retimed: {_ratio_link(retimed, 'quant-bf16-int4-head8-llama-7b-h200.json', 'int4-head8')} "
+            f"against {_ratio_link(retimed, 'quant-bf16-int4-head8-llama-7b-h200.json', 'int4')} (target 2.8x: not "
+            "met either way).")
+
+
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
 INT4_H200_LATEST = [
     ("L2 prefetch configs in the tuner's list (none picked)", "quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
@@ -848,6 +869,9 @@ INT4_H200_LATEST = [
     ("A/B: the rotary kernel (`TIERLLM_QKV_ROTARY=0`)", "quant-bf16-int4-qkv-rotary-0-llama-7b-h200.json"),
     ("A/B: the rotary embedding in the QKV GEMV's epilogue (the defaults)",
      "quant-bf16-int4-qkv-rotary-1-llama-7b-h200.json"),
+    ("the defaults, every GEMV retimed, then int4 with an int8 LM head (session 35)",
+     "quant-bf16-int4-head8-llama-7b-h200.json"),
+    ("the same on the same machine, its tuning file kept", "quant-bf16-int4-head8-rerun-llama-7b-h200.json"),
 ]
 
 
@@ -855,12 +879,14 @@ def int4_h200_latest_table(calls: list[tuple[str, str, dict]]) -> list[str]:
     """The latest bf16 + int4 batch-1 calls on an H200: (what the run changed, its JSON's name, the JSON) each."""
     lines = ["**Latest int4 batch-1 decode on an H200** (`benchmarks/quant_session.sh batch1`, `llama-7b`, CUDA graphs, "
              "bf16 and int4 in one call each; issue #5's target: int4 >= 2.8x bf16):", "",
-             "| run | commit | int4 ms/token | bf16 ms/token | int4 / bf16 |", "|---|---|---|---|---|"]
+             "| run | commit | int4 ms/token | bf16 ms/token | int4 / bf16 | int4 with an int8 LM head / bf16 |",
+             "|---|---|---|---|---|---|"]
     for label, name, doc in calls:
         r = doc["results"]
+        head8 = f"{r['speedup_vs_bf16']['int4-head8']['batch1_decode']}x" if "int4-head8" in r else ""
         lines.append(f"| [{label}](benchmarks/results/{name}) | {doc['versions']['commit']} | "
                      f"{_batch1_ms(doc, 'int4')} | {_batch1_ms(doc, 'bf16')} | "
-                     f"{r['speedup_vs_bf16']['int4']['batch1_decode']}x |")
+                     f"{r['speedup_vs_bf16']['int4']['batch1_decode']}x | {head8} |")
     return lines + [""]
 
 
@@ -952,7 +978,7 @@ GLANCE = [
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
     ("quantization (#5)", "quant-bf16-int8-early-kv-llama-7b-h200.json", None),
-    ("quantization (#5)", "quant-bf16-int4-qkv-rotary-1-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-head8-rerun-llama-7b-h200.json", None),
     ("quantization (#5)", "quant-bf16-int4-asm-gemm-llama-7b-h100.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-h100.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
@@ -1047,6 +1073,10 @@ def int4_h200_history() -> str:
                            results("quant-bf16-int4-qkv-rotary-1-llama-7b-h200.json"),
                            results("timeline-int4-b1-long-qkv-rotary-0-h200.json"),
                            results("timeline-int4-b1-long-qkv-rotary-1-h200.json")),
+        session35_sentence(results("quant-bf16-int4-head8-llama-7b-h200.json"),
+                           results("quant-bf16-int4-head8-rerun-llama-7b-h200.json"),
+                           results("timeline-int4-b1-long-head8-ab-h200.json"),
+                           results("timeline-int4-b1-long-head8-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])
