@@ -11,6 +11,7 @@ from pathlib import Path
 
 # the greedy pick ends each decode step: kernels/greedy.py's kernel, or torch's argmax (its reduce kernel) before it
 STEP_ENDS = ("_greedy_kernel", "void at::native::reduce_kernel")
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")      # the trace's categories of work on the GPU
 
 
 def decode_timeline(kernels: list) -> dict:
@@ -42,7 +43,7 @@ def decode_timeline(kernels: list) -> dict:
 
 def profile_decode_timeline(engine, vocab: int, trace_path: Path, steps: int = 10, prompt_len: int = 16) -> dict:
     """decode_timeline of `steps` batch-1 decode steps of `engine` (a prompt_len-token prompt, after a warm-up
-    generate); the raw kernel list [(start_us, duration_us, name)] goes to trace_path."""
+    generate); the raw list of kernels, copies and fills [(start_us, duration_us, name)] goes to trace_path."""
     from torch.profiler import ProfilerActivity, profile
 
     from tierllm.bench.generate_bench import _random_prompts
@@ -53,6 +54,7 @@ def profile_decode_timeline(engine, vocab: int, trace_path: Path, steps: int = 1
         engine.generate(prompt, max_new_tokens=steps, min_new_tokens=steps)
     prof.export_chrome_trace(str(trace_path))
     events = json.loads(trace_path.read_text())["traceEvents"]
-    kernels = sorted((e["ts"], e["dur"], e["name"][:48]) for e in events if e.get("cat") == "kernel")
+    # the copies and fills too: the staged inputs' and sampled tokens' memcpys sit between the steps' graphs
+    kernels = sorted((e["ts"], e["dur"], e["name"][:48]) for e in events if e.get("cat") in DEVICE_WORK)
     trace_path.write_text(json.dumps(kernels))
     return decode_timeline(kernels)
