@@ -818,8 +818,9 @@ def _head_us(timeline: list) -> float:
     return round(statistics.median(durations), 1)
 
 
-def session35_sentence(retimed: dict, rerun: dict, plain_timeline: list, head8_timeline: list) -> str:
-    """Session 35: the LM head in int8 (QuantConfig(lm_head=True)) against int4 with the bf16 head."""
+def session35_sentence(retimed: dict, rerun: dict, other: dict, plain_timeline: list, head8_timeline: list) -> str:
+    """Session 35: the LM head in int8 (QuantConfig(lm_head=True)) against int4 (and int8) with the bf16 head."""
+    name = "quant-bf16-int4-int8-head8-llama-7b-h200.json"
     return ("The LM head in int8 as an option (`QuantConfig(lm_head=True)`, `--quant-lm-head`; per output channel, "
             "+0.06% perplexity on SmolLM2-135M): the head's GEMV took "
             f"{_head_us(head8_timeline)} us per token against {_head_us(plain_timeline)} in bf16, a layer "
@@ -827,8 +828,10 @@ def session35_sentence(retimed: dict, rerun: dict, plain_timeline: list, head8_t
             f"file, int4 with the int8 head {_ratio_link(rerun, 'quant-bf16-int4-head8-rerun-llama-7b-h200.json', 'int4-head8')} "
             f"against int4's {_ratio_link(rerun, 'quant-bf16-int4-head8-rerun-llama-7b-h200.json', 'int4')}; in the "
             f"call before, every GEMV retimed: {_ratio_link(retimed, 'quant-bf16-int4-head8-llama-7b-h200.json', 'int4-head8')} "
-            f"against {_ratio_link(retimed, 'quant-bf16-int4-head8-llama-7b-h200.json', 'int4')} (target 2.8x: not "
-            "met either way).")
+            f"against {_ratio_link(retimed, 'quant-bf16-int4-head8-llama-7b-h200.json', 'int4')}; on another "
+            f"machine {_ratio_link(other, name, 'int4-head8')} against {_ratio_link(other, name, 'int4')} (target "
+            f"2.8x: not met either way), and int8 {_ratio_link(other, name, 'int8-head8')} with the int8 head "
+            f"against {_ratio_link(other, name, 'int8')}.")
 
 
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
@@ -872,6 +875,7 @@ INT4_H200_LATEST = [
     ("the defaults, every GEMV retimed, then int4 with an int8 LM head (session 35)",
      "quant-bf16-int4-head8-llama-7b-h200.json"),
     ("the same on the same machine, its tuning file kept", "quant-bf16-int4-head8-rerun-llama-7b-h200.json"),
+    ("the same tuning file on another machine (int8 too)", "quant-bf16-int4-int8-head8-llama-7b-h200.json"),
 ]
 
 
@@ -977,7 +981,7 @@ GLANCE = [
     ("serving (#7)", "serve-llama-7b-h100.json", None),
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
-    ("quantization (#5)", "quant-bf16-int8-early-kv-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-int8-head8-llama-7b-h200.json", ["batch-1 decode tok/s: int8"]),
     ("quantization (#5)", "quant-bf16-int4-head8-rerun-llama-7b-h200.json", None),
     ("quantization (#5)", "quant-bf16-int4-asm-gemm-llama-7b-h100.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-h100.json", None),
@@ -1075,6 +1079,7 @@ def int4_h200_history() -> str:
                            results("timeline-int4-b1-long-qkv-rotary-1-h200.json")),
         session35_sentence(results("quant-bf16-int4-head8-llama-7b-h200.json"),
                            results("quant-bf16-int4-head8-rerun-llama-7b-h200.json"),
+                           results("quant-bf16-int4-int8-head8-llama-7b-h200.json"),
                            results("timeline-int4-b1-long-head8-ab-h200.json"),
                            results("timeline-int4-b1-long-head8-h200.json")),
     ]
