@@ -821,16 +821,17 @@ def _head_us(timeline: list) -> float:
 def session35_sentence(retimed: dict, rerun: dict, other: dict, plain_timeline: list, head8_timeline: list) -> str:
     """Session 35: the LM head in int8 (QuantConfig(lm_head=True)) against int4 (and int8) with the bf16 head."""
     name = "quant-bf16-int4-int8-head8-llama-7b-h200.json"
+    rerun_name = "quant-bf16-int4-head8-rerun-llama-7b-h200.json"
+    retimed_name = "quant-bf16-int4-head8-llama-7b-h200.json"
     return ("The LM head in int8 as an option (`QuantConfig(lm_head=True)`, `--quant-lm-head`; per output channel, "
             "+0.06% perplexity on SmolLM2-135M): the head's GEMV took "
             f"{_head_us(head8_timeline)} us per token against {_head_us(plain_timeline)} in bf16, a layer "
             f"{_layer_us(head8_timeline)} against {_layer_us(plain_timeline)} us. On one machine with one tuning "
-            f"file, int4 with the int8 head {_ratio_link(rerun, 'quant-bf16-int4-head8-rerun-llama-7b-h200.json', 'int4-head8')} "
-            f"against int4's {_ratio_link(rerun, 'quant-bf16-int4-head8-rerun-llama-7b-h200.json', 'int4')}; in the "
-            f"call before, every GEMV retimed: {_ratio_link(retimed, 'quant-bf16-int4-head8-llama-7b-h200.json', 'int4-head8')} "
-            f"against {_ratio_link(retimed, 'quant-bf16-int4-head8-llama-7b-h200.json', 'int4')}; on another "
-            f"machine {_ratio_link(other, name, 'int4-head8')} against {_ratio_link(other, name, 'int4')} (target "
-            f"2.8x: not met either way), and int8 {_ratio_link(other, name, 'int8-head8')} with the int8 head "
+            f"file, int4 with the int8 head {_ratio_link(rerun, rerun_name, 'int4-head8')} "
+            f"against int4's {_ratio_link(rerun, rerun_name, 'int4')}; in the call before, every GEMV retimed: "
+            f"{_ratio_link(retimed, retimed_name, 'int4-head8')} against {_ratio_link(retimed, retimed_name, 'int4')}; "
+            f"on another machine {_ratio_link(other, name, 'int4-head8')} against {_ratio_link(other, name, 'int4')} "
+            f"(target 2.8x: not met either way), and int8 {_ratio_link(other, name, 'int8-head8')} with the int8 head "
             f"against {_ratio_link(other, name, 'int8')}.")
 
 
