@@ -16,9 +16,14 @@ except ImportError:            # CPU-only installs may lack Triton; the referenc
     HAS_TRITON = False
 
 
+def references_forced() -> bool:
+    """TIERLLM_KERNELS=ref: every kernel call takes its torch reference."""
+    return os.environ.get("TIERLLM_KERNELS") == "ref"
+
+
 def triton_enabled() -> bool:
     """Triton is installed and TIERLLM_KERNELS=ref does not force the references."""
-    return HAS_TRITON and os.environ.get("TIERLLM_KERNELS") != "ref"
+    return HAS_TRITON and not references_forced()
 
 
 def use_triton(t: torch.Tensor) -> bool:
