@@ -1,6 +1,7 @@
 """Packed layouts of quantized linear weights (W: [out_features N, in_features K], y = x W^T).
 
-int8, per output channel, symmetric (also the weight side of W8A8):
+int8, per output channel, symmetric (also the weight side of W8A8, and the LM head's with QuantConfig(lm_head=True):
+lm_head.qweight [vocab, hidden], lm_head.scales [vocab]):
     qweight  int8    [N, K]        q = round(W / scale) clamped to [-127, 127]
     scales   float16 [N]           scale = max|W[n, :]| / 127
     dequant: W[n, k] = qweight[n, k] * scales[n]
