@@ -115,10 +115,10 @@ def test_offload_config_validation():
         tierllm.OffloadConfig(max_gpu_memory="lots")
 
 
-@pytest.mark.parametrize("quant", ["int8", "int4", "w8a8"])
+@pytest.mark.parametrize("quant", ["int8", {"bits": 4, "lm_head": True}, "w8a8"], ids=["int8", "int4-head8", "w8a8"])
 def test_quantized_layers_stream_quantized(quant, tmp_path):
     """Quantized offload: the packed int8/int4 tensors (not dense weights) are what is stored and copied, and the
-    tokens equal the resident quantized engine's."""
+    tokens equal the resident quantized engine's (int4 with an int8 LM head, which stays on the device)."""
     from tierllm.layers.quant_linear import QuantLinear
     from tierllm.offload.placement import module_bytes
     model = build_hf_model("llama_gqa")
