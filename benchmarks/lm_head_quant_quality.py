@@ -39,7 +39,7 @@ INT8_HEAD_LIMIT = 0.01            # an int8 head within int8 weights' own bound 
 def round_trip_head(model, quant: QuantConfig) -> None:
     """The model's LM head weight replaced by its quantize -> dequantize round trip (untied from the embedding)."""
     head = model.lm_head
-    weight = (head.tied_embedding.weight if head.tied_embedding is not None else head.weight).detach()
+    weight = head.dense_weight.detach()
     packed = quantize_weight(weight, quant)
     if quant.bits == 8:
         dense = dequantize_int8(packed["qweight"], packed["scales"], torch.float32)

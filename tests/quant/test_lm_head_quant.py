@@ -56,8 +56,7 @@ def test_int8_head_logits_equal_the_dense_model_with_dequantized_weights(family)
         if isinstance(qlinear, QuantLinear) and not isinstance(qlinear, QuantLMHead):
             dense_linears[name].weight.data.copy_(_dequantized(qlinear))
     dense_head = dense.model.lm_head
-    original_head = (dense_head.weight if dense_head.tied_embedding is None else dense_head.tied_embedding.weight)
-    original_head = original_head.detach().clone()
+    original_head = dense_head.dense_weight.detach().clone()
     dense_head.tied_embedding = None                                             # untied, as the int8 head is
     dense_head.weight = torch.nn.Parameter(_dequantized(head), requires_grad=False)
     ref = prefill_logits(dense.model, ids)

@@ -70,8 +70,13 @@ class LMHead(nn.Module):
             self.weight.weight_loader = load_whole
         self.invariant_parts = 0                  # as Linear's: kernels.invariant_linear in invariant mode
 
+    @property
+    def dense_weight(self) -> torch.Tensor:
+        """[vocab (/ tp), hidden]: the head's own weight, or the tied embedding's."""
+        return self.tied_embedding.weight if self.tied_embedding is not None else self.weight
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
-        weight = self.tied_embedding.weight if self.tied_embedding is not None else self.weight
+        weight = self.dense_weight
         if self.invariant_parts:
             return kernels.invariant_linear(hidden, weight, parts=self.invariant_parts)
         return kernels.linear(hidden, weight)
@@ -96,7 +101,11 @@ class ParallelLMHead(LMHead):
         load_vocab_rows(param, loaded, self.vocab_size, self.vocab_start)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
-        logits = super().forward(hidden)                                            # [num_rows, vocab / tp]
-        if self.parallel.tp_size == 1:
-            return logits
-        return all_gather_last_dim(logits, self.parallel)[:, :self.vocab_size]      # [num_rows, vocab]
+        return gather_vocab(super().forward(hidden), self.parallel, self.vocab_size)
+
+
+def gather_vocab(logits: torch.Tensor, parallel: ParallelState, vocab_size: int) -> torch.Tensor:
+    """Each rank's logits of its vocabulary slice [num_rows, vocab / tp] -> [num_rows, vocab], padding cut off."""
+    if parallel.tp_size == 1:
+        return logits
+    return all_gather_last_dim(logits, parallel)[:, :vocab_size]

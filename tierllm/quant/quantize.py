@@ -8,8 +8,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from tierllm.config import QuantConfig
+from tierllm.layers.embedding import ParallelLMHead
 from tierllm.layers.linear import Linear
 from tierllm.layers.quant_linear import QuantLinear
+from tierllm.layers.quant_lm_head import QuantLMHead
 from tierllm.quant.formats import INT8_MAX, SCALE_DTYPE, pack_int4
 
 
@@ -127,9 +129,8 @@ def quantize_model(model: nn.Module, quant: QuantConfig, show_progress: bool = T
     return model
 
 
-def _native_head(model: nn.Module):
+def _native_head(model: nn.Module) -> ParallelLMHead:
     """The model's vocab-parallel LM head (a clear error for models without one)."""
-    from tierllm.layers.embedding import ParallelLMHead
     head = getattr(model, "lm_head", None)
     if not isinstance(head, ParallelLMHead):
         raise ValueError(f"QuantConfig(lm_head=True) quantizes the LM head of tierllm's native models; "
@@ -141,10 +142,9 @@ def _native_head(model: nn.Module):
 def quantize_lm_head(model: nn.Module) -> nn.Module:
     """Replace the model's LM head with its int8 round to nearest (QuantLMHead), in place. A head tied to the
     embedding gets its own int8 copy; the embedding stays as it was."""
-    from tierllm.layers.quant_lm_head import QuantLMHead, dense_head_weight
     head = _native_head(model)
     qhead = QuantLMHead(head)
-    qhead.load_quantized(quantize_int8(dense_head_weight(head)), None)
+    qhead.load_quantized(quantize_int8(head.dense_weight), None)
     model.lm_head = qhead
     return model
 
@@ -175,6 +175,5 @@ def convert_to_quant_shells(model: nn.Module, quant: QuantConfig) -> nn.Module:
     for parent, attr, linear in quantizable_linears(model):
         setattr(parent, attr, QuantLinear.like(linear, quant))
     if quant.lm_head:
-        from tierllm.layers.quant_lm_head import QuantLMHead
         model.lm_head = QuantLMHead(_native_head(model))
     return model
