@@ -1,7 +1,7 @@
 """The staged layout that decode CUDA graphs replay (runner/cuda_graph.py) computes what the eager step computes:
 every pure-decode step of an overlapped batched generation (rows fed the previous step's tokens on the device,
-padding rows up to the bucket) runs both ways and the logits are compared. The graphs themselves need a GPU
-(tests/gpu); the layout, padding and token feed are checked here."""
+copied to the front or sampled there, padding rows up to the bucket) runs both ways and the logits are compared.
+The graphs themselves need a GPU (tests/gpu); the layout, padding and token feed are checked here."""
 from __future__ import annotations
 
 import pytest
@@ -23,9 +23,11 @@ def test_staged_step_matches_the_eager_step(monkeypatch):
         logits = eager_forward(plan, previous_tokens)                   # [num_sampled, vocab] or None
         if plan.num_decode_tokens == len(plan.input_ids) == len(plan.logits_indices) and graphs.fits(plan):
             tokens = previous_tokens[:max(plan.prev_token_index) + 1] if plan.prev_token_rows else None
+            if tokens is not None and len(seen) % 2:        # sampled into the front (the runner's graph steps)
+                tokens = graphs.token_front(len(tokens)).copy_(tokens)
             staged = graphs.padded_forward(plan, tokens)
             torch.testing.assert_close(staged, logits, rtol=1e-5, atol=1e-5)
-            seen.append((len(plan.input_ids), len(plan.prev_token_rows)))
+            seen.append((len(plan.input_ids), len(plan.prev_token_rows), len(seen) % 2))
         return logits
 
     monkeypatch.setattr(runner, "forward_plan", both_ways)
@@ -33,8 +35,8 @@ def test_staged_step_matches_the_eager_step(monkeypatch):
         engine.engine.add_request(f"r{i}", prompt, tierllm.SamplingParams(max_tokens=4 + 2 * i, ignore_eos=True))
     while engine.engine.has_unfinished_requests():
         engine.engine.step()
-    assert any(n == 5 for n, _ in seen) and any(n == 3 for n, _ in seen), seen   # bucket 8 and 4: padding rows
-    assert any(fed > 0 for _, fed in seen), seen                                 # tokens fed on the device
+    assert any(n == 5 for n, _, _ in seen) and any(n == 3 for n, _, _ in seen), seen   # buckets 8, 4: padding rows
+    assert {at_front for _, fed, at_front in seen if fed} == {0, 1}, seen    # tokens fed copied and in place
     assert len(seen) > 5
 
 

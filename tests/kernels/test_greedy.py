@@ -37,3 +37,20 @@ def test_greedy_tokens_without_bans_and_on_a_row_slice():
     logits = buffer[:3, :1000]
     assert torch.equal(greedy.greedy_tokens_triton(logits), logits.argmax(dim=-1))
     assert greedy.greedy_tokens_triton(logits[:0]).shape == (0,)
+
+
+def test_banned_table_copied_once_per_set_and_tokens_written_into_out():
+    """A request's banned ids stay the same for every step before its min_tokens: their table is copied to the
+    device once and reused (a later set gets its own); `out` receives the tokens in place (the decode graphs'
+    token front, runner/cuda_graph.py)."""
+    torch.manual_seed(5)
+    logits = torch.randn(2, 700, device=DEVICE)
+    banned = [[int(logits[0].argmax()), 3], [9]]
+    first = greedy._banned_table(tuple(map(tuple, banned)), logits.device)
+    assert first is greedy._banned_table(((banned[0][0], 3), (9,)), logits.device)
+    assert first.tolist() == [[banned[0][0], 3], [9, -1]]
+    out = torch.full((3,), -7, dtype=torch.int64, device=DEVICE)
+    tokens = greedy.greedy_tokens(logits, banned, out=out[1:])
+    assert tokens.data_ptr() == out[1:].data_ptr()
+    assert out[0] == -7 and torch.equal(out[1:], greedy.greedy_tokens_ref(logits, banned))
+    assert greedy._banned_table(((1,), (2,)), logits.device).tolist() == [[1], [2]]

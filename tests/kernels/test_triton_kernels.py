@@ -71,7 +71,7 @@ def test_rotary_fused_with_cache_write(dtype):
     pos = torch.tensor([0, 3, 7, 8, 30], device=DEVICE)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=DEVICE).float() / head_dim))
     emb = torch.cat([pos[:, None] * inv_freq] * 2, dim=-1)
-    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = torch.stack((emb.cos(), emb.sin()), dim=1).to(dtype).unbind(1)   # one table's rows, as lookup()
     slots = torch.tensor([1, 6, -1, 9, 14], device=DEVICE)                # -1: padding, must not be written
     caches = [torch.randn(4, block_size, kv_heads, head_dim, device=DEVICE).to(dtype) for _ in range(2)]
     caches += [c.clone() for c in caches]                                 # same garbage in untouched slots

@@ -9,6 +9,8 @@ timed in a CUDA graph (benchmarks/results/greedy-sampling-h200.json). A NaN logi
 picks a NaN)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tierllm.host_copy import to_device
@@ -41,26 +43,34 @@ if HAS_TRITON:
 
 
 def greedy_tokens_on_table(logits: torch.Tensor, table: torch.Tensor | None, block: int = 8192,
-                           warps: int = 16) -> torch.Tensor:
+                           warps: int = 16, out: torch.Tensor | None = None) -> torch.Tensor:
     """logits: [rows, vocab] with a contiguous last dim; table: [rows, width] int64 banned ids on its device,
-    padded with -1, or None -> [rows] int64. block, warps: the columns a program takes per step, its warps (8192
-    x 16 the fastest of four on an H200, 5-11% ahead of 4096 x 8: benchmarks/results/greedy-sampling-h200.json)."""
+    padded with -1, or None -> [rows] int64 (written into out when given). block, warps: the columns a program takes
+    per step, its warps (8192 x 16 the fastest of four on an H200, 5-11% ahead of 4096 x 8:
+    benchmarks/results/greedy-sampling-h200.json)."""
     rows, vocab = logits.shape
-    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
     if rows:
         _greedy_kernel[(rows,)](logits, logits if table is None else table, out, vocab, logits.stride(0),
                                 BANNED=0 if table is None else table.shape[1], BLOCK=block, num_warps=warps)
     return out
 
 
-def greedy_tokens_triton(logits: torch.Tensor, banned: list[list[int]] | None = None) -> torch.Tensor:
-    """greedy_tokens_on_table with the host lists' table copied over (pinned, non-blocking: no device sync)."""
-    width = max(map(len, banned or []), default=0)
-    table = None
-    if width:
-        table = to_device([ids[i] if i < len(ids) else -1 for ids in banned for i in range(width)], torch.int64,
-                          logits.device).view(len(banned), width)
-    return greedy_tokens_on_table(logits, table)
+@functools.lru_cache(maxsize=64)
+def _banned_table(banned: tuple[tuple[int, ...], ...], device: torch.device) -> torch.Tensor:
+    """The banned ids as a [rows, width] table padded with -1, copied once per distinct set: a request's set stays
+    the same for every step before its min_tokens, and a copy in front of the greedy kernel held each step's
+    sampling back by ~4 us on an H200 (benchmarks/results/timeline-int4-b1-long-head8-memcpy-h200.json)."""
+    width = max(map(len, banned))
+    return to_device([ids[i] if i < len(ids) else -1 for ids in banned for i in range(width)], torch.int64,
+                     device).view(len(banned), width)
+
+
+def greedy_tokens_triton(logits: torch.Tensor, banned: list[list[int]] | None = None,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """greedy_tokens_on_table with the host lists' table on the device (cached per set: no device sync)."""
+    table = _banned_table(tuple(map(tuple, banned)), logits.device) if any(banned or []) else None
+    return greedy_tokens_on_table(logits, table, out=out)
 
 
 def greedy_tokens_ref(logits: torch.Tensor, banned: list[list[int]] | None = None) -> torch.Tensor:
@@ -71,8 +81,11 @@ def greedy_tokens_ref(logits: torch.Tensor, banned: list[list[int]] | None = Non
     return logits.argmax(dim=-1)
 
 
-def greedy_tokens(logits: torch.Tensor, banned: list[list[int]] | None = None) -> torch.Tensor:
-    """The greedy token of each row of logits [rows, vocab] (int64 [rows]), banned[row]'s ids excluded."""
+def greedy_tokens(logits: torch.Tensor, banned: list[list[int]] | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """The greedy token of each row of logits [rows, vocab] (int64 [rows]), banned[row]'s ids excluded; written
+    into out [rows] when given."""
     if use_triton(logits) and logits.stride(-1) == 1:
-        return greedy_tokens_triton(logits, banned)
-    return greedy_tokens_ref(logits, banned)
+        return greedy_tokens_triton(logits, banned, out)
+    tokens = greedy_tokens_ref(logits, banned)
+    return tokens if out is None else out.copy_(tokens)

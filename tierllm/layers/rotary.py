@@ -33,10 +33,12 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(max_positions, dtype=torch.int64).float()
         freqs = positions[:, None] * inv_freq[None, :]                        # [max_pos, rot_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)                               # [max_pos, rot_dim]
-        # HF computes cos/sin in fp32 and casts them to the model dtype; so do we, once.
-        self.register_buffer("cos", (emb.cos() * scaling).to(device=device, dtype=dtype), persistent=False)
-        self.register_buffer("sin", (emb.sin() * scaling).to(device=device, dtype=dtype), persistent=False)
+        # HF computes cos/sin in fp32 and casts them to the model dtype; so do we, once. Side by side in one table,
+        # a step looks both up in one gather kernel.
+        table = torch.stack((emb.cos(), emb.sin()), dim=1) * scaling                # [max_pos, 2, rot_dim]
+        self.register_buffer("cos_sin", table.to(device=device, dtype=dtype), persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Once per step: [num_tokens] -> cos, sin [num_tokens, rot_dim]."""
-        return self.cos[positions], self.sin[positions]
+        """Once per step: [num_tokens] -> cos, sin [num_tokens, rot_dim] (views of one gathered tensor: unit stride
+        along rot_dim, the same row stride)."""
+        return self.cos_sin[positions].unbind(1)

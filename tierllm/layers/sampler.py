@@ -76,12 +76,18 @@ def _token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, requests: list[R
     return out
 
 
-def sample_on_device(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+def sample_on_device(logits: torch.Tensor, requests: list[Request], out: torch.Tensor | None = None) -> torch.Tensor:
     """logits: [num_requests, vocab] -> the next token of every non-beam request [num_requests] (int64, on the
-    logits' device; beam rows hold their greedy token), queued without a device sync. For requests without beams
-    or log-probs (see `needs_host_sampling`)."""
+    logits' device; beam rows hold their greedy token), queued without a device sync; written into out when given.
+    For requests without beams or log-probs (see `needs_host_sampling`)."""
     if all(r.is_beam or r.sampling_params.is_greedy for r in requests):  # one kernel, on the logits' own dtype
-        return greedy_tokens(logits, [_suppressed(r) for r in requests])
+        return greedy_tokens(logits, [_suppressed(r) for r in requests], out)
+    tokens = _sample_rows(logits, requests)
+    return tokens if out is None else out.copy_(tokens)
+
+
+def _sample_rows(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """sample_on_device's rows when some request samples: min_tokens' bans, then _choose."""
     logits = logits.float()
     rows, stop_ids = [], []                     # min_tokens: every row's suppressed stop tokens, in one copy
     for i, request in enumerate(requests):

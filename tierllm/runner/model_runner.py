@@ -69,6 +69,8 @@ class ModelRunner:
         self.mixed_graphs: MixedStepGraphs | None = None
         self.step_tuning_report: list[dict] = []                # decode-step tuning (step_tuning.py): what it changed
         self.use_cuda_graph = enable_cuda_graph                 # may be toggled later (benchmarks: on vs off)
+        self.graph_step = False                                 # whether the last forward_plan replayed a decode graph
+        self.token_stream = torch.cuda.Stream(device) if device.type == "cuda" else None   # tokens to the host
         if enable_cuda_graph:
             if device.type != "cuda":
                 raise ValueError("enable_cuda_graph=True needs a CUDA device")
@@ -138,13 +140,28 @@ class ModelRunner:
         previous_tokens = previous.tokens if plan.prev_token_rows else None
         with self.driver.step(plan) if self.driver is not None else contextlib.nullcontext():
             logits = self.forward_plan(plan, previous_tokens)                   # [num_sampled, vocab] or None
-            tokens = sample_on_device(logits, sampled_requests) if logits is not None else None
-        if tokens is None or self.device.type != "cuda":
+            if logits is None:
+                return LaunchedStep(sampled_requests, None, None, None)
+            # a graph step's tokens go where the next graph step's rows read them (no copy in its load)
+            front = self.graphs.token_front(len(logits)) if self.graph_step else None
+            tokens = sample_on_device(logits, sampled_requests, front)         # [num_sampled]
+        if self.device.type != "cuda":
             return LaunchedStep(sampled_requests, tokens, tokens, None)
+        return self._copy_to_host(sampled_requests, tokens, in_front=front is not None)
+
+    def _copy_to_host(self, sampled_requests: list[Request], tokens: torch.Tensor, in_front: bool) -> LaunchedStep:
+        """Start the tokens' copy to pinned host memory on the token stream, so that the current stream goes on to
+        the next step's upload and graph without waiting behind it."""
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
+        self.token_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.token_stream):
+            host.copy_(tokens, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        if in_front:
+            self.graphs.front_read = ready              # the front's next writer waits for this copy
+        else:
+            tokens.record_stream(self.token_stream)     # the allocator keeps the tokens until the copy is done
         return LaunchedStep(sampled_requests, tokens, host, ready)
 
     def finish(self, step: LaunchedStep) -> ModelOutput:
@@ -180,7 +197,8 @@ class ModelRunner:
         num_tokens, num_sampled = len(plan.input_ids), len(plan.logits_indices)
         is_pure_decode = plan.num_decode_tokens == num_tokens == num_sampled
         tokens = self._previous_tokens(plan, previous_tokens) if plan.prev_token_rows else None
-        if plan.use_cuda_graph and is_pure_decode and self.graphs.can_run(plan):
+        self.graph_step = plan.use_cuda_graph and is_pure_decode and self.graphs.can_run(plan)
+        if self.graph_step:
             return self.graphs.run(plan, tokens)                                   # [num_seqs, vocab]
         if plan.use_cuda_graph and self.mixed_graphs is not None and not is_pure_decode and not plan.prev_token_rows:
             shape = self.mixed_graphs.shape_for(plan)
