@@ -835,6 +835,34 @@ def session35_sentence(retimed: dict, rerun: dict, other: dict, plain_timeline: 
             f"against {_ratio_link(other, name, 'int8')}.")
 
 
+def _step_tail_us(timeline: list) -> float:
+    """A batch-1 decode timeline's median time (us) from the end of the LM head's GEMV to the next step's first
+    layer kernel: sampling, the copies and the step's gathers (torch's index kernels) between two decode graphs."""
+    tails = []
+    for i, (start, duration, name) in enumerate(timeline):
+        if i and name.startswith("_gemv_body") and timeline[i - 1][2] == "_norm_kernel":
+            j = i + 1
+            while j < len(timeline) and timeline[j][2].startswith(("void at::native", "Memcpy", "_greedy")):
+                j += 1
+            if j < len(timeline) and any(e[2].startswith("_greedy") for e in timeline[i + 1:j]):
+                tails.append(timeline[j][0] - start - duration)
+    return round(statistics.median(tails), 1)
+
+
+def session36_sentence(before: dict, after: dict, before_timeline: list, after_timeline: list) -> str:
+    """Session 36: the step tail (tokens sampled into the decode graphs' front, the copies on side streams)."""
+    before_name = "quant-bf16-int4-head8-step-tail-before-llama-7b-h200.json"
+    after_name = "quant-bf16-int4-head8-step-tail-llama-7b-h200.json"
+    return ("Between two decode steps: the greedy kernel writes the tokens where the next decode graph reads them, "
+            "the tokens' copy to the host and the next step's input upload run on side streams (the upload beside "
+            "the greedy kernel), min_tokens' banned ids stay on the device, and cos and sin come from one gather. "
+            f"From the LM head's end to the next step's first layer kernel: {_step_tail_us(after_timeline)} us "
+            f"against {_step_tail_us(before_timeline)}. On one machine, back to back: int4 with the int8 head "
+            f"{_ratio_link(after, after_name, 'int4-head8')} against {_ratio_link(before, before_name, 'int4-head8')} "
+            f"before (bf16 {_batch1_ms(after, 'bf16')} against {_batch1_ms(before, 'bf16')} ms/token; target 2.8x: "
+            "not met).")
+
+
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
 INT4_H200_LATEST = [
     ("L2 prefetch configs in the tuner's list (none picked)", "quant-bf16-int4-l2-ahead-llama-7b-h200.json"),
@@ -877,6 +905,10 @@ INT4_H200_LATEST = [
      "quant-bf16-int4-head8-llama-7b-h200.json"),
     ("the same on the same machine, its tuning file kept", "quant-bf16-int4-head8-rerun-llama-7b-h200.json"),
     ("the same tuning file on another machine (int8 too)", "quant-bf16-int4-int8-head8-llama-7b-h200.json"),
+    ("the step tail (session 36), every GEMV retimed", "quant-bf16-int4-head8-step-tail-retimed-llama-7b-h200.json"),
+    ("A/B: before the step tail (d8724ef), same machine and tuning file",
+     "quant-bf16-int4-head8-step-tail-before-llama-7b-h200.json"),
+    ("A/B: the step tail", "quant-bf16-int4-head8-step-tail-llama-7b-h200.json"),
 ]
 
 
@@ -889,9 +921,10 @@ def int4_h200_latest_table(calls: list[tuple[str, str, dict]]) -> list[str]:
     for label, name, doc in calls:
         r = doc["results"]
         head8 = f"{r['speedup_vs_bf16']['int4-head8']['batch1_decode']}x" if "int4-head8" in r else ""
+        int4 = (f"{_batch1_ms(doc, 'int4')}", f"{r['speedup_vs_bf16']['int4']['batch1_decode']}x") if "int4" in r \
+            else ("", "")                                   # runs of int4 with the int8 head alone
         lines.append(f"| [{label}](benchmarks/results/{name}) | {doc['versions']['commit']} | "
-                     f"{_batch1_ms(doc, 'int4')} | {_batch1_ms(doc, 'bf16')} | "
-                     f"{r['speedup_vs_bf16']['int4']['batch1_decode']}x | {head8} |")
+                     f"{int4[0]} | {_batch1_ms(doc, 'bf16')} | {int4[1]} | {head8} |")
     return lines + [""]
 
 
@@ -983,7 +1016,7 @@ GLANCE = [
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
     ("quantization (#5)", "quant-bf16-int4-int8-head8-llama-7b-h200.json", ["batch-1 decode tok/s: int8"]),
-    ("quantization (#5)", "quant-bf16-int4-head8-rerun-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-head8-step-tail-llama-7b-h200.json", None),
     ("quantization (#5)", "quant-bf16-int4-asm-gemm-llama-7b-h100.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-h100.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
@@ -1083,6 +1116,10 @@ def int4_h200_history() -> str:
                            results("quant-bf16-int4-int8-head8-llama-7b-h200.json"),
                            results("timeline-int4-b1-long-head8-ab-h200.json"),
                            results("timeline-int4-b1-long-head8-h200.json")),
+        session36_sentence(results("quant-bf16-int4-head8-step-tail-before-llama-7b-h200.json"),
+                           results("quant-bf16-int4-head8-step-tail-llama-7b-h200.json"),
+                           results("timeline-int4-b1-long-step-tail-before-h200.json"),
+                           results("timeline-int4-b1-long-step-tail-h200.json")),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])
