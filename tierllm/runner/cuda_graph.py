@@ -80,11 +80,7 @@ class CudaGraphDecoder(CapturedGraphs):
     the front, device to device, unless the runner sampled them there: `token_front`). Before this layout a step
     took ten transfers and small kernels ahead of its replay (its inputs, the previous tokens' rows, five copies into
     separate buffers): for int4 llama-7b on an H200 the device's time from one step's sampling kernel to the next
-    step's first layer kernel went from ~52 us to ~29 us (the embedding and the token feed included).
-
-    After a replay the next step's words go up on a side stream as soon as that graph is done, beside the sampling
-    kernel the current stream runs meanwhile (`_upload`). The runner copies the sampled tokens to the host on its own
-    stream too and leaves that copy's event in `front_read`: whatever writes the front first waits for it."""
+    step's first layer kernel went from ~52 us to ~29 us (the embedding and the token feed included)."""
 
     def __init__(self, model: NativeModel, max_batch: int, max_blocks_per_seq: int, device: torch.device):
         super().__init__(device)
@@ -94,10 +90,6 @@ class CudaGraphDecoder(CapturedGraphs):
         self.front = self.buckets[-1]                       # the previous tokens' slots (int64)
         self.step_start = 2 * self.front                    # the step's words begin after them
         self.staged = torch.zeros(self.step_start + self._step_words(self.front), dtype=torch.int32, device=device)
-        self.front_read: torch.cuda.Event | None = None      # the last host copy of tokens sampled into the front
-        self.upload_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._replayed = torch.cuda.Event() if device.type == "cuda" else None
-        self._replay_pending = False                         # _replayed marks the last reads of staged
 
     def _step_words(self, batch: int) -> int:
         return batch * (8 + 1 + self.width)
@@ -154,39 +146,20 @@ class CudaGraphDecoder(CapturedGraphs):
         prev_token_rows take (StepPlan), on the device; copied to the front unless they are there already."""
         batch = next(b for b in self.buckets if b >= len(plan.input_ids))
         host = self.host_step(plan, batch)
-        self._upload(self.staged[self.step_start:self.step_start + host.numel()], host)
+        self.staged[self.step_start:self.step_start + host.numel()].copy_(host, non_blocking=True)
         if plan.prev_token_rows and previous_tokens.data_ptr() != self.staged.data_ptr():
             count = max(plan.prev_token_index) + 1
             self.token_front(count).copy_(previous_tokens[:count])
         return batch
 
-    def _upload(self, step: torch.Tensor, host: torch.Tensor) -> None:
-        """host -> the staged step words. Right after a replay, on the side stream once that graph is done (the
-        current stream's sampling kernel runs meanwhile), the current stream waiting for it; else in stream
-        order."""
-        if not self._replay_pending:
-            step.copy_(host, non_blocking=True)
-            return
-        self.upload_stream.wait_event(self._replayed)
-        with torch.cuda.stream(self.upload_stream):
-            step.copy_(host, non_blocking=True)      # the pinned buffer is kept until the side stream is past it
-        torch.cuda.current_stream(self.device).wait_stream(self.upload_stream)
-        self._replay_pending = False
-
     def token_front(self, rows: int) -> torch.Tensor:
-        """The front's first rows [rows] int64, for writing: the runner samples a graph step's tokens straight into
-        it, and the next step's rows read them there. The current stream first waits for the last host copy that
-        read them (front_read)."""
-        if self.front_read is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.front_read)
-            self.front_read = None
+        """The front's first rows [rows] int64: the runner samples a graph step's tokens straight into them, and the
+        next step's rows read them there."""
         return self.staged[:2 * rows].view(torch.int64)
 
     def load_padding(self, batch: int) -> None:
         """The graph of `batch` rows on padding alone (capture and step tuning run on it)."""
         v = self.fields(batch)
-        self.token_front(0)                                 # what follows writes the front,
-        self._replay_pending = False                        # and the next upload must follow it
         self.staged.zero_()
         v["slot_mapping"].fill_(-1)
         v["token_index"].copy_(torch.arange(self.front, self.front + batch, device=self.device))
@@ -195,8 +168,6 @@ class CudaGraphDecoder(CapturedGraphs):
         """One pure-decode step of n sequences -> logits [n, vocab] (a view into the graph's output)."""
         batch = self.load(plan, previous_tokens)
         self.graphs[batch].replay()
-        self._replayed.record()
-        self._replay_pending = True
         return self.logits[batch][:len(plan.input_ids)]
 
     def padded_forward(self, plan: StepPlan, previous_tokens: torch.Tensor | None = None) -> torch.Tensor:

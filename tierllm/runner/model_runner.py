@@ -70,7 +70,6 @@ class ModelRunner:
         self.step_tuning_report: list[dict] = []                # decode-step tuning (step_tuning.py): what it changed
         self.use_cuda_graph = enable_cuda_graph                 # may be toggled later (benchmarks: on vs off)
         self.graph_step = False                                 # whether the last forward_plan replayed a decode graph
-        self.token_stream = torch.cuda.Stream(device) if device.type == "cuda" else None   # tokens to the host
         if enable_cuda_graph:
             if device.type != "cuda":
                 raise ValueError("enable_cuda_graph=True needs a CUDA device")
@@ -147,21 +146,10 @@ class ModelRunner:
             tokens = sample_on_device(logits, sampled_requests, front)         # [num_sampled]
         if self.device.type != "cuda":
             return LaunchedStep(sampled_requests, tokens, tokens, None)
-        return self._copy_to_host(sampled_requests, tokens, in_front=front is not None)
-
-    def _copy_to_host(self, sampled_requests: list[Request], tokens: torch.Tensor, in_front: bool) -> LaunchedStep:
-        """Start the tokens' copy to pinned host memory on the token stream, so that the current stream goes on to
-        the next step's upload and graph without waiting behind it."""
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        self.token_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.token_stream):
-            host.copy_(tokens, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        if in_front:
-            self.graphs.front_read = ready              # the front's next writer waits for this copy
-        else:
-            tokens.record_stream(self.token_stream)     # the allocator keeps the tokens until the copy is done
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
         return LaunchedStep(sampled_requests, tokens, host, ready)
 
     def finish(self, step: LaunchedStep) -> ModelOutput:
