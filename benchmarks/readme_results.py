@@ -849,18 +849,31 @@ def _step_tail_us(timeline: list) -> float:
     return round(statistics.median(tails), 1)
 
 
-def session36_sentence(before: dict, after: dict, before_timeline: list, after_timeline: list) -> str:
-    """Session 36: the step tail (tokens sampled into the decode graphs' front, the copies on side streams)."""
+def _unprofiled_medians(log: str) -> dict[str, list[float]]:
+    """step_tail_ab_probe.py's printed lines -> each version's medians (decode us per step), in run order."""
+    medians: dict[str, list[float]] = {}
+    for line in log.splitlines():
+        if " decode us/step per run: " in line:
+            medians.setdefault(line.split()[0], []).append(float(line.split(" median ")[1].split()[0]))
+    return medians
+
+
+def session36_sentence(before: dict, after: dict, before_timeline: list, after_timeline: list, unprofiled: str) -> str:
+    """Session 36: the step tail (tokens sampled into the decode graphs' front; side streams, measured, reverted)."""
     before_name = "quant-bf16-int4-head8-step-tail-before-llama-7b-h200.json"
     after_name = "quant-bf16-int4-head8-step-tail-llama-7b-h200.json"
-    return ("Between two decode steps: the greedy kernel writes the tokens where the next decode graph reads them, "
-            "the tokens' copy to the host and the next step's input upload run on side streams (the upload beside "
-            "the greedy kernel), min_tokens' banned ids stay on the device, and cos and sin come from one gather. "
-            f"From the LM head's end to the next step's first layer kernel: {_step_tail_us(after_timeline)} us "
-            f"against {_step_tail_us(before_timeline)}. On one machine, back to back: int4 with the int8 head "
-            f"{_ratio_link(after, after_name, 'int4-head8')} against {_ratio_link(before, before_name, 'int4-head8')} "
-            f"before (bf16 {_batch1_ms(after, 'bf16')} against {_batch1_ms(before, 'bf16')} ms/token; target 2.8x: "
-            "not met).")
+    medians = _unprofiled_medians(unprofiled)
+    return ("Between two decode steps: the greedy kernel writes the tokens where the next decode graph reads them "
+            "(no device-to-device copy), min_tokens' banned ids stay on the device, and cos and sin come from one "
+            "gather; in the measured form the token copy to the host and the next step's upload also ran on side "
+            "streams. Under the profiler, from the LM head's end to the next step's first layer kernel: "
+            f"{_step_tail_us(after_timeline)} us against {_step_tail_us(before_timeline)}, and on one machine int4 "
+            f"with the int8 head {_ratio_link(after, after_name, 'int4-head8')} against "
+            f"{_ratio_link(before, before_name, 'int4-head8')} before (bf16 {_batch1_ms(after, 'bf16')} against "
+            f"{_batch1_ms(before, 'bf16')} ms/token). Timed without a profiler, alternating versions, the decode "
+            f"step did not move: {', '.join(map(str, medians['new']))} us against "
+            f"{', '.join(map(str, medians['old']))} ([log](benchmarks/results/step-tail-ab-unprofiled-h200.log)); "
+            "the side streams were then reverted (target 2.8x: not met).")
 
 
 # The latest bf16 + int4 batch-1 calls on an H200 (what each run changed, its JSON), for quant_section's first table
@@ -905,10 +918,13 @@ INT4_H200_LATEST = [
      "quant-bf16-int4-head8-llama-7b-h200.json"),
     ("the same on the same machine, its tuning file kept", "quant-bf16-int4-head8-rerun-llama-7b-h200.json"),
     ("the same tuning file on another machine (int8 too)", "quant-bf16-int4-int8-head8-llama-7b-h200.json"),
-    ("the step tail (session 36), every GEMV retimed", "quant-bf16-int4-head8-step-tail-retimed-llama-7b-h200.json"),
+    ("the step tail with side streams (session 36), every GEMV retimed",
+     "quant-bf16-int4-head8-step-tail-retimed-llama-7b-h200.json"),
     ("A/B: before the step tail (d8724ef), same machine and tuning file",
      "quant-bf16-int4-head8-step-tail-before-llama-7b-h200.json"),
-    ("A/B: the step tail", "quant-bf16-int4-head8-step-tail-llama-7b-h200.json"),
+    ("A/B: the step tail with side streams", "quant-bf16-int4-head8-step-tail-llama-7b-h200.json"),
+    ("the same code on another machine, int4 with the bf16 head too",
+     "quant-bf16-int4-int4-head8-step-tail-llama-7b-h200.json"),
 ]
 
 
@@ -1016,7 +1032,7 @@ GLANCE = [
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
     ("quantization (#5)", "quant-bf16-int4-int8-head8-llama-7b-h200.json", ["batch-1 decode tok/s: int8"]),
-    ("quantization (#5)", "quant-bf16-int4-head8-step-tail-llama-7b-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-int4-head8-step-tail-llama-7b-h200.json", None),
     ("quantization (#5)", "quant-bf16-int4-asm-gemm-llama-7b-h100.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-h100.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
@@ -1119,7 +1135,8 @@ def int4_h200_history() -> str:
         session36_sentence(results("quant-bf16-int4-head8-step-tail-before-llama-7b-h200.json"),
                            results("quant-bf16-int4-head8-step-tail-llama-7b-h200.json"),
                            results("timeline-int4-b1-long-step-tail-before-h200.json"),
-                           results("timeline-int4-b1-long-step-tail-h200.json")),
+                           results("timeline-int4-b1-long-step-tail-h200.json"),
+                           (ROOT / "benchmarks/results/step-tail-ab-unprofiled-h200.log").read_text()),
     ]
     header = ["**int4 at batch 1 on an H200, step by step** (oldest first):", ""]
     return "\n".join(header + [f"- {item}" for item in items])
