@@ -58,9 +58,10 @@ def greedy_tokens_on_table(logits: torch.Tensor, table: torch.Tensor | None, blo
 
 @functools.lru_cache(maxsize=64)
 def _banned_table(banned: tuple[tuple[int, ...], ...], device: torch.device) -> torch.Tensor:
-    """The banned ids as a [rows, width] table padded with -1, copied once per distinct set: a request's set stays
-    the same for every step before its min_tokens, and a copy in front of the greedy kernel held each step's
-    sampling back by ~4 us on an H200 (benchmarks/results/timeline-int4-b1-long-head8-memcpy-h200.json)."""
+    """The banned ids as a [rows, width] table padded with -1, copied to the device once per distinct set: a
+    request's set stays the same for every step before its min_tokens, where each step used to copy it in front of
+    the greedy kernel (benchmarks/results/timeline-int4-b1-long-head8-memcpy-h200.json). The copy is queued on the
+    current stream, as the greedy kernels that read it are."""
     width = max(map(len, banned))
     return to_device([ids[i] if i < len(ids) else -1 for ids in banned for i in range(width)], torch.int64,
                      device).view(len(banned), width)
