@@ -810,12 +810,16 @@ def session34_sentence(down: dict, first: dict, off: dict, on: dict, off_timelin
             "on another machine; target 2.8x: not met).")
 
 
+def _head_gemvs(timeline: list) -> list[int]:
+    """A batch-1 decode timeline's LM-head GEMVs (indices): each GEMV right after the final norm (bf16's and int8's
+    one-row GEMVs share gemv.py's body; prefill's norms feed GEMMs)."""
+    return [i for i in range(1, len(timeline))
+            if timeline[i - 1][2] == "_norm_kernel" and timeline[i][2].startswith("_gemv_body")]
+
+
 def _head_us(timeline: list) -> float:
-    """A batch-1 decode timeline's median LM-head GEMV (us): the GEMV right after the final norm (bf16's and int8's
-    one-row GEMVs share gemv.py's body)."""
-    durations = [duration for (_, duration, name), (_, _, before) in zip(timeline[1:], timeline, strict=False)
-                 if before == "_norm_kernel" and name.startswith("_gemv_body")]     # (prefill's norms feed GEMMs)
-    return round(statistics.median(durations), 1)
+    """A batch-1 decode timeline's median LM-head GEMV (us)."""
+    return round(statistics.median(timeline[i][1] for i in _head_gemvs(timeline)), 1)
 
 
 def session35_sentence(retimed: dict, rerun: dict, other: dict, plain_timeline: list, head8_timeline: list) -> str:
@@ -839,13 +843,13 @@ def _step_tail_us(timeline: list) -> float:
     """A batch-1 decode timeline's median time (us) from the end of the LM head's GEMV to the next step's first
     layer kernel: sampling, the copies and the step's gathers (torch's index kernels) between two decode graphs."""
     tails = []
-    for i, (start, duration, name) in enumerate(timeline):
-        if i and name.startswith("_gemv_body") and timeline[i - 1][2] == "_norm_kernel":
-            j = i + 1
-            while j < len(timeline) and timeline[j][2].startswith(("void at::native", "Memcpy", "_greedy")):
-                j += 1
-            if j < len(timeline) and any(e[2].startswith("_greedy") for e in timeline[i + 1:j]):
-                tails.append(timeline[j][0] - start - duration)
+    for i in _head_gemvs(timeline):
+        start, duration, _ = timeline[i]
+        j = i + 1
+        while j < len(timeline) and timeline[j][2].startswith(("void at::native", "Memcpy", "_greedy")):
+            j += 1
+        if j < len(timeline) and any(e[2].startswith("_greedy") for e in timeline[i + 1:j]):
+            tails.append(timeline[j][0] - start - duration)
     return round(statistics.median(tails), 1)
 
 
