@@ -97,3 +97,22 @@ def test_the_code_hash_covers_the_tuned_kernels_and_what_they_import_only():
     assert {"gemv.py", "quant_gemv.py", "w4_mma_gemv.py", "gemv_all_reduce.py", "graph_tuning.py", "_dispatch.py",
             "split_k.py", "tuning_cache.py", "int4_held_x.py", "rotary.py"} <= names
     assert not names & {"decode_attention.py", "prefill_attention.py"}
+
+
+def test_first_timing_says_so_once_and_each_timed_key_is_logged(tuning, caplog):
+    """A first use times configs for minutes with nothing on screen: the first timing in a process warns once (where
+    the timings are kept), each timed key logs its config count and time, and a cached key warns nothing."""
+    import logging
+
+    from tierllm.kernels import graph_tuning
+    tune, _, path = tuning
+    graph_tuning._first_timing_notice.cache_clear()
+    with caplog.at_level(logging.INFO, logger="tierllm.kernels.graph_tuning"):
+        tune([1, 2])
+        tune([1, 2, 4])
+        tune([1, 2])                                                 # from the cache
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "launch configs" in warnings[0] and str(path) in warnings[0]
+    timed = [r.getMessage() for r in caplog.records if "configs timed in" in r.getMessage()]
+    assert len(timed) == 2 and "2 configs" in timed[0] and "3 configs" in timed[1]
+    assert sum("from the tuning cache" in r.getMessage() for r in caplog.records) == 1

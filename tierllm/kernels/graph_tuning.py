@@ -13,14 +13,16 @@ config at 25-28 us, which takes 8.5 us in a graph (benchmarks/notes/gpu-decode.m
 against 4.28-4.55, int8 2.28 against 2.37-2.48 (benchmarks/results/quant-*-h200.json)."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from tierllm.kernels.tuning_cache import store_timings, stored_timings
+from tierllm.kernels.tuning_cache import cache_path, store_timings, stored_timings
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +94,27 @@ def tune_site(cache: dict, key, configs: list, launch: Callable[[object, torch.T
     returns it."""
     timings = stored_timings(key, configs, weight.device)
     if timings is None:
+        _first_timing_notice()
+        start = time.perf_counter()
         timings = time_configs(configs, launch, weight)
         store_timings(key, configs, weight.device, timings)
+        log.info("graph tuning: %s: %d configs timed in %.1f s", key, len(timings), time.perf_counter() - start)
     else:
         log.info("graph tuning: %s from the tuning cache", key)
     cache[key] = min(timings, key=timings.get)
     TUNED_SITES.append(TunedSite(cache, key, timings, block_m))
     return cache[key]
+
+
+@functools.cache
+def _first_timing_notice() -> None:
+    """Once per process, before the first timing: a first use on a GPU model compiles and times every config of each
+    new weight shape and batch bucket, seconds to minutes each (a 70B model's shapes took minutes on an H200), with
+    nothing else on screen. A warning, so that it shows where no logging is configured (the CLI's generate)."""
+    path = cache_path()
+    kept = f"kept in {path}: later processes skip it" if path is not None else "not kept (TIERLLM_TUNING_CACHE=0)"
+    log.warning("tierllm: timing the decode GEMVs' launch configs on this GPU, once per new weight shape and batch "
+                "size (seconds to minutes each; %s)", kept)
 
 
 class GraphTuner:
