@@ -5,8 +5,11 @@ and greedy ties cannot flip between implementations. Everything is fp32 on CPU.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
 
 import torch
 
@@ -15,11 +18,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # Every test tunes afresh, and none writes the user's tuning cache (tests of the cache point it elsewhere).
 os.environ["TIERLLM_TUNING_CACHE"] = "0"
+# The real SmolLM2 GGUF is converted once for the whole run (weights/gguf_cache.py), never into the user's cache.
+os.environ["TIERLLM_GGUF_CACHE"] = tempfile.mkdtemp(prefix="tierllm-test-gguf-")
+atexit.register(shutil.rmtree, os.environ["TIERLLM_GGUF_CACHE"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import transformers  # noqa: E402
 
-import tierllm
+import tierllm  # noqa: E402
 
 # Tiny models gain nothing from several threads, and the machine may be shared with a benchmark: one thread
 # keeps the suite fast and steady under CPU contention.

@@ -21,8 +21,14 @@ def default_model_path() -> Path:
 
 def from_pretrained_args(source) -> tuple[str, dict]:
     """A folder or .gguf file (None: the embedded model) -> (name_or_path, kwargs) for transformers'
-    from_pretrained: a GGUF file is opened as its folder plus gguf_file=<file name>."""
+    from_pretrained: a GGUF file is opened as its conversion folder where one is kept (weights/gguf_cache.py), else
+    as its folder plus gguf_file=<file name>."""
+    from tierllm.weights.gguf_cache import converted_folder
+
     path = default_model_path() if source is None else Path(source).expanduser()
     if path.suffix == ".gguf":
+        converted = converted_folder(path) if path.is_file() else None
+        if converted is not None and converted.is_dir():
+            return str(converted), {}
         return str(path.parent), {"gguf_file": path.name}
     return str(path), {}

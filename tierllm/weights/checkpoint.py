@@ -1,7 +1,9 @@
 """Where weights come from: a local HF folder (config.json + safetensors, sharded or not), a GGUF file (through
-transformers' GGUF support), or a transformers model already in memory. Nothing is downloaded."""
+transformers' GGUF support, converted once into a folder that later loads read: gguf_cache.py), or a transformers
+model already in memory. Nothing is downloaded."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -98,13 +100,25 @@ def _open_folder(folder: Path) -> Checkpoint:
 
 
 def _open_gguf(path: Path) -> Checkpoint:
+    """Through transformers' GGUF support, converted once into a folder that later loads read (gguf_cache.py)."""
     from transformers import AutoModelForCausalLM
 
+    from tierllm.weights import gguf_cache
+
+    folder = gguf_cache.converted_folder(path)
+    if folder is not None and folder.is_dir():
+        try:
+            return dataclasses.replace(_open_folder(folder), description=str(path))
+        except (CheckpointError, OSError, ValueError) as error:
+            gguf_cache.drop_conversion(folder, error)
     kwargs = {"gguf_file": path.name}
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kwargs)
     except Exception as exc:
         raise CheckpointError(f"cannot load GGUF file {path}: {exc}") from exc
+    if folder is not None and gguf_cache.save_conversion(path, folder, hf_model):
+        del hf_model
+        return dataclasses.replace(_open_folder(folder), description=str(path))
     state = hf_model.state_dict()
     return Checkpoint(hf_model.config, len(state), iter(state.items()), (str(path.parent), kwargs), str(path),
                       hf_model.generation_config)
