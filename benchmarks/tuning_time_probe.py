@@ -1,0 +1,63 @@
+"""What a decode GEMV's first-use tuning costs: the int4 tensor-core GEMV (w4_mma_gemv, 2-8 x rows) on one
+weight shape, its first call timed with a cold Triton cache and a fresh tuning file, then in a second process with
+the Triton cache warm (compiled kernels on disk) and a fresh tuning file. The difference is compile time.
+
+    python benchmarks/tuning_time_probe.py [--n 8192] [--k 8192] [--rows 4]
+
+Runs both processes itself (each with its own TRITON_CACHE_DIR / TIERLLM_TUNING_CACHE under a temp folder) and
+prints one line per process."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _child(n: int, k: int, rows: int) -> None:
+    import torch
+
+    from tierllm.kernels.graph_tuning import TUNED_SITES
+    from tierllm.kernels.w4_mma_gemv import w4_mma_gemv
+    from tierllm.quant.quantize import quantize_int4
+
+    q = quantize_int4(torch.randn(n, k, device="cuda"), 64, symmetric=False)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    w4_mma_gemv(x, q["qweight"], q["scales"], q["mins"])            # tunes: compiles and times every config
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    w4_mma_gemv(x, q["qweight"], q["scales"], q["mins"])
+    torch.cuda.synchronize()
+    print(json.dumps({"first_call_s": round(first, 2), "second_call_ms": round((time.perf_counter() - start) * 1e3, 3),
+                      "configs_timed": len(TUNED_SITES[-1].timings) if TUNED_SITES else 0}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=8192)
+    parser.add_argument("--k", type=int, default=8192)
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.n, args.k, args.rows)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, tuning in (("cold Triton cache", "t1.json"), ("warm Triton cache", "t2.json")):
+            env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(tmp, "triton"),
+                   "TIERLLM_TUNING_CACHE": os.path.join(tmp, tuning)}
+            out = subprocess.run([sys.executable, __file__, "--child", "--n", str(args.n), "--k", str(args.k),
+                                  "--rows", str(args.rows)], env=env, capture_output=True, text=True, check=True)
+            print(f"{label}, fresh tuning file: [{args.rows}, {args.k}] x [{args.k}, {args.n}] int4 "
+                  f"{out.stdout.strip().splitlines()[-1]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
