@@ -929,6 +929,7 @@ INT4_H200_LATEST = [
     ("A/B: the step tail with side streams", "quant-bf16-int4-head8-step-tail-llama-7b-h200.json"),
     ("the same code on another machine, int4 with the bf16 head too",
      "quant-bf16-int4-int4-head8-step-tail-llama-7b-h200.json"),
+    ("the step tail in order, no side streams (787a28b, session 37)", "quant-bf16-int4-head8-at-787a28b-h200.json"),
 ]
 
 
