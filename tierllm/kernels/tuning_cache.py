@@ -24,16 +24,13 @@ from pathlib import Path
 
 import torch
 
+from tierllm.cache_dirs import cache_location
+
 log = logging.getLogger(__name__)
 
 
 def cache_path() -> Path | None:
-    setting = os.environ.get("TIERLLM_TUNING_CACHE", "")
-    if setting == "0":
-        return None
-    if setting:
-        return Path(setting)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tierllm" / "gemv-tuning.json"
+    return cache_location("TIERLLM_TUNING_CACHE", "gemv-tuning.json")
 
 
 def _kernel_imports(source: Path) -> set[str]:

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tierllm.cache_dirs import cache_location
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1                      # bump when what a conversion folder holds changes
@@ -27,12 +29,7 @@ MAX_DISK_SHARE = 0.25           # a conversion larger than this share of the fre
 
 
 def cache_root() -> Path | None:
-    setting = os.environ.get("TIERLLM_GGUF_CACHE", "")
-    if setting == "0":
-        return None
-    if setting:
-        return Path(setting)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tierllm" / "gguf"
+    return cache_location("TIERLLM_GGUF_CACHE", "gguf")
 
 
 def _path_prefix(gguf: Path) -> str:
