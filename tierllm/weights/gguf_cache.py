@@ -59,14 +59,15 @@ def save_conversion(gguf: Path, folder: Path, hf_model) -> bool:
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         _drop_abandoned(folder.parent)
-        size = sum(t.numel() * t.element_size() for t in hf_model.state_dict().values())
+        state = hf_model.state_dict()
+        size = sum(t.numel() * t.element_size() for t in state.values())
         free = shutil.disk_usage(folder.parent).free
         if size > free * MAX_DISK_SHARE:
             log.info("%s not converted into %s: its %.1f GB would take over %d%% of the %.1f GB free there", gguf,
                      folder.parent, size / 1e9, 100 * MAX_DISK_SHARE, free / 1e9)
             return False
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".converting-"))
-        _save_model(hf_model, tmp)
+        _save_model(hf_model, state, tmp)
         AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
         os.rename(tmp, folder)                          # whole or not at all
     except Exception as error:                          # the load goes on without the cache
@@ -83,17 +84,18 @@ def save_conversion(gguf: Path, folder: Path, hf_model) -> bool:
     return True
 
 
-def _save_model(hf_model, folder: Path) -> None:
-    """config.json, generation_config.json and model.safetensors, as save_pretrained writes them (transformers
-    refuses save_pretrained on a model loaded from a quantized GGUF): a tied weight (lm_head = embed_tokens) once."""
+def _save_model(hf_model, state: dict, folder: Path) -> None:
+    """config.json, generation_config.json and model.safetensors (`state`: hf_model's state dict), as save_pretrained
+    writes them (transformers refuses save_pretrained on a model loaded from a quantized GGUF): a tied weight
+    (lm_head = embed_tokens) once."""
     from safetensors.torch import save_file
 
-    state, stored = {}, set()
-    for name, tensor in hf_model.state_dict().items():
+    tensors, stored = {}, set()
+    for name, tensor in state.items():
         if tensor.data_ptr() not in stored:
             stored.add(tensor.data_ptr())
-            state[name] = tensor.contiguous()
-    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+            tensors[name] = tensor.contiguous()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     hf_model.config.save_pretrained(folder)
     hf_model.generation_config.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
