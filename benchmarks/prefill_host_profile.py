@@ -101,7 +101,8 @@ def main() -> int:
                 print(f"    {row[0]:<70} calls {row[1]:>6}  own {row[2]:>8} ms  cum {row[3]:>8} ms")
         del engine
         torch.cuda.empty_cache()
-    write_result(args.out, "prefill-host-profile", torch.device("cuda"), {"device": torch.cuda.get_device_name()}, {},
+    write_result(args.out, "prefill-host-profile", torch.device("cuda"), {"device": torch.cuda.get_device_name()},
+                 {"note": "a diagnostic of our own prefill (host against device time): no peer run"},
                  results, [], {"preset": PRESET, "prompt_len": args.prompt_len})
     print(f"wrote {args.out}")
     return 0
