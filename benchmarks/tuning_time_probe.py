@@ -1,6 +1,7 @@
 """What a decode GEMV's first-use tuning costs: the int4 tensor-core GEMV (w4_mma_gemv, 2-8 x rows) on one
-weight shape, its first call timed with a cold Triton cache and a fresh tuning file, then in a second process with
-the Triton cache warm (compiled kernels on disk) and a fresh tuning file. The difference is compile time.
+weight shape, its first call timed with a cold Triton cache and a fresh tuning file, compiling in process
+(TIERLLM_COMPILE_WORKERS=0) and then in worker processes (parallel_compile.py, the default), then with the Triton
+cache warm (compiled kernels on disk) and a fresh tuning file. The difference to the warm run is compile time.
 
     python benchmarks/tuning_time_probe.py [--n 8192] [--k 8192] [--rows 4]
 
@@ -48,10 +49,15 @@ def main() -> int:
     if args.child:
         _child(args.n, args.k, args.rows)
         return 0
+    runs = (("cold Triton cache, compiled in process", "cold1", "0"),
+            ("cold Triton cache, compiled in workers", "cold2", os.environ.get("TIERLLM_COMPILE_WORKERS", "")),
+            ("warm Triton cache", "cold2", "0"))
     with tempfile.TemporaryDirectory() as tmp:
-        for label, tuning in (("cold Triton cache", "t1.json"), ("warm Triton cache", "t2.json")):
-            env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(tmp, "triton"),
-                   "TIERLLM_TUNING_CACHE": os.path.join(tmp, tuning)}
+        for label, triton_cache, workers in runs:
+            env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(tmp, triton_cache),
+                   "TIERLLM_TUNING_CACHE": os.path.join(tmp, f"{label}.json"), "TIERLLM_COMPILE_WORKERS": workers}
+            if not workers:
+                env.pop("TIERLLM_COMPILE_WORKERS")
             out = subprocess.run([sys.executable, __file__, "--child", "--n", str(args.n), "--k", str(args.k),
                                   "--rows", str(args.rows)], env=env, capture_output=True, text=True, check=True)
             print(f"{label}, fresh tuning file: [{args.rows}, {args.k}] x [{args.k}, {args.n}] int4 "

@@ -90,13 +90,14 @@ def test_an_unwritable_cache_is_passed_over(tuning, monkeypatch, tmp_path):
 def test_the_code_hash_covers_the_tuned_kernels_and_what_they_import_only():
     """Cached picks go stale with any change to a tuned GEMV or a kernel module it builds on (PDL, the split-K
     counters, the norm, the rotary embedding that int4's QKV site is timed with), and not with changes to kernels
-    the tuner never times."""
+    the tuner never times or to the tuning machinery (how configs are timed, compiled and kept)."""
     from tierllm.kernels import tuning_cache
 
     names = {path.name for path in tuning_cache.tuned_sources()}
-    assert {"gemv.py", "quant_gemv.py", "w4_mma_gemv.py", "gemv_all_reduce.py", "graph_tuning.py", "_dispatch.py",
-            "split_k.py", "tuning_cache.py", "int4_held_x.py", "rotary.py"} <= names
-    assert not names & {"decode_attention.py", "prefill_attention.py"}
+    assert {"gemv.py", "quant_gemv.py", "w4_mma_gemv.py", "gemv_all_reduce.py", "_dispatch.py", "split_k.py",
+            "int4_held_x.py", "rotary.py"} <= names
+    assert not names & {"decode_attention.py", "prefill_attention.py", "graph_tuning.py", "tuning_cache.py",
+                        "parallel_compile.py", "compile_worker.py"}
 
 
 def test_first_timing_says_so_once_and_each_timed_key_is_logged(tuning, caplog):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tierllm.kernels.parallel_compile import precompile
 from tierllm.kernels.tuning_cache import cache_path, store_timings, stored_timings
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ def time_configs(configs: list, launch: Callable[[object, torch.Tensor], None], 
 
     refused = (OutOfResources, CompileTimeAssertionFailure)        # what Triton's autotuner skips a config for
     copies = weight_copies(weight)
+    precompile(configs, launch, copies[0])          # compiled side by side first: compiling is most of a first use
     timings = {}
     for config in configs:
         try:

@@ -7,7 +7,8 @@ cached, a later process compiles only the picked config of each shape.
 
 Where: $TIERLLM_TUNING_CACHE (a JSON file), by default ~/.cache/tierllm/gemv-tuning.json ($XDG_CACHE_HOME is
 honoured); TIERLLM_TUNING_CACHE=0 turns it off. An entry is found by the GPU's name, a hash of the tuned kernels'
-sources (tuned_sources: the modules that use the graph tuner and the kernel modules they import) and the Triton and
+sources (tuned_sources: the modules that use the graph tuner and the kernel modules they import, not the tuning
+machinery itself) and the Triton and
 torch versions, the call's tuning key and the configs it weighs, so that changed GEMV code or a changed list times
 again, and a change elsewhere (attention, rotary) does not. A file that cannot be read or written is passed over
 (logged), never fatal."""
@@ -44,16 +45,20 @@ def _kernel_imports(source: Path) -> set[str]:
     return names
 
 
+# How configs are timed and kept, not what they run: a change there keeps the timings (delete the file to retime)
+TUNING_MACHINERY = {"graph_tuning", "tuning_cache", "parallel_compile", "compile_worker"}
+
+
 def tuned_sources() -> list[Path]:
     """The files whose code decides what the graph tuner times: every kernels module that imports graph_tuning, and
-    the kernels modules those import, transitively."""
+    the kernels modules those import, transitively, but the tuning machinery itself."""
     folder = Path(__file__).parent
     imports = {path.stem: _kernel_imports(path) for path in folder.glob("*.py")}
     todo = [name for name, used in imports.items() if "graph_tuning" in used]
     seen: set[str] = set()
     while todo:
         name = todo.pop()
-        if name in imports and name not in seen:
+        if name in imports and name not in seen and name not in TUNING_MACHINERY:
             seen.add(name)
             todo.extend(imports[name])
     return [folder / f"{name}.py" for name in sorted(seen)]

@@ -1,0 +1,82 @@
+"""Compiling a tuning key's configs in worker processes (tierllm/kernels/parallel_compile.py): a worker compiles a
+kernel specialization into Triton's on-disk cache, where the same compile in this process then finds it; a job it
+cannot compile is answered with the error and the worker goes on. Offline, for an sm90 target: no GPU needed. The
+recording of a launch's specializations needs a GPU (tests/gpu/test_parallel_compile_gpu.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tierllm.kernels._dispatch import HAS_TRITON
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+TARGET = {"backend": "cuda", "arch": 90, "warp_size": 32}
+
+
+@pytest.fixture(scope="module")
+def source_hash() -> str:
+    """The compiled (not interpreted: the suite runs under TRITON_INTERPRET=1) kernel's source hash."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    code = "from tierllm.kernels import residual_add; print(residual_add._add_rounded_kernel.cache_key)"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _job(source_hash: str, block: int, **changes):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    from tierllm.kernels.parallel_compile import CompileJob
+
+    options = make_backend(GPUTarget(**TARGET)).parse_options({"num_warps": 4}).__dict__
+    fields = dict(module="tierllm.kernels.residual_add", qualname="_add_rounded_kernel", cache_key=source_hash,
+                  signature={"res_ptr": "*bf16", "sum_ptr": "*bf16", "b_ptr": "*bf16", "n_cols": "i32",
+                             "HAS_BIAS": "constexpr", "BLOCK": "constexpr"},
+                  constants={(4,): False, (5,): block}, attrs={}, options=options, target=TARGET)
+    return CompileJob(**{**fields, **changes})
+
+
+def _cubins(folder) -> set:
+    return {path.relative_to(folder) for path in folder.rglob("*.cubin")}
+
+
+def test_workers_fill_the_cache_and_answer_what_they_cannot_compile(monkeypatch, tmp_path, source_hash):
+    from tierllm.kernels.parallel_compile import WorkerPool
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    pool = WorkerPool(2)
+    jobs = [_job(source_hash, 256), _job(source_hash, 512), _job(source_hash, 256, cache_key="another source")]
+    errors = pool.compile(jobs)
+    assert errors[:2] == [None, None]
+    assert "LookupError" in errors[2]                       # answered, and the other jobs still compiled
+    made = _cubins(tmp_path)
+    assert len(made) == 2
+    assert pool.compile(jobs[:2]) == [None, None]           # the same jobs again: found in the cache
+    assert _cubins(tmp_path) == made
+    pool.stop()
+    assert pool.idle.empty()
+
+
+def test_worker_count_from_the_environment(monkeypatch):
+    from tierllm.kernels import parallel_compile
+
+    monkeypatch.setenv("TIERLLM_COMPILE_WORKERS", "3")
+    assert parallel_compile.worker_count() == 3
+    monkeypatch.setenv("TIERLLM_COMPILE_WORKERS", "many")
+    assert parallel_compile.worker_count() == 0
+    monkeypatch.delenv("TIERLLM_COMPILE_WORKERS")
+    assert 1 <= parallel_compile.worker_count() <= parallel_compile.MAX_WORKERS
+
+
+def test_nothing_is_recorded_for_cpu_weights_or_without_workers(monkeypatch):
+    from tierllm.kernels.parallel_compile import precompile
+
+    launched = []
+    monkeypatch.setenv("TIERLLM_COMPILE_WORKERS", "4")
+    assert precompile([1, 2], lambda config, w: launched.append(config), torch.zeros(2)) == 0
+    monkeypatch.setenv("TIERLLM_COMPILE_WORKERS", "0")
+    assert precompile([1, 2], lambda config, w: launched.append(config), torch.zeros(2)) == 0
+    assert launched == []
