@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -64,11 +65,14 @@ def worker_count() -> int:
 
 def _job(hook_args: dict) -> CompileJob | None:
     """The CompileJob for one jit_cache_hook call, None where it cannot travel (a kernel given as a constexpr)."""
+    import triton
+
     kernel, compiled = hook_args["fn"].jit_function, hook_args["compile"]
     data = json.loads(compiled["specialization_data"])
     options = {key: tuple(value) if isinstance(value, list) else value for key, value in data["options"].items()}
+    target = data.get("target") or dataclasses.asdict(triton.runtime.driver.active.get_current_target())  # Triton<3.7
     job = CompileJob(kernel.fn.__module__, kernel.fn.__qualname__, kernel.cache_key, compiled["signature"],
-                     compiled["constants"], compiled["configs"][0], options, data["target"])
+                     compiled["constants"], compiled["configs"][0], options, target)
     try:
         pickle.dumps(job)
     except Exception:
@@ -91,7 +95,9 @@ def recording(jobs: list[CompileJob]):
             return previous(**kwargs) if previous is not None else False
         try:
             job = _job(kwargs)
-        except (AttributeError, KeyError, TypeError, ValueError):
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            _warn_once(f"parallel compile: a Triton kernel's specialization was not readable ({error!r}); "
+                       "compiling in process")
             return False
         if job is not None and job not in jobs:
             jobs.append(job)
