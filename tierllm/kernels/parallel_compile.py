@@ -27,6 +27,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -189,11 +190,15 @@ def precompile(configs: list, launch: Callable[[object, torch.Tensor], None], we
                 launch(config, weight)
             except Exception as error:        # e.g. a launch that reads its compiled kernel: compiled when timed
                 log.debug("parallel compile: recording %s stopped: %s", config, error)
+    start = time.perf_counter()
     errors = _pool(workers).compile(jobs) if jobs else []
     for job, error in zip(jobs, errors, strict=True):
         if error is not None:
             log.debug("parallel compile: %s failed: %s", job.qualname, error)
-    return sum(error is None for error in errors)
+    compiled = sum(error is None for error in errors)
+    log.info("parallel compile: %d configs -> %d kernel specializations, %d compiled by %d workers in %.1f s",
+             len(configs), len(jobs), compiled, workers, time.perf_counter() - start)
+    return compiled
 
 
 @functools.cache
