@@ -71,6 +71,19 @@ def test_worker_count_from_the_environment(monkeypatch):
     assert 1 <= parallel_compile.worker_count() <= parallel_compile.MAX_WORKERS
 
 
+def test_usable_cpus_follow_the_cgroup_quota(tmp_path):
+    from tierllm.kernels.parallel_compile import usable_cpus
+
+    cpu_max = tmp_path / "cpu.max"
+    unlimited = usable_cpus(tmp_path / "absent")
+    cpu_max.write_text("max 100000\n")
+    assert usable_cpus(cpu_max) == unlimited
+    cpu_max.write_text("150000 100000\n")                   # 1.5 CPUs: one worker's worth
+    assert usable_cpus(cpu_max) == 1
+    cpu_max.write_text(f"{(unlimited + 4) * 100000} 100000\n")  # a quota above the affinity: the affinity
+    assert usable_cpus(cpu_max) == unlimited
+
+
 def test_nothing_is_recorded_for_cpu_weights_or_without_workers(monkeypatch):
     from tierllm.kernels.parallel_compile import precompile
 

@@ -10,9 +10,10 @@ compiles or launches and the hook records each kernel specialization the launch 
 those into Triton's on-disk cache, and the timing launches then load them from it. Anything the recording misses
 (a launch that needs its compiled kernel, such as int4_held_x's residency check) compiles in process, as before.
 
-Workers: TIERLLM_COMPILE_WORKERS of them (default: the usable CPUs, at most 16; 0 or 1 turns this off), each a
-`python -m tierllm.kernels.compile_worker` subprocess (not multiprocessing, which would import the user's main
-script again in every worker), started on first use and stopped after IDLE_S seconds without work."""
+Workers: TIERLLM_COMPILE_WORKERS of them (default: the usable CPUs, the cgroup's quota counted, at most 16; 0 or 1
+turns this off), each a `python -m tierllm.kernels.compile_worker` subprocess (not multiprocessing, which would
+import the user's main script again in every worker), started on first use and stopped after IDLE_S seconds
+without work."""
 from __future__ import annotations
 
 import base64
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -53,10 +55,23 @@ class CompileJob:
     target: dict
 
 
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may use: its affinity, lowered to its cgroup's CPU quota where one is set (a container
+    can show 16 CPUs and let it run on 4)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = cpu_max.read_text().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
 def worker_count() -> int:
     raw = os.environ.get("TIERLLM_COMPILE_WORKERS")
     if raw is None:
-        return min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        return min(MAX_WORKERS, usable_cpus())
     try:
         return max(0, int(raw))
     except ValueError:
