@@ -69,6 +69,10 @@ def test_worker_count_from_the_environment(monkeypatch):
     assert parallel_compile.worker_count() == 0
     monkeypatch.delenv("TIERLLM_COMPILE_WORKERS")
     assert 1 <= parallel_compile.worker_count() <= parallel_compile.MAX_WORKERS
+    monkeypatch.setattr(parallel_compile, "usable_cpus", lambda: 16)
+    assert parallel_compile.worker_count() == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")                 # four tensor-parallel ranks share the CPUs
+    assert parallel_compile.worker_count() == 4
 
 
 def test_usable_cpus_follow_the_cgroup_quota(tmp_path):

@@ -10,10 +10,10 @@ compiles or launches and the hook records each kernel specialization the launch 
 those into Triton's on-disk cache, and the timing launches then load them from it. Anything the recording misses
 (a launch that needs its compiled kernel, such as int4_held_x's residency check) compiles in process, as before.
 
-Workers: TIERLLM_COMPILE_WORKERS of them (default: the usable CPUs, the cgroup's quota counted, at most 16; 0 or 1
-turns this off), each a `python -m tierllm.kernels.compile_worker` subprocess (not multiprocessing, which would
-import the user's main script again in every worker), started on first use and stopped after IDLE_S seconds
-without work."""
+Workers: TIERLLM_COMPILE_WORKERS of them (default: the usable CPUs, the cgroup's quota counted, shared among the
+tensor-parallel ranks on the host, at most 16; 0 or 1 turns this off), each a
+`python -m tierllm.kernels.compile_worker` subprocess (not multiprocessing, which would import the user's main
+script again in every worker), started on first use and stopped after IDLE_S seconds without work."""
 from __future__ import annotations
 
 import base64
@@ -68,10 +68,19 @@ def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     return cpus
 
 
+def _ranks_on_host() -> int:
+    """Processes tuning side by side on this host: tensor-parallel ranks (torchrun's LOCAL_WORLD_SIZE, or the group
+    tierllm spawned, one host's GPUs), which share its CPUs."""
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    return local or (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+
+
 def worker_count() -> int:
     raw = os.environ.get("TIERLLM_COMPILE_WORKERS")
     if raw is None:
-        return min(MAX_WORKERS, usable_cpus())
+        return min(MAX_WORKERS, max(1, usable_cpus() // _ranks_on_host()))
     try:
         return max(0, int(raw))
     except ValueError:
