@@ -97,3 +97,33 @@ def test_nothing_is_recorded_for_cpu_weights_or_without_workers(monkeypatch):
     monkeypatch.setenv("TIERLLM_COMPILE_WORKERS", "0")
     assert precompile([1, 2], lambda config, w: launched.append(config), torch.zeros(2)) == 0
     assert launched == []
+
+
+def test_workers_that_cannot_start_leave_the_compiling_to_the_timing(monkeypatch, caplog):
+    """No compile worker can start (an OSError from Popen): precompile warns and compiles nothing, and tuning goes on
+    (its timing compiles in process). The recording itself needs a GPU; here it is a stand-in that records one job."""
+    import contextlib
+    import logging
+    import types
+
+    from tierllm.kernels import parallel_compile
+
+    @contextlib.contextmanager
+    def one_job(jobs):
+        jobs.append("a job")
+        yield jobs
+
+    def no_process(*args, **kwargs):
+        raise OSError("no processes left")
+
+    monkeypatch.setenv("TIERLLM_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(parallel_compile, "recording", one_job)
+    monkeypatch.setattr(parallel_compile, "_pool", lambda size: parallel_compile.WorkerPool(size))
+    monkeypatch.setattr(parallel_compile.subprocess, "Popen", no_process)
+    parallel_compile._warn_once.cache_clear()
+    weight = types.SimpleNamespace(device=torch.device("cuda"))                  # all precompile reads of it
+    launched = []
+    with caplog.at_level(logging.WARNING, logger="tierllm.kernels.parallel_compile"):
+        assert parallel_compile.precompile([1, 2], lambda config, w: launched.append(config), weight) == 0
+    assert launched == [1, 2]
+    assert "no compile worker (no processes left)" in caplog.text

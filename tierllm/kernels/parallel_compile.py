@@ -215,7 +215,11 @@ def precompile(configs: list, launch: Callable[[object, torch.Tensor], None], we
             except Exception as error:        # e.g. a launch that reads its compiled kernel: compiled when timed
                 log.debug("parallel compile: recording %s stopped: %s", config, error)
     start = time.perf_counter()
-    errors = _pool(workers).compile(jobs) if jobs else []
+    try:
+        errors = _pool(workers).compile(jobs) if jobs else []
+    except OSError as error:                  # no worker could start (no processes left, say): compile in process
+        _warn_once(f"parallel compile: no compile worker ({error}); compiling in process")
+        return 0
     for job, error in zip(jobs, errors, strict=True):
         if error is not None:
             log.debug("parallel compile: %s failed: %s", job.qualname, error)
