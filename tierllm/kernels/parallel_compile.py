@@ -139,7 +139,6 @@ class WorkerPool:
     """`size` compile_worker subprocesses, each serving one job at a time; stopped after IDLE_S idle seconds."""
 
     def __init__(self, size: int):
-        self.size = size
         self.idle: queue.Queue = queue.Queue()
         self.threads = ThreadPoolExecutor(size, thread_name_prefix="tierllm-compile")
         self.timer: threading.Timer | None = None
