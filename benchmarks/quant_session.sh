@@ -46,6 +46,8 @@
 #   bash benchmarks/quant_session.sh steps [VARIANT [OPTIONS]] # decode_step_times.py: batch-1 decode time against
 #                                            # the step count (steady step, once-per-generate cost) and per-step host
 #                                            # times (OPTIONS: more of its options, e.g. "--verbose")
+#   bash benchmarks/quant_session.sh fused-mlp # int4_fused_mlp_probe.py: the int4 MLP in one kernel against the
+#                                            # engine's gate/up -> down chain (the CPU count and cgroup quota first)
 #   bash benchmarks/quant_session.sh w4a8    # w4a8_dp4a_probe.py: an int4 GEMV on int8 x (DP4A) against XHALF
 #   bash benchmarks/quant_session.sh attention # decode_attention_probe.py: the decode attention's tile, split count
 #                                            # and warps at batch 1, 32 layers chained, contexts 128, 576 and 2048
@@ -59,9 +61,17 @@
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: peer-split, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
+part=${1:?part: peer-split, fused-mlp, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
+# python3 -c "$LOGGED" SCRIPT ARGS: runs SCRIPT with the GEMV tuner's and the parallel compiler's INFO lines (each
+# timed key: configs, compiled specializations, seconds), timestamped in ms
+LOGGED='import logging, runpy, sys
+logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)d %(name)s %(message)s")
+for name in ("tierllm.kernels.graph_tuning", "tierllm.kernels.parallel_compile"):
+    logging.getLogger(name).setLevel(logging.INFO)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")'
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$part" in
   peer-split)
@@ -81,6 +91,11 @@ case "$part" in
   steps)
     timeout 560 python3 benchmarks/decode_step_times.py --variant "${2:-int4}" ${3:+$3} \
         --out "$OUT/decode-step-times-${2:-int4}-h200.json" 2>&1 | tee "$OUT/decode-step-times.log" | tail -12
+    ;;
+  fused-mlp)
+    echo "nproc $(nproc), cpu.max $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none)"
+    timeout 300 python3 -c "$LOGGED" benchmarks/int4_fused_mlp_probe.py --out "$OUT/int4-fused-mlp-probe-h200.json" \
+        2>&1 | tee "$OUT/int4-fused-mlp-probe.log" | grep -v -i warn | cut -c1-400
     ;;
   w4a8)
     timeout 400 python3 benchmarks/w4a8_dp4a_probe.py --out "$OUT/w4a8-dp4a-probe-h200.json" 2>&1 \
@@ -189,7 +204,7 @@ case "$part" in
         | tee "$OUT/gpu-tests-int4-tuned.log" | tail -3
     ;;
   bench)
-    timeout 580 python3 benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
+    timeout 580 python3 -c "$LOGGED" benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
   *) echo "unknown part $part: tests, attention, epilogue, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench" >&2; exit 2 ;;
