@@ -48,6 +48,8 @@
 #                                            # times (OPTIONS: more of its options, e.g. "--verbose")
 #   bash benchmarks/quant_session.sh fused-mlp # int4_fused_mlp_probe.py: the int4 MLP in one kernel against the
 #                                            # engine's gate/up -> down chain (the CPU count and cgroup quota first)
+#   bash benchmarks/quant_session.sh gemm64  # int4_gemm_m64_grid.py: the int4 GEMM at batch 64 over the tuner's and a
+#                                            # wider grid of tiles against cuBLAS bf16, per llama-7b linear
 #   bash benchmarks/quant_session.sh w4a8    # w4a8_dp4a_probe.py: an int4 GEMV on int8 x (DP4A) against XHALF
 #   bash benchmarks/quant_session.sh attention # decode_attention_probe.py: the decode attention's tile, split count
 #                                            # and warps at batch 1, 32 layers chained, contexts 128, 576 and 2048
@@ -61,7 +63,7 @@
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: peer-split, fused-mlp, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
+part=${1:?part: peer-split, fused-mlp, gemm64, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 # python3 -c "$LOGGED" SCRIPT ARGS: runs SCRIPT with the GEMV tuner's and the parallel compiler's INFO lines (each
@@ -96,6 +98,10 @@ case "$part" in
     echo "nproc $(nproc), cpu.max $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none)"
     timeout 300 python3 -c "$LOGGED" benchmarks/int4_fused_mlp_probe.py --out "$OUT/int4-fused-mlp-probe-h200.json" \
         2>&1 | tee "$OUT/int4-fused-mlp-probe.log" | grep -v -i warn | cut -c1-400
+    ;;
+  gemm64)
+    timeout 560 python3 -c "$LOGGED" benchmarks/int4_gemm_m64_grid.py --out "$OUT/int4-gemm-m64-grid-h200.json" \
+        2>&1 | tee "$OUT/int4-gemm-m64-grid.log" | grep -v -i warn | cut -c1-300
     ;;
   w4a8)
     timeout 400 python3 benchmarks/w4a8_dp4a_probe.py --out "$OUT/w4a8-dp4a-probe-h200.json" 2>&1 \
