@@ -8,7 +8,10 @@ K in 1-8 splits, either operand order), every config first checked against the t
 graph tuner times one (graph_tuning.graph_seconds: CUDA graphs over copies of the codes that miss L2), against
 cuBLAS bf16 timed the same way. The grid compiles in worker processes first (parallel_compile.precompile).
 
-    python benchmarks/int4_gemm_m64_grid.py [--out PATH] [--rows 64] [--top 8]"""
+    python benchmarks/int4_gemm_m64_grid.py [--out PATH] [--rows 64] [--top 8]
+
+--ncu: instead, each shape's tuner pick of the H200 run (PICKS) and cuBLAS bf16, launched twice each, for
+Nsight Compute (quant_session.sh gemm64-ncu)."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +37,8 @@ from tierllm.kernels.parallel_compile import precompile  # noqa: E402
 from tierllm.quant.quantize import quantize_weight  # noqa: E402
 
 NAMES = {(12288, 4096): "qkv", (4096, 4096): "o", (22016, 4096): "gate_up", (4096, 11008): "down"}
+# the tuner configs fastest per shape at batch 64 on an H200 (int4-gemm-m64-grid-h200.json): (stages, K splits)
+PICKS = {"qkv": (4, 2), "o": (3, 4), "gate_up": (3, 1), "down": (3, 8)}
 
 
 def tuner_configs() -> list[dict]:
@@ -76,12 +81,34 @@ def gemm_launch(x: torch.Tensor, q: dict, out: torch.Tensor, config: dict):
     return launch
 
 
+def ncu_launches(rows: int) -> int:
+    for (n, k), name in NAMES.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        q = quantize_weight(w, tierllm.QuantConfig(bits=4))
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+        stages, split = PICKS[name]
+        launch = gemm_launch(x, q, out, dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, SPLIT_K=split,
+                                             SWAP_AB=False, HALF_DEQUANT=True, DEQUANT_ASM=True, num_warps=4,
+                                             num_stages=stages, label="tuner"))
+        for _ in range(2):
+            launch(q["qweight"])
+            torch.matmul(x, w.t())
+        torch.cuda.synchronize()
+        ref = quant_gemv.w4_linear_ref(x, q["qweight"], q["scales"], q["mins"], 64)
+        print(f"{name}: rel err {rel_err(out, ref):.2e}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/int4-gemm-m64-grid.json"))
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--top", type=int, default=8, help="configs kept per shape in the JSON")
+    parser.add_argument("--ncu", action="store_true", help="only PICKS and cuBLAS, twice each, for Nsight Compute")
     args = parser.parse_args(argv)
+    if args.ncu:
+        return ncu_launches(args.rows)
     torch.manual_seed(0)
     started = time.perf_counter()
     hbm = hbm_copy_GBps()

@@ -50,6 +50,7 @@
 #                                            # engine's gate/up -> down chain (the CPU count and cgroup quota first)
 #   bash benchmarks/quant_session.sh gemm64  # int4_gemm_m64_grid.py: the int4 GEMM at batch 64 over the tuner's and a
 #                                            # wider grid of tiles against cuBLAS bf16, per llama-7b linear
+#   bash benchmarks/quant_session.sh gemm64-ncu # Nsight Compute sections of that GEMM's picks and cuBLAS bf16
 #   bash benchmarks/quant_session.sh w4a8    # w4a8_dp4a_probe.py: an int4 GEMV on int8 x (DP4A) against XHALF
 #   bash benchmarks/quant_session.sh attention # decode_attention_probe.py: the decode attention's tile, split count
 #                                            # and warps at batch 1, 32 layers chained, contexts 128, 576 and 2048
@@ -63,7 +64,7 @@
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: peer-split, fused-mlp, gemm64, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
+part=${1:?part: peer-split, fused-mlp, gemm64, gemm64-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 # python3 -c "$LOGGED" SCRIPT ARGS: runs SCRIPT with the GEMV tuner's and the parallel compiler's INFO lines (each
@@ -102,6 +103,14 @@ case "$part" in
   gemm64)
     timeout 560 python3 -c "$LOGGED" benchmarks/int4_gemm_m64_grid.py --out "$OUT/int4-gemm-m64-grid-h200.json" \
         2>&1 | tee "$OUT/int4-gemm-m64-grid.log" | grep -v -i warn | cut -c1-300
+    ;;
+  gemm64-ncu)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+    timeout 300 "$NCU" --clock-control none -k regex:"_quant_gemm|nvjet" --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+        --section ComputeWorkloadAnalysis python3 benchmarks/int4_gemm_m64_grid.py --ncu > "$OUT/int4-gemm-m64-ncu.txt" 2>&1
+    grep -E "rel err|_quant_gemm|nvjet|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issued Warp|No Eligible|Warp Cycles Per Issued|L2 Hit|Mem Busy|Max Bandwidth|Shared Memory Configuration Size|Block Limit|stalled|Executed Ipc|SM Busy" \
+        "$OUT/int4-gemm-m64-ncu.txt" | cut -c1-150
     ;;
   w4a8)
     timeout 400 python3 benchmarks/w4a8_dp4a_probe.py --out "$OUT/w4a8-dp4a-probe-h200.json" 2>&1 \
