@@ -6,7 +6,9 @@ Times quant_gemm's kernel (bf16 x, group 64, asymmetric) over the autotuner's ow
 wider grid of HALF_DEQUANT tiles (64 rows: each weight dequantized once; 32-256 columns, 4 or 8 warps, 2-4 stages,
 K in 1-8 splits, either operand order), every config first checked against the torch reference, then timed as the
 graph tuner times one (graph_tuning.graph_seconds: CUDA graphs over copies of the codes that miss L2), against
-cuBLAS bf16 timed the same way. The grid compiles in worker processes first (parallel_compile.precompile).
+cuBLAS bf16 timed the same way, and torch's own int4 kernel (tinygemm, torch.ops.aten._weight_int4pack_mm, at each
+inner-k tiling; int4_peer_kernels.py converts our weights for it). The grid compiles in worker processes first
+(parallel_compile.precompile).
 
     python benchmarks/int4_gemm_m64_grid.py [--out PATH] [--rows 64] [--top 8]
 
@@ -26,6 +28,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from int4_peer_kernels import INNER_K_TILES, tinygemm_weight  # noqa: E402
 from quant_kernel_sweep import SHAPES, rel_err  # noqa: E402
 
 import tierllm  # noqa: E402
@@ -122,6 +125,14 @@ def main(argv=None) -> int:
         out = torch.empty(args.rows, n, device="cuda", dtype=torch.bfloat16)
         cublas_us = graph_seconds(lambda weight, x=x, out=out: torch.matmul(x, weight.t(), out=out),
                                   weight_copies(w)) * 1e6
+        tinygemm = {}
+        for tiles in INNER_K_TILES:
+            pack, scale_zero = tinygemm_weight(q, tiles)
+            y = torch.ops.aten._weight_int4pack_mm(x, pack, 64, scale_zero)
+            us = graph_seconds(lambda p, x=x, sz=scale_zero: torch.ops.aten._weight_int4pack_mm(x, p, 64, sz),
+                               weight_copies(pack)) * 1e6
+            tinygemm[f"inner_k_tiles_{tiles}"] = {"us": round(us, 2), "rel_err": float(f"{rel_err(y, ref):.2e}")}
+        tinygemm_best = min(tinygemm.values(), key=lambda t: t["us"])
         launches = [gemm_launch(x, q, out, c) for c in configs]
         compiled = precompile(launches, lambda launch, codes: launch(codes), q["qweight"])
         copies = weight_copies(q["qweight"])
@@ -140,11 +151,13 @@ def main(argv=None) -> int:
         ok = sorted((t for t in timed if t.get("correct")), key=lambda t: t["us"])
         tuner_best = next(t for t in ok if t["config"].endswith("(tuner)"))
         name = NAMES[(n, k)]
-        rows[name] = {"shape": [n, k], "rows": args.rows, "cublas_bf16_us": round(cublas_us, 2),
+        rows[name] = {"shape": [n, k], "rows": args.rows, "cublas_bf16_us": round(cublas_us, 2), "tinygemm": tinygemm,
+                      "tinygemm_best_us": tinygemm_best["us"],
                       "tuner_best": tuner_best, "best": ok[0], "top": ok[:args.top],
                       "failed": [t for t in timed if "failed" in t or not t.get("correct")],
                       "precompiled": compiled}
-        print(f"{name:>8} {n}x{k} M={args.rows}: cuBLAS bf16 {cublas_us:.1f} us | tuner's best {tuner_best['us']} "
+        print(f"{name:>8} {n}x{k} M={args.rows}: cuBLAS bf16 {cublas_us:.1f} us | tinygemm {tinygemm_best['us']} "
+              f"(rel err {tinygemm_best['rel_err']}) | tuner's best {tuner_best['us']} "
               f"({tuner_best['config']}) | grid's best {ok[0]['us']} ({ok[0]['config']}) | "
               f"{len(rows[name]['failed'])} failed or wrong", flush=True)
         for t in ok[:args.top]:
@@ -152,9 +165,11 @@ def main(argv=None) -> int:
         del w, q, copies
         torch.cuda.empty_cache()
     totals = {"cublas_bf16_us": round(sum(r["cublas_bf16_us"] for r in rows.values()), 2),
+              "tinygemm_best_us": round(sum(r["tinygemm_best_us"] for r in rows.values()), 2),
               "tuner_best_us": round(sum(r["tuner_best"]["us"] for r in rows.values()), 2),
               "best_us": round(sum(r["best"]["us"] for r in rows.values()), 2)}
-    print(f"per layer: cuBLAS bf16 {totals['cublas_bf16_us']} us, int4 tuner's best {totals['tuner_best_us']} us, "
+    print(f"per layer: cuBLAS bf16 {totals['cublas_bf16_us']} us, tinygemm {totals['tinygemm_best_us']} us, "
+          f"int4 tuner's best {totals['tuner_best_us']} us, "
           f"grid's best {totals['best_us']} us ({time.perf_counter() - started:.0f} s)")
     write_result(args.out, "int4_gemm_m64_grid", torch.device("cuda"), {"hbm_copy_GBps": hbm}, {},
                  {"shapes": rows, "per_layer": totals}, [],
