@@ -127,3 +127,66 @@ def test_workers_that_cannot_start_leave_the_compiling_to_the_timing(monkeypatch
         assert parallel_compile.precompile([1, 2], lambda config, w: launched.append(config), weight) == 0
     assert launched == [1, 2]
     assert "no compile worker (no processes left)" in caplog.text
+
+
+def _interpreted_tuner():
+    """A Triton autotuner of a two-config kernel, under precompiling; None where Triton does not interpret (the
+    suite runs with TRITON_INTERPRET=1, set before Triton's import)."""
+    import triton
+    import triton.language as tl
+
+    from tierllm.kernels._dispatch import is_interpreted
+    from tierllm.kernels.parallel_compile import precompiling
+
+    if not is_interpreted():
+        return None
+
+    @triton.jit
+    def scaled_copy(x_ptr, y_ptr, n, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * SCALE, mask=offs < n)
+
+    configs = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})]
+    return precompiling(triton.autotune(configs=configs, key=["n"])(scaled_copy))
+
+
+def test_an_autotuner_hands_each_new_keys_configs_to_precompile_before_timing(monkeypatch):
+    """precompiling (the prefill GEMMs' autotuners): the first timing of a new key gives precompile every config,
+    with a launch that runs that config's kernel on the call's arguments (run here, interpreted); a key seen before
+    is not timed again, and a new one is."""
+    import triton
+
+    from tierllm.kernels import parallel_compile
+
+    tuner = _interpreted_tuner()
+    if tuner is None:
+        pytest.skip("needs TRITON_INTERPRET=1 (the suite's setting)")
+    handed, call = [], {}
+
+    def recorded(configs, launch, tensor):
+        handed.append([config.kwargs["BLOCK"] for config in configs])
+        for config in configs:                                              # each launch computes the call's y
+            call["y"].zero_()
+            launch(config, tensor)
+            assert torch.equal(call["y"][:call["n"]], 2 * x[:call["n"]])
+        return len(configs)
+
+    monkeypatch.setattr(parallel_compile, "precompile", recorded)
+    tuner._do_bench = lambda kernel_call, quantiles: [1.0, 1.0, 1.0]        # the timing itself needs a GPU
+    x = torch.randn(40)
+    for n in (40, 40, 24):
+        call.update(y=torch.zeros(40), n=n)
+        tuner[lambda meta, n=n: (triton.cdiv(n, meta["BLOCK"]),)](x, call["y"], n, SCALE=2.0)
+        assert torch.equal(call["y"][:n], 2 * x[:n]) and not call["y"][n:].any()
+    assert handed == [[16, 32], [16, 32]]                                  # keys 40 and 24, once each
+
+
+def test_precompiling_refuses_a_tuner_that_restores_its_arguments():
+    import triton
+
+    from tierllm.kernels.parallel_compile import precompiling
+    from tierllm.kernels.quant_gemv import _w8_gemv_residual_kernel  # restore_value=["y_ptr"]
+
+    assert isinstance(_w8_gemv_residual_kernel, triton.runtime.Autotuner)
+    with pytest.raises(ValueError, match="restore_value"):
+        precompiling(_w8_gemv_residual_kernel)

@@ -3,11 +3,11 @@ int32 accumulation, the two scales applied once in the epilogue (ZeroQuant-style
 The reference is exact integer arithmetic (fp32 sums over K chunks short enough to stay exact, added in fp64)."""
 from __future__ import annotations
 
-
 import torch
 
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.act_quant import per_token_quant
+from tierllm.kernels.parallel_compile import precompiling
 from tierllm.kernels.tuning_cache import cache_path
 
 if HAS_TRITON:
@@ -50,6 +50,8 @@ if HAS_TRITON:
             y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y.to(y_ptr.dtype.element_ty),
                  mask=m_mask[:, None] & n_mask[None, :])
+
+    _int8_gemm_kernel = precompiling(_int8_gemm_kernel)        # a new key's configs compile side by side
 
 
 def int8_gemm_triton(xq: torch.Tensor, x_scales: torch.Tensor, wq: torch.Tensor, w_scales: torch.Tensor,

@@ -18,6 +18,7 @@ from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.cpu_int8 import takes_int8_cpu_kernel, w8_linear_cpu
 from tierllm.kernels.dequant import dequantize_triton
 from tierllm.kernels.gemv import unfused_linear
+from tierllm.kernels.parallel_compile import precompiling
 from tierllm.kernels.quant_gemv import (
     QUANT_GEMV_ROWS,
     w4_gemv_triton,
@@ -235,6 +236,8 @@ if HAS_TRITON:
                                      cache_modifier=".cg")                 # L2: the other SMs' stores
                 tl.atomic_xchg(count_ptr + pid, 0)
                 _store_tile(total, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, HAS_BIAS)
+
+    _quant_gemm_kernel = precompiling(_quant_gemm_kernel)      # a new key's configs compile side by side
 
     @triton.jit
     def _store_tile(acc, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, HAS_BIAS: tl.constexpr):
