@@ -1,0 +1,237 @@
+"""An int4 GEMM for batch 16-64 with the weights fed to Hopper's wgmma from registers (Gluon), against the engine's
+Triton GEMM (quant_gemm.py) and cuBLAS bf16, per llama-7b linear on one GPU (issue #5: int4 decode no slower than
+bf16 at batch 64; on an H200 the Triton GEMM took 142.9 us per layer at M=64 against cuBLAS's 118.1).
+
+Why: in the Triton GEMM every dequantized weight tile goes registers -> shared memory -> tensor cores, and Nsight
+Compute put its L1/shared-memory pipe at 75% busy at 1.37 IPC (benchmarks/results/int4-gemm-m64-ncu-h200.log). wgmma
+takes its first operand from registers, so here the weights never touch shared memory: each warp loads 8 contiguous
+bytes of a weight row per group (16 codes), dequantizes them in place (per byte one PRMT, one LOP3 and one exact
+bf16 subtraction, canonical_pairs_asm, then one bf16 FMA per two codes for the scale and min, as quant_gemm's
+HALF_DEQUANT rounds them) and hands them to the tensor cores as is; only x's tile goes through shared
+memory. For the registers to be wgmma's operand layout without any data movement, the MMA's k order within each
+group of 64 is permuted: logical k = 16 s + 8 h + 2 t + j (s: k-step, t: lane % 4, h, j in {0, 1}) holds the
+canonical k = 16 t + 4 s + 2 h + j, the codes lane t holds anyway; x is laid out in that order (`permuted_x`, a
+gather here; a preparing kernel or the kernel before would write it so in the engine). The conversion to the operand
+layout is asserted trivial at compile time. Program: 16 x WARPS weight rows (one 64-row wgmma tile per warpgroup)
+against all of x's rows (at most 64), K in SPLIT runs (fp32 atomics into a zeroed buffer, then a cast, both timed).
+
+Timed as the graph tuner times a config (graph_tuning.graph_seconds: CUDA graphs over weight copies that miss L2);
+each config is first checked against the torch reference.
+
+    python benchmarks/int4_wgmma_probe.py [--out PATH] [--rows 64]"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GROUP = 64
+SHAPES = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
+CONFIGS = [(4, 1), (4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4)]          # (warps, K splits)
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+    HAS_GLUON = True
+except ImportError:                                  # (an older Triton)
+    HAS_GLUON = False
+
+def canonical_pairs_asm() -> str:
+    """PTX: 4 bytes ($4) -> their 8 codes as bf16 values 0..15 in canonical k order, two per register: $0 = (byte 0's
+    low nibble, its high nibble), $1 = byte 1's, $2, $3 bytes 2's and 3's. Per byte one PRMT (the byte, and the same
+    byte of the word shifted right by 4, into the two halves), one LOP3 (keep each half's low nibble, OR in the bits
+    of 128.0, whose last mantissa unit is 1) and one packed subtraction of 128 (exact)."""
+    lines = ["{", ".reg .b32 h, t, k;", "mov.b32 k, 0x43004300;", "shr.b32 h, $4, 4;"]
+    for i in range(4):
+        lines += [f"prmt.b32 t, $4, h, 0x{0x0400 + 0x0101 * i:04x};", "lop3.b32 t, t, 0x000F000F, k, 0xEA;",
+                  f"sub.rn.bf16x2 ${i}, t, k;"]
+    return "\n        ".join(lines + ["}"])
+
+
+if HAS_GLUON:
+    _PAIRS = gl.constexpr(canonical_pairs_asm())
+    _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier         # (Triton 3.6: thread_barrier)
+
+    @gluon.jit
+    def _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g, live, stride_w, stride_s):
+        """One group's packed codes [W, 2, 8, 32] (rows 16 w + 8 h + gid, bytes 8 t .. 8 t + 7 per lane t) and its
+        rows' scales and mins [W, 2, 8]; zeros where not live (past the program's K run)."""
+        codes = gl.load(w_ptr + rows[:, :, :, None] * stride_w + (g * 32 + byte)[None, None, None, :],
+                        mask=live, other=0)
+        scale = gl.load(s_ptr + rows * stride_s + g, mask=live, other=0.0)
+        low = gl.load(m_ptr + rows * stride_s + g, mask=live, other=0.0)
+        return codes, scale, low
+
+    @gluon.jit
+    def _operand_a(codes, scale, low, A_LAYOUT: gl.constexpr, WARPS: gl.constexpr):
+        """Packed codes [W, 2, 8, 32] -> the dequantized weights [16 W, 64] bf16 in wgmma's first-operand layout,
+        logical k = 16 s + 8 h + 2 t + j holding canonical k = 16 t + 4 s + 2 h + j (no data moves)."""
+        # [W, 2, 8, 32] each: element 4 q + e of `first` holds canonical k 8 q + e, of `second` 8 q + 4 + e
+        first, second = gl.inline_asm_elementwise(asm=_PAIRS, constraints="=r,=r,=r,=r,r", args=[codes],
+                                                  dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+        s = scale.to(gl.bfloat16)[:, :, :, None]
+        m = low.to(gl.bfloat16)[:, :, :, None]
+        w = gl.join(gl.reshape(first * s + m, [WARPS, 2, 8, 8, 4]), gl.reshape(second * s + m, [WARPS, 2, 8, 8, 4]))
+        w = gl.reshape(gl.permute(w, (0, 1, 2, 3, 5, 4)), [WARPS, 2, 8, 4, 4, 2, 2])   # canonical 16t + 4s + 2h + j
+        w = gl.reshape(gl.permute(w, (0, 1, 2, 4, 5, 3, 6)), [16 * WARPS, 64])        # logical 16s + 8h + 2t + j
+        return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
+
+    @gluon.jit
+    def _w4_wgmma_kernel(x_ptr, w_ptr, s_ptr, m_ptr, y_ptr, acc_ptr, M, N, K, stride_x, stride_w, stride_s,
+                         stride_y, MB: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr):
+        """y[M, N] (SPLIT > 1: added into fp32 acc_ptr instead) = x_perm[M, K] @ dequant(W)[N, K]^T for the
+        program's 16 WARPS weight rows and its K run; M <= MB."""
+        L4: gl.constexpr = gl.BlockedLayout([1, 2, 1, 8], [1, 1, 8, 4], [WARPS, 1, 1, 1], [3, 2, 1, 0])
+        R3: gl.constexpr = gl.SliceLayout(3, L4)
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, MB, 16])
+        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+        X_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        BN: gl.constexpr = 16 * WARPS
+        row0 = gl.program_id(0) * BN
+        groups = K // 64
+        g0 = gl.program_id(1) * groups // SPLIT
+        g1 = (gl.program_id(1) + 1) * groups // SPLIT
+        warp = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, R3)))[:, None, None]
+        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, R3)))[None, :, None]
+        gid = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, R3)))[None, None, :]
+        rows = row0 + 16 * warp + 8 * half + gid                                           # [W, 2, 8]
+        byte = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))
+        x_rows = gl.arange(0, MB, layout=gl.SliceLayout(1, XL))[:, None]
+        x_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :]
+        x_at = x_ptr + x_rows * stride_x + x_cols                                           # [MB, 64]
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, MB, 64], X_SMEM)
+        acc = gl.zeros([BN, MB], gl.float32, MMA)
+        codes, scale, low = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g0, g0 < g1, stride_w, stride_s)
+        x = gl.load(x_at + g0 * 64, mask=(x_rows < M) & (g0 < g1), other=0.0)
+        for g in range(g0, g1):
+            live = g + 1 < g1                           # the next group's loads, in flight during this one's math
+            codes_next, scale_next, low_next = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g + 1, live,
+                                                             stride_w, stride_s)
+            x_next = gl.load(x_at + (g + 1) * 64, mask=(x_rows < M) & live, other=0.0)
+            slot = x_smem.index((g - g0) % 2)
+            slot.store(x)
+            fence_async_shared()
+            _barrier()
+            a = _operand_a(codes, scale, low, A_LAYOUT, WARPS)
+            acc = warpgroup_mma(a, slot.permute((1, 0)), acc)
+            codes, scale, low, x = codes_next, scale_next, low_next, x_next
+        n_out = row0 + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))[:, None]
+        m_out = gl.arange(0, MB, layout=gl.SliceLayout(0, MMA))[None, :]
+        mask = (m_out < M) & (n_out < N)
+        if SPLIT == 1:
+            gl.store(y_ptr + m_out * stride_y + n_out, acc.to(gl.bfloat16), mask=mask)
+        else:
+            gl.atomic_add(acc_ptr + m_out * N + n_out, acc, mask=mask)
+
+
+def k_order() -> torch.Tensor:
+    """[64] canonical k of each logical k of a group: logical 16 s + 8 h + 2 t + j <- canonical 16 t + 4 s + 2 h + j."""
+    logical = torch.arange(64)
+    s, h, t, j = logical // 16, logical // 8 % 2, logical // 2 % 4, logical % 2
+    return 16 * t + 4 * s + 2 * h + j
+
+
+def permuted_x(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] with each group of 64 columns in the kernel's logical k order."""
+    m, k = x.shape
+    return x.view(m, k // GROUP, GROUP)[:, :, k_order().to(x.device)].reshape(m, k).contiguous()
+
+
+def w4_wgmma(x_perm: torch.Tensor, q: dict, warps: int, split: int, out: torch.Tensor,
+             acc: torch.Tensor | None = None) -> torch.Tensor:
+    """out [M, N] bf16 = x @ dequant(q)^T for x_perm = permuted_x(x) (M <= 64); acc: fp32 [M, N] scratch (split > 1)."""
+    m, k = x_perm.shape
+    n = q["qweight"].shape[0]
+    grid = (-(-n // (16 * warps)), split)
+    if split > 1:
+        acc.zero_()
+    _w4_wgmma_kernel[grid](x_perm, q["qweight"], q["scales"], q["mins"], out, acc if split > 1 else out, m, n, k,
+                           x_perm.stride(0), q["qweight"].stride(0), q["scales"].stride(0), out.stride(0),
+                           MB=64, WARPS=warps, SPLIT=split, num_warps=warps)
+    if split > 1:
+        out.copy_(acc)
+    return out
+
+
+def main(argv=None) -> int:
+    from int4_gemm_m64_grid import PICKS, gemm_launch
+    from quant_kernel_sweep import rel_err
+
+    import tierllm
+    from tierllm.bench.probe import hbm_copy_GBps
+    from tierllm.bench.results import write_result
+    from tierllm.kernels import quant_gemv
+    from tierllm.kernels.graph_tuning import graph_seconds, weight_copies
+    from tierllm.quant.quantize import quantize_weight
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/int4-wgmma-probe.json"))
+    parser.add_argument("--rows", type=int, default=64)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    rows = {}
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        q = quantize_weight(w, tierllm.QuantConfig(bits=4))
+        x = torch.randn(args.rows, k, device="cuda", dtype=torch.bfloat16)
+        ref = quant_gemv.w4_linear_ref(x, q["qweight"], q["scales"], q["mins"], 64)
+        out = torch.empty(args.rows, n, device="cuda", dtype=torch.bfloat16)
+        acc = torch.empty(args.rows, n, device="cuda", dtype=torch.float32)
+        xp = permuted_x(x)
+        cublas = graph_seconds(lambda weight, x=x, out=out: torch.matmul(x, weight.t(), out=out),
+                               weight_copies(w)) * 1e6
+        stages, split = PICKS[name]
+        triton_cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, SPLIT_K=split, SWAP_AB=False,
+                          HALF_DEQUANT=True, DEQUANT_ASM=True, num_warps=4, num_stages=stages)
+        triton_us = graph_seconds(gemm_launch(x, q, out, {**triton_cfg, "label": "tuner"}),
+                                  weight_copies(q["qweight"])) * 1e6
+        copies = weight_copies(q["qweight"])
+        timed = []
+        for warps, split in CONFIGS:
+            label = f"warps {warps} split {split}"
+            try:
+                y = w4_wgmma(xp, q, warps, split, out, acc)
+                error = rel_err(y, ref)
+                def launch(codes, c=(warps, split), xp=xp, q=q, out=out, acc=acc):
+                    return w4_wgmma(xp, {**q, "qweight": codes}, *c, out, acc)
+
+                us = graph_seconds(launch, copies) * 1e6
+            except Exception as failure:          # a config the compiler refuses
+                timed.append({"config": label, "failed": f"{type(failure).__name__}: {str(failure)[:300]}"})
+                print(f"{name} {label}: {timed[-1]['failed']}", flush=True)
+                continue
+            timed.append({"config": label, "us": round(us, 2), "rel_err": float(f"{error:.2e}"),
+                          "correct": error < 2e-2})
+        ok = sorted((t for t in timed if t.get("correct")), key=lambda t: t["us"])
+        rows[name] = {"shape": [n, k], "cublas_bf16_us": round(cublas, 2), "triton_gemm_us": round(triton_us, 2),
+                      "wgmma": timed, "wgmma_best": ok[0] if ok else None}
+        best = f"{ok[0]['us']} us ({ok[0]['config']})" if ok else "none correct"
+        print(f"{name:>8} {n}x{k} M={args.rows}: cuBLAS bf16 {cublas:.1f} us | Triton GEMM {triton_us:.1f} | "
+              f"wgmma {best}", flush=True)
+        for t in timed:
+            print(f"           {t}", flush=True)
+        del w, q, copies
+        torch.cuda.empty_cache()
+    totals = {key: round(sum(r[key] for r in rows.values()), 2) for key in ("cublas_bf16_us", "triton_gemm_us")}
+    if all(r["wgmma_best"] for r in rows.values()):
+        totals["wgmma_best_us"] = round(sum(r["wgmma_best"]["us"] for r in rows.values()), 2)
+    print(f"per layer: {totals} ({time.perf_counter() - started:.0f} s)")
+    write_result(args.out, "int4_wgmma_probe", torch.device("cuda"), {"hbm_copy_GBps": hbm_copy_GBps()}, {},
+                 {"shapes": rows, "per_layer": totals}, [],
+                 {"rows": args.rows, "note": "x permuted by a torch gather outside the timing"})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
