@@ -213,12 +213,13 @@ def main(argv=None) -> int:
                                   weight_copies(q["qweight"])) * 1e6
         copies = weight_copies(q["qweight"])
         timed = []
-        for warps, split in CONFIGS:
-            label = f"warps {warps} split {split}"
+        for warps, split, asynchronous in CONFIGS:
+            label = f"warps {warps} split {split}" + (" async" if asynchronous else "")
             try:
-                y = w4_wgmma(xp, q, warps, split, out, acc)
+                y = w4_wgmma(xp, q, warps, split, asynchronous, out, acc)
                 error = rel_err(y, ref)
-                def launch(codes, c=(warps, split), xp=xp, q=q, out=out, acc=acc):
+
+                def launch(codes, c=(warps, split, asynchronous), xp=xp, q=q, out=out, acc=acc):
                     return w4_wgmma(xp, {**q, "qweight": codes}, *c, out, acc)
 
                 us = graph_seconds(launch, copies) * 1e6
