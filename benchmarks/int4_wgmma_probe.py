@@ -15,6 +15,10 @@ gather here; a preparing kernel or the kernel before would write it so in the en
 layout is asserted trivial at compile time. Program: 16 x WARPS weight rows (one 64-row wgmma tile per warpgroup)
 against all of x's rows (at most 64), K in SPLIT runs (fp32 atomics into a zeroed buffer, then a cast, both timed).
 
+On an H200 (int4-wgmma-probe-h200.json) it was correct at its first run and slower than the Triton GEMM on every
+shape but gate/up (197 against 143 us per layer): a form with one MMA left in flight while the next group is
+dequantized gained nothing and gave wrong results in 4 of 16 runs (int4-wgmma-probe-async-h200.log); removed.
+
 Timed as the graph tuner times a config (graph_tuning.graph_seconds: CUDA graphs over weight copies that miss L2);
 each config is first checked against the torch reference.
 
@@ -33,18 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GROUP = 64
 SHAPES = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
-# (warps, K splits, asynchronous MMA)
-CONFIGS = [(4, 1, False), (4, 2, False), (4, 4, False), (4, 8, False), (8, 1, False), (8, 2, False), (8, 4, False),
-           (4, 1, True), (4, 4, True), (8, 1, True), (8, 4, True)]
+CONFIGS = [(4, 1), (4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4)]          # (warps, K splits)
 
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
     HAS_GLUON = True
 except ImportError:                                  # (an older Triton)
     HAS_GLUON = False
@@ -91,12 +89,9 @@ if HAS_GLUON:
 
     @gluon.jit
     def _w4_wgmma_kernel(x_ptr, w_ptr, s_ptr, m_ptr, y_ptr, acc_ptr, M, N, K, stride_x, stride_w, stride_s,
-                         stride_y, MB: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
-                         ASYNC: gl.constexpr):
+                         stride_y, MB: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr):
         """y[M, N] (SPLIT > 1: added into fp32 acc_ptr instead) = x_perm[M, K] @ dequant(W)[N, K]^T for the
-        program's 16 WARPS weight rows and its K run; M <= MB. ASYNC: a group's MMA runs while the next group is
-        dequantized (at most one in flight; x's tile in three shared-memory slots, so that no warpgroup overwrites one
-        that another's MMA may still read)."""
+        program's 16 WARPS weight rows and its K run; M <= MB."""
         L4: gl.constexpr = gl.BlockedLayout([1, 2, 1, 8], [1, 1, 8, 4], [WARPS, 1, 1, 1], [3, 2, 1, 0])
         R3: gl.constexpr = gl.SliceLayout(3, L4)
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -117,8 +112,7 @@ if HAS_GLUON:
         x_rows = gl.arange(0, MB, layout=gl.SliceLayout(1, XL))[:, None]
         x_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :]
         x_at = x_ptr + x_rows * stride_x + x_cols                                           # [MB, 64]
-        SLOTS: gl.constexpr = 3 if ASYNC else 2
-        x_smem = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, MB, 64], X_SMEM)
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, MB, 64], X_SMEM)
         acc = gl.zeros([BN, MB], gl.float32, MMA)
         codes, scale, low = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g0, g0 < g1, stride_w, stride_s)
         x = gl.load(x_at + g0 * 64, mask=(x_rows < M) & (g0 < g1), other=0.0)
@@ -127,19 +121,13 @@ if HAS_GLUON:
             codes_next, scale_next, low_next = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g + 1, live,
                                                              stride_w, stride_s)
             x_next = gl.load(x_at + (g + 1) * 64, mask=(x_rows < M) & live, other=0.0)
-            slot = x_smem.index((g - g0) % SLOTS)
+            slot = x_smem.index((g - g0) % 2)
             slot.store(x)
             fence_async_shared()
             _barrier()
             a = _operand_a(codes, scale, low, A_LAYOUT, WARPS)
-            if ASYNC:
-                acc = warpgroup_mma(a, slot.permute((1, 0)), acc, is_async=True)
-                acc, a = warpgroup_mma_wait(num_outstanding=1, deps=[acc, a])
-            else:
-                acc = warpgroup_mma(a, slot.permute((1, 0)), acc)
+            acc = warpgroup_mma(a, slot.permute((1, 0)), acc)
             codes, scale, low, x = codes_next, scale_next, low_next, x_next
-        if ASYNC:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         n_out = row0 + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))[:, None]
         m_out = gl.arange(0, MB, layout=gl.SliceLayout(0, MMA))[None, :]
         mask = (m_out < M) & (n_out < N)
@@ -162,7 +150,7 @@ def permuted_x(x: torch.Tensor) -> torch.Tensor:
     return x.view(m, k // GROUP, GROUP)[:, :, k_order().to(x.device)].reshape(m, k).contiguous()
 
 
-def w4_wgmma(x_perm: torch.Tensor, q: dict, warps: int, split: int, asynchronous: bool, out: torch.Tensor,
+def w4_wgmma(x_perm: torch.Tensor, q: dict, warps: int, split: int, out: torch.Tensor,
              acc: torch.Tensor | None = None) -> torch.Tensor:
     """out [M, N] bf16 = x @ dequant(q)^T for x_perm = permuted_x(x) (M <= 64); acc: fp32 [M, N] scratch (split > 1)."""
     m, k = x_perm.shape
@@ -172,7 +160,7 @@ def w4_wgmma(x_perm: torch.Tensor, q: dict, warps: int, split: int, asynchronous
         acc.zero_()
     _w4_wgmma_kernel[grid](x_perm, q["qweight"], q["scales"], q["mins"], out, acc if split > 1 else out, m, n, k,
                            x_perm.stride(0), q["qweight"].stride(0), q["scales"].stride(0), out.stride(0),
-                           MB=64, WARPS=warps, SPLIT=split, ASYNC=asynchronous, num_warps=warps)
+                           MB=64, WARPS=warps, SPLIT=split, num_warps=warps)
     if split > 1:
         out.copy_(acc)
     return out
@@ -213,13 +201,12 @@ def main(argv=None) -> int:
                                   weight_copies(q["qweight"])) * 1e6
         copies = weight_copies(q["qweight"])
         timed = []
-        for warps, split, asynchronous in CONFIGS:
-            label = f"warps {warps} split {split}" + (" async" if asynchronous else "")
+        for warps, split in CONFIGS:
+            label = f"warps {warps} split {split}"
             try:
-                y = w4_wgmma(xp, q, warps, split, asynchronous, out, acc)
+                y = w4_wgmma(xp, q, warps, split, out, acc)
                 error = rel_err(y, ref)
-
-                def launch(codes, c=(warps, split, asynchronous), xp=xp, q=q, out=out, acc=acc):
+                def launch(codes, c=(warps, split), xp=xp, q=q, out=out, acc=acc):
                     return w4_wgmma(xp, {**q, "qweight": codes}, *c, out, acc)
 
                 us = graph_seconds(launch, copies) * 1e6
