@@ -222,5 +222,5 @@ case "$part" in
     timeout 580 python3 -c "$LOGGED" benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: tests, attention, epilogue, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: peer-split, fused-mlp, gemm64, gemm64-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench" >&2; exit 2 ;;
 esac

@@ -11,9 +11,10 @@ those into Triton's on-disk cache, and the timing launches then load them from i
 (a launch that needs its compiled kernel, such as int4_held_x's residency check) compiles in process, as before.
 
 Triton's own autotuner (the prefill and batch GEMMs, quant_gemm.py and int8_gemm.py) does the same through
-`precompiling`: a new key's configs compile in the workers before it times the first. On an H200 the int4 GEMM's
-134 grid configs compiled in 4.4-9.3 s with 16 workers (benchmarks/int4_gemm_m64_grid.py), where an int4 engine's
-first batch-16/32/64 captures spent ~120 s compiling its autotuner's configs in process.
+`precompiling`: a new key's configs compile in the workers before it times the first. Its kernels compile fast, so
+the gain is small: on an H200 the int4 GEMM's first key (26 configs) took 12.96 s in process and 10.17 s with the
+workers, 0.47 s with the Triton cache warm (benchmarks/tuning_time_probe.py --kernel gemm); the workers' start is
+most of what is left.
 
 Workers: TIERLLM_COMPILE_WORKERS of them (default: the usable CPUs, the cgroup's quota counted, shared among the
 tensor-parallel ranks on the host, at most 16; 0 or 1 turns this off), each a
