@@ -16,7 +16,7 @@ layout is asserted trivial at compile time. Program: 16 x WARPS weight rows (one
 against all of x's rows (at most 64), K in SPLIT runs (fp32 atomics into a zeroed buffer, then a cast, both timed).
 
 On an H200 (int4-wgmma-probe-h200.json) it was correct at its first run and slower than the Triton GEMM on every
-shape but gate/up (197 against 143 us per layer): a form with one MMA left in flight while the next group is
+shape, gate/up by 1% (197 against 143 us per layer): a form with one MMA left in flight while the next group is
 dequantized gained nothing and gave wrong results in 4 of 16 runs (int4-wgmma-probe-async-h200.log); removed.
 
 Timed as the graph tuner times a config (graph_tuning.graph_seconds: CUDA graphs over weight copies that miss L2);
