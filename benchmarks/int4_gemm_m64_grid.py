@@ -62,20 +62,9 @@ def grid_configs() -> list[dict]:
             if not (swap and bn < 64)]
 
 
-def two_group_configs() -> list[dict]:
-    """HALF_DEQUANT tiles of 64 rows with a K tile of two groups (BLOCK_K 128): half the loop's iterations and
-    barriers per weight."""
-    return [dict(BLOCK_M=64, BLOCK_N=bn, BLOCK_K=128, GROUP_M=8, SPLIT_K=split, SWAP_AB=swap, HALF_DEQUANT=True,
-                 DEQUANT_ASM=True, num_warps=warps, num_stages=stages, label="k128")
-            for bn, warps, stages, split, swap in itertools.product((64, 128), (4, 8), (2, 3, 4), (1, 2, 4, 8),
-                                                                   (False, True))
-            if not (bn == 64 and warps == 8) and not (bn == 128 and swap)]
-
-
 def config_name(c: dict) -> str:
     flags = "".join(f" {name.lower()}" for name in ("SWAP_AB", "HALF_DEQUANT") if c.get(name))
-    return (f"bm{c['BLOCK_M']} bn{c['BLOCK_N']} bk{c['BLOCK_K']} w{c['num_warps']} s{c['num_stages']} "
-            f"split{c['SPLIT_K']}{flags}"
+    return (f"bm{c['BLOCK_M']} bn{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']} split{c['SPLIT_K']}{flags}"
             f" ({c['label']})")
 
 
@@ -126,7 +115,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     started = time.perf_counter()
     hbm = hbm_copy_GBps()
-    configs = tuner_configs() + grid_configs() + two_group_configs()
+    configs = tuner_configs() + grid_configs()
     rows = {}
     for n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02

@@ -64,7 +64,7 @@ def kernels(args) -> dict:
                     "SPLIT_K": args.split_k, "PDL": True}),
         "w4_gemm": (quant_gemm._quant_gemm_kernel.fn, gemm_args,
                     {"BITS": 4, "GROUP": 64, "HAS_MINS": True, "HAS_BIAS": False, "BLOCK_M": args.block_m,
-                     "BLOCK_N": args.block_n, "BLOCK_K": args.gemm_block_k, "GROUP_M": 8, "SPLIT_K": args.split_k,
+                     "BLOCK_N": args.block_n, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": args.split_k,
                      "SWAP_AB": args.swap_ab, "HALF_DEQUANT": args.half,
                      "DEQUANT_ASM": args.asm}),
         "w4_gemv": (quant_gemv._w4_gemv_body, w4_args,
@@ -122,7 +122,6 @@ def main() -> int:
     parser.add_argument("--block-n", type=int, default=8, help="w4_gemm: at least 16 (the dot's minimum)")
     parser.add_argument("--groups", type=int, default=8, help="w4_gemv: GROUPS_PER_BLOCK (groups of 64)")
     parser.add_argument("--block-k", type=int, default=4096, help="w8_gemv: BLOCK_K")
-    parser.add_argument("--gemm-block-k", type=int, default=64, help="w4_gemm: BLOCK_K (128: two groups of 64)")
     parser.add_argument("--row", action="store_true", help="w4_gemv, w8_gemv: the one-x-row loop (INT4_ROW, ROW)")
     parser.add_argument("--asm", action="store_true",
                         help="w4_gemv --row, w4_gemm --half: nibbles unpacked by inline PTX")

@@ -124,29 +124,6 @@ def test_quant_gemm(dtype, quant, m):
     assert split_k._COUNTERS[x.device].count_nonzero().item() == 0
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize("swap_ab,split,half", [(False, 1, True), (True, 2, True), (False, 2, False)])
-def test_int4_gemm_k_tiles_of_two_groups(symmetric, swap_ab, split, half):
-    """The int4 GEMM with a K tile of two groups (BLOCK_K 128, group 64: each group's half of the tile takes its own
-    scales and mins), launched directly; fp16 x (the interpreter mishandles bf16 storage), ragged M and N tiles."""
-    m, n, k = 20, 40, 512
-    w, _ = _quantized(n, k, QuantConfig(bits=4, group_size=64, symmetric=symmetric), seed=11)
-    x = _x(m, k, torch.float16, seed=12)
-    mins = w.get("mins")
-    ref = quant_gemv.w4_linear_ref(x.float(), w["qweight"], w["scales"], mins, 64)
-    out = torch.empty(m, n, dtype=x.dtype, device=DEVICE)
-    tile = (16, 32, split)
-    workspace, counters = quant_gemm._split_k_buffers(m, n, x.device, (tile,))
-    grid = (triton.cdiv(m, 16) * triton.cdiv(n, 32), split)
-    quant_gemm._quant_gemm_kernel.fn[grid](*quant_gemm._args(x, w["qweight"], w["scales"], mins, None, out, workspace,
-                                                             counters),
-                                           BITS=4, GROUP=64, HAS_MINS=mins is not None, HAS_BIAS=False, BLOCK_M=16,
-                                           BLOCK_N=32, BLOCK_K=128, GROUP_M=2, SPLIT_K=split, SWAP_AB=swap_ab,
-                                           HALF_DEQUANT=half)
-    assert _rel_err(out, ref) < 1e-2
-    assert counters.count_nonzero().item() == 0
-
-
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 def test_codes_to_half_is_exact(dtype):
     """The int4 GEMM's HALF_DEQUANT conversion: every code 0..15 to the same value in fp16 / bf16 (bf16 on CUDA:

@@ -198,37 +198,23 @@ if HAS_TRITON:
         else:
             offs_j = tl.arange(0, BLOCK_K // 2)
             w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-            # K is a multiple of GROUP, and GROUP of BLOCK_K or (GROUPS > 1 tiles, K of BLOCK_K) BLOCK_K of GROUP
-            GROUPS: tl.constexpr = BLOCK_K // GROUP if BLOCK_K > GROUP else 1
-            for k0 in range(k_begin, k_end, BLOCK_K):
+            for k0 in range(k_begin, k_end, BLOCK_K):     # K is a multiple of GROUP, GROUP of BLOCK_K
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)              # [BM, BK]
                 packed = tl.load(w_rows + (k0 // 2 + offs_j)[None, :], mask=n_mask[:, None], other=0)  # [BN, BK / 2]
+                group = k0 // GROUP
                 math_dtype = x.dtype if HALF_DEQUANT else tl.float32
                 if HALF_DEQUANT:
                     codes = tl.interleave(*nibbles_to_half(packed, x_ptr.dtype.element_ty, DEQUANT_ASM))  # [BN, BK]
                 else:
                     packed = packed.to(tl.int32)
                     codes = tl.interleave(codes_to_f32(packed & 0xF), codes_to_f32(packed >> 4))      # [BN, BK]
-                if GROUPS == 1:
-                    group = k0 // GROUP
-                    scale = tl.load(s_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(math_dtype)
-                    if HAS_MINS:
-                        low_value = tl.load(mn_ptr + offs_n * stride_sn + group, mask=n_mask,
-                                            other=0.0).to(math_dtype)
-                        w = codes * scale[:, None] + low_value[:, None]
-                    else:
-                        w = (codes - 8.0) * scale[:, None]
-                else:                                                       # each group's part of the tile
-                    codes = tl.reshape(codes, [BLOCK_N, GROUPS, GROUP])                              # [BN, G, GROUP]
-                    at = offs_n[:, None] * stride_sn + (k0 // GROUP + tl.arange(0, GROUPS))[None, :]  # [BN, G]
-                    scale = tl.load(s_ptr + at, mask=n_mask[:, None], other=0.0).to(math_dtype)[:, :, None]
-                    if HAS_MINS:
-                        low_value = tl.load(mn_ptr + at, mask=n_mask[:, None], other=0.0).to(math_dtype)
-                        w = codes * scale + low_value[:, :, None]
-                    else:
-                        w = (codes - 8.0) * scale
-                    w = tl.reshape(w, [BLOCK_N, BLOCK_K])
+                scale = tl.load(s_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(math_dtype)
+                if HAS_MINS:
+                    low_value = tl.load(mn_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(math_dtype)
+                    w = codes * scale[:, None] + low_value[:, None]
+                else:
+                    w = (codes - 8.0) * scale[:, None]
                 if SWAP_AB:
                     acc_t = tl.dot(w.to(x.dtype), tl.trans(x), acc_t)                                  # [BN, BM]
                 else:
