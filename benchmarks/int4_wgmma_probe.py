@@ -37,11 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GROUP = 64
 SHAPES = {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008)}
-CONFIGS = [(4, 1), (4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4)]          # (warps, K splits)
+# (warps, K splits, x ring slots)
+CONFIGS = [(4, 1, 3), (4, 2, 3), (4, 4, 3), (4, 8, 3), (8, 1, 3), (8, 2, 3), (8, 4, 3), (4, 1, 4), (4, 2, 4),
+           (4, 4, 4), (8, 2, 4)]
 
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
     HAS_GLUON = True
 except ImportError:                                  # (an older Triton)
@@ -62,6 +65,7 @@ def canonical_pairs_asm() -> str:
 if HAS_GLUON:
     _PAIRS = gl.constexpr(canonical_pairs_asm())
     _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier         # (Triton 3.6: thread_barrier)
+    _cp_async = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)       # (the same, 3.6)
 
     @gluon.jit
     def _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g, live, stride_w, stride_s):
@@ -88,10 +92,21 @@ if HAS_GLUON:
         return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
     @gluon.jit
-    def _w4_wgmma_kernel(x_ptr, w_ptr, s_ptr, m_ptr, y_ptr, acc_ptr, M, N, K, stride_x, stride_w, stride_s,
-                         stride_y, MB: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr):
-        """y[M, N] (SPLIT > 1: added into fp32 acc_ptr instead) = x_perm[M, K] @ dequant(W)[N, K]^T for the
-        program's 16 WARPS weight rows and its K run; M <= MB."""
+    def _x_copy(x_smem, x_at, x_ok, g, g0, g1, STAGES: gl.constexpr):
+        """x's tile of group g [MB, 64] into its ring slot by cp.async (nothing past the program's K run), then a
+        commit (an empty group there), so that every iteration waits on the same count."""
+        _cp_async(x_smem.index((g - g0) % STAGES), x_at + g * 64, mask=x_ok & (g < g1))
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _w4_wgmma_kernel(x_ptr, w_ptr, s_ptr, m_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, stride_x, stride_w,
+                         stride_s, stride_y, MB: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
+                         STAGES: gl.constexpr):
+        """y[M, N] = x_perm[M, K] @ dequant(W)[N, K]^T for the program's 16 WARPS weight rows and its K run; M <= MB.
+        x's tiles stream through a ring of STAGES shared-memory slots by cp.async, STAGES - 1 groups ahead; the
+        weights' codes, scales and mins load into registers two groups ahead. SPLIT > 1: program (t, s) takes the
+        s-th of SPLIT runs of K's groups and stores its fp32 tile to the workspace ws [tiles, SPLIT, BN, MB]; the
+        last of a tile's programs to finish (count_ptr, zero, set back to zero) sums them in run order and writes y."""
         L4: gl.constexpr = gl.BlockedLayout([1, 2, 1, 8], [1, 1, 8, 4], [WARPS, 1, 1, 1], [3, 2, 1, 0])
         R3: gl.constexpr = gl.SliceLayout(3, L4)
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -112,29 +127,42 @@ if HAS_GLUON:
         x_rows = gl.arange(0, MB, layout=gl.SliceLayout(1, XL))[:, None]
         x_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :]
         x_at = x_ptr + x_rows * stride_x + x_cols                                           # [MB, 64]
-        x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, MB, 64], X_SMEM)
+        x_ok = (x_rows < M) & (x_cols < 64)
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, MB, 64], X_SMEM)
         acc = gl.zeros([BN, MB], gl.float32, MMA)
+        for ahead in gl.static_range(STAGES - 1):
+            _x_copy(x_smem, x_at, x_ok, g0 + ahead, g0, g1, STAGES)
         codes, scale, low = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g0, g0 < g1, stride_w, stride_s)
-        x = gl.load(x_at + g0 * 64, mask=(x_rows < M) & (g0 < g1), other=0.0)
+        codes1, scale1, low1 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g0 + 1, g0 + 1 < g1, stride_w,
+                                             stride_s)
         for g in range(g0, g1):
-            live = g + 1 < g1                           # the next group's loads, in flight during this one's math
-            codes_next, scale_next, low_next = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g + 1, live,
-                                                             stride_w, stride_s)
-            x_next = gl.load(x_at + (g + 1) * 64, mask=(x_rows < M) & live, other=0.0)
-            slot = x_smem.index((g - g0) % 2)
-            slot.store(x)
+            codes2, scale2, low2 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g + 2, g + 2 < g1, stride_w,
+                                                 stride_s)
+            async_copy.wait_group(STAGES - 2)           # this thread's copy of group g's tile has landed
             fence_async_shared()
-            _barrier()
+            _barrier()                                  # everyone's has, and every warp's MMA of g - 1 is done
+            _x_copy(x_smem, x_at, x_ok, g + STAGES - 1, g0, g1, STAGES)     # into the slot g - 1 read
             a = _operand_a(codes, scale, low, A_LAYOUT, WARPS)
-            acc = warpgroup_mma(a, slot.permute((1, 0)), acc)
-            codes, scale, low, x = codes_next, scale_next, low_next, x_next
-        n_out = row0 + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))[:, None]
+            acc = warpgroup_mma(a, x_smem.index((g - g0) % STAGES).permute((1, 0)), acc)
+            codes, scale, low = codes1, scale1, low1
+            codes1, scale1, low1 = codes2, scale2, low2
+        async_copy.wait_group(0)
+        local_n = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))[:, None]
         m_out = gl.arange(0, MB, layout=gl.SliceLayout(0, MMA))[None, :]
+        n_out = row0 + local_n
         mask = (m_out < M) & (n_out < N)
         if SPLIT == 1:
             gl.store(y_ptr + m_out * stride_y + n_out, acc.to(gl.bfloat16), mask=mask)
         else:
-            gl.atomic_add(acc_ptr + m_out * N + n_out, acc, mask=mask)
+            tile_ws = ws_ptr + gl.program_id(0) * (SPLIT * BN * MB) + local_n * MB + m_out      # [BN, MB]
+            gl.store(tile_ws + gl.program_id(1) * (BN * MB), acc)
+            _barrier()                                  # every thread's partial is stored before the count
+            if gl.atomic_add(count_ptr + gl.program_id(0), 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+                total = gl.zeros([BN, MB], gl.float32, MMA)
+                for split in gl.static_range(SPLIT):    # run order: the same sums whichever program is last
+                    total += gl.load(tile_ws + split * (BN * MB), cache_modifier=".cg")
+                gl.atomic_xchg(count_ptr + gl.program_id(0), 0)
+                gl.store(y_ptr + m_out * stride_y + n_out, total.to(gl.bfloat16), mask=mask)
 
 
 def k_order() -> torch.Tensor:
@@ -150,20 +178,29 @@ def permuted_x(x: torch.Tensor) -> torch.Tensor:
     return x.view(m, k // GROUP, GROUP)[:, :, k_order().to(x.device)].reshape(m, k).contiguous()
 
 
-def w4_wgmma(x_perm: torch.Tensor, q: dict, warps: int, split: int, out: torch.Tensor,
-             acc: torch.Tensor | None = None) -> torch.Tensor:
-    """out [M, N] bf16 = x @ dequant(q)^T for x_perm = permuted_x(x) (M <= 64); acc: fp32 [M, N] scratch (split > 1)."""
+def w4_wgmma(x_perm: torch.Tensor, q: dict, warps: int, split: int, stages: int, out: torch.Tensor) -> torch.Tensor:
+    """out [M, N] bf16 = x @ dequant(q)^T for x_perm = permuted_x(x) (M <= 64)."""
+    from tierllm.kernels.split_k import split_k_counters
+
     m, k = x_perm.shape
     n = q["qweight"].shape[0]
-    grid = (-(-n // (16 * warps)), split)
-    if split > 1:
-        acc.zero_()
-    _w4_wgmma_kernel[grid](x_perm, q["qweight"], q["scales"], q["mins"], out, acc if split > 1 else out, m, n, k,
-                           x_perm.stride(0), q["qweight"].stride(0), q["scales"].stride(0), out.stride(0),
-                           MB=64, WARPS=warps, SPLIT=split, num_warps=warps)
-    if split > 1:
-        out.copy_(acc)
+    tiles = -(-n // (16 * warps))
+    workspace = _workspace(x_perm.device, tiles * split * 16 * warps * 64) if split > 1 else out
+    counters = split_k_counters(x_perm.device, tiles) if split > 1 else out
+    _w4_wgmma_kernel[(tiles, split)](x_perm, q["qweight"], q["scales"], q["mins"], out, workspace, counters, m, n, k,
+                                     x_perm.stride(0), q["qweight"].stride(0), q["scales"].stride(0), out.stride(0),
+                                     MB=64, WARPS=warps, SPLIT=split, STAGES=stages, num_warps=warps)
     return out
+
+
+_WORKSPACES: dict = {}
+
+
+def _workspace(device: torch.device, numel: int) -> torch.Tensor:
+    """fp32 split-K partials, kept per size (CUDA graphs point at them)."""
+    if (device, numel) not in _WORKSPACES:
+        _WORKSPACES[device, numel] = torch.empty(numel, dtype=torch.float32, device=device)
+    return _WORKSPACES[device, numel]
 
 
 def main(argv=None) -> int:
@@ -190,7 +227,6 @@ def main(argv=None) -> int:
         x = torch.randn(args.rows, k, device="cuda", dtype=torch.bfloat16)
         ref = quant_gemv.w4_linear_ref(x, q["qweight"], q["scales"], q["mins"], 64)
         out = torch.empty(args.rows, n, device="cuda", dtype=torch.bfloat16)
-        acc = torch.empty(args.rows, n, device="cuda", dtype=torch.float32)
         xp = permuted_x(x)
         cublas = graph_seconds(lambda weight, x=x, out=out: torch.matmul(x, weight.t(), out=out),
                                weight_copies(w)) * 1e6
@@ -201,13 +237,14 @@ def main(argv=None) -> int:
                                   weight_copies(q["qweight"])) * 1e6
         copies = weight_copies(q["qweight"])
         timed = []
-        for warps, split in CONFIGS:
-            label = f"warps {warps} split {split}"
+        for warps, split, stages in CONFIGS:
+            label = f"warps {warps} split {split} stages {stages}"
             try:
-                y = w4_wgmma(xp, q, warps, split, out, acc)
+                y = w4_wgmma(xp, q, warps, split, stages, out)
                 error = rel_err(y, ref)
-                def launch(codes, c=(warps, split), xp=xp, q=q, out=out, acc=acc):
-                    return w4_wgmma(xp, {**q, "qweight": codes}, *c, out, acc)
+
+                def launch(codes, c=(warps, split, stages), xp=xp, q=q, out=out):
+                    return w4_wgmma(xp, {**q, "qweight": codes}, *c, out)
 
                 us = graph_seconds(launch, copies) * 1e6
             except Exception as failure:          # a config the compiler refuses
