@@ -13,11 +13,15 @@ group of 64 is permuted: logical k = 16 s + 8 h + 2 t + j (s: k-step, t: lane % 
 canonical k = 16 t + 4 s + 2 h + j, the codes lane t holds anyway; x is laid out in that order (`permuted_x`, a
 gather here; a preparing kernel or the kernel before would write it so in the engine). The conversion to the operand
 layout is asserted trivial at compile time. Program: 16 x WARPS weight rows (one 64-row wgmma tile per warpgroup)
-against all of x's rows (at most 64), K in SPLIT runs (fp32 atomics into a zeroed buffer, then a cast, both timed).
+against all of x's rows (at most 64), K in SPLIT runs summed in the kernel (per-tile counters, as quant_gemm's).
+x's tiles stream through a cp.async ring of STAGES slots and the weights load two groups ahead.
 
-On an H200 (int4-wgmma-probe-h200.json) it was correct at its first run and slower than the Triton GEMM on every
-shape, gate/up by 1% (197 against 143 us per layer): a form with one MMA left in flight while the next group is
-dequantized gained nothing and gave wrong results in 4 of 16 runs (int4-wgmma-probe-async-h200.log); removed.
+On an H200 the first form (62ceb6d: x and the weights one group ahead in registers, split K by fp32 atomics plus a
+zero fill and a cast kernel; int4-wgmma-probe-h200.json) was correct at its first run and slower than the Triton
+GEMM on every shape, gate/up by 1% (197 against 143 us per layer). A form with one MMA left in flight while the
+next group is dequantized gained nothing and gave wrong results in 4 of 16 runs (int4-wgmma-probe-async-h200.log);
+removed. This form (the ring, the deeper weight loads, split K in the kernel) compiles for sm90 under Triton 3.6
+and 3.9 but has not run on a GPU yet.
 
 Timed as the graph tuner times a config (graph_tuning.graph_seconds: CUDA graphs over weight copies that miss L2);
 each config is first checked against the torch reference.
