@@ -248,9 +248,10 @@ def _precompiling_autotuner() -> type:
 
         def _bench(self, *args, config, **meta):
             configs, self.untimed = getattr(self, "untimed", None), None
-            tensor = next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
-            if configs and tensor is not None:
-                precompile(configs, lambda c, _: self.fn.run(*args, **meta, **c.all_kwargs()), tensor)
+            if configs:                                  # the key's first timing
+                tensor = next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
+                if tensor is not None:
+                    precompile(configs, lambda c, _: self.fn.run(*args, **meta, **c.all_kwargs()), tensor)
             return super()._bench(*args, config=config, **meta)
 
     return PrecompilingAutotuner

@@ -9,8 +9,8 @@ Where: $TIERLLM_TUNING_CACHE (a JSON file), by default ~/.cache/tierllm/gemv-tun
 honoured); TIERLLM_TUNING_CACHE=0 turns it off. An entry is found by the GPU's name, a hash of the tuned kernels'
 sources (tuned_sources: the modules that use the graph tuner and the kernel modules they import, not the tuning
 machinery itself) and the Triton and torch versions, the call's tuning key and the configs it weighs, so that
-changed GEMV code or a changed list times again, and a change elsewhere (attention, the tuner's own code) does not. A file that cannot be read or written is passed over
-(logged), never fatal."""
+changed GEMV code or a changed list times again, and a change elsewhere (attention, the tuner's own code) does not.
+A file that cannot be read or written is passed over (logged), never fatal."""
 from __future__ import annotations
 
 import ast
