@@ -44,6 +44,19 @@ NAMES = {(12288, 4096): "qkv", (4096, 4096): "o", (22016, 4096): "gate_up", (409
 PICKS = {"qkv": (4, 2), "o": (3, 4), "gate_up": (3, 1), "down": (3, 8)}
 
 
+def layer_summary(totals: dict, hbm_GBps: float) -> tuple[dict, dict]:
+    """Per llama-7b layer (SHAPES' four linears): the ceilings, the weights' bytes at the measured HBM copy rate
+    (int4: codes and fp16 scales and mins, group 64; bf16), and each total of `totals` (us per layer) over
+    cuBLAS bf16's ("cublas_bf16_us")."""
+    int4_bytes = sum(n * k // 2 + 4 * n * (k // 64) for n, k in SHAPES)
+    bf16_bytes = sum(2 * n * k for n, k in SHAPES)
+    ceilings = {"hbm_copy_GBps": hbm_GBps, "int4_weight_floor_us_per_layer": round(int4_bytes / hbm_GBps / 1e3, 2),
+                "bf16_weight_floor_us_per_layer": round(bf16_bytes / hbm_GBps / 1e3, 2)}
+    ratios = {f"{key[:-3]}_over_cublas_bf16": round(value / totals["cublas_bf16_us"], 3)
+              for key, value in totals.items() if key != "cublas_bf16_us"}
+    return ceilings, ratios
+
+
 def tuner_configs() -> list[dict]:
     """quant_gemm's autotuner configs that apply to int4 (group 64), as launch keyword dicts."""
     configs = quant_gemm._prune(quant_gemm._CONFIGS + quant_gemm._HALF_DEQUANT_CONFIGS, {"BITS": 4, "GROUP": 64})
@@ -171,8 +184,11 @@ def main(argv=None) -> int:
     print(f"per layer: cuBLAS bf16 {totals['cublas_bf16_us']} us, tinygemm {totals['tinygemm_best_us']} us, "
           f"int4 tuner's best {totals['tuner_best_us']} us, "
           f"grid's best {totals['best_us']} us ({time.perf_counter() - started:.0f} s)")
-    write_result(args.out, "int4_gemm_m64_grid", torch.device("cuda"), {"hbm_copy_GBps": hbm}, {},
-                 {"shapes": rows, "per_layer": totals}, [],
+    ceilings, ratios = layer_summary(totals, hbm)
+    peers = {"cublas_bf16_us_per_layer": totals["cublas_bf16_us"], "tinygemm_us_per_layer": totals["tinygemm_best_us"],
+             "note": "torch.matmul on the bf16 weight and torch's tinygemm int4 kernel, per shape in results.shapes"}
+    write_result(args.out, "int4_gemm_m64_grid", torch.device("cuda"), ceilings, peers,
+                 {"shapes": rows, "per_layer": totals, "per_layer_over_cublas_bf16": ratios}, [],
                  {"rows": args.rows, "configs": len(configs), "wall_s": round(time.perf_counter() - started)})
     print(f"wrote {args.out}")
     return 0

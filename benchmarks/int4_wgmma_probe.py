@@ -208,7 +208,7 @@ def _workspace(device: torch.device, numel: int) -> torch.Tensor:
 
 
 def main(argv=None) -> int:
-    from int4_gemm_m64_grid import PICKS, gemm_launch
+    from int4_gemm_m64_grid import PICKS, gemm_launch, layer_summary
     from quant_kernel_sweep import rel_err
 
     import tierllm
@@ -271,8 +271,11 @@ def main(argv=None) -> int:
     if all(r["wgmma_best"] for r in rows.values()):
         totals["wgmma_best_us"] = round(sum(r["wgmma_best"]["us"] for r in rows.values()), 2)
     print(f"per layer: {totals} ({time.perf_counter() - started:.0f} s)")
-    write_result(args.out, "int4_wgmma_probe", torch.device("cuda"), {"hbm_copy_GBps": hbm_copy_GBps()}, {},
-                 {"shapes": rows, "per_layer": totals}, [],
+    ceilings, ratios = layer_summary(totals, hbm_copy_GBps())
+    peers = {"cublas_bf16_us_per_layer": totals["cublas_bf16_us"],
+             "note": "torch.matmul on the bf16 weight, per shape in results.shapes"}
+    write_result(args.out, "int4_wgmma_probe", torch.device("cuda"), ceilings, peers,
+                 {"shapes": rows, "per_layer": totals, "per_layer_over_cublas_bf16": ratios}, [],
                  {"rows": args.rows, "note": "x permuted by a torch gather outside the timing"})
     print(f"wrote {args.out}")
     return 0
