@@ -54,45 +54,51 @@ try:
 except ImportError:                                  # (an older Triton)
     HAS_GLUON = False
 
-def canonical_pairs_asm() -> str:
-    """PTX: 4 bytes ($4) -> their 8 codes as bf16 values 0..15 in canonical k order, two per register: $0 = (byte 0's
-    low nibble, its high nibble), $1 = byte 1's, $2, $3 bytes 2's and 3's. Per byte one PRMT (the byte, and the same
-    byte of the word shifted right by 4, into the two halves), one LOP3 (keep each half's low nibble, OR in the bits
-    of 128.0, whose last mantissa unit is 1) and one packed subtraction of 128 (exact)."""
-    lines = ["{", ".reg .b32 h, t, k;", "mov.b32 k, 0x43004300;", "shr.b32 h, $4, 4;"]
-    for i in range(4):
-        lines += [f"prmt.b32 t, $4, h, 0x{0x0400 + 0x0101 * i:04x};", "lop3.b32 t, t, 0x000F000F, k, 0xEA;",
-                  f"sub.rn.bf16x2 ${i}, t, k;"]
+def word_pairs_asm() -> str:
+    """PTX, pack=8: one int32 word of 8 codes ($4; $5-$11 are the same word, Triton's packing of a broadcast) ->
+    the 8 dequantized bf16 weights, two per register: $s = (nibble s, nibble s + 4) * scale + min for s = 0..3.
+    Per pair one LOP3 (keep each half's low nibble, OR in the bits of 128.0, whose last mantissa unit is 1), one
+    packed subtraction of 128 (exact) and one packed FMA with the (scale, scale) and (min, min) registers $12 and
+    $16 (bf16, as quant_gemm's HALF_DEQUANT rounds them); three SHF per word bring nibbles 1-3 down. Temporaries
+    first: an output may share a register with an input."""
+    lines = ["{", ".reg .b32 k, h1, h2, h3, t0, t1, t2, t3;", "mov.b32 k, 0x43004300;",
+             "shr.b32 h1, $4, 4;", "shr.b32 h2, $4, 8;", "shr.b32 h3, $4, 12;"]
+    for pair, source in enumerate(["$4", "h1", "h2", "h3"]):
+        lines += [f"lop3.b32 t{pair}, {source}, 0x000F000F, k, 0xEA;", f"sub.rn.bf16x2 t{pair}, t{pair}, k;",
+                  f"fma.rn.bf16x2 t{pair}, t{pair}, $12, $16;"]
+    lines += [f"mov.b32 ${pair}, t{pair};" for pair in range(4)]
     return "\n        ".join(lines + ["}"])
 
 
 if HAS_GLUON:
-    _PAIRS = gl.constexpr(canonical_pairs_asm())
+    _PAIRS = gl.constexpr(word_pairs_asm())
+    _PAIRS_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 16))  # out x4; word x8, scale x4, min x4
     _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier         # (Triton 3.6: thread_barrier)
     _cp_async = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)       # (the same, 3.6)
 
     @gluon.jit
-    def _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g, live, stride_w, stride_s):
-        """One group's packed codes [W, 2, 8, 32] (rows 16 w + 8 h + gid, bytes 8 t .. 8 t + 7 per lane t) and its
-        rows' scales and mins [W, 2, 8]; zeros where not live (past the program's K run)."""
-        codes = gl.load(w_ptr + rows[:, :, :, None] * stride_w + (g * 32 + byte)[None, None, None, :],
-                        mask=live, other=0)
+    def _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g, live, stride_w, stride_s):
+        """One group's code words [W, 2, 8, 4, 2] (row 16 w + 8 half + gid; lane t's words 2 t, 2 t + 1 of the
+        group's 8, its 16 codes) and its rows' scales and mins [W, 2, 8]; zeros where not live (past the program's
+        K run)."""
+        codes = gl.load(w_ptr + rows[:, :, :, None, None] * stride_w + g * 8 + words, mask=live, other=0)
         scale = gl.load(s_ptr + rows * stride_s + g, mask=live, other=0.0)
         low = gl.load(m_ptr + rows * stride_s + g, mask=live, other=0.0)
         return codes, scale, low
 
     @gluon.jit
-    def _operand_a(codes, scale, low, A_LAYOUT: gl.constexpr, WARPS: gl.constexpr):
-        """Packed codes [W, 2, 8, 32] -> the dequantized weights [16 W, 64] bf16 in wgmma's first-operand layout,
-        logical k = 16 s + 8 h + 2 t + j holding canonical k = 16 t + 4 s + 2 h + j (no data moves)."""
-        # [W, 2, 8, 32] each: element 4 q + e of `first` holds canonical k 8 q + e, of `second` 8 q + 4 + e
-        first, second = gl.inline_asm_elementwise(asm=_PAIRS, constraints="=r,=r,=r,=r,r", args=[codes],
-                                                  dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
-        s = scale.to(gl.bfloat16)[:, :, :, None]
-        m = low.to(gl.bfloat16)[:, :, :, None]
-        w = gl.join(gl.reshape(first * s + m, [WARPS, 2, 8, 8, 4]), gl.reshape(second * s + m, [WARPS, 2, 8, 8, 4]))
-        w = gl.reshape(gl.permute(w, (0, 1, 2, 3, 5, 4)), [WARPS, 2, 8, 4, 4, 2, 2])   # canonical 16t + 4s + 2h + j
-        w = gl.reshape(gl.permute(w, (0, 1, 2, 4, 5, 3, 6)), [16 * WARPS, 64])        # logical 16s + 8h + 2t + j
+    def _operand_a(codes, scale, low, L6: gl.constexpr, A_LAYOUT: gl.constexpr, WARPS: gl.constexpr):
+        """Code words [W, 2, 8, 4, 2] -> the dequantized weights [16 W, 64] bf16 in wgmma's first-operand layout:
+        logical k = 16 S + 8 h + 2 t + j holds canonical k = 16 t + 8 h + 4 j + S, i.e. lane t's word h, pair S,
+        half j (no data moves)."""
+        full = gl.full([WARPS, 2, 8, 4, 2, 8], 0, gl.int32, L6)
+        word8 = gl.broadcast(codes[:, :, :, :, :, None], full)[0]            # each word's 8 outputs read it
+        s8 = gl.broadcast(scale.to(gl.bfloat16)[:, :, :, None, None, None], full)[0]
+        m8 = gl.broadcast(low.to(gl.bfloat16)[:, :, :, None, None, None], full)[0]
+        w = gl.inline_asm_elementwise(asm=_PAIRS, constraints=_PAIRS_CONSTRAINTS, args=[word8, s8, m8],
+                                      dtype=gl.bfloat16, is_pure=True, pack=8)       # [W, 2, 8, t 4, h 2, 2 S + j]
+        w = gl.reshape(w, [WARPS, 2, 8, 4, 2, 4, 2])
+        w = gl.reshape(gl.permute(w, (0, 1, 2, 5, 4, 3, 6)), [16 * WARPS, 64])       # [rows, 16 S + 8 h + 2 t + j]
         return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
     @gluon.jit
@@ -111,8 +117,10 @@ if HAS_GLUON:
         weights' codes, scales and mins load into registers two groups ahead. SPLIT > 1: program (t, s) takes the
         s-th of SPLIT runs of K's groups and stores its fp32 tile to the workspace ws [tiles, SPLIT, BN, MB]; the
         last of a tile's programs to finish (count_ptr, zero, set back to zero) sums them in run order and writes y."""
-        L4: gl.constexpr = gl.BlockedLayout([1, 2, 1, 8], [1, 1, 8, 4], [WARPS, 1, 1, 1], [3, 2, 1, 0])
-        R3: gl.constexpr = gl.SliceLayout(3, L4)
+        L6: gl.constexpr = gl.BlockedLayout([1, 2, 1, 1, 2, 8], [1, 1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1, 1],
+                                            [5, 4, 3, 2, 1, 0])
+        W5: gl.constexpr = gl.SliceLayout(5, L6)                      # code words [W, 2, 8, 4, 2]
+        R3: gl.constexpr = gl.SliceLayout(3, gl.SliceLayout(4, W5))     # rows [W, 2, 8]
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, MB, 16])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -127,7 +135,10 @@ if HAS_GLUON:
         half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, R3)))[None, :, None]
         gid = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, R3)))[None, None, :]
         rows = row0 + 16 * warp + 8 * half + gid                                           # [W, 2, 8]
-        byte = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))
+        W2: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, W5)))  # [4, 2] of W5's last two
+        lane = gl.arange(0, 4, layout=gl.SliceLayout(1, W2))[:, None]
+        word = gl.arange(0, 2, layout=gl.SliceLayout(0, W2))[None, :]
+        words = (2 * lane + word)[None, None, None, :, :]                                  # [1, 1, 1, 4, 2]
         x_rows = gl.arange(0, MB, layout=gl.SliceLayout(1, XL))[:, None]
         x_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :]
         x_at = x_ptr + x_rows * stride_x + x_cols                                           # [MB, 64]
@@ -136,17 +147,17 @@ if HAS_GLUON:
         acc = gl.zeros([BN, MB], gl.float32, MMA)
         for ahead in gl.static_range(STAGES - 1):
             _x_copy(x_smem, x_at, x_ok, g0 + ahead, g0, g1, STAGES)
-        codes, scale, low = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g0, g0 < g1, stride_w, stride_s)
-        codes1, scale1, low1 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g0 + 1, g0 + 1 < g1, stride_w,
+        codes, scale, low = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0, g0 < g1, stride_w, stride_s)
+        codes1, scale1, low1 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0 + 1, g0 + 1 < g1, stride_w,
                                              stride_s)
         for g in range(g0, g1):
-            codes2, scale2, low2 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, byte, g + 2, g + 2 < g1, stride_w,
+            codes2, scale2, low2 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 2, g + 2 < g1, stride_w,
                                                  stride_s)
             async_copy.wait_group(STAGES - 2)           # this thread's copy of group g's tile has landed
             fence_async_shared()
             _barrier()                                  # everyone's has, and every warp's MMA of g - 1 is done
             _x_copy(x_smem, x_at, x_ok, g + STAGES - 1, g0, g1, STAGES)     # into the slot g - 1 read
-            a = _operand_a(codes, scale, low, A_LAYOUT, WARPS)
+            a = _operand_a(codes, scale, low, L6, A_LAYOUT, WARPS)
             acc = warpgroup_mma(a, x_smem.index((g - g0) % STAGES).permute((1, 0)), acc)
             codes, scale, low = codes1, scale1, low1
             codes1, scale1, low1 = codes2, scale2, low2
@@ -170,10 +181,10 @@ if HAS_GLUON:
 
 
 def k_order() -> torch.Tensor:
-    """[64] canonical k of each logical k of a group: logical 16 s + 8 h + 2 t + j <- canonical 16 t + 4 s + 2 h + j."""
+    """[64] canonical k of each logical k of a group: logical 16 s + 8 h + 2 t + j <- canonical 16 t + 8 h + 4 j + s."""
     logical = torch.arange(64)
     s, h, t, j = logical // 16, logical // 8 % 2, logical // 2 % 4, logical % 2
-    return 16 * t + 4 * s + 2 * h + j
+    return 16 * t + 8 * h + 4 * j + s
 
 
 def permuted_x(x: torch.Tensor) -> torch.Tensor:
@@ -191,8 +202,9 @@ def w4_wgmma(x_perm: torch.Tensor, q: dict, warps: int, split: int, stages: int,
     tiles = -(-n // (16 * warps))
     workspace = _workspace(x_perm.device, tiles * split * 16 * warps * 64) if split > 1 else out
     counters = split_k_counters(x_perm.device, tiles) if split > 1 else out
-    _w4_wgmma_kernel[(tiles, split)](x_perm, q["qweight"], q["scales"], q["mins"], out, workspace, counters, m, n, k,
-                                     x_perm.stride(0), q["qweight"].stride(0), q["scales"].stride(0), out.stride(0),
+    words = q["qweight"].view(torch.int32)                 # [N, K / 8]: 8 codes per word
+    _w4_wgmma_kernel[(tiles, split)](x_perm, words, q["scales"], q["mins"], out, workspace, counters, m, n, k,
+                                     x_perm.stride(0), words.stride(0), q["scales"].stride(0), out.stride(0),
                                      MB=64, WARPS=warps, SPLIT=split, STAGES=stages, num_warps=warps)
     return out
 
