@@ -50,6 +50,8 @@
 #                                            # engine's gate/up -> down chain (the CPU count and cgroup quota first)
 #   bash benchmarks/quant_session.sh gemm64  # int4_gemm_m64_grid.py: the int4 GEMM at batch 64 over the tuner's and a
 #                                            # wider grid of tiles against cuBLAS bf16, per llama-7b linear
+#   bash benchmarks/quant_session.sh wgmma   # the int4 wgmma GEMM's GPU tests, then int4_wgmma_probe.py at 64, 32
+#                                            # and 16 rows (~4 minutes)
 #   bash benchmarks/quant_session.sh gemm64-ncu # Nsight Compute sections of that GEMM's picks and cuBLAS bf16
 #   bash benchmarks/quant_session.sh w4a8    # w4a8_dp4a_probe.py: an int4 GEMV on int8 x (DP4A) against XHALF
 #   bash benchmarks/quant_session.sh attention # decode_attention_probe.py: the decode attention's tile, split count
@@ -103,6 +105,13 @@ case "$part" in
   gemm64)
     timeout 560 python3 -c "$LOGGED" benchmarks/int4_gemm_m64_grid.py --out "$OUT/int4-gemm-m64-grid-h200.json" \
         2>&1 | tee "$OUT/int4-gemm-m64-grid.log" | grep -v -i warn | cut -c1-300
+    ;;
+  wgmma)
+    timeout 240 python3 -m pytest -q -x tests/gpu/test_int4_wgmma_gpu.py 2>&1 | tee "$OUT/gpu-tests-int4-wgmma.log" | tail -5
+    for rows in 64 32 16; do
+      timeout 120 python3 benchmarks/int4_wgmma_probe.py --rows "$rows" --out "$OUT/int4-wgmma-probe-m$rows.json" \
+          2>&1 | grep -v -i warn | grep -v "^           {" | cut -c1-300
+    done
     ;;
   gemm64-ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
@@ -222,5 +231,5 @@ case "$part" in
     timeout 580 python3 -c "$LOGGED" benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: peer-split, fused-mlp, gemm64, gemm64-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: peer-split, fused-mlp, gemm64, wgmma, gemm64-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench" >&2; exit 2 ;;
 esac

@@ -18,6 +18,7 @@ from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, use_triton
 from tierllm.kernels.cpu_int8 import takes_int8_cpu_kernel, w8_linear_cpu
 from tierllm.kernels.dequant import dequantize_triton
 from tierllm.kernels.gemv import unfused_linear
+from tierllm.kernels.int4_wgmma import takes_w4_wgmma, w4_wgmma_linear
 from tierllm.kernels.parallel_compile import precompiling
 from tierllm.kernels.quant_gemv import (
     QUANT_GEMV_ROWS,
@@ -302,13 +303,16 @@ def _args(x, qweight, scales, mins, bias, y, workspace, counters) -> tuple:
 def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  bits: int, group_size: int | None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Weight-only quantized linear, [M, K] -> [M, N]: Triton (the GEMV up to QUANT_GEMV_ROWS[bits] rows, the GEMM
-    above) for fp16/bf16 activations on CUDA; int8 with fp32 activations on the CPU, torch's int8 kernel
-    (cpu_int8.py); the torch reference (dequantize + matmul) otherwise."""
+    above; int4 on an H100/H200 up to 64 rows: the wgmma GEMM, int4_wgmma.py) for fp16/bf16 activations on CUDA;
+    int8 with fp32 activations on the CPU, torch's int8 kernel (cpu_int8.py); the torch reference (dequantize +
+    matmul) otherwise."""
     if x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1:
         if x.shape[0] <= QUANT_GEMV_ROWS[bits]:
             if bits == 8:
                 return w8_gemv_triton(x, qweight, scales, bias)
             return w4_gemv_triton(x, qweight, scales, mins, group_size, bias)
+        if bits == 4 and takes_w4_wgmma(x, group_size):
+            return w4_wgmma_linear(x, qweight, scales, mins, bias)
         if x.shape[0] < DEQUANT_MIN_ROWS and (bits == 8 or group_size >= 64):
             return quant_gemm_triton(x, qweight, scales, mins, bits, group_size, bias)
         return F.linear(x, dequantize_triton(qweight, scales, mins, bits, group_size, x.dtype), bias)

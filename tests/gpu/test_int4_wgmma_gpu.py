@@ -1,0 +1,96 @@
+"""On an H100/H200: the int4 wgmma GEMM (tierllm/kernels/int4_wgmma.py) against the torch reference on random
+inputs, bit-for-bit repeatable (a race between an MMA and the registers or x slot it reads shows as runs that
+differ), with and without programmatic dependent launch, inside a CUDA graph, and as quant_linear's path for
+9-64 rows."""
+import pytest
+import torch
+
+from tierllm.config import QuantConfig
+from tierllm.kernels import int4_wgmma, quant_gemm, quant_gemv
+from tierllm.quant.quantize import quantize_weight
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+                                 or not int4_wgmma.HAS_GLUON, reason="needs an H100/H200 and Triton's Gluon")]
+
+# (N, K, x rows): one tile; ragged N and 11 groups (the last loop iteration part masked); a 33-row x (MB 64);
+# llama-7b's o and down shapes at 64 rows
+CASES = [(64, 256, 16), (100, 704, 9), (192, 1024, 33), (4096, 4096, 64), (4096, 11008, 64)]
+
+
+def _weights(n: int, k: int, symmetric: bool, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    packed = quantize_weight(torch.randn(n, k, generator=gen) * 0.05, QuantConfig(bits=4, group_size=64,
+                                                                                   symmetric=symmetric))
+    return {name: t.cuda() for name, t in packed.items()}
+
+
+def _x(m: int, k: int, seed: int) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).cuda().to(torch.bfloat16)
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all()
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("n,k,m", CASES)
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("split", [None, 1, 3])
+def test_w4_wgmma_linear_matches_the_reference(n, k, m, symmetric, split):
+    w = _weights(n, k, symmetric, seed=n + k)
+    x = _x(m, k, seed=m)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(1)).cuda().to(torch.bfloat16) if n < 200 else None
+    y = int4_wgmma.w4_wgmma_linear(x, w["qweight"], w["scales"], w.get("mins"), bias, split=split).clone()
+    ref = quant_gemv.w4_linear_ref(x.float(), w["qweight"], w["scales"], w.get("mins"), 64,
+                                   None if bias is None else bias.float())
+    # bf16 rounding of the scales, mins and dequantized weights (quant_gemm's HALF_DEQUANT path: 0.6%)
+    assert _rel_err(y, ref) < 1.5e-2
+    for _ in range(5):
+        assert torch.equal(int4_wgmma.w4_wgmma_linear(x, w["qweight"], w["scales"], w.get("mins"), bias,
+                                                      split=split), y)
+
+
+def test_pdl_and_the_permuted_input_give_the_same_bits():
+    n, k, m = 192, 1024, 40
+    w = _weights(n, k, False, seed=3)
+    x = _x(m, k, seed=4)
+    args = (w["qweight"], w["scales"], w["mins"])
+    plain = int4_wgmma.w4_wgmma_linear(x, *args, pdl=False)
+    assert torch.equal(int4_wgmma.w4_wgmma_linear(x, *args, pdl=True), plain)
+    assert torch.equal(int4_wgmma.w4_wgmma_linear(int4_wgmma.permute_groups_ref(x).contiguous(), *args,
+                                                  x_permuted=True), plain)
+
+
+def test_a_cuda_graph_replays_on_new_inputs():
+    n, k, m = 4096, 4096, 64
+    w = _weights(n, k, False, seed=5)
+    x = _x(m, k, seed=6)
+    args = (w["qweight"], w["scales"], w["mins"])
+    int4_wgmma.w4_wgmma_linear(x, *args)                      # compiled and the split-K counters made, eagerly
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        y = int4_wgmma.w4_wgmma_linear(x, *args)
+    torch.cuda.current_stream().wait_stream(stream)
+    x.copy_(_x(m, k, seed=7))
+    graph.replay()
+    assert torch.equal(y, int4_wgmma.w4_wgmma_linear(x, *args))
+
+
+def test_quant_linear_takes_it_between_the_gemv_and_64_rows(monkeypatch):
+    n, k = 192, 1024
+    w = _weights(n, k, False, seed=8)
+    args = (w["qweight"], w["scales"], w["mins"], 4, 64)
+    for m in (9, 64):
+        x = _x(m, k, seed=m)
+        assert torch.equal(quant_gemm.quant_linear(x, *args), int4_wgmma.w4_wgmma_linear(x, *args[:3]))
+    x = _x(64, k, seed=9)
+    assert not int4_wgmma.takes_w4_wgmma(_x(65, k, seed=1), 64)
+    assert not int4_wgmma.takes_w4_wgmma(x.half(), 64)
+    assert not int4_wgmma.takes_w4_wgmma(x, 128)
+    monkeypatch.setenv("TIERLLM_INT4_WGMMA", "0")              # the Triton GEMM instead
+    assert not int4_wgmma.takes_w4_wgmma(x, 64)
+    ref = quant_gemv.w4_linear_ref(x.float(), *args[:3], 64)
+    assert _rel_err(quant_gemm.quant_linear(x, *args), ref) < 1.5e-2

@@ -1,0 +1,121 @@
+"""The int4 wgmma GEMM's data layout (tierllm/kernels/int4_wgmma.py), on CPU: the Gluon kernel itself needs an
+H100/H200 (tests/gpu/test_int4_wgmma_gpu.py runs it). Here: the k order that lets a lane's dequantized words be
+wgmma's first operand as they are, an integer model of the PTX block that dequantizes a word, the x permutation
+kernel (Triton's interpreter) and the K-split choice."""
+import pytest
+import torch
+
+from tierllm.config import QuantConfig
+from tierllm.kernels import int4_wgmma
+from tierllm.kernels._dispatch import HAS_TRITON
+from tierllm.quant.formats import dequantize_int4
+from tierllm.quant.quantize import quantize_weight
+
+
+def test_k_order_gives_each_lane_its_own_words_in_operand_order():
+    order = int4_wgmma.k_order()
+    assert sorted(order.tolist()) == list(range(64))
+    for t in range(4):
+        for h in range(2):
+            # wgmma's first operand: per k-step S, lane t holds logical k 16 S + 8 h + 2 t + j (j = 0, 1)
+            slots = [16 * s + 8 * h + 2 * t + j for s in range(4) for j in range(2)]
+            # ... which must be lane t's word h: canonical k 16 t + 8 h .. 16 t + 8 h + 7
+            assert sorted(order[slots].tolist()) == list(range(16 * t + 8 * h, 16 * t + 8 * h + 8))
+            for s in range(4):                 # and register S of the word holds nibbles S (low), S + 4 (high)
+                low, high = order[16 * s + 8 * h + 2 * t], order[16 * s + 8 * h + 2 * t + 1]
+                assert (low - 16 * t - 8 * h, high - 16 * t - 8 * h) == (s, s + 4)
+
+
+def _bf16_bits(value: float) -> int:
+    return torch.tensor([value], dtype=torch.bfloat16).view(torch.int16).item() & 0xFFFF
+
+
+def _bf16_value(bits: int) -> float:
+    return torch.tensor([bits & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
+
+
+def _packed_op(op, *registers: int) -> int:
+    """A bf16x2 instruction on 32-bit registers: op on each half in float64, rounded once to bf16."""
+    halves = [_bf16_bits(op(*(_bf16_value(r >> shift) for r in registers))) for shift in (0, 16)]
+    return halves[0] | halves[1] << 16
+
+
+def _run_word_pairs_asm(word: int, scale: float, low: float) -> list[tuple[float, float]]:
+    """Executes int4_wgmma.word_pairs_asm()'s PTX, instruction by instruction, on one word: $4-$11 the word, $12-$15
+    (scale, scale) and $16-$19 (min, min) as bf16 pairs; returns the four output registers' (low, high) halves."""
+    regs = {f"${i}": word for i in range(4, 12)}
+    regs.update({f"${i}": _bf16_bits(scale) * 0x10001 for i in range(12, 16)})
+    regs.update({f"${i}": _bf16_bits(low) * 0x10001 for i in range(16, 20)})
+    value = lambda operand: regs[operand] if operand in regs else int(operand, 0)   # noqa: E731
+    for line in int4_wgmma.word_pairs_asm().splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        opcode, operands = line.split(None, 1)
+        dest, *sources = [o.strip() for o in operands.split(",")]
+        args = [value(o) for o in sources]
+        if opcode == "mov.b32":
+            regs[dest] = args[0]
+        elif opcode == "shr.b32":
+            regs[dest] = args[0] >> args[1]
+        elif opcode == "lop3.b32" and args[3] == 0xEA:                   # (a & b) | c
+            regs[dest] = (args[0] & args[1]) | args[2]
+        elif opcode == "sub.rn.bf16x2":
+            regs[dest] = _packed_op(lambda a, b: a - b, *args)
+        elif opcode == "fma.rn.bf16x2":
+            regs[dest] = _packed_op(lambda a, b, c: a * b + c, *args)
+        else:
+            raise AssertionError(f"the model does not know {line!r}")
+    return [(_bf16_value(regs[f"${i}"]), _bf16_value(regs[f"${i}"] >> 16)) for i in range(4)]
+
+
+def test_the_ptx_dequantizes_each_word_into_the_operand_order():
+    """Each lane's words, run through the PTX block pair by pair and placed at their logical k, are the format's
+    dequantized weights (quant/formats.py) in the kernel's k order, to bf16 rounding of the scale, min and result."""
+    quant = QuantConfig(bits=4, group_size=64)
+    packed = quantize_weight(torch.randn(3, 128, generator=torch.Generator().manual_seed(0)), quant)
+    reference = dequantize_int4(packed["qweight"], packed["scales"], packed["mins"], 64, torch.float64)  # [3, 128]
+    words = packed["qweight"].view(torch.int32)                                                         # [3, 16]
+    order = int4_wgmma.k_order()
+    for row in range(3):
+        for group in range(2):
+            scale = packed["scales"][row, group].to(torch.bfloat16).item()     # the kernel rounds them to bf16
+            low = packed["mins"][row, group].to(torch.bfloat16).item()
+            logical = torch.empty(64, dtype=torch.float64)
+            for t in range(4):
+                for h in range(2):
+                    word = words[row, 8 * group + 2 * t + h].item() & 0xFFFFFFFF
+                    for s, pair in enumerate(_run_word_pairs_asm(word, scale, low)):
+                        for j in range(2):
+                            logical[16 * s + 8 * h + 2 * t + j] = pair[j]
+            expected = reference[row, 64 * group:64 * group + 64][order]
+            assert torch.allclose(logical, expected, rtol=2e-2, atol=2e-2 * scale)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("m,k", [(3, 192), (2, 4096 + 64)])            # one block; two blocks, the second ragged
+def test_permute_groups_kernel_equals_the_reference(m, k):
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k))
+    out = int4_wgmma.permute_groups(x, pdl=False)
+    assert torch.equal(out, int4_wgmma.permute_groups_ref(x))
+    assert not torch.equal(out, x)
+
+
+def test_permuting_x_and_the_weights_alike_keeps_the_product():
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 192, generator=gen, dtype=torch.float64), torch.randn(7, 192, generator=gen,
+                                                                                 dtype=torch.float64)
+    permuted = int4_wgmma.permute_groups_ref
+    assert torch.allclose(permuted(x) @ permuted(w).T, x @ w.T)
+
+
+@pytest.mark.parametrize("n,k,split", [(12288, 4096, 2), (4096, 4096, 4), (22016, 4096, 1), (4096, 11008, 4),
+                                       (64, 256, 1), (64, 4096, 8)])
+def test_split_for_132_sms(n, k, split):
+    """The K splits on an H200's 132 SMs: those that timed fastest per llama-7b shape at 64 rows, none past
+    MAX_SPLIT, and at least 4 groups per run (64 x 256: one split)."""
+    assert int4_wgmma.split_for(-(-n // 64), k // 64, 132) == split
+
+
+def test_cpu_tensors_do_not_take_the_wgmma_gemm():
+    assert not int4_wgmma.takes_w4_wgmma(torch.zeros(16, 128, dtype=torch.bfloat16), 64)

@@ -1,0 +1,313 @@
+"""int4 GEMM for 9-64 rows (batched decode) on Hopper's tensor cores, with the dequantized weights as wgmma's
+register operand (Gluon): the weights never touch shared memory, only x's tiles do.
+
+Why: the Triton GEMM (quant_gemm.py) sends every dequantized weight tile registers -> shared memory -> tensor
+cores; at 64 rows on an H200 it took 143 us per llama-7b layer against cuBLAS bf16's 118-123, bound by its tile
+loop (benchmarks/notes/gpu-decode.md). This kernel took 115-124 (benchmarks/int4_wgmma_probe.py).
+
+How each warp holds its weights: per group of 64 and per row, lane t (= lane % 4) loads two int32 words, the
+group's codes 16 t .. 16 t + 15. One PTX block per word (word_pairs_asm) turns its 8 codes into 4 bf16 pairs
+(nibble s with nibble s + 4) and applies the scale and min. For these registers to be wgmma's operand layout as
+they are, the MMA's k order within each group is permuted: logical k = 16 S + 8 h + 2 t + j holds canonical
+k = 16 t + 8 h + 4 j + S (k_order); `convert_layout(..., assert_trivial=True)` proves at compile time that nothing
+moves. x must then be given in the same order: permute_groups writes it so (one small kernel, launched with PDL
+like the GEMM, whose first weight loads overlap it).
+
+Program: 64 weight rows (one warpgroup) against all of x's rows (MB: 16, 32 or 64), K in SPLIT runs summed in the
+kernel (per-tile counters, split_k.py). x's tiles stream through a cp.async ring of STAGES slots; the weights load
+four groups ahead, each group in its own registers (a rotating prefetch would wait on its newest load at every
+move). Correctness: tests/gpu/test_int4_wgmma_gpu.py (against the torch reference, bitwise across repeated runs)."""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options, triton_enabled
+from tierllm.kernels.split_k import split_k_counters
+
+GROUP = 64                      # the group size the kernel takes (its K step)
+MAX_ROWS = 64                   # the most x rows (wgmma's N)
+WARPS = 4                       # one warpgroup: 64 weight rows per program
+STAGES = 4                      # x's ring slots
+SPLIT_TARGET = 1.9              # K splits until the programs reach this many per SM (up to MAX_SPLIT)
+MAX_SPLIT = 8
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+    HAS_GLUON = True
+except ImportError:                                  # an older Triton, or none
+    HAS_GLUON = False
+
+
+def k_order() -> torch.Tensor:
+    """[64] canonical k of each logical k of a group: logical 16 S + 8 h + 2 t + j <- canonical 16 t + 8 h + 4 j + S."""
+    logical = torch.arange(GROUP)
+    s, h, t, j = logical // 16, logical // 8 % 2, logical // 2 % 4, logical % 2
+    return 16 * t + 8 * h + 4 * j + s
+
+
+def permute_groups_ref(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] with each group of 64 columns in the kernel's logical k order."""
+    m, k = x.shape
+    return x.view(m, k // GROUP, GROUP)[:, :, k_order().to(x.device)].reshape(m, k)
+
+
+def word_pairs_asm() -> str:
+    """PTX, pack=8: one int32 word of 8 codes ($4; $5-$11 are the same word, Triton's packing of a broadcast) ->
+    the 8 dequantized bf16 weights, two per register: $s = (nibble s, nibble s + 4) * scale + min for s = 0..3.
+    Per pair one LOP3 (keep each half's low nibble, OR in the bits of 128.0, whose last mantissa unit is 1), one
+    packed subtraction of 128 (exact) and one packed FMA with the (scale, scale) and (min, min) registers $12 and
+    $16 (bf16, as quant_gemm's HALF_DEQUANT rounds them); three SHF per word bring nibbles 1-3 down. Temporaries
+    first: an output may share a register with an input."""
+    lines = ["{", ".reg .b32 k, h1, h2, h3, t0, t1, t2, t3;", "mov.b32 k, 0x43004300;",
+             "shr.b32 h1, $4, 4;", "shr.b32 h2, $4, 8;", "shr.b32 h3, $4, 12;"]
+    for pair, source in enumerate(["$4", "h1", "h2", "h3"]):
+        lines += [f"lop3.b32 t{pair}, {source}, 0x000F000F, k, 0xEA;", f"sub.rn.bf16x2 t{pair}, t{pair}, k;",
+                  f"fma.rn.bf16x2 t{pair}, t{pair}, $12, $16;"]
+    lines += [f"mov.b32 ${pair}, t{pair};" for pair in range(4)]
+    return "\n        ".join(lines + ["}"])
+
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from tierllm.kernels._dispatch import pdl_start
+
+    @triton.jit
+    def _permute_groups_kernel(x_ptr, out_ptr, K, stride_x, stride_out, BLOCK: tl.constexpr,
+                               PDL: tl.constexpr = False):
+        """out[m, 64 g + l] = x[m, 64 g + k_order[l]] for one row and BLOCK columns (whole groups)."""
+        pdl_start(PDL)
+        row = tl.program_id(0).to(tl.int64)
+        logical = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        within = logical % 64
+        canonical = logical - within + 16 * (within // 2 % 4) + 8 * (within // 8 % 2) + 4 * (within % 2) + within // 16
+        mask = logical < K
+        value = tl.load(x_ptr + row * stride_x + canonical, mask=mask)
+        tl.store(out_ptr + row * stride_out + logical, value, mask=mask)
+
+
+def permute_groups(x: torch.Tensor, pdl: bool = True) -> torch.Tensor:
+    """permute_groups_ref by the Triton kernel (CUDA, or the interpreter); x [M, K], K a multiple of 64."""
+    m, k = x.shape
+    out = torch.empty(m, k, dtype=x.dtype, device=x.device)
+    block = min(triton.next_power_of_2(k), 2048)
+    _permute_groups_kernel[(m, triton.cdiv(k, block))](x, out, k, x.stride(0), out.stride(0), BLOCK=block,
+                                                        **pdl_options(x, pdl))
+    return out
+
+
+if HAS_GLUON:
+    _PAIRS = gl.constexpr(word_pairs_asm())
+    _PAIRS_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 16))  # out x4; word x8, scale x4, min x4
+    _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier         # (Triton 3.6: thread_barrier)
+    _cp_async = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)       # (the same, 3.6)
+
+    @gluon.jit
+    def _gdc_launch_dependents():
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
+    def _gdc_wait():
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g, live, stride_w, stride_s, HAS_MINS: gl.constexpr):
+        """One group's code words [W, 2, 8, 4, 2] (row 16 w + 8 half + gid; lane t's words 2 t, 2 t + 1 of the
+        group's 8, its 16 codes) and its rows' scales and mins [W, 2, 8]; zeros where not live (past the program's
+        K run, or past N)."""
+        codes = gl.load(w_ptr + rows[:, :, :, None, None] * stride_w + g * 8 + words, mask=live[:, :, :, None, None],
+                        other=0)
+        scale = gl.load(s_ptr + rows * stride_s + g, mask=live, other=0.0)
+        if HAS_MINS:
+            low = gl.load(m_ptr + rows * stride_s + g, mask=live, other=0.0)
+        else:
+            low = scale * -8.0                      # symmetric: (code - 8) * scale, exact
+        return codes, scale, low
+
+    @gluon.jit
+    def _operand_a(codes, scale, low, L6: gl.constexpr, A_LAYOUT: gl.constexpr, WARPS: gl.constexpr):
+        """Code words [W, 2, 8, 4, 2] -> the dequantized weights [16 W, 64] bf16 in wgmma's first-operand layout:
+        logical k = 16 S + 8 h + 2 t + j holds canonical k = 16 t + 8 h + 4 j + S, i.e. lane t's word h, pair S,
+        half j (no data moves)."""
+        full = gl.full([WARPS, 2, 8, 4, 2, 8], 0, gl.int32, L6)
+        word8 = gl.broadcast(codes[:, :, :, :, :, None], full)[0]            # each word's 8 outputs read it
+        s8 = gl.broadcast(scale.to(gl.bfloat16)[:, :, :, None, None, None], full)[0]
+        m8 = gl.broadcast(low.to(gl.bfloat16)[:, :, :, None, None, None], full)[0]
+        w = gl.inline_asm_elementwise(asm=_PAIRS, constraints=_PAIRS_CONSTRAINTS, args=[word8, s8, m8],
+                                      dtype=gl.bfloat16, is_pure=True, pack=8)       # [W, 2, 8, t 4, h 2, 2 S + j]
+        w = gl.reshape(w, [WARPS, 2, 8, 4, 2, 4, 2])
+        w = gl.reshape(gl.permute(w, (0, 1, 2, 5, 4, 3, 6)), [16 * WARPS, 64])       # [rows, 16 S + 8 h + 2 t + j]
+        return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
+
+    @gluon.jit
+    def _x_copy(x_smem, x_at, x_ok, g, g0, g1, STAGES: gl.constexpr):
+        """x's tile of group g [MB, 64] into its ring slot by cp.async (zeros past the program's K run), then a
+        commit (an empty group there), so that every step waits on the same count."""
+        _cp_async(x_smem.index((g - g0) % STAGES), x_at + g * 64, mask=x_ok & (g < g1))
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _group_mma(acc, x_smem, x_at, x_ok, codes, scale, low, g, g0, g1, L6: gl.constexpr, A_LAYOUT: gl.constexpr,
+                   WARPS: gl.constexpr, STAGES: gl.constexpr):
+        """acc += group g's weights (dequantized from registers) x its x tile (the ring's slot), and the ring's next
+        copy. Groups past the run (g >= g1) add zeros: their codes, scales and mins load as 0 and their x tiles
+        as zeros (cp.async fills what it masks)."""
+        async_copy.wait_group(STAGES - 2)               # this thread's copy of group g's tile has landed
+        fence_async_shared()
+        _barrier()                                      # everyone's has, and every warp's MMA of g - 1 is done
+        _x_copy(x_smem, x_at, x_ok, g + STAGES - 1, g0, g1, STAGES)     # into the slot g - 1 read
+        a = _operand_a(codes, scale, low, L6, A_LAYOUT, WARPS)
+        return warpgroup_mma(a, x_smem.index((g - g0) % STAGES).permute((1, 0)), acc)
+
+    @gluon.jit
+    def _w4_wgmma_kernel(x_ptr, w_ptr, s_ptr, m_ptr, b_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, stride_x, stride_w,
+                         stride_s, stride_y, HAS_MINS: gl.constexpr, HAS_BIAS: gl.constexpr, MB: gl.constexpr,
+                         WARPS: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr):
+        """y[M, N] = x_perm[M, K] @ dequant(W)[N, K]^T (+ bias) for the program's 16 WARPS weight rows and its K run;
+        M <= MB. SPLIT > 1: program (t, s) takes the s-th of SPLIT runs of K's groups and stores its fp32 tile to
+        the workspace ws [tiles, SPLIT, BN, MB]; the last of a tile's programs to finish (count_ptr, zero, set back
+        to zero) sums them in run order and writes y. PDL: the first weights load before the wait for the kernel
+        that writes x."""
+        L6: gl.constexpr = gl.BlockedLayout([1, 2, 1, 1, 2, 8], [1, 1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1, 1],
+                                            [5, 4, 3, 2, 1, 0])
+        W5: gl.constexpr = gl.SliceLayout(5, L6)                      # code words [W, 2, 8, 4, 2]
+        R3: gl.constexpr = gl.SliceLayout(3, gl.SliceLayout(4, W5))     # rows [W, 2, 8]
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, MB, 16])
+        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+        X_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        BN: gl.constexpr = 16 * WARPS
+        if PDL:
+            _gdc_launch_dependents()
+        row0 = gl.program_id(0) * BN
+        groups = K // 64
+        g0 = gl.program_id(1) * groups // SPLIT
+        g1 = (gl.program_id(1) + 1) * groups // SPLIT
+        warp = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, R3)))[:, None, None]
+        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, R3)))[None, :, None]
+        gid = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, R3)))[None, None, :]
+        rows = row0 + 16 * warp + 8 * half + gid                                           # [W, 2, 8]
+        row_ok = rows < N
+        W2: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, W5)))  # [4, 2] of W5's last two
+        lane = gl.arange(0, 4, layout=gl.SliceLayout(1, W2))[:, None]
+        word = gl.arange(0, 2, layout=gl.SliceLayout(0, W2))[None, :]
+        words = (2 * lane + word)[None, None, None, :, :]                                  # [1, 1, 1, 4, 2]
+        x_rows = gl.arange(0, MB, layout=gl.SliceLayout(1, XL))[:, None]
+        x_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :]
+        x_at = x_ptr + x_rows * stride_x + x_cols                                           # [MB, 64]
+        x_ok = (x_rows < M) & (x_cols < 64)
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, MB, 64], X_SMEM)
+        acc = gl.zeros([BN, MB], gl.float32, MMA)
+        # four groups per iteration, each in its own registers, reloaded right after its use: a load has three
+        # groups' time to land, and nothing is moved between registers
+        c0, s0, m0 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0, row_ok & (g0 < g1), stride_w, stride_s,
+                                   HAS_MINS)
+        c1, s1, m1 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0 + 1, row_ok & (g0 + 1 < g1), stride_w,
+                                   stride_s, HAS_MINS)
+        c2, s2, m2 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0 + 2, row_ok & (g0 + 2 < g1), stride_w,
+                                   stride_s, HAS_MINS)
+        c3, s3, m3 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0 + 3, row_ok & (g0 + 3 < g1), stride_w,
+                                   stride_s, HAS_MINS)
+        if PDL:
+            _gdc_wait()                                 # x is written: the kernel before has finished
+        for ahead in gl.static_range(STAGES - 1):
+            _x_copy(x_smem, x_at, x_ok, g0 + ahead, g0, g1, STAGES)
+        for g in range(g0, g1, 4):
+            acc = _group_mma(acc, x_smem, x_at, x_ok, c0, s0, m0, g, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            c0, s0, m0 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 4, row_ok & (g + 4 < g1), stride_w,
+                                       stride_s, HAS_MINS)
+            acc = _group_mma(acc, x_smem, x_at, x_ok, c1, s1, m1, g + 1, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            c1, s1, m1 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 5, row_ok & (g + 5 < g1), stride_w,
+                                       stride_s, HAS_MINS)
+            acc = _group_mma(acc, x_smem, x_at, x_ok, c2, s2, m2, g + 2, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            c2, s2, m2 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 6, row_ok & (g + 6 < g1), stride_w,
+                                       stride_s, HAS_MINS)
+            acc = _group_mma(acc, x_smem, x_at, x_ok, c3, s3, m3, g + 3, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            c3, s3, m3 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 7, row_ok & (g + 7 < g1), stride_w,
+                                       stride_s, HAS_MINS)
+        async_copy.wait_group(0)
+        local_n = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))[:, None]
+        m_out = gl.arange(0, MB, layout=gl.SliceLayout(0, MMA))[None, :]
+        n_out = row0 + local_n
+        mask = (m_out < M) & (n_out < N)
+        if SPLIT == 1:
+            _store_y(acc, b_ptr, y_ptr, m_out, n_out, N, mask, stride_y, HAS_BIAS)
+        else:
+            tile_ws = ws_ptr + gl.program_id(0) * (SPLIT * BN * MB) + local_n * MB + m_out      # [BN, MB]
+            gl.store(tile_ws + gl.program_id(1) * (BN * MB), acc)
+            _barrier()                                  # every thread's partial is stored before the count
+            if gl.atomic_add(count_ptr + gl.program_id(0), 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+                total = gl.zeros([BN, MB], gl.float32, MMA)
+                for split in gl.static_range(SPLIT):    # run order: the same sums whichever program is last
+                    total += gl.load(tile_ws + split * (BN * MB), cache_modifier=".cg")
+                gl.atomic_xchg(count_ptr + gl.program_id(0), 0)
+                _store_y(total, b_ptr, y_ptr, m_out, n_out, N, mask, stride_y, HAS_BIAS)
+
+    @gluon.jit
+    def _store_y(acc, b_ptr, y_ptr, m_out, n_out, N, mask, stride_y, HAS_BIAS: gl.constexpr):
+        if HAS_BIAS:
+            acc += gl.load(b_ptr + n_out, mask=n_out < N, other=0.0).to(gl.float32)
+        gl.store(y_ptr + m_out * stride_y + n_out, acc.to(gl.bfloat16), mask=mask)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def _is_hopper(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def takes_w4_wgmma(x: torch.Tensor, group_size: int) -> bool:
+    """Whether w4_wgmma_linear runs this int4 matmul: bf16 x of 1-64 rows on an H100/H200 (sm90) with Gluon, group
+    size 64, K a multiple of 64; not under the interpreter; TIERLLM_INT4_WGMMA=0 turns it off (for A/B runs)."""
+    return (HAS_GLUON and x.is_cuda and triton_enabled() and not is_interpreted() and x.dtype == torch.bfloat16
+            and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and group_size == GROUP and x.shape[1] % GROUP == 0
+            and x.stride(-1) == 1 and os.environ.get("TIERLLM_INT4_WGMMA", "1") != "0"
+            and _is_hopper(x.device.index if x.device.index is not None else torch.cuda.current_device()))
+
+
+def split_for(tiles: int, groups: int, sms: int) -> int:
+    """K splits: doubled until the programs reach SPLIT_TARGET per SM, at most MAX_SPLIT and at least 4 groups per
+    run. On an H200 (132 SMs) at 64 rows this picks what timed fastest per llama-7b shape: qkv 2, o 4, gate/up 1,
+    down 4 (benchmarks/results/int4-wgmma-probe-async-h200.json)."""
+    split = 1
+    while tiles * split < SPLIT_TARGET * sms and split < MAX_SPLIT and groups >= 8 * split:
+        split *= 2
+    return split
+
+
+def w4_wgmma_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                    bias: torch.Tensor | None = None, x_permuted: bool = False, split: int | None = None,
+                    pdl: bool = True) -> torch.Tensor:
+    """x [M, K] bf16 (M <= 64; takes_w4_wgmma), int4 qweight uint8 [N, K // 2], scales / mins [N, K // 64] fp16
+    -> [M, N] bf16. x_permuted: x already in permute_groups' order. split: K splits (split_for's by default).
+    Not safe to launch concurrently on two streams of one device (the split-K counters are shared)."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    xp = x if x_permuted else permute_groups(x, pdl)
+    words = qweight.view(torch.int32)                             # [N, K / 8]: 8 codes per word
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bn = 16 * WARPS
+    tiles = triton.cdiv(n, bn)
+    mb = max(16, triton.next_power_of_2(m))
+    split = split or split_for(tiles, k // GROUP, _sm_count(x.device.index or 0))
+    workspace = torch.empty(tiles * split * bn * mb, dtype=torch.float32, device=x.device) if split > 1 else y
+    counters = split_k_counters(x.device, tiles) if split > 1 else y
+    _w4_wgmma_kernel[(tiles, split)](
+        xp, words, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, workspace,
+        counters, m, n, k, xp.stride(0), words.stride(0), scales.stride(0), y.stride(0), HAS_MINS=mins is not None,
+        HAS_BIAS=bias is not None, MB=mb, WARPS=WARPS, SPLIT=split, STAGES=STAGES, num_warps=WARPS,
+        **pdl_options(x, pdl))
+    return y
