@@ -51,7 +51,9 @@ def test_w4_wgmma_linear_matches_the_reference(n, k, m, symmetric, split):
                                                       split=split), y)
 
 
-def test_pdl_and_the_permuted_input_give_the_same_bits():
+def test_pdl_and_each_way_of_ordering_x_give_the_same_bits():
+    """x gathered by the kernel's copies (the default), permuted by permute_groups, or given permuted: the same
+    tiles in shared memory, the same MMAs."""
     n, k, m = 192, 1024, 40
     w = _weights(n, k, False, seed=3)
     x = _x(m, k, seed=4)
@@ -60,6 +62,7 @@ def test_pdl_and_the_permuted_input_give_the_same_bits():
     assert torch.equal(int4_wgmma.w4_wgmma_linear(x, *args, pdl=True), plain)
     assert torch.equal(int4_wgmma.w4_wgmma_linear(int4_wgmma.permute_groups_ref(x).contiguous(), *args,
                                                   x_permuted=True), plain)
+    assert torch.equal(int4_wgmma.w4_wgmma_linear(x, *args, x_permuted=False), plain)
 
 
 def test_a_cuda_graph_replays_on_new_inputs():

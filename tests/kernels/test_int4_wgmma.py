@@ -21,9 +21,9 @@ def test_k_order_gives_each_lane_its_own_words_in_operand_order():
             slots = [16 * s + 8 * h + 2 * t + j for s in range(4) for j in range(2)]
             # ... which must be lane t's word h: canonical k 16 t + 8 h .. 16 t + 8 h + 7
             assert sorted(order[slots].tolist()) == list(range(16 * t + 8 * h, 16 * t + 8 * h + 8))
-            for s in range(4):                 # and register S of the word holds nibbles S (low), S + 4 (high)
+            for s in range(4):                 # and register S of the word holds byte S: k 2 S, 2 S + 1 of the word
                 low, high = order[16 * s + 8 * h + 2 * t], order[16 * s + 8 * h + 2 * t + 1]
-                assert (low - 16 * t - 8 * h, high - 16 * t - 8 * h) == (s, s + 4)
+                assert (low - 16 * t - 8 * h, high - 16 * t - 8 * h) == (2 * s, 2 * s + 1)
 
 
 def _bf16_bits(value: float) -> int:
@@ -58,6 +58,9 @@ def _run_word_pairs_asm(word: int, scale: float, low: float) -> list[tuple[float
             regs[dest] = args[0]
         elif opcode == "shr.b32":
             regs[dest] = args[0] >> args[1]
+        elif opcode == "prmt.b32":                                       # byte i <- byte (selector nibble i) of b:a
+            pool = (args[1] << 32 | args[0]).to_bytes(8, "little")
+            regs[dest] = int.from_bytes(bytes(pool[args[2] >> (4 * i) & 7] for i in range(4)), "little")
         elif opcode == "lop3.b32" and args[3] == 0xEA:                   # (a & b) | c
             regs[dest] = (args[0] & args[1]) | args[2]
         elif opcode == "sub.rn.bf16x2":
@@ -109,12 +112,14 @@ def test_permuting_x_and_the_weights_alike_keeps_the_product():
     assert torch.allclose(permuted(x) @ permuted(w).T, x @ w.T)
 
 
-@pytest.mark.parametrize("n,k,split", [(12288, 4096, 2), (4096, 4096, 4), (22016, 4096, 1), (4096, 11008, 4),
-                                       (64, 256, 1), (64, 4096, 8)])
-def test_split_for_132_sms(n, k, split):
-    """The K splits on an H200's 132 SMs: those that timed fastest per llama-7b shape at 64 rows, none past
-    MAX_SPLIT, and at least 4 groups per run (64 x 256: one split)."""
-    assert int4_wgmma.split_for(-(-n // 64), k // 64, 132) == split
+@pytest.mark.parametrize("n,k,rows,split", [(12288, 4096, 64, 2), (4096, 4096, 64, 4), (22016, 4096, 64, 1),
+                                            (4096, 11008, 64, 4), (12288, 4096, 16, 2), (4096, 4096, 16, 4),
+                                            (22016, 4096, 32, 1), (4096, 11008, 32, 8), (64, 256, 64, 1),
+                                            (64, 4096, 64, 8)])
+def test_split_for_132_sms(n, k, rows, split):
+    """The K splits on an H200's 132 SMs: those that timed fastest (or within 6%) per llama-7b shape at 64, 32 and
+    16 rows, none past MAX_SPLIT, and at least 4 groups per run (64 x 256: one split)."""
+    assert int4_wgmma.split_for(-(-n // 64), k // 64, 132, rows) == split
 
 
 def test_cpu_tensors_do_not_take_the_wgmma_gemm():

@@ -45,10 +45,10 @@ except ImportError:                                  # an older Triton, or none
 
 
 def k_order() -> torch.Tensor:
-    """[64] canonical k of each logical k of a group: logical 16 S + 8 h + 2 t + j <- canonical 16 t + 8 h + 4 j + S."""
+    """[64] canonical k of each logical k of a group: logical 16 S + 8 h + 2 t + j <- canonical 16 t + 8 h + 2 S + j."""
     logical = torch.arange(GROUP)
     s, h, t, j = logical // 16, logical // 8 % 2, logical // 2 % 4, logical % 2
-    return 16 * t + 8 * h + 4 * j + s
+    return 16 * t + 8 * h + 2 * s + j
 
 
 def permute_groups_ref(x: torch.Tensor) -> torch.Tensor:
@@ -59,17 +59,18 @@ def permute_groups_ref(x: torch.Tensor) -> torch.Tensor:
 
 def word_pairs_asm() -> str:
     """PTX, pack=8: one int32 word of 8 codes ($4; $5-$11 are the same word, Triton's packing of a broadcast) ->
-    the 8 dequantized bf16 weights, two per register: $s = (nibble s, nibble s + 4) * scale + min for s = 0..3.
-    Per pair one LOP3 (keep each half's low nibble, OR in the bits of 128.0, whose last mantissa unit is 1), one
-    packed subtraction of 128 (exact) and one packed FMA with the (scale, scale) and (min, min) registers $12 and
-    $16 (bf16, as quant_gemm's HALF_DEQUANT rounds them); three SHF per word bring nibbles 1-3 down. Temporaries
-    first: an output may share a register with an input."""
-    lines = ["{", ".reg .b32 k, h1, h2, h3, t0, t1, t2, t3;", "mov.b32 k, 0x43004300;",
-             "shr.b32 h1, $4, 4;", "shr.b32 h2, $4, 8;", "shr.b32 h3, $4, 12;"]
-    for pair, source in enumerate(["$4", "h1", "h2", "h3"]):
-        lines += [f"lop3.b32 t{pair}, {source}, 0x000F000F, k, 0xEA;", f"sub.rn.bf16x2 t{pair}, t{pair}, k;",
-                  f"fma.rn.bf16x2 t{pair}, t{pair}, $12, $16;"]
-    lines += [f"mov.b32 ${pair}, t{pair};" for pair in range(4)]
+    the 8 dequantized bf16 weights, two per register: $i = (byte i's low nibble, its high nibble) * scale + min.
+    Per byte one PRMT (the byte, and the same byte of the word shifted right by 4, into the two halves), one LOP3
+    (keep each half's low nibble, OR in the bits of 128.0, whose last mantissa unit is 1), one packed subtraction of
+    128 (exact) and one packed FMA with the (scale, scale) and (min, min) registers $12 and $16 (bf16, as
+    quant_gemm's HALF_DEQUANT rounds them). A register's two codes are neighbours in k, so x's matching pairs are
+    4 contiguous bytes. Temporaries first: an output may share a register with an input."""
+    lines = ["{", ".reg .b32 k, h, t0, t1, t2, t3;", "mov.b32 k, 0x43004300;", "shr.b32 h, $4, 4;"]
+    for byte in range(4):
+        lines += [f"prmt.b32 t{byte}, $4, h, 0x{0x0400 + 0x0101 * byte:04x};",
+                  f"lop3.b32 t{byte}, t{byte}, 0x000F000F, k, 0xEA;", f"sub.rn.bf16x2 t{byte}, t{byte}, k;",
+                  f"fma.rn.bf16x2 t{byte}, t{byte}, $12, $16;"]
+    lines += [f"mov.b32 ${byte}, t{byte};" for byte in range(4)]
     return "\n        ".join(lines + ["}"])
 
 
@@ -87,7 +88,7 @@ if HAS_TRITON:
         row = tl.program_id(0).to(tl.int64)
         logical = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         within = logical % 64
-        canonical = logical - within + 16 * (within // 2 % 4) + 8 * (within // 8 % 2) + 4 * (within % 2) + within // 16
+        canonical = logical - within + 16 * (within // 2 % 4) + 8 * (within // 8 % 2) + 2 * (within // 16) + within % 2
         mask = logical < K
         value = tl.load(x_ptr + row * stride_x + canonical, mask=mask)
         tl.store(out_ptr + row * stride_out + logical, value, mask=mask)
@@ -135,8 +136,8 @@ if HAS_GLUON:
     @gluon.jit
     def _operand_a(codes, scale, low, L6: gl.constexpr, A_LAYOUT: gl.constexpr, WARPS: gl.constexpr):
         """Code words [W, 2, 8, 4, 2] -> the dequantized weights [16 W, 64] bf16 in wgmma's first-operand layout:
-        logical k = 16 S + 8 h + 2 t + j holds canonical k = 16 t + 8 h + 4 j + S, i.e. lane t's word h, pair S,
-        half j (no data moves)."""
+        logical k = 16 S + 8 h + 2 t + j holds canonical k = 16 t + 8 h + 2 S + j, i.e. lane t's word h, byte S,
+        nibble j (no data moves)."""
         full = gl.full([WARPS, 2, 8, 4, 2, 8], 0, gl.int32, L6)
         word8 = gl.broadcast(codes[:, :, :, :, :, None], full)[0]            # each word's 8 outputs read it
         s8 = gl.broadcast(scale.to(gl.bfloat16)[:, :, :, None, None, None], full)[0]
@@ -148,34 +149,39 @@ if HAS_GLUON:
         return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
     @gluon.jit
-    def _x_copy(x_smem, x_at, x_ok, g, g0, g1, STAGES: gl.constexpr):
-        """x's tile of group g [MB, 64] into its ring slot by cp.async (zeros past the program's K run), then a
-        commit (an empty group there), so that every step waits on the same count."""
-        _cp_async(x_smem.index((g - g0) % STAGES), x_at + g * 64, mask=x_ok & (g < g1))
+    def _x_copy(x_smem, x_at, g, g0, g1, STAGES: gl.constexpr):
+        """x's tile of group g [MB, 64] into its ring slot by cp.async (none past the program's K run), then a
+        commit (an empty group there), so that every step waits on the same count. No masks: x's rows past M were
+        clamped to real rows, whose products land only in output columns that are not stored."""
+        if g < g1:
+            _cp_async(x_smem.index((g - g0) % STAGES), x_at + g * 64)
         async_copy.commit_group()
 
     @gluon.jit
-    def _group_mma(acc, x_smem, x_at, x_ok, codes, scale, low, g, g0, g1, L6: gl.constexpr, A_LAYOUT: gl.constexpr,
+    def _group_mma(acc, x_smem, x_at, codes, scale, low, g, g0, g1, L6: gl.constexpr, A_LAYOUT: gl.constexpr,
                    WARPS: gl.constexpr, STAGES: gl.constexpr):
         """acc += group g's weights (dequantized from registers) x its x tile (the ring's slot), and the ring's next
-        copy. Groups past the run (g >= g1) add zeros: their codes, scales and mins load as 0 and their x tiles
-        as zeros (cp.async fills what it masks)."""
+        copy; groups past the run (g >= g1) only keep the ring's count."""
         async_copy.wait_group(STAGES - 2)               # this thread's copy of group g's tile has landed
         fence_async_shared()
         _barrier()                                      # everyone's has, and every warp's MMA of g - 1 is done
-        _x_copy(x_smem, x_at, x_ok, g + STAGES - 1, g0, g1, STAGES)     # into the slot g - 1 read
-        a = _operand_a(codes, scale, low, L6, A_LAYOUT, WARPS)
-        return warpgroup_mma(a, x_smem.index((g - g0) % STAGES).permute((1, 0)), acc)
+        _x_copy(x_smem, x_at, g + STAGES - 1, g0, g1, STAGES)     # into the slot g - 1 read
+        if g < g1:
+            a = _operand_a(codes, scale, low, L6, A_LAYOUT, WARPS)
+            acc = warpgroup_mma(a, x_smem.index((g - g0) % STAGES).permute((1, 0)), acc)
+        return acc
 
     @gluon.jit
     def _w4_wgmma_kernel(x_ptr, w_ptr, s_ptr, m_ptr, b_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, stride_x, stride_w,
                          stride_s, stride_y, HAS_MINS: gl.constexpr, HAS_BIAS: gl.constexpr, MB: gl.constexpr,
-                         WARPS: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr):
-        """y[M, N] = x_perm[M, K] @ dequant(W)[N, K]^T (+ bias) for the program's 16 WARPS weight rows and its K run;
-        M <= MB. SPLIT > 1: program (t, s) takes the s-th of SPLIT runs of K's groups and stores its fp32 tile to
-        the workspace ws [tiles, SPLIT, BN, MB]; the last of a tile's programs to finish (count_ptr, zero, set back
+                         WARPS: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, X_GATHER: gl.constexpr,
+                         PDL: gl.constexpr):
+        """y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias) for the program's 16 WARPS weight rows and its K run;
+        M <= MB. X_GATHER: x as it is, its tiles copied into the logical k order; else x is given in that order.
+        SPLIT > 1: program (t, s) takes the s-th of SPLIT runs of K's groups and stores its fp32 tile to the
+        workspace ws [tiles, SPLIT, BN, MB]; the last of a tile's programs to finish (count_ptr, zero, set back
         to zero) sums them in run order and writes y. PDL: the first weights load before the wait for the kernel
-        that writes x."""
+        that writes x, and the next kernel may launch once the K loop is done."""
         L6: gl.constexpr = gl.BlockedLayout([1, 2, 1, 1, 2, 8], [1, 1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1, 1],
                                             [5, 4, 3, 2, 1, 0])
         W5: gl.constexpr = gl.SliceLayout(5, L6)                      # code words [W, 2, 8, 4, 2]
@@ -183,11 +189,7 @@ if HAS_GLUON:
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, MB, 16])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-        X_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         BN: gl.constexpr = 16 * WARPS
-        if PDL:
-            _gdc_launch_dependents()
         row0 = gl.program_id(0) * BN
         groups = K // 64
         g0 = gl.program_id(1) * groups // SPLIT
@@ -201,10 +203,18 @@ if HAS_GLUON:
         lane = gl.arange(0, 4, layout=gl.SliceLayout(1, W2))[:, None]
         word = gl.arange(0, 2, layout=gl.SliceLayout(0, W2))[None, :]
         words = (2 * lane + word)[None, None, None, :, :]                                  # [1, 1, 1, 4, 2]
-        x_rows = gl.arange(0, MB, layout=gl.SliceLayout(1, XL))[:, None]
-        x_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :]
+        X_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        if X_GATHER:
+            # x as it is: each lane copies 4-byte pairs of a row from their canonical k into the logical order
+            XL: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WARPS, 1], [1, 0])
+            logical = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))
+            canonical = 16 * (logical // 2 % 4) + 8 * (logical // 8 % 2) + 2 * (logical // 16) + logical % 2
+            x_cols = gl.max_contiguous(gl.multiple_of(canonical, 2), 2)[None, :]
+        else:
+            XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+            x_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :]
+        x_rows = gl.minimum(gl.arange(0, MB, layout=gl.SliceLayout(1, XL)), M - 1)[:, None]
         x_at = x_ptr + x_rows * stride_x + x_cols                                           # [MB, 64]
-        x_ok = (x_rows < M) & (x_cols < 64)
         x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, MB, 64], X_SMEM)
         acc = gl.zeros([BN, MB], gl.float32, MMA)
         # four groups per iteration, each in its own registers, reloaded right after its use: a load has three
@@ -220,21 +230,25 @@ if HAS_GLUON:
         if PDL:
             _gdc_wait()                                 # x is written: the kernel before has finished
         for ahead in gl.static_range(STAGES - 1):
-            _x_copy(x_smem, x_at, x_ok, g0 + ahead, g0, g1, STAGES)
+            _x_copy(x_smem, x_at, g0 + ahead, g0, g1, STAGES)
         for g in range(g0, g1, 4):
-            acc = _group_mma(acc, x_smem, x_at, x_ok, c0, s0, m0, g, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            acc = _group_mma(acc, x_smem, x_at, c0, s0, m0, g, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
             c0, s0, m0 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 4, row_ok & (g + 4 < g1), stride_w,
                                        stride_s, HAS_MINS)
-            acc = _group_mma(acc, x_smem, x_at, x_ok, c1, s1, m1, g + 1, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            acc = _group_mma(acc, x_smem, x_at, c1, s1, m1, g + 1, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
             c1, s1, m1 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 5, row_ok & (g + 5 < g1), stride_w,
                                        stride_s, HAS_MINS)
-            acc = _group_mma(acc, x_smem, x_at, x_ok, c2, s2, m2, g + 2, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            acc = _group_mma(acc, x_smem, x_at, c2, s2, m2, g + 2, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
             c2, s2, m2 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 6, row_ok & (g + 6 < g1), stride_w,
                                        stride_s, HAS_MINS)
-            acc = _group_mma(acc, x_smem, x_at, x_ok, c3, s3, m3, g + 3, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            acc = _group_mma(acc, x_smem, x_at, c3, s3, m3, g + 3, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
             c3, s3, m3 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 7, row_ok & (g + 7 < g1), stride_w,
                                        stride_s, HAS_MINS)
         async_copy.wait_group(0)
+        if PDL:
+            # the next kernel may launch now, not at the start: its programs would wait on the SMs where this
+            # kernel's are still to run
+            _gdc_launch_dependents()
         local_n = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))[:, None]
         m_out = gl.arange(0, MB, layout=gl.SliceLayout(0, MMA))[None, :]
         n_out = row0 + local_n
@@ -278,36 +292,42 @@ def takes_w4_wgmma(x: torch.Tensor, group_size: int) -> bool:
             and _is_hopper(x.device.index if x.device.index is not None else torch.cuda.current_device()))
 
 
-def split_for(tiles: int, groups: int, sms: int) -> int:
-    """K splits: doubled until the programs reach SPLIT_TARGET per SM, at most MAX_SPLIT and at least 4 groups per
-    run. On an H200 (132 SMs) at 64 rows this picks what timed fastest per llama-7b shape: qkv 2, o 4, gate/up 1,
-    down 4 (benchmarks/results/int4-wgmma-probe-async-h200.json)."""
+def split_for(tiles: int, groups: int, sms: int, rows: int = MAX_ROWS) -> int:
+    """K splits: doubled until the programs reach SPLIT_TARGET per SM (at most MAX_SPLIT, at least 4 groups per
+    run); at 32 rows or fewer, where a group's MMA is cheaper, also while a run is longer than 32 groups and twice
+    the programs stay within 4 per SM. On an H200 (132 SMs) this picks what timed fastest per llama-7b shape, or
+    within 6% of it (benchmarks/results/int4-wgmma-probe-m{64,32,16}-h200.json): at 64 rows qkv 2, o 4, gate/up 1,
+    down 4; at 16 and 32 rows down 8."""
     split = 1
     while tiles * split < SPLIT_TARGET * sms and split < MAX_SPLIT and groups >= 8 * split:
+        split *= 2
+    while rows <= 32 and groups > 32 * split and tiles * split * 2 <= 4 * sms and split < MAX_SPLIT:
         split *= 2
     return split
 
 
 def w4_wgmma_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-                    bias: torch.Tensor | None = None, x_permuted: bool = False, split: int | None = None,
+                    bias: torch.Tensor | None = None, x_permuted: bool | None = None, split: int | None = None,
                     pdl: bool = True) -> torch.Tensor:
     """x [M, K] bf16 (M <= 64; takes_w4_wgmma), int4 qweight uint8 [N, K // 2], scales / mins [N, K // 64] fp16
-    -> [M, N] bf16. x_permuted: x already in permute_groups' order. split: K splits (split_for's by default).
+    -> [M, N] bf16. x_permuted: None (default): the kernel gathers x's pairs into its k order itself; True: x is
+    already in permute_groups' order; False: permute_groups first. split: K splits (split_for's by default).
     Not safe to launch concurrently on two streams of one device (the split-K counters are shared)."""
     m, k = x.shape
     n = qweight.shape[0]
-    xp = x if x_permuted else permute_groups(x, pdl)
+    xp = permute_groups(x, pdl) if x_permuted is False else x
     words = qweight.view(torch.int32)                             # [N, K / 8]: 8 codes per word
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn = 16 * WARPS
     tiles = triton.cdiv(n, bn)
     mb = max(16, triton.next_power_of_2(m))
-    split = split or split_for(tiles, k // GROUP, _sm_count(x.device.index or 0))
+    split = split or split_for(tiles, k // GROUP, _sm_count(x.device.index or 0), m)
     workspace = torch.empty(tiles * split * bn * mb, dtype=torch.float32, device=x.device) if split > 1 else y
     counters = split_k_counters(x.device, tiles) if split > 1 else y
     _w4_wgmma_kernel[(tiles, split)](
         xp, words, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, workspace,
         counters, m, n, k, xp.stride(0), words.stride(0), scales.stride(0), y.stride(0), HAS_MINS=mins is not None,
-        HAS_BIAS=bias is not None, MB=mb, WARPS=WARPS, SPLIT=split, STAGES=STAGES, num_warps=WARPS,
+        HAS_BIAS=bias is not None, MB=mb, WARPS=WARPS, SPLIT=split, STAGES=STAGES,
+        X_GATHER=x_permuted is None, num_warps=WARPS,
         **pdl_options(x, pdl))
     return y
