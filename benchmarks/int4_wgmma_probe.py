@@ -1,12 +1,10 @@
 """The int4 wgmma GEMM (tierllm/kernels/int4_wgmma.py) per llama-7b linear on one H100/H200, against the engine's
 Triton GEMM (quant_gemm.py, its autotuner's pick for the row count) and cuBLAS bf16 (issue #5: int4 decode no
 slower than bf16 at batch 64). Times each K split on x given in the kernel's k order, and the engine's path (x as
-it is, its pairs gathered by the kernel's copies, at split_for's split) with and without PDL.
+it is, its pairs gathered by the kernel's copies, at split_for's split).
 
 Timed as the graph tuner times a config (graph_tuning.graph_seconds: CUDA graphs over weight copies that miss L2);
-each split is first checked against the torch reference and for identical bits over REPEATS reruns. The splits are
-timed without programmatic dependent launch (back-to-back launches of one GEMM would overlap), the engine's path
-with it, as the engine launches it.
+each split is first checked against the torch reference and for identical bits over REPEATS reruns.
 
 The kernel's forms on an H200 at 64 rows, us per layer (cuBLAS bf16 121-123, the Triton GEMM 143):
 - 62ceb6d: uint8 loads and a PTX block per 4 bytes, split K by atomics: 197 (int4-wgmma-probe-h200.json);
@@ -70,34 +68,30 @@ def main(argv=None) -> int:
         timed = []
         for split in SPLITS:
             run = lambda codes, split=split, q=q, xp=xp: int4_wgmma.w4_wgmma_linear(   # noqa: E731
-                xp, codes, q["scales"], q["mins"], x_permuted=True, split=split, pdl=False)
+                xp, codes, q["scales"], q["mins"], x_permuted=True, split=split)
             y = run(q["qweight"]).clone()
             same_bits = all(torch.equal(run(q["qweight"]), y) for _ in range(REPEATS))
             error = rel_err(y, ref)
             timed.append({"split": split, "us": round(graph_seconds(run, copies) * 1e6, 2),
                           "rel_err": float(f"{error:.2e}"), "same_bits": same_bits,
                           "correct": error < 2e-2 and same_bits})
-        engine = lambda codes, q=q, x=x, pdl=True: int4_wgmma.w4_wgmma_linear(  # noqa: E731
-            x, codes, q["scales"], q["mins"], pdl=pdl)
+        engine = lambda codes, q=q, x=x: int4_wgmma.w4_wgmma_linear(x, codes, q["scales"], q["mins"])  # noqa: E731
         engine_error = rel_err(engine(q["qweight"]), ref)
         engine_us = graph_seconds(engine, copies) * 1e6
-        gather_us = graph_seconds(lambda codes, engine=engine: engine(codes, pdl=False), copies) * 1e6
         ok = sorted((t for t in timed if t["correct"]), key=lambda t: t["us"])
         rows[name] = {"shape": [n, k], "cublas_bf16_us": round(cublas, 2), "triton_gemm_us": round(triton_us, 2),
                       "wgmma_by_split": timed, "wgmma_best": ok[0] if ok else None,
                       "split_for": int4_wgmma.split_for(-(-n // 64), k // 64, sms, args.rows),
-                      "engine_us": round(engine_us, 2), "engine_without_pdl_us": round(gather_us, 2),
-                      "engine_rel_err": float(f"{engine_error:.2e}")}
+                      "engine_us": round(engine_us, 2), "engine_rel_err": float(f"{engine_error:.2e}")}
         best = f"{ok[0]['us']} us (split {ok[0]['split']})" if ok else "none correct"
         print(f"{name:>8} {n}x{k} M={args.rows}: cuBLAS bf16 {cublas:.1f} us | Triton GEMM {triton_us:.1f} | "
-              f"wgmma {best} | engine (split {rows[name]['split_for']}) {engine_us:.1f}, without PDL {gather_us:.1f}",
-              flush=True)
+              f"wgmma {best} | engine (x gathered, split {rows[name]['split_for']}) {engine_us:.1f}", flush=True)
         for t in timed:
             print(f"           {t}", flush=True)
         del w, q, copies
         torch.cuda.empty_cache()
     totals = {key: round(sum(r[key] for r in rows.values()), 2)
-              for key in ("cublas_bf16_us", "triton_gemm_us", "engine_us", "engine_without_pdl_us")}
+              for key in ("cublas_bf16_us", "triton_gemm_us", "engine_us")}
     if all(r["wgmma_best"] for r in rows.values()):
         totals["wgmma_best_us"] = round(sum(r["wgmma_best"]["us"] for r in rows.values()), 2)
     print(f"per layer: {totals} ({time.perf_counter() - started:.0f} s)")
@@ -106,8 +100,8 @@ def main(argv=None) -> int:
              "note": "torch.matmul on the bf16 weight, per shape in results.shapes"}
     write_result(args.out, "int4_wgmma_probe", torch.device("cuda"), ceilings, peers,
                  {"shapes": rows, "per_layer": totals, "per_layer_over_cublas_bf16": ratios}, [],
-                 {"rows": args.rows, "note": "wgmma_by_split: x permuted outside the timing, no PDL; engine_us: x "
-                                             "as it is (gathered by the kernel) at split_for's split, with PDL"})
+                 {"rows": args.rows, "note": "wgmma_by_split: x permuted outside the timing; engine_us: x as it is "
+                                             "(gathered by the kernel's copies) at split_for's split"})
     print(f"wrote {args.out}")
     return 0
 

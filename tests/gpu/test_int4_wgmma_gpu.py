@@ -1,7 +1,7 @@
 """On an H100/H200: the int4 wgmma GEMM (tierllm/kernels/int4_wgmma.py) against the torch reference on random
 inputs, bit-for-bit repeatable (a race between an MMA and the registers or x slot it reads shows as runs that
-differ), with and without programmatic dependent launch, inside a CUDA graph, and as quant_linear's path for
-9-64 rows."""
+differ), on x gathered by the kernel or given in its k order, inside a CUDA graph, and as quant_linear's path for
+9-32 rows."""
 import pytest
 import torch
 
@@ -51,18 +51,14 @@ def test_w4_wgmma_linear_matches_the_reference(n, k, m, symmetric, split):
                                                       split=split), y)
 
 
-def test_pdl_and_each_way_of_ordering_x_give_the_same_bits():
-    """x gathered by the kernel's copies (the default), permuted by permute_groups, or given permuted: the same
-    tiles in shared memory, the same MMAs."""
+def test_x_gathered_by_the_kernel_or_given_in_its_order_gives_the_same_bits():
+    """The same tiles in shared memory, the same MMAs."""
     n, k, m = 192, 1024, 40
     w = _weights(n, k, False, seed=3)
     x = _x(m, k, seed=4)
     args = (w["qweight"], w["scales"], w["mins"])
-    plain = int4_wgmma.w4_wgmma_linear(x, *args, pdl=False)
-    assert torch.equal(int4_wgmma.w4_wgmma_linear(x, *args, pdl=True), plain)
     assert torch.equal(int4_wgmma.w4_wgmma_linear(int4_wgmma.permute_groups_ref(x).contiguous(), *args,
-                                                  x_permuted=True), plain)
-    assert torch.equal(int4_wgmma.w4_wgmma_linear(x, *args, x_permuted=False), plain)
+                                                  x_permuted=True), int4_wgmma.w4_wgmma_linear(x, *args))
 
 
 def test_a_cuda_graph_replays_on_new_inputs():
@@ -82,15 +78,15 @@ def test_a_cuda_graph_replays_on_new_inputs():
     assert torch.equal(y, int4_wgmma.w4_wgmma_linear(x, *args))
 
 
-def test_quant_linear_takes_it_between_the_gemv_and_64_rows(monkeypatch):
+def test_quant_linear_takes_it_between_the_gemv_and_32_rows(monkeypatch):
     n, k = 192, 1024
     w = _weights(n, k, False, seed=8)
     args = (w["qweight"], w["scales"], w["mins"], 4, 64)
-    for m in (9, 64):
+    for m in (9, 32):
         x = _x(m, k, seed=m)
         assert torch.equal(quant_gemm.quant_linear(x, *args), int4_wgmma.w4_wgmma_linear(x, *args[:3]))
-    x = _x(64, k, seed=9)
-    assert not int4_wgmma.takes_w4_wgmma(_x(65, k, seed=1), 64)
+    x = _x(32, k, seed=9)
+    assert not int4_wgmma.takes_w4_wgmma(_x(33, k, seed=1), 64)
     assert not int4_wgmma.takes_w4_wgmma(x.half(), 64)
     assert not int4_wgmma.takes_w4_wgmma(x, 128)
     monkeypatch.setenv("TIERLLM_INT4_WGMMA", "0")              # the Triton GEMM instead

@@ -1,22 +1,32 @@
-"""int4 GEMM for 9-64 rows (batched decode) on Hopper's tensor cores, with the dequantized weights as wgmma's
+"""int4 GEMM for 9-32 rows (batched decode) on Hopper's tensor cores, with the dequantized weights as wgmma's
 register operand (Gluon): the weights never touch shared memory, only x's tiles do.
 
 Why: the Triton GEMM (quant_gemm.py) sends every dequantized weight tile registers -> shared memory -> tensor
-cores; at 64 rows on an H200 it took 143 us per llama-7b layer against cuBLAS bf16's 118-123, bound by its tile
-loop (benchmarks/notes/gpu-decode.md). This kernel took 115-124 (benchmarks/int4_wgmma_probe.py).
+cores, and on an H200 its tile loop, not the bytes, bounds it (benchmarks/notes/gpu-decode.md). Per llama-7b layer
+(benchmarks/int4_wgmma_probe.py; results/int4-wgmma-probe-m{16,32,64}-h200.json), us:
+
+| rows | cuBLAS bf16 | Triton GEMM | this kernel | this kernel, x given in its k order |
+|---|---|---|---|---|
+| 16 | 117.7 | 121.3 | 97.7 | 93.6 |
+| 32 | 119.0 | 134.9 | 113.6 | 103.2 |
+| 64 | 122.0 | 142.7 | 148.7 | 115.6-123.0 |
+
+So quant_linear takes it up to ENGINE_MAX_ROWS = 32 rows. At 64 rows the copies that gather x into the kernel's
+k order (below) cost more than the kernel gains; x written in that order by the kernel before (the norm, the
+SiLU-and-mul) would not pay them.
 
 How each warp holds its weights: per group of 64 and per row, lane t (= lane % 4) loads two int32 words, the
-group's codes 16 t .. 16 t + 15. One PTX block per word (word_pairs_asm) turns its 8 codes into 4 bf16 pairs
-(nibble s with nibble s + 4) and applies the scale and min. For these registers to be wgmma's operand layout as
-they are, the MMA's k order within each group is permuted: logical k = 16 S + 8 h + 2 t + j holds canonical
-k = 16 t + 8 h + 4 j + S (k_order); `convert_layout(..., assert_trivial=True)` proves at compile time that nothing
-moves. x must then be given in the same order: permute_groups writes it so (one small kernel, launched with PDL
-like the GEMM, whose first weight loads overlap it).
+group's codes 16 t .. 16 t + 15. One PTX block per word (word_pairs_asm) turns its 4 bytes into 4 bf16 pairs and
+applies the scale and min. For these registers to be wgmma's operand layout as they are, the MMA's k order within
+each group is permuted: logical k = 16 S + 8 h + 2 t + j holds canonical k = 16 t + 8 h + 2 S + j (k_order);
+`convert_layout(..., assert_trivial=True)` proves at compile time that nothing moves. x's tiles are copied into
+shared memory in that order, 4 bytes (one k pair) at a time.
 
 Program: 64 weight rows (one warpgroup) against all of x's rows (MB: 16, 32 or 64), K in SPLIT runs summed in the
 kernel (per-tile counters, split_k.py). x's tiles stream through a cp.async ring of STAGES slots; the weights load
 four groups ahead, each group in its own registers (a rotating prefetch would wait on its newest load at every
-move). Correctness: tests/gpu/test_int4_wgmma_gpu.py (against the torch reference, bitwise across repeated runs)."""
+move). Correctness: tests/gpu/test_int4_wgmma_gpu.py (against the torch reference, bitwise across repeated runs);
+tests/kernels/test_int4_wgmma.py runs the PTX block instruction by instruction on CPU."""
 from __future__ import annotations
 
 import functools
@@ -24,11 +34,12 @@ import os
 
 import torch
 
-from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, pdl_options, triton_enabled
+from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, triton_enabled
 from tierllm.kernels.split_k import split_k_counters
 
 GROUP = 64                      # the group size the kernel takes (its K step)
-MAX_ROWS = 64                   # the most x rows (wgmma's N)
+MAX_ROWS = 64                   # the most x rows the kernel takes (wgmma's N)
+ENGINE_MAX_ROWS = 32            # the most quant_linear sends it (see the table above)
 WARPS = 4                       # one warpgroup: 64 weight rows per program
 STAGES = 4                      # x's ring slots
 SPLIT_TARGET = 1.9              # K splits until the programs reach this many per SM (up to MAX_SPLIT)
@@ -76,48 +87,12 @@ def word_pairs_asm() -> str:
 
 if HAS_TRITON:
     import triton
-    import triton.language as tl
-
-    from tierllm.kernels._dispatch import pdl_start
-
-    @triton.jit
-    def _permute_groups_kernel(x_ptr, out_ptr, K, stride_x, stride_out, BLOCK: tl.constexpr,
-                               PDL: tl.constexpr = False):
-        """out[m, 64 g + l] = x[m, 64 g + k_order[l]] for one row and BLOCK columns (whole groups)."""
-        pdl_start(PDL)
-        row = tl.program_id(0).to(tl.int64)
-        logical = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        within = logical % 64
-        canonical = logical - within + 16 * (within // 2 % 4) + 8 * (within // 8 % 2) + 2 * (within // 16) + within % 2
-        mask = logical < K
-        value = tl.load(x_ptr + row * stride_x + canonical, mask=mask)
-        tl.store(out_ptr + row * stride_out + logical, value, mask=mask)
-
-
-def permute_groups(x: torch.Tensor, pdl: bool = True) -> torch.Tensor:
-    """permute_groups_ref by the Triton kernel (CUDA, or the interpreter); x [M, K], K a multiple of 64."""
-    m, k = x.shape
-    out = torch.empty(m, k, dtype=x.dtype, device=x.device)
-    block = min(triton.next_power_of_2(k), 2048)
-    _permute_groups_kernel[(m, triton.cdiv(k, block))](x, out, k, x.stride(0), out.stride(0), BLOCK=block,
-                                                        **pdl_options(x, pdl))
-    return out
-
 
 if HAS_GLUON:
     _PAIRS = gl.constexpr(word_pairs_asm())
     _PAIRS_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 16))  # out x4; word x8, scale x4, min x4
     _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier         # (Triton 3.6: thread_barrier)
     _cp_async = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)       # (the same, 3.6)
-
-    @gluon.jit
-    def _gdc_launch_dependents():
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-    @gluon.jit
-    def _gdc_wait():
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g, live, stride_w, stride_s, HAS_MINS: gl.constexpr):
@@ -174,14 +149,12 @@ if HAS_GLUON:
     @gluon.jit
     def _w4_wgmma_kernel(x_ptr, w_ptr, s_ptr, m_ptr, b_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, stride_x, stride_w,
                          stride_s, stride_y, HAS_MINS: gl.constexpr, HAS_BIAS: gl.constexpr, MB: gl.constexpr,
-                         WARPS: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, X_GATHER: gl.constexpr,
-                         PDL: gl.constexpr):
+                         WARPS: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, X_GATHER: gl.constexpr):
         """y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias) for the program's 16 WARPS weight rows and its K run;
         M <= MB. X_GATHER: x as it is, its tiles copied into the logical k order; else x is given in that order.
         SPLIT > 1: program (t, s) takes the s-th of SPLIT runs of K's groups and stores its fp32 tile to the
         workspace ws [tiles, SPLIT, BN, MB]; the last of a tile's programs to finish (count_ptr, zero, set back
-        to zero) sums them in run order and writes y. PDL: the first weights load before the wait for the kernel
-        that writes x, and the next kernel may launch once the K loop is done."""
+        to zero) sums them in run order and writes y."""
         L6: gl.constexpr = gl.BlockedLayout([1, 2, 1, 1, 2, 8], [1, 1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1, 1],
                                             [5, 4, 3, 2, 1, 0])
         W5: gl.constexpr = gl.SliceLayout(5, L6)                      # code words [W, 2, 8, 4, 2]
@@ -227,8 +200,6 @@ if HAS_GLUON:
                                    stride_s, HAS_MINS)
         c3, s3, m3 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0 + 3, row_ok & (g0 + 3 < g1), stride_w,
                                    stride_s, HAS_MINS)
-        if PDL:
-            _gdc_wait()                                 # x is written: the kernel before has finished
         for ahead in gl.static_range(STAGES - 1):
             _x_copy(x_smem, x_at, g0 + ahead, g0, g1, STAGES)
         for g in range(g0, g1, 4):
@@ -245,10 +216,6 @@ if HAS_GLUON:
             c3, s3, m3 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 7, row_ok & (g + 7 < g1), stride_w,
                                        stride_s, HAS_MINS)
         async_copy.wait_group(0)
-        if PDL:
-            # the next kernel may launch now, not at the start: its programs would wait on the SMs where this
-            # kernel's are still to run
-            _gdc_launch_dependents()
         local_n = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))[:, None]
         m_out = gl.arange(0, MB, layout=gl.SliceLayout(0, MMA))[None, :]
         n_out = row0 + local_n
@@ -284,11 +251,12 @@ def _is_hopper(index: int) -> bool:
 
 
 def takes_w4_wgmma(x: torch.Tensor, group_size: int) -> bool:
-    """Whether w4_wgmma_linear runs this int4 matmul: bf16 x of 1-64 rows on an H100/H200 (sm90) with Gluon, group
-    size 64, K a multiple of 64; not under the interpreter; TIERLLM_INT4_WGMMA=0 turns it off (for A/B runs)."""
+    """Whether quant_linear sends this int4 matmul to w4_wgmma_linear: bf16 x of 1-ENGINE_MAX_ROWS rows on an
+    H100/H200 (sm90) with Gluon, group size 64, K a multiple of 64; not under the interpreter; TIERLLM_INT4_WGMMA=0
+    turns it off (for A/B runs)."""
     return (HAS_GLUON and x.is_cuda and triton_enabled() and not is_interpreted() and x.dtype == torch.bfloat16
-            and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and group_size == GROUP and x.shape[1] % GROUP == 0
-            and x.stride(-1) == 1 and os.environ.get("TIERLLM_INT4_WGMMA", "1") != "0"
+            and x.dim() == 2 and 0 < x.shape[0] <= ENGINE_MAX_ROWS and group_size == GROUP
+            and x.shape[1] % GROUP == 0 and x.stride(-1) == 1 and os.environ.get("TIERLLM_INT4_WGMMA", "1") != "0"
             and _is_hopper(x.device.index if x.device.index is not None else torch.cuda.current_device()))
 
 
@@ -307,15 +275,14 @@ def split_for(tiles: int, groups: int, sms: int, rows: int = MAX_ROWS) -> int:
 
 
 def w4_wgmma_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-                    bias: torch.Tensor | None = None, x_permuted: bool | None = None, split: int | None = None,
-                    pdl: bool = True) -> torch.Tensor:
-    """x [M, K] bf16 (M <= 64; takes_w4_wgmma), int4 qweight uint8 [N, K // 2], scales / mins [N, K // 64] fp16
-    -> [M, N] bf16. x_permuted: None (default): the kernel gathers x's pairs into its k order itself; True: x is
-    already in permute_groups' order; False: permute_groups first. split: K splits (split_for's by default).
+                    bias: torch.Tensor | None = None, x_permuted: bool = False,
+                    split: int | None = None) -> torch.Tensor:
+    """x [M, K] bf16 (M <= MAX_ROWS), int4 qweight uint8 [N, K // 2], scales / mins [N, K // 64] fp16
+    -> [M, N] bf16. x_permuted: x is given in permute_groups_ref's order (else the kernel's copies gather it).
+    split: K splits (split_for's by default).
     Not safe to launch concurrently on two streams of one device (the split-K counters are shared)."""
     m, k = x.shape
     n = qweight.shape[0]
-    xp = permute_groups(x, pdl) if x_permuted is False else x
     words = qweight.view(torch.int32)                             # [N, K / 8]: 8 codes per word
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn = 16 * WARPS
@@ -325,9 +292,8 @@ def w4_wgmma_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     workspace = torch.empty(tiles * split * bn * mb, dtype=torch.float32, device=x.device) if split > 1 else y
     counters = split_k_counters(x.device, tiles) if split > 1 else y
     _w4_wgmma_kernel[(tiles, split)](
-        xp, words, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, workspace,
-        counters, m, n, k, xp.stride(0), words.stride(0), scales.stride(0), y.stride(0), HAS_MINS=mins is not None,
+        x, words, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, workspace,
+        counters, m, n, k, x.stride(0), words.stride(0), scales.stride(0), y.stride(0), HAS_MINS=mins is not None,
         HAS_BIAS=bias is not None, MB=mb, WARPS=WARPS, SPLIT=split, STAGES=STAGES,
-        X_GATHER=x_permuted is None, num_warps=WARPS,
-        **pdl_options(x, pdl))
+        X_GATHER=not x_permuted, num_warps=WARPS)
     return y

@@ -303,7 +303,7 @@ def _args(x, qweight, scales, mins, bias, y, workspace, counters) -> tuple:
 def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  bits: int, group_size: int | None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Weight-only quantized linear, [M, K] -> [M, N]: Triton (the GEMV up to QUANT_GEMV_ROWS[bits] rows, the GEMM
-    above; int4 on an H100/H200 up to 64 rows: the wgmma GEMM, int4_wgmma.py) for fp16/bf16 activations on CUDA;
+    above; int4 on an H100/H200 up to 32 rows: the wgmma GEMM, int4_wgmma.py) for fp16/bf16 activations on CUDA;
     int8 with fp32 activations on the CPU, torch's int8 kernel (cpu_int8.py); the torch reference (dequantize +
     matmul) otherwise."""
     if x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1:
