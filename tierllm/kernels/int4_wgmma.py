@@ -240,6 +240,10 @@ if HAS_GLUON:
         gl.store(y_ptr + m_out * stride_y + n_out, acc.to(gl.bfloat16), mask=mask)
 
 
+def _index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -257,7 +261,7 @@ def takes_w4_wgmma(x: torch.Tensor, group_size: int) -> bool:
     return (HAS_GLUON and x.is_cuda and triton_enabled() and not is_interpreted() and x.dtype == torch.bfloat16
             and x.dim() == 2 and 0 < x.shape[0] <= ENGINE_MAX_ROWS and group_size == GROUP
             and x.shape[1] % GROUP == 0 and x.stride(-1) == 1 and os.environ.get("TIERLLM_INT4_WGMMA", "1") != "0"
-            and _is_hopper(x.device.index if x.device.index is not None else torch.cuda.current_device()))
+            and _is_hopper(_index(x)))
 
 
 def split_for(tiles: int, groups: int, sms: int, rows: int = MAX_ROWS) -> int:
@@ -288,7 +292,7 @@ def w4_wgmma_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     bn = 16 * WARPS
     tiles = triton.cdiv(n, bn)
     mb = max(16, triton.next_power_of_2(m))
-    split = split or split_for(tiles, k // GROUP, _sm_count(x.device.index or 0), m)
+    split = split or split_for(tiles, k // GROUP, _sm_count(_index(x)), m)
     workspace = torch.empty(tiles * split * bn * mb, dtype=torch.float32, device=x.device) if split > 1 else y
     counters = split_k_counters(x.device, tiles) if split > 1 else y
     _w4_wgmma_kernel[(tiles, split)](
