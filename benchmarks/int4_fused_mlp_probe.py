@@ -240,6 +240,8 @@ def main(argv=None) -> int:
             result["us"][label] = f"{type(error).__name__}: {error}"[:300]
             print(f"{label}: {result['us'][label]}", flush=True)
         del packed, partials
+    result["over_engine"] = over(result["us"], result["us"]["engine"])
+    result["over_floor"] = over(result["us"], result["floor_us"])
     write_result(args.out, "int4-fused-mlp-probe", torch.device("cuda"),
                  {"hbm_copy_GBps(read+write)": result["copy_GBps"]},
                  {"note": "none: a diagnostic of our own kernels; the baseline is the engine's int4 MLP (its graph "
@@ -247,6 +249,11 @@ def main(argv=None) -> int:
                  result, [], {"copies": COPIES, "group": GROUP, "pdl": True, "configs": [list(c) for c in configs]})
     print(f"wrote {args.out}")
     return 0
+
+
+def over(times: dict, base: float) -> dict:
+    """Each timed entry of `times` (us; failed configs hold their error) over `base`."""
+    return {label: round(us / base, 3) for label, us in times.items() if isinstance(us, float)}
 
 
 if __name__ == "__main__":
