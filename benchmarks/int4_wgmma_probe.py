@@ -48,7 +48,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/int4-wgmma-probe.json"))
     parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--warps", default="4,8", help="warps per program to time (4: 64 weight rows, 8: 128)")
     args = parser.parse_args(argv)
+    warps_list = [int(w) for w in args.warps.split(",")]
     torch.manual_seed(0)
     started = time.perf_counter()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -65,27 +67,33 @@ def main(argv=None) -> int:
                                weight_copies(w)) * 1e6
         triton_us = graph_seconds(lambda codes, x=x, q=q: quant_gemm.quant_gemm_triton(
             x, codes, q["scales"], q["mins"], 4, 64), copies) * 1e6
-        timed = []
-        for split in SPLITS:
-            run = lambda codes, split=split, q=q, xp=xp: int4_wgmma.w4_wgmma_linear(   # noqa: E731
-                xp, codes, q["scales"], q["mins"], x_permuted=True, split=split)
-            y = run(q["qweight"]).clone()
-            same_bits = all(torch.equal(run(q["qweight"]), y) for _ in range(REPEATS))
-            error = rel_err(y, ref)
-            timed.append({"split": split, "us": round(graph_seconds(run, copies) * 1e6, 2),
-                          "rel_err": float(f"{error:.2e}"), "same_bits": same_bits,
-                          "correct": error < 2e-2 and same_bits})
-        engine = lambda codes, q=q, x=x: int4_wgmma.w4_wgmma_linear(x, codes, q["scales"], q["mins"])  # noqa: E731
-        engine_error = rel_err(engine(q["qweight"]), ref)
-        engine_us = graph_seconds(engine, copies) * 1e6
+        timed, engine_by_warps = [], {}
+        for warps in warps_list:
+            for split in SPLITS:
+                run = lambda codes, split=split, warps=warps, q=q, xp=xp: int4_wgmma.w4_wgmma_linear(  # noqa: E731
+                    xp, codes, q["scales"], q["mins"], x_permuted=True, split=split, warps=warps)
+                y = run(q["qweight"]).clone()
+                same_bits = all(torch.equal(run(q["qweight"]), y) for _ in range(REPEATS))
+                error = rel_err(y, ref)
+                timed.append({"warps": warps, "split": split, "us": round(graph_seconds(run, copies) * 1e6, 2),
+                              "rel_err": float(f"{error:.2e}"), "same_bits": same_bits,
+                              "correct": error < 2e-2 and same_bits})
+            engine = lambda codes, q=q, x=x, warps=warps: int4_wgmma.w4_wgmma_linear(   # noqa: E731
+                x, codes, q["scales"], q["mins"], warps=warps)
+            engine_error = rel_err(engine(q["qweight"]), ref)
+            engine_by_warps[warps] = {"split": int4_wgmma.split_for(-(-n // (16 * warps)), k // 64, sms, args.rows),
+                                      "us": round(graph_seconds(engine, copies) * 1e6, 2),
+                                      "rel_err": float(f"{engine_error:.2e}")}
         ok = sorted((t for t in timed if t["correct"]), key=lambda t: t["us"])
+        engine_best = min(engine_by_warps.items(), key=lambda item: item[1]["us"])
         rows[name] = {"shape": [n, k], "cublas_bf16_us": round(cublas, 2), "triton_gemm_us": round(triton_us, 2),
                       "wgmma_by_split": timed, "wgmma_best": ok[0] if ok else None,
-                      "split_for": int4_wgmma.split_for(-(-n // 64), k // 64, sms, args.rows),
-                      "engine_us": round(engine_us, 2), "engine_rel_err": float(f"{engine_error:.2e}")}
-        best = f"{ok[0]['us']} us (split {ok[0]['split']})" if ok else "none correct"
+                      "engine_by_warps": engine_by_warps, "engine_warps": engine_best[0],
+                      "engine_us": engine_best[1]["us"], "engine_rel_err": engine_best[1]["rel_err"]}
+        best = f"{ok[0]['us']} us (warps {ok[0]['warps']}, split {ok[0]['split']})" if ok else "none correct"
+        engines = " | ".join(f"w{w} split {e['split']} {e['us']:.1f}" for w, e in engine_by_warps.items())
         print(f"{name:>8} {n}x{k} M={args.rows}: cuBLAS bf16 {cublas:.1f} us | Triton GEMM {triton_us:.1f} | "
-              f"wgmma {best} | engine (x gathered, split {rows[name]['split_for']}) {engine_us:.1f}", flush=True)
+              f"wgmma {best} | engine (x gathered) {engines}", flush=True)
         for t in timed:
             print(f"           {t}", flush=True)
         del w, q, copies
@@ -100,8 +108,9 @@ def main(argv=None) -> int:
              "note": "torch.matmul on the bf16 weight, per shape in results.shapes"}
     write_result(args.out, "int4_wgmma_probe", torch.device("cuda"), ceilings, peers,
                  {"shapes": rows, "per_layer": totals, "per_layer_over_cublas_bf16": ratios}, [],
-                 {"rows": args.rows, "note": "wgmma_by_split: x permuted outside the timing; engine_us: x as it is "
-                                             "(gathered by the kernel's copies) at split_for's split"})
+                 {"rows": args.rows, "warps": warps_list,
+                  "note": "wgmma_by_split: x permuted outside the timing; engine_us: x as it is (gathered by the "
+                          "kernel's copies) at split_for's split, the faster of the warps timed (engine_by_warps)"})
     print(f"wrote {args.out}")
     return 0
 

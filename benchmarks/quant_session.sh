@@ -52,6 +52,9 @@
 #                                            # wider grid of tiles against cuBLAS bf16, per llama-7b linear
 #   bash benchmarks/quant_session.sh wgmma   # the int4 wgmma GEMM's GPU tests, then int4_wgmma_probe.py at 64, 32
 #                                            # and 16 rows (~4 minutes)
+#   bash benchmarks/quant_session.sh wgmma-ncu # Nsight Compute on that GEMM at 64 rows (benchmarks/int4_wgmma_ncu.py):
+#                                            # warp states, scheduler, occupancy, and the stall samples per SASS
+#                                            # instruction ($OUT/int4-wgmma-ncu-source.csv)
 #   bash benchmarks/quant_session.sh gemm64-ncu # Nsight Compute sections of that GEMM's picks and cuBLAS bf16
 #   bash benchmarks/quant_session.sh w4a8    # w4a8_dp4a_probe.py: an int4 GEMV on int8 x (DP4A) against XHALF
 #   bash benchmarks/quant_session.sh attention # decode_attention_probe.py: the decode attention's tile, split count
@@ -66,7 +69,7 @@
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: peer-split, fused-mlp, gemm64, gemm64-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
+part=${1:?part: peer-split, fused-mlp, gemm64, gemm64-ncu, wgmma, wgmma-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 # python3 -c "$LOGGED" SCRIPT ARGS: runs SCRIPT with the GEMV tuner's and the parallel compiler's INFO lines (each
@@ -107,11 +110,21 @@ case "$part" in
         2>&1 | tee "$OUT/int4-gemm-m64-grid.log" | grep -v -i warn | cut -c1-300
     ;;
   wgmma)
-    timeout 240 python3 -m pytest -q -x tests/gpu/test_int4_wgmma_gpu.py 2>&1 | tee "$OUT/gpu-tests-int4-wgmma.log" | tail -5
+    timeout 300 python3 -m pytest -q -x tests/gpu/test_int4_wgmma_gpu.py 2>&1 | tee "$OUT/gpu-tests-int4-wgmma.log" | tail -5
     for rows in 64 32 16; do
-      timeout 120 python3 benchmarks/int4_wgmma_probe.py --rows "$rows" --out "$OUT/int4-wgmma-probe-m$rows.json" \
+      timeout 150 python3 benchmarks/int4_wgmma_probe.py --rows "$rows" --out "$OUT/int4-wgmma-probe-m$rows.json" \
           2>&1 | grep -v -i warn | grep -v "^           {" | cut -c1-300
     done
+    ;;
+  wgmma-ncu)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+    timeout 400 "$NCU" --clock-control none -k regex:_w4_wgmma --section WarpStateStats --section SourceCounters \
+        --section SchedulerStats --section Occupancy --section SpeedOfLight --section LaunchStats \
+        -o "$OUT/int4-wgmma" python3 benchmarks/int4_wgmma_ncu.py 2>&1 | grep -v "^==PROF==" | tail -8
+    "$NCU" -i "$OUT/int4-wgmma.ncu-rep" > "$OUT/int4-wgmma-ncu.txt" 2>&1
+    "$NCU" -i "$OUT/int4-wgmma.ncu-rep" --page source --csv --print-source sass > "$OUT/int4-wgmma-ncu-source.csv" 2>&1
+    grep -E "_w4_wgmma|Duration|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issued Warp|No Eligible|Warp Cycles Per Issued|Executed Ipc|Block Limit|Compute \(SM\) Throughput|Memory Throughput" \
+        "$OUT/int4-wgmma-ncu.txt" | cut -c1-150
     ;;
   gemm64-ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
@@ -231,5 +244,5 @@ case "$part" in
     timeout 580 python3 -c "$LOGGED" benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: peer-split, fused-mlp, gemm64, wgmma, gemm64-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: peer-split, fused-mlp, gemm64, wgmma, wgmma-ncu, gemm64-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench" >&2; exit 2 ;;
 esac

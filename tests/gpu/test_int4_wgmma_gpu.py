@@ -1,7 +1,7 @@
 """On an H100/H200: the int4 wgmma GEMM (tierllm/kernels/int4_wgmma.py) against the torch reference on random
 inputs, bit-for-bit repeatable (a race between an MMA and the registers or x slot it reads shows as runs that
-differ), on x gathered by the kernel or given in its k order, inside a CUDA graph, and as quant_linear's path for
-9-32 rows."""
+differ), at one or two warpgroups per program, on x gathered by the kernel or given in its k order, inside a CUDA
+graph, and as quant_linear's path for 9-32 rows."""
 import pytest
 import torch
 
@@ -36,29 +36,32 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("n,k,m", CASES)
 @pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize("split", [None, 1, 3])
-def test_w4_wgmma_linear_matches_the_reference(n, k, m, symmetric, split):
+@pytest.mark.parametrize("split,warps", [(None, 4), (1, 4), (3, 4), (None, 8), (3, 8)])
+def test_w4_wgmma_linear_matches_the_reference(n, k, m, symmetric, split, warps):
     w = _weights(n, k, symmetric, seed=n + k)
     x = _x(m, k, seed=m)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(1)).cuda().to(torch.bfloat16) if n < 200 else None
-    y = int4_wgmma.w4_wgmma_linear(x, w["qweight"], w["scales"], w.get("mins"), bias, split=split).clone()
+    y = int4_wgmma.w4_wgmma_linear(x, w["qweight"], w["scales"], w.get("mins"), bias, split=split,
+                                   warps=warps).clone()
     ref = quant_gemv.w4_linear_ref(x.float(), w["qweight"], w["scales"], w.get("mins"), 64,
                                    None if bias is None else bias.float())
     # bf16 rounding of the scales, mins and dequantized weights (quant_gemm's HALF_DEQUANT path: 0.6%)
     assert _rel_err(y, ref) < 1.5e-2
     for _ in range(5):
         assert torch.equal(int4_wgmma.w4_wgmma_linear(x, w["qweight"], w["scales"], w.get("mins"), bias,
-                                                      split=split), y)
+                                                      split=split, warps=warps), y)
 
 
-def test_x_gathered_by_the_kernel_or_given_in_its_order_gives_the_same_bits():
+@pytest.mark.parametrize("warps", [4, 8])
+def test_x_gathered_by_the_kernel_or_given_in_its_order_gives_the_same_bits(warps):
     """The same tiles in shared memory, the same MMAs."""
     n, k, m = 192, 1024, 40
     w = _weights(n, k, False, seed=3)
     x = _x(m, k, seed=4)
     args = (w["qweight"], w["scales"], w["mins"])
     assert torch.equal(int4_wgmma.w4_wgmma_linear(int4_wgmma.permute_groups_ref(x).contiguous(), *args,
-                                                  x_permuted=True), int4_wgmma.w4_wgmma_linear(x, *args))
+                                                  x_permuted=True, warps=warps),
+                       int4_wgmma.w4_wgmma_linear(x, *args, warps=warps))
 
 
 def test_a_cuda_graph_replays_on_new_inputs():

@@ -124,26 +124,27 @@ if HAS_GLUON:
         return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
     @gluon.jit
-    def _x_copy(x_smem, x_at, g, g0, g1, STAGES: gl.constexpr):
+    def _x_copy(slot, x_at, g, g0, g1, STAGES: gl.constexpr):
         """x's tile of group g [MB, 64] into its ring slot by cp.async (none past the program's K run), then a
         commit (an empty group there), so that every step waits on the same count. No masks: x's rows past M were
         clamped to real rows, whose products land only in output columns that are not stored."""
         if g < g1:
-            _cp_async(x_smem.index((g - g0) % STAGES), x_at + g * 64)
+            _cp_async(slot, x_at + g * 64)
         async_copy.commit_group()
 
     @gluon.jit
-    def _group_mma(acc, x_smem, x_at, codes, scale, low, g, g0, g1, L6: gl.constexpr, A_LAYOUT: gl.constexpr,
-                   WARPS: gl.constexpr, STAGES: gl.constexpr):
-        """acc += group g's weights (dequantized from registers) x its x tile (the ring's slot), and the ring's next
-        copy; groups past the run (g >= g1) only keep the ring's count."""
+    def _group_mma(acc, read_slot, write_slot, x_at, codes, scale, low, g, g0, g1, L6: gl.constexpr,
+                   A_LAYOUT: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr):
+        """acc += group g's weights (dequantized from registers) x its x tile (read_slot), and the ring's next copy
+        into write_slot (the slot group g - 1 was read from); groups past the run (g >= g1) only keep the ring's
+        count."""
         async_copy.wait_group(STAGES - 2)               # this thread's copy of group g's tile has landed
         fence_async_shared()
         _barrier()                                      # everyone's has, and every warp's MMA of g - 1 is done
-        _x_copy(x_smem, x_at, g + STAGES - 1, g0, g1, STAGES)     # into the slot g - 1 read
+        _x_copy(write_slot, x_at, g + STAGES - 1, g0, g1, STAGES)     # into the slot g - 1 read
         if g < g1:
             a = _operand_a(codes, scale, low, L6, A_LAYOUT, WARPS)
-            acc = warpgroup_mma(a, x_smem.index((g - g0) % STAGES).permute((1, 0)), acc)
+            acc = warpgroup_mma(a, read_slot.permute((1, 0)), acc)
         return acc
 
     @gluon.jit
@@ -155,6 +156,7 @@ if HAS_GLUON:
         SPLIT > 1: program (t, s) takes the s-th of SPLIT runs of K's groups and stores its fp32 tile to the
         workspace ws [tiles, SPLIT, BN, MB]; the last of a tile's programs to finish (count_ptr, zero, set back
         to zero) sums them in run order and writes y."""
+        gl.static_assert(STAGES == 4, "the ring's slots are the four buffers b0-b3, one per step of the loop")
         L6: gl.constexpr = gl.BlockedLayout([1, 2, 1, 1, 2, 8], [1, 1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1, 1],
                                             [5, 4, 3, 2, 1, 0])
         W5: gl.constexpr = gl.SliceLayout(5, L6)                      # code words [W, 2, 8, 4, 2]
@@ -188,7 +190,13 @@ if HAS_GLUON:
             x_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :]
         x_rows = gl.minimum(gl.arange(0, MB, layout=gl.SliceLayout(1, XL)), M - 1)[:, None]
         x_at = x_ptr + x_rows * stride_x + x_cols                                           # [MB, 64]
-        x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, MB, 64], X_SMEM)
+        # the ring's four slots as four buffers, each step's slots fixed (four groups per iteration): Triton's
+        # barrier analysis then sees that a copy and the MMA beside it touch different buffers (one barrier per
+        # group where one ring buffer took three)
+        b0 = gl.allocate_shared_memory(gl.bfloat16, [MB, 64], X_SMEM)
+        b1 = gl.allocate_shared_memory(gl.bfloat16, [MB, 64], X_SMEM)
+        b2 = gl.allocate_shared_memory(gl.bfloat16, [MB, 64], X_SMEM)
+        b3 = gl.allocate_shared_memory(gl.bfloat16, [MB, 64], X_SMEM)
         acc = gl.zeros([BN, MB], gl.float32, MMA)
         # four groups per iteration, each in its own registers, reloaded right after its use: a load has three
         # groups' time to land, and nothing is moved between registers
@@ -200,19 +208,20 @@ if HAS_GLUON:
                                    stride_s, HAS_MINS)
         c3, s3, m3 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0 + 3, row_ok & (g0 + 3 < g1), stride_w,
                                    stride_s, HAS_MINS)
-        for ahead in gl.static_range(STAGES - 1):
-            _x_copy(x_smem, x_at, g0 + ahead, g0, g1, STAGES)
+        _x_copy(b0, x_at, g0, g0, g1, STAGES)
+        _x_copy(b1, x_at, g0 + 1, g0, g1, STAGES)
+        _x_copy(b2, x_at, g0 + 2, g0, g1, STAGES)
         for g in range(g0, g1, 4):
-            acc = _group_mma(acc, x_smem, x_at, c0, s0, m0, g, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            acc = _group_mma(acc, b0, b3, x_at, c0, s0, m0, g, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
             c0, s0, m0 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 4, row_ok & (g + 4 < g1), stride_w,
                                        stride_s, HAS_MINS)
-            acc = _group_mma(acc, x_smem, x_at, c1, s1, m1, g + 1, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            acc = _group_mma(acc, b1, b0, x_at, c1, s1, m1, g + 1, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
             c1, s1, m1 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 5, row_ok & (g + 5 < g1), stride_w,
                                        stride_s, HAS_MINS)
-            acc = _group_mma(acc, x_smem, x_at, c2, s2, m2, g + 2, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            acc = _group_mma(acc, b2, b1, x_at, c2, s2, m2, g + 2, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
             c2, s2, m2 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 6, row_ok & (g + 6 < g1), stride_w,
                                        stride_s, HAS_MINS)
-            acc = _group_mma(acc, x_smem, x_at, c3, s3, m3, g + 3, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
+            acc = _group_mma(acc, b3, b2, x_at, c3, s3, m3, g + 3, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
             c3, s3, m3 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 7, row_ok & (g + 7 < g1), stride_w,
                                        stride_s, HAS_MINS)
         async_copy.wait_group(0)
@@ -279,17 +288,20 @@ def split_for(tiles: int, groups: int, sms: int, rows: int = MAX_ROWS) -> int:
 
 
 def w4_wgmma_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-                    bias: torch.Tensor | None = None, x_permuted: bool = False,
-                    split: int | None = None) -> torch.Tensor:
+                    bias: torch.Tensor | None = None, x_permuted: bool = False, split: int | None = None,
+                    warps: int = WARPS) -> torch.Tensor:
     """x [M, K] bf16 (M <= MAX_ROWS), int4 qweight uint8 [N, K // 2], scales / mins [N, K // 64] fp16
     -> [M, N] bf16. x_permuted: x is given in permute_groups_ref's order (else the kernel's copies gather it).
-    split: K splits (split_for's by default).
+    split: K splits (split_for's by default). warps: 4 (one warpgroup, 64 weight rows per program) or 8 (two
+    warpgroups, 128 rows, sharing x's tiles).
     Not safe to launch concurrently on two streams of one device (the split-K counters are shared)."""
     m, k = x.shape
     n = qweight.shape[0]
     words = qweight.view(torch.int32)                             # [N, K / 8]: 8 codes per word
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn = 16 * WARPS
+    if warps not in (4, 8):
+        raise ValueError(f"warps must be 4 or 8 (one or two warpgroups), got {warps}")
+    bn = 16 * warps
     tiles = triton.cdiv(n, bn)
     mb = max(16, triton.next_power_of_2(m))
     split = split or split_for(tiles, k // GROUP, _sm_count(_index(x)), m)
@@ -298,6 +310,6 @@ def w4_wgmma_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     _w4_wgmma_kernel[(tiles, split)](
         x, words, scales, mins if mins is not None else scales, bias if bias is not None else scales, y, workspace,
         counters, m, n, k, x.stride(0), words.stride(0), scales.stride(0), y.stride(0), HAS_MINS=mins is not None,
-        HAS_BIAS=bias is not None, MB=mb, WARPS=WARPS, SPLIT=split, STAGES=STAGES,
-        X_GATHER=not x_permuted, num_warps=WARPS)
+        HAS_BIAS=bias is not None, MB=mb, WARPS=warps, SPLIT=split, STAGES=STAGES,
+        X_GATHER=not x_permuted, num_warps=warps)
     return y
