@@ -1,10 +1,16 @@
 """On an H100/H200: the int4 wgmma GEMM (tierllm/kernels/int4_wgmma.py) against the torch reference on random
 inputs, bit-for-bit repeatable (a race between an MMA and the registers or x slot it reads shows as runs that
 differ), at one or two warpgroups per program, on x gathered by the kernel or given in its k order, inside a CUDA
-graph, and as quant_linear's path for 9-32 rows."""
+graph, as quant_linear's path for 9-32 rows (9-64 with x in its k order), and a tiny int4 model whose norms and
+activations write x in that order."""
+import copy
+
 import pytest
 import torch
+from conftest import build_hf_model, random_prompts
+from quant_fixtures import first_config_only  # noqa: F401  (a fixture)
 
+import tierllm
 from tierllm.config import QuantConfig
 from tierllm.kernels import int4_wgmma, quant_gemm, quant_gemv
 from tierllm.quant.quantize import quantize_weight
@@ -96,3 +102,45 @@ def test_quant_linear_takes_it_between_the_gemv_and_32_rows(monkeypatch):
     assert not int4_wgmma.takes_w4_wgmma(x, 64)
     ref = quant_gemv.w4_linear_ref(x.float(), *args[:3], 64)
     assert _rel_err(quant_gemm.quant_linear(x, *args), ref) < 1.5e-2
+
+
+def test_quant_linear_takes_x_in_k_order_up_to_64_rows():
+    """x written in the kernel's k order (by the norm or activation before) reaches 64 rows, with the bits of the
+    kernel's own gather; outside the kernel's shapes the flag is a clear error."""
+    n, k = 192, 1024
+    w = _weights(n, k, False, seed=10)
+    args = (w["qweight"], w["scales"], w["mins"])
+    for m in (9, 40, 64):
+        x = _x(m, k, seed=m)
+        assert quant_gemm.takes_x_in_k_order(x, k, 4, 64)
+        y = quant_gemm.quant_linear(int4_wgmma.permute_groups_ref(x).contiguous(), *args, 4, 64, x_in_k_order=True)
+        assert torch.equal(y, int4_wgmma.w4_wgmma_linear(x, *args))
+    for m in (8, 65):                                      # the GEMV's rows; past the kernel's N
+        assert not quant_gemm.takes_x_in_k_order(_x(m, k, seed=m), k, 4, 64)
+    assert not quant_gemm.takes_x_in_k_order(_x(16, k, seed=1), k, 8, None)
+    with pytest.raises(ValueError, match="x_in_k_order"):
+        quant_gemm.quant_linear(_x(65, k, seed=2), *args, 4, 64, x_in_k_order=True)
+
+
+@pytest.mark.usefixtures("first_config_only")
+def test_a_tiny_int4_model_with_x_in_k_order_gives_the_gathered_tokens(monkeypatch):
+    """Batch-12 decode steps (12 rows: the layers' plain form, not the GEMV's) in CUDA graphs: the norms and the
+    SiLU-and-mul write x in the wgmma GEMM's k order for qkv, gate/up and down, and the greedy tokens equal those of
+    the same engine with the kernel gathering x itself (the same products, bit for bit)."""
+    permuted_calls = []
+    real = int4_wgmma.w4_wgmma_linear
+    monkeypatch.setattr(quant_gemm, "w4_wgmma_linear", lambda *a, x_permuted=False, **kw:
+                        permuted_calls.append(x_permuted) or real(*a, x_permuted=x_permuted, **kw))
+    hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda()
+    ids = torch.tensor(random_prompts([20] * 12, seed=4), device="cuda")
+    outs, flags = [], []
+    for in_order in (True, False):
+        if not in_order:
+            monkeypatch.setattr(tierllm.kernels, "takes_x_in_k_order", lambda *a: False)   # QuantLinear's question
+        permuted_calls.clear()
+        engine = tierllm.init_inference(hf, dtype=torch.bfloat16, quant="int4", show_progress=False,
+                                        max_num_seqs=12)
+        outs.append(engine.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False))
+        flags.append(set(permuted_calls))
+    assert torch.equal(outs[0], outs[1])
+    assert flags == [{True, False}, {False}]                 # o_proj's x is gathered either way

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from conftest import build_hf_model, random_prompts
+from quant_fixtures import first_config_only  # noqa: F401  (a fixture)
 
 import tierllm
 from tierllm.bench.perplexity import prefill_logits
@@ -186,29 +187,11 @@ def test_w8a8_kernels(dtype, m):
     assert _rel_err(int8_gemm.w8a8_linear(x, packed["qweight"], packed["scales"], bias.to(dtype)), dense) < 3e-2
 
 
-@pytest.fixture
-def first_config_only(monkeypatch):
-    """Every autotuned kernel keeps its first config: the tiny model's launch shapes (each CUDA-graph batch size,
-    each fusion) would otherwise compile and time every config of every kernel, minutes on the GPU machine; the
-    tests above run each config on its own. The graph tuner likewise times only the first config it is offered
-    (an int4 tiny model took over 5 minutes without), with no tuning file and no decode-step tuning."""
-    from triton.runtime.autotuner import Autotuner
-
-    from tierllm.kernels import gemv, graph_tuning
-    for module in (gemv, quant_gemv, quant_gemm, int8_gemm):
-        for tuner in [obj for obj in vars(module).values() if isinstance(obj, Autotuner)]:
-            monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
-    pick = graph_tuning.GraphTuner.pick
-    monkeypatch.setattr(graph_tuning.GraphTuner, "pick", lambda self, key, launch, weight, block_m, configs=None:
-                        pick(self, key, launch, weight, block_m, (configs or self.configs)[:1]))
-    monkeypatch.setenv("TIERLLM_TUNING_CACHE", "0")
-    monkeypatch.setenv("TIERLLM_STEP_TUNER", "0")
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("quant", ["int8", "int4", "w8a8", {"bits": 4, "lm_head": True}],
                          ids=["int8", "int4", "w8a8", "int4-head8"])
-def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch, first_config_only):
+@pytest.mark.usefixtures("first_config_only")
+def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch):
     hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda()
     engine = tierllm.init_inference(hf, dtype=dtype, quant=quant, show_progress=False, max_num_seqs=8)
     prompt = random_prompts([40], seed=2)[0]
@@ -228,7 +211,8 @@ def test_tiny_quantized_model_triton_equals_reference(dtype, quant, monkeypatch,
     assert out.shape == (1, 56)
 
 
-def test_int4_decode_rotary_in_the_held_epilogue_equals_the_rotary_kernel(monkeypatch, first_config_only):
+@pytest.mark.usefixtures("first_config_only")
+def test_int4_decode_rotary_in_the_held_epilogue_equals_the_rotary_kernel(monkeypatch):
     """CUDA-graph decode of an int4 model whose one-row GEMVs are HELD with pairs of rows (the one config offered
     here): the QKV GEMV rotates q and k and writes the cache in its epilogue (ROTARY), and the greedy tokens equal
     TIERLLM_QKV_ROTARY=0's (the same GEMV, then the rotary kernel); only decode's QKV launches asked for it."""

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from tierllm.kernels import activation, cache_write, decode_attention, norm, residual_add, rotary
+from tierllm.kernels import activation, cache_write, decode_attention, int4_wgmma, norm, residual_add, rotary
 from tierllm.kernels._dispatch import HAS_TRITON
 
 prefill_attention = importlib.import_module("tierllm.kernels.prefill_attention")
@@ -37,6 +37,38 @@ def test_norms(dtype, with_residual):
     out, new_res = norm.layer_norm_triton(x, w, b, 1e-5, res)
     ref, ref_res = norm.layer_norm_ref(x, w, b, 1e-5, res)
     assert _rel_err(out, ref) < 1e-2 and torch.equal(new_res, ref_res)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_in_the_wgmma_k_order(dtype, with_residual):
+    """k_order: the same normed values, each group of 64 columns stored in the int4 wgmma GEMM's k order (for the
+    projection after it); the residual as it is. The reference path permutes its output alike."""
+    torch.manual_seed(4)
+    x = torch.randn(3, 192, device=DEVICE).to(dtype)
+    res = torch.randn(3, 192, device=DEVICE).to(dtype) if with_residual else None
+    w = torch.randn(192, device=DEVICE).to(dtype)
+    plain, plain_res = norm.rms_norm_triton(x, w, 1e-6, res)
+    ordered, ordered_res = norm.rms_norm_triton(x, w, 1e-6, res, k_order=True)
+    assert torch.equal(ordered, int4_wgmma.permute_groups_ref(plain)) and torch.equal(ordered_res, plain_res)
+    ref, _ = norm.rms_norm_ref(x.cpu(), w.cpu(), 1e-6, None if res is None else res.cpu())
+    assert torch.equal(norm.rms_norm(x.cpu(), w.cpu(), 1e-6, None if res is None else res.cpu(), k_order=True)[0],
+                       int4_wgmma.permute_groups_ref(ref))
+    with pytest.raises(ValueError, match="whole groups of 64"):
+        norm.rms_norm_triton(x[:, :96], w[:96], 1e-6, k_order=True)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_silu_and_mul_in_the_wgmma_k_order(dtype):
+    """As the norm's: a row of 1088 columns spans two programs (1024 columns each, whole groups)."""
+    torch.manual_seed(5)
+    x = (torch.randn(4, 2 * 1088, device=DEVICE) * 3).to(dtype)
+    ordered = activation.silu_and_mul_triton(x, k_order=True)
+    assert torch.equal(ordered, int4_wgmma.permute_groups_ref(activation.silu_and_mul_triton(x)))
+    assert torch.equal(activation.silu_and_mul(x.cpu().float(), k_order=True),
+                       int4_wgmma.permute_groups_ref(activation.silu_and_mul_ref(x.cpu().float())))
+    with pytest.raises(ValueError, match="whole groups of 64"):
+        activation.silu_and_mul_triton(x[:, :160], k_order=True)
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)

@@ -1,24 +1,27 @@
-"""Activations: SiLU-and-mul (gated MLP), GELU (exact or tanh approximation), ReLU. SiLU-and-mul's pdl: as
-norm.py's."""
+"""Activations: SiLU-and-mul (gated MLP), GELU (exact or tanh approximation), ReLU. SiLU-and-mul's pdl and
+k_order: as norm.py's."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
+from tierllm.kernels.int4_wgmma import check_whole_groups, permute_groups_ref
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     from tierllm.kernels._dispatch import pdl_start
+    from tierllm.kernels.int4_wgmma import k_order_columns
 
     @triton.jit
     def _tanh(x):
         return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
 
     @triton.jit
-    def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+                             K_ORDER: tl.constexpr = False):
         pdl_start(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -26,7 +29,8 @@ if HAS_TRITON:
         gate = tl.load(x_ptr + row * 2 * d + cols, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + row * 2 * d + d + cols, mask=mask, other=0.0)
         silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty)   # HF: act(gate) in model dtype
-        tl.store(out_ptr + row * d + cols, silu * up, mask=mask)
+        out_cols = k_order_columns(cols) if K_ORDER else cols      # BLOCK: whole groups of 64
+        tl.store(out_ptr + row * d + out_cols, silu * up, mask=mask)
 
     @triton.jit
     def _gelu_kernel(x_ptr, out_ptr, n, APPROX_TANH: tl.constexpr, BLOCK: tl.constexpr):
@@ -40,13 +44,16 @@ if HAS_TRITON:
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul_triton(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+def silu_and_mul_triton(x: torch.Tensor, pdl: bool = False, k_order: bool = False) -> torch.Tensor:
     x = x.contiguous()
     d = x.shape[-1] // 2
+    if k_order:
+        check_whole_groups(d)
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     rows = x.numel() // (2 * d)
     block = min(1024, triton.next_power_of_2(d))
-    _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block, **pdl_options(x, pdl))
+    _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block, **pdl_options(x, pdl),
+                                                        K_ORDER=k_order)
     return out
 
 
@@ -71,8 +78,15 @@ def relu_ref(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x)
 
 
-def silu_and_mul(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    return silu_and_mul_triton(x, pdl) if use_triton(x) else silu_and_mul_ref(x)
+def silu_and_mul(x: torch.Tensor, pdl: bool = False, k_order: bool = False) -> torch.Tensor:
+    """x: [num_tokens, 2 * d] = [gate | up] -> [num_tokens, d]; k_order: the output's columns in the int4 wgmma
+    GEMM's k order (for the down projection after it)."""
+    if use_triton(x):
+        return silu_and_mul_triton(x, pdl, k_order)
+    if k_order:
+        check_whole_groups(x.shape[-1] // 2)
+        return permute_groups_ref(silu_and_mul_ref(x))
+    return silu_and_mul_ref(x)
 
 
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

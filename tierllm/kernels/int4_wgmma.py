@@ -11,9 +11,10 @@ cores, and on an H200 its tile loop, not the bytes, bounds it (benchmarks/notes/
 | 32 | 119.0 | 134.9 | 113.6 | 103.2 |
 | 64 | 122.0 | 142.7 | 148.7 | 115.6-123.0 |
 
-So quant_linear takes it up to ENGINE_MAX_ROWS = 32 rows. At 64 rows the copies that gather x into the kernel's
-k order (below) cost more than the kernel gains; x written in that order by the kernel before (the norm, the
-SiLU-and-mul) would not pay them.
+So quant_linear takes it for x as it is up to ENGINE_MAX_ROWS = 32 rows: at 64 rows the copies that gather x into
+the kernel's k order (below) cost more than the kernel gains. Where the kernel before writes x in that order
+(k_order_columns: the RMSNorm before qkv and gate/up, the SiLU-and-mul before down; QuantLinear.takes_k_order) it
+takes up to K_ORDER_MAX_ROWS = 64.
 
 How each warp holds its weights: per group of 64 and per row, lane t (= lane % 4) loads two int32 words, the
 group's codes 16 t .. 16 t + 15. One PTX block per word (word_pairs_asm) turns its 4 bytes into 4 bf16 pairs and
@@ -39,7 +40,8 @@ from tierllm.kernels.split_k import split_k_counters
 
 GROUP = 64                      # the group size the kernel takes (its K step)
 MAX_ROWS = 64                   # the most x rows the kernel takes (wgmma's N)
-ENGINE_MAX_ROWS = 32            # the most quant_linear sends it (see the table above)
+ENGINE_MAX_ROWS = 32            # the most quant_linear sends it with x as it is (see the table above)
+K_ORDER_MAX_ROWS = MAX_ROWS     # ... with x written in the kernel's k order by the kernel before (k_order_columns)
 WARPS = 4                       # one warpgroup: 64 weight rows per program
 STAGES = 4                      # x's ring slots
 SPLIT_TARGET = 1.9              # K splits until the programs reach this many per SM (up to MAX_SPLIT)
@@ -63,9 +65,15 @@ def k_order() -> torch.Tensor:
 
 
 def permute_groups_ref(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] with each group of 64 columns in the kernel's logical k order."""
-    m, k = x.shape
-    return x.view(m, k // GROUP, GROUP)[:, :, k_order().to(x.device)].reshape(m, k)
+    """x [..., K] with each group of 64 columns in the kernel's logical k order."""
+    *lead, k = x.shape
+    return x.reshape(-1, k // GROUP, GROUP)[:, :, k_order().to(x.device)].reshape(*lead, k)
+
+
+def check_whole_groups(columns: int) -> None:
+    """A clear error where x's columns cannot be put in the k order (whole groups of 64 only)."""
+    if columns % GROUP:
+        raise ValueError(f"the int4 wgmma GEMM's k order needs whole groups of {GROUP} columns, got {columns}")
 
 
 def word_pairs_asm() -> str:
@@ -87,6 +95,14 @@ def word_pairs_asm() -> str:
 
 if HAS_TRITON:
     import triton
+    import triton.language as tl  # noqa: F401  (the interpreter wants it visible to jit'd functions)
+
+    @triton.jit
+    def k_order_columns(cols):
+        """Where canonical column c goes in the kernel's k order (for the kernel before it, storing its output so):
+        within each group of 64, canonical 16 t + 8 h + 2 S + j -> logical 16 S + 8 h + 2 t + j, i.e. bits 5-4 and
+        2-1 swapped (its own inverse, as k_order)."""
+        return (cols & ~63) | ((cols >> 1 & 3) << 4) | (cols & 9) | ((cols >> 4 & 3) << 1)
 
 if HAS_GLUON:
     _PAIRS = gl.constexpr(word_pairs_asm())
@@ -263,14 +279,16 @@ def _is_hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
-def takes_w4_wgmma(x: torch.Tensor, group_size: int) -> bool:
-    """Whether quant_linear sends this int4 matmul to w4_wgmma_linear: bf16 x of 1-ENGINE_MAX_ROWS rows on an
-    H100/H200 (sm90) with Gluon, group size 64, K a multiple of 64; not under the interpreter; TIERLLM_INT4_WGMMA=0
-    turns it off (for A/B runs)."""
+def takes_w4_wgmma(x: torch.Tensor, group_size: int, in_k_order: bool = False, k: int | None = None) -> bool:
+    """Whether quant_linear sends this int4 matmul to w4_wgmma_linear: bf16 x of 1-ENGINE_MAX_ROWS rows
+    (in_k_order: x given in the kernel's k order, 1-K_ORDER_MAX_ROWS) on an H100/H200 (sm90) with Gluon, group size
+    64, K (x's columns, or k where x stands in only for the rows, device and dtype) a multiple of 64; not under the
+    interpreter; TIERLLM_INT4_WGMMA=0 turns it off (for A/B runs)."""
+    k = x.shape[1] if k is None else k
+    max_rows = K_ORDER_MAX_ROWS if in_k_order else ENGINE_MAX_ROWS
     return (HAS_GLUON and x.is_cuda and triton_enabled() and not is_interpreted() and x.dtype == torch.bfloat16
-            and x.dim() == 2 and 0 < x.shape[0] <= ENGINE_MAX_ROWS and group_size == GROUP
-            and x.shape[1] % GROUP == 0 and x.stride(-1) == 1 and os.environ.get("TIERLLM_INT4_WGMMA", "1") != "0"
-            and _is_hopper(_index(x)))
+            and x.dim() == 2 and 0 < x.shape[0] <= max_rows and group_size == GROUP and k % GROUP == 0
+            and x.stride(-1) == 1 and os.environ.get("TIERLLM_INT4_WGMMA", "1") != "0" and _is_hopper(_index(x)))
 
 
 def split_for(tiles: int, groups: int, sms: int, rows: int = MAX_ROWS) -> int:

@@ -1,24 +1,28 @@
 """RMSNorm and LayerNorm, each fused with the residual add that precedes it:
 (x, residual) -> (norm(x + residual), x + residual). Statistics in fp32, as HF computes them. pdl: launched with
 programmatic dependent launch (kernels/_dispatch.py): the next kernel may launch as this one starts, and this one
-waits for the kernel before it before reading (the quantized decode chain, quant_gemm.fused_quant_linear)."""
+waits for the kernel before it before reading (the quantized decode chain, quant_gemm.fused_quant_linear).
+k_order (RMSNorm): the normed output's columns in the int4 wgmma GEMM's k order (int4_wgmma.k_order_columns),
+for the projection after it; the residual stays as it is."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
+from tierllm.kernels.int4_wgmma import check_whole_groups, permute_groups_ref
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     from tierllm.kernels._dispatch import pdl_start
+    from tierllm.kernels.int4_wgmma import k_order_columns
 
     @triton.jit
     def _norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, n_cols, eps,
                      HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, IS_RMS: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False, K_ORDER: tl.constexpr = False):
         pdl_start(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -40,10 +44,11 @@ if HAS_TRITON:
             out = diff * tl.rsqrt(var + eps) * w.to(tl.float32)
             if HAS_BIAS:
                 out = out + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * n_cols + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+        out_cols = k_order_columns(cols) if K_ORDER else cols      # the same values, stored permuted
+        tl.store(out_ptr + row * n_cols + out_cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _norm_triton(x, weight, bias, eps, residual, is_rms, pdl=False):
+def _norm_triton(x, weight, bias, eps, residual, is_rms, pdl=False, k_order=False):
     """x, residual: [num_tokens, hidden] contiguous."""
     x = x.contiguous()
     n_rows, n_cols = x.shape
@@ -53,12 +58,14 @@ def _norm_triton(x, weight, bias, eps, residual, is_rms, pdl=False):
                             bias if bias is not None else weight, out, res_out, n_cols, eps,
                             HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, IS_RMS=is_rms,
                             BLOCK=triton.next_power_of_2(n_cols), num_warps=4 if n_cols <= 4096 else 8,
-                            **pdl_options(x, pdl))
+                            **pdl_options(x, pdl), K_ORDER=k_order)
     return out, res_out
 
 
-def rms_norm_triton(x, weight, eps, residual=None, pdl=False):
-    return _norm_triton(x, weight, None, eps, residual, True, pdl)
+def rms_norm_triton(x, weight, eps, residual=None, pdl=False, k_order=False):
+    if k_order:
+        check_whole_groups(x.shape[-1])
+    return _norm_triton(x, weight, None, eps, residual, True, pdl, k_order)
 
 
 def layer_norm_triton(x, weight, bias, eps, residual=None):
@@ -82,9 +89,13 @@ def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps), x
 
 
-def rms_norm(x, weight, eps, residual=None, pdl=False):
+def rms_norm(x, weight, eps, residual=None, pdl=False, k_order=False):
     if use_triton(x):
-        return rms_norm_triton(x, weight, eps, residual, pdl)
+        return rms_norm_triton(x, weight, eps, residual, pdl, k_order)
+    if k_order:
+        check_whole_groups(x.shape[-1])
+        normed, residual = rms_norm_ref(x, weight, eps, residual)
+        return permute_groups_ref(normed), residual
     return rms_norm_ref(x, weight, eps, residual)
 
 

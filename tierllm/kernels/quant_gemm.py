@@ -3,8 +3,8 @@
 tl.dot; nothing dequantized goes back to memory. int4: BLOCK_K <= group size, so one scale (and min) per column
 covers a tile; the low and high nibbles are interleaved back into K order in registers.
 `quant_linear` dispatches: the GEMV kernels up to QUANT_GEMV_ROWS[bits] rows, int4 on an H100/H200 the wgmma GEMM
-up to int4_wgmma.ENGINE_MAX_ROWS, this kernel up to DEQUANT_MIN_ROWS, then one dequantizing pass and cuBLAS; the
-torch reference on CPU / fp32. `fused_quant_linear` adds the decode fusions (RMSNorm prologue, SiLU-and-mul,
+up to int4_wgmma.ENGINE_MAX_ROWS (K_ORDER_MAX_ROWS for x in its k order), this kernel up to DEQUANT_MIN_ROWS, then
+one dequantizing pass and cuBLAS; the torch reference on CPU / fp32. `fused_quant_linear` adds the decode fusions (RMSNorm prologue, SiLU-and-mul,
 residual add; see gemv.py), those that pay inside the GEMV where it applies (GEMV_FUSIONS)."""
 from __future__ import annotations
 
@@ -300,12 +300,27 @@ def _args(x, qweight, scales, mins, bias, y, workspace, counters) -> tuple:
             qweight.stride(0), scales.stride(0), y.stride(0))
 
 
+def takes_x_in_k_order(x: torch.Tensor, k: int, bits: int, group_size: int | None) -> bool:
+    """Whether quant_linear, for x's rows, device and dtype and a weight of K = k, takes x in the int4 wgmma GEMM's k
+    order (x_in_k_order): int4, group 64, past the GEMV's rows, up to int4_wgmma.K_ORDER_MAX_ROWS bf16 rows on an
+    H100/H200. Asked by the layer whose norm or activation writes x."""
+    return (bits == 4 and x.shape[0] > QUANT_GEMV_ROWS[4] and use_triton(x)
+            and takes_w4_wgmma(x, group_size, in_k_order=True, k=k))
+
+
 def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-                 bits: int, group_size: int | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+                 bits: int, group_size: int | None, bias: torch.Tensor | None = None,
+                 x_in_k_order: bool = False) -> torch.Tensor:
     """Weight-only quantized linear, [M, K] -> [M, N]: Triton (the GEMV up to QUANT_GEMV_ROWS[bits] rows, the GEMM
-    above; int4 on an H100/H200 up to 32 rows: the wgmma GEMM, int4_wgmma.py) for fp16/bf16 activations on CUDA;
-    int8 with fp32 activations on the CPU, torch's int8 kernel (cpu_int8.py); the torch reference (dequantize +
-    matmul) otherwise."""
+    above; int4 on an H100/H200 up to 32 rows, or 64 with x_in_k_order: the wgmma GEMM, int4_wgmma.py) for
+    fp16/bf16 activations on CUDA; int8 with fp32 activations on the CPU, torch's int8 kernel (cpu_int8.py); the
+    torch reference (dequantize + matmul) otherwise. x_in_k_order: x's columns are in the wgmma GEMM's k order
+    (only where takes_x_in_k_order)."""
+    if x_in_k_order:
+        if not takes_x_in_k_order(x, qweight.shape[1] * 2, bits, group_size):
+            raise ValueError("x_in_k_order is only for the int4 wgmma GEMM's shapes (takes_x_in_k_order); write x "
+                             "in its usual order here")
+        return w4_wgmma_linear(x, qweight, scales, mins, bias, x_permuted=True)
     if x.dtype in (torch.float16, torch.bfloat16) and use_triton(x) and x.stride(-1) == 1:
         if x.shape[0] <= QUANT_GEMV_ROWS[bits]:
             if bits == 8:

@@ -86,10 +86,16 @@ class Linear(nn.Module):
         self.reduce_output = False                        # all-reduce y over `parallel` (row-parallel)
         self.invariant_parts = 0                          # K parts of kernels.invariant_linear; 0: the fast kernels
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:    # [num_tokens, in] -> [num_tokens, out]
+    def forward(self, x: torch.Tensor, k_order: bool = False) -> torch.Tensor:   # [num_tokens, in] -> [.., out]
+        if k_order:
+            raise ValueError(f"{type(self).__name__} takes x in its usual column order (takes_k_order is False)")
         if self.reduce_output:
             return reduce_partial_output(self.partial_output(x), self.bias, self.parallel, x.dtype)
         return self.matmul(x, self.bias)
+
+    def takes_k_order(self, x: torch.Tensor) -> bool:
+        """Whether forward() takes x in the int4 wgmma GEMM's k order: never for a dense weight (QuantLinear's)."""
+        return False
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None,
                out_dtype: torch.dtype | None = None) -> torch.Tensor:

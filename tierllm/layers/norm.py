@@ -15,8 +15,9 @@ class RMSNorm(nn.Module):
         self.weight = _new_param(hidden_size, dtype=dtype, device=device)
         self.weight.weight_loader = load_whole
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return kernels.rms_norm(x, self.weight, self.eps, residual)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, k_order: bool = False):
+        """k_order: the normed output in the int4 wgmma GEMM's k order, for a projection that takes it so."""
+        return kernels.rms_norm(x, self.weight, self.eps, residual, k_order=k_order)
 
 
 class LayerNorm(nn.Module):

@@ -77,20 +77,27 @@ class QuantLinear(nn.Module):
         if bias is not None:
             load_whole(self.bias, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:    # [num_tokens, in] -> [num_tokens, out]
+    def forward(self, x: torch.Tensor, k_order: bool = False) -> torch.Tensor:   # [num_tokens, in] -> [.., out]
+        """k_order: x's columns are in the int4 wgmma GEMM's k order (where takes_k_order said so)."""
         if self.reduce_output:                              # the bias once, after the sum
-            return reduce_partial_output(self.partial_output(x), self.bias, self.parallel)
-        return self._matmul(x, self.bias)
+            return reduce_partial_output(self.partial_output(x, k_order), self.bias, self.parallel)
+        return self._matmul(x, self.bias, k_order)
 
-    def partial_output(self, x: torch.Tensor) -> torch.Tensor:
+    def partial_output(self, x: torch.Tensor, k_order: bool = False) -> torch.Tensor:
         """This rank's share of a row-parallel output, before the all-reduce and the bias."""
-        return self._matmul(x, None)
+        return self._matmul(x, None, k_order)
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def takes_k_order(self, x: torch.Tensor) -> bool:
+        """Whether forward() takes x (of these rows, device and dtype) in the int4 wgmma GEMM's k order, which the
+        norm or activation before it then writes (models/llama.py): int4 weight-only at 9-64 rows on an H100/H200."""
+        return self.quant.activations is None and kernels.takes_x_in_k_order(x, self.in_features, self.quant.bits,
+                                                                             self.quant.group_size)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None, k_order: bool = False) -> torch.Tensor:
         if self.quant.activations == "int8":
             return kernels.w8a8_linear(x, self.qweight, self.scales, bias)
         return kernels.quant_linear(x, self.qweight, self.scales, self.mins, self.quant.bits, self.quant.group_size,
-                                    bias)
+                                    bias, x_in_k_order=k_order)
 
     @property
     def takes_rotary(self) -> bool:

@@ -44,16 +44,17 @@ class LlamaAttention(nn.Module):
                               _sliding_window(config, layer_idx), invariant_split_heads(num_kv_heads, parallel))
 
     def forward(self, cos_sin, hidden: torch.Tensor, meta: AttentionMetadata, norm: RMSNorm | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, k_order: bool = False) -> torch.Tensor:
         """hidden: [num_tokens, hidden] -> [num_tokens, hidden]. The decode form (LlamaDecoderLayer.forward_decode)
-        passes the un-normalized stream with its `norm`, and `residual` to add the output into (returned)."""
+        passes the un-normalized stream with its `norm`, and `residual` to add the output into (returned).
+        k_order: hidden is in qkv_proj's k order (qkv_proj.takes_k_order)."""
         n = hidden.shape[0]
         # one decode token: an int4 projection rotates q and k and writes the cache in its GEMV (kernels.DecodeRotary)
         rotary = self.attn.decode_rotary(meta, cos_sin, n) if getattr(self.qkv_proj, "takes_rotary", False) else None
         if rotary is not None:
             qkv = self.qkv_proj.fused(hidden, norm=norm, rotary=rotary)
         else:
-            qkv = self.qkv_proj(hidden) if norm is None else self.qkv_proj.fused(hidden, norm=norm)
+            qkv = self.qkv_proj(hidden, k_order=k_order) if norm is None else self.qkv_proj.fused(hidden, norm=norm)
         q, k, v = self.qkv_proj.split(qkv)
         q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
@@ -73,8 +74,12 @@ class LlamaMLP(nn.Module):
                                                        parallel)
         self.down_proj = RowParallelLinear(size, config.hidden_size, bias, dtype, device, parallel)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, k_order: bool = False) -> torch.Tensor:
+        """k_order: x is in gate_up_proj's k order (takes_k_order); the activation writes down_proj's x in its own
+        where down_proj takes that."""
+        gate_up = self.gate_up_proj(x, k_order=k_order)
+        down_order = self.down_proj.takes_k_order(gate_up)
+        return self.down_proj(kernels.silu_and_mul(gate_up, k_order=down_order), k_order=down_order)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -86,10 +91,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
     def forward(self, cos_sin, hidden, residual, meta):
-        hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(cos_sin, hidden, meta)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        # an int4 projection at 9-64 rows on an H100/H200 takes x in its GEMM's k order: each norm writes it so
+        qkv_order = self.self_attn.qkv_proj.takes_k_order(hidden)
+        hidden, residual = self.input_layernorm(hidden, residual, k_order=qkv_order)
+        hidden = self.self_attn(cos_sin, hidden, meta, k_order=qkv_order)
+        gate_up_order = self.mlp.gate_up_proj.takes_k_order(hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual, k_order=gate_up_order)
+        return self.mlp(hidden, k_order=gate_up_order), residual
 
     def forward_decode(self, cos_sin, stream: torch.Tensor, meta) -> None:
         """The same layer for decode-sized steps, on the residual stream [num_tokens, hidden], updated in place:
