@@ -15,8 +15,10 @@ The kernel's forms on an H200 at 64 rows, us per layer (cuBLAS bf16 121-123, the
   move): 115-124 (int4-wgmma-probe-unroll-h200.json, int4-wgmma-probe-async-h200.json). In the second of these an
   asynchronous MMA (the next group dequantized while it runs) gained nothing, and with the rotating prefetch its
   outputs differed from run to run (a race); not kept.
+- ada0427: x's ring as four buffers (one barrier per group): 120.5, no faster; two warpgroups per program (--warps
+  8, 128 weight rows sharing x's tiles) slower on every shape and split (int4-wgmma-probe-four-buffers-m64-h200.json).
 
-    python benchmarks/int4_wgmma_probe.py [--out PATH] [--rows 64]"""
+    python benchmarks/int4_wgmma_probe.py [--out PATH] [--rows 64] [--warps 4,8]"""
 from __future__ import annotations
 
 import argparse
