@@ -124,9 +124,10 @@ def test_quant_linear_takes_x_in_k_order_up_to_64_rows():
 
 @pytest.mark.usefixtures("first_config_only")
 def test_a_tiny_int4_model_with_x_in_k_order_gives_the_gathered_tokens(monkeypatch):
-    """Batch-12 decode steps (12 rows: the layers' plain form, not the GEMV's) in CUDA graphs: the norms and the
-    SiLU-and-mul write x in the wgmma GEMM's k order for qkv, gate/up and down, and the greedy tokens equal those of
-    the same engine with the kernel gathering x itself (the same products, bit for bit)."""
+    """Batch-12 decode steps (12 rows: the layers' plain form, not the GEMV's) in CUDA graphs: the norms, the
+    attention and the SiLU-and-mul write x in the wgmma GEMM's k order for qkv, o, gate/up and down (4 heads of 16
+    per group of 64 for o), and the greedy tokens equal those of the same engine with the kernel gathering x itself
+    (the same products, bit for bit)."""
     permuted_calls = []
     real = int4_wgmma.w4_wgmma_linear
     monkeypatch.setattr(quant_gemm, "w4_wgmma_linear", lambda *a, x_permuted=False, **kw:
@@ -143,4 +144,4 @@ def test_a_tiny_int4_model_with_x_in_k_order_gives_the_gathered_tokens(monkeypat
         outs.append(engine.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False))
         flags.append(set(permuted_calls))
     assert torch.equal(outs[0], outs[1])
-    assert flags == [{True, False}, {False}]                 # o_proj's x is gathered either way
+    assert flags == [{True}, {False}]

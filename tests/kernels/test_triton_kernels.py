@@ -152,6 +152,24 @@ def test_paged_decode_attention(dtype, heads, kv_heads, window):
     assert torch.equal(out[~live], torch.zeros_like(out[~live]))
 
 
+@pytest.mark.parametrize("lens,kv_heads", [([1, 37, 150, 0, 64], 2), ([150], 1)])
+def test_paged_decode_attention_in_the_wgmma_k_order(lens, kv_heads):
+    """k_order: the same output, its H * d columns stored in the int4 wgmma GEMM's k order (for o_proj); 4 heads of
+    32 put two heads in each group of 64. One long sequence on one KV head takes the split kernel's merge."""
+    torch.manual_seed(6)
+    head_dim, block_size = 32, 16
+    k_cache, v_cache, tables = _random_paged(lens, kv_heads, head_dim, block_size, torch.float16)
+    q = torch.randn(len(lens), 4, head_dim, device=DEVICE).to(torch.float16)
+    ctx = torch.tensor(lens, device=DEVICE)
+    args = (q, k_cache, v_cache, tables, ctx, 0.2)
+    plain = decode_attention.paged_decode_attention_triton(*args)
+    ordered = decode_attention.paged_decode_attention_triton(*args, k_order=True)
+    assert torch.equal(ordered, int4_wgmma.in_k_order(plain))
+    ref_args = (q.float().cpu(), k_cache.float().cpu(), v_cache.float().cpu(), tables.long().cpu(), ctx.cpu(), 0.2)
+    assert torch.equal(decode_attention.paged_decode_attention(*ref_args, k_order=True),
+                       int4_wgmma.in_k_order(decode_attention.paged_decode_attention_ref(*ref_args)))
+
+
 def test_l2_prefetch_span_is_opt_in_and_gpu_only(monkeypatch):
     """No prefetch unless TIERLLM_L2_PREFETCH=1, and then only for a weight on a GPU with bulk prefetch: never on
     CPU tensors or under the interpreter. On a GPU, the span is the weight's 16-byte aligned tail, at most
@@ -257,6 +275,15 @@ def test_prefill_attention_with_prefix(dtype, heads, kv_heads, window):
     plan = prefill_attention.plan_prefill(QUERY_LENS, CONTEXT_LENS, DEVICE)
     out = prefill_attention.prefill_attention_triton(q, k_cache, v_cache, tables, plan, 0.2, window)
     assert _rel_err(out, ref) < 1e-2
+
+
+def test_prefill_attention_in_the_wgmma_k_order():
+    """As the decode attention's: the same output, its columns in the wgmma GEMM's k order."""
+    q, k_cache, v_cache, tables, _ = _prefill_case(torch.float16, 4, 2)
+    plan = prefill_attention.plan_prefill(QUERY_LENS, CONTEXT_LENS, DEVICE)
+    plain = prefill_attention.prefill_attention_triton(q, k_cache, v_cache, tables, plan, 0.2)
+    ordered = prefill_attention.prefill_attention_triton(q, k_cache, v_cache, tables, plan, 0.2, k_order=True)
+    assert torch.equal(ordered, int4_wgmma.in_k_order(plain))
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)

@@ -6,7 +6,9 @@ share the KV head (padded to 16 rows for tensor-core dots), and a second kernel 
 bounds come from context_lens on the device, so the launch is CUDA-graph safe. On GPUs with programmatic dependent
 launch (kernels/_dispatch.py) both kernels are launched with it (PDL): each lets the next kernel launch as it
 starts and waits for its predecessor before it reads anything, so the chain from the rotary kernel to o_proj
-launches early and o_proj (gemv.py, gemv_all_reduce.py) loads its first weights while the attention runs."""
+launches early and o_proj (gemv.py, gemv_all_reduce.py) loads its first weights while the attention runs.
+k_order: the output [num_seqs, H * d] with its columns in the int4 wgmma GEMM's k order (int4_wgmma.k_order_columns),
+for an o_proj that takes x so (QuantLinear.takes_k_order)."""
 from __future__ import annotations
 
 import os
@@ -15,12 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
+from tierllm.kernels.int4_wgmma import in_k_order
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     from tierllm.kernels._dispatch import gdc_launch_dependents, gdc_wait, pdl_start
+    from tierllm.kernels.int4_wgmma import out_columns
     from tierllm.kernels.l2_prefetch import l2_prefetch_share
 
     @triton.jit
@@ -35,7 +39,8 @@ if HAS_TRITON:
                              stride_oh, scale, num_kv_heads, window, prefetch_addr, prefetch_bytes,
                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                             PDL: tl.constexpr, L2_PREFETCH: tl.constexpr, EARLY_KV: tl.constexpr = True):
+                             PDL: tl.constexpr, L2_PREFETCH: tl.constexpr, EARLY_KV: tl.constexpr = True,
+                             K_ORDER: tl.constexpr = False):
         """L2_PREFETCH: once its predecessor is done (the QKV GEMV's stream with it), every program also
         prefetches its share of [prefetch_addr, + prefetch_bytes) into L2 (the next kernel's weight,
         kernels/l2_prefetch.py). The context length and the first tile's block-table entries are read before the
@@ -104,8 +109,8 @@ if HAS_TRITON:
             v = tl.load(v_cache_ptr + kv_off, mask=valid[:, None], other=0.0)
         if NUM_SPLITS == 1:
             out = acc / tl.where(l > 0, l, 1.0)[:, None]
-            tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+            columns = out_columns(heads[:, None], dims[None, :], stride_oh, HEAD_DIM, K_ORDER)      # [16, HEAD_DIM]
+            tl.store(out_ptr + seq * stride_os + columns, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
         else:
             num_heads = num_kv_heads * GROUP
             part = (seq * num_heads + heads) * NUM_SPLITS + split             # [16]
@@ -115,7 +120,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_os, stride_oh, num_heads,
-                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
+                             HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr,
+                             K_ORDER: tl.constexpr = False):
         pdl_start(PDL)
         seq = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
@@ -129,7 +135,8 @@ if HAS_TRITON:
         dims = tl.arange(0, HEAD_DIM)
         acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :])
         out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-        tl.store(out_ptr + seq * stride_os + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + seq * stride_os + out_columns(head, dims, stride_oh, HEAD_DIM, K_ORDER),
+                 out.to(out_ptr.dtype.element_ty))
 
 
 # TIERLLM_DECODE_EARLY_KV=0: the split kernel loads every key after its PDL wait (the A/B switch of EARLY_KV)
@@ -145,15 +152,16 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, de
 
 
 def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
-                                  split_kv_heads=None, l2_prefetch=None):
+                                  split_kv_heads=None, l2_prefetch=None, k_order=False):
     """split_kv_heads: the KV head count the split count is computed from (None: the cache's); l2_prefetch:
     (address, bytes) the split kernel prefetches into L2 (kernels/l2_prefetch.prefetch_span), or None."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     if group > 16 or head_dim & (head_dim - 1):           # 16 padded query rows per KV head, pow-2 head size
-        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
-    out = torch.empty_like(q)
+        out = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
+        return in_k_order(out) if k_order else out
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)                  # [num_seqs, H, d] contiguous
     block_n = 64 if block_size <= 64 else block_size
     max_len = block_tables.shape[1] * block_size
     num_splits = triton.next_power_of_2(_num_splits(num_seqs, split_kv_heads or num_kv_heads, max_len, block_n,
@@ -168,10 +176,10 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         block_tables.stride(0), out.stride(0), out.stride(1), scale, num_kv_heads, sliding_window or 0,
         *(l2_prefetch or (0, 0)), GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None, **pdl, L2_PREFETCH=l2_prefetch is not None,
-        EARLY_KV=_EARLY_KV, num_warps=4)
+        EARLY_KV=_EARLY_KV, K_ORDER=k_order, num_warps=4)
     if num_splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](part_acc, part_ml, out, out.stride(0), out.stride(1), num_heads,
-                                                    HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl)
+                                                    HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl, K_ORDER=k_order)
     return out
 
 
@@ -199,8 +207,9 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None,
-                           split_kv_heads=None, l2_prefetch=None):
+                           split_kv_heads=None, l2_prefetch=None, k_order=False):
     if use_triton(q) and q.dtype in (torch.float16, torch.bfloat16):
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window,
-                                             split_kv_heads, l2_prefetch)
-    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
+                                             split_kv_heads, l2_prefetch, k_order)
+    out = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
+    return in_k_order(out) if k_order else out

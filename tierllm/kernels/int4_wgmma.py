@@ -70,6 +70,12 @@ def permute_groups_ref(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, k // GROUP, GROUP)[:, :, k_order().to(x.device)].reshape(*lead, k)
 
 
+def in_k_order(out: torch.Tensor) -> torch.Tensor:
+    """An attention output [tokens, H, d] with its H * d columns in the kernel's k order (the reference paths)."""
+    check_whole_groups(out.shape[1] * out.shape[2])
+    return permute_groups_ref(out.reshape(out.shape[0], -1)).view(out.shape)
+
+
 def check_whole_groups(columns: int) -> None:
     """A clear error where x's columns cannot be put in the k order (whole groups of 64 only)."""
     if columns % GROUP:
@@ -95,7 +101,7 @@ def word_pairs_asm() -> str:
 
 if HAS_TRITON:
     import triton
-    import triton.language as tl  # noqa: F401  (the interpreter wants it visible to jit'd functions)
+    import triton.language as tl
 
     @triton.jit
     def k_order_columns(cols):
@@ -103,6 +109,14 @@ if HAS_TRITON:
         within each group of 64, canonical 16 t + 8 h + 2 S + j -> logical 16 S + 8 h + 2 t + j, i.e. bits 5-4 and
         2-1 swapped (its own inverse, as k_order)."""
         return (cols & ~63) | ((cols >> 1 & 3) << 4) | (cols & 9) | ((cols >> 4 & 3) << 1)
+
+    @triton.jit
+    def out_columns(heads, dims, stride_oh, HEAD_DIM: tl.constexpr, K_ORDER: tl.constexpr):
+        """An attention output's offsets within a token's row for heads x dims (broadcast), in the kernel's k order
+        where K_ORDER (the row's H * HEAD_DIM columns contiguous: stride_oh == HEAD_DIM)."""
+        if K_ORDER:
+            return k_order_columns(heads * HEAD_DIM + dims)
+        return heads * stride_oh + dims
 
 if HAS_GLUON:
     _PAIRS = gl.constexpr(word_pairs_asm())

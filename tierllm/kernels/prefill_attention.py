@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from tierllm.host_copy import to_device
 from tierllm.kernels._dispatch import HAS_TRITON, triton_enabled
+from tierllm.kernels.int4_wgmma import in_k_order
 
 PREFILL_BLOCK_M = 64
 
@@ -57,12 +58,14 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from tierllm.kernels.int4_wgmma import out_columns
+
     @triton.jit
     def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, tile_seq_ptr, tile_row_ptr,
                         q_start_ptr, query_lens_ptr, context_lens_ptr, out_ptr, stride_qt, stride_qh,
                         stride_ot, stride_oh, stride_bt, scale, num_kv_heads, window, GROUP: tl.constexpr,
                         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                        BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, K_ORDER: tl.constexpr = False):
         tile = tl.program_id(0)
         head = tl.program_id(1)
         kv_head = head // GROUP
@@ -105,20 +108,23 @@ if HAS_TRITON:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
         out = acc / tl.where(l > 0, l, 1.0)[:, None]
-        tl.store(out_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot + head * stride_oh + dims[None, :],
+        tl.store(out_ptr + (q_start + rows)[:, None].to(tl.int64) * stride_ot
+                 + out_columns(head, dims[None, :], stride_oh, HEAD_DIM, K_ORDER),
                  out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
-def prefill_attention_triton(q, k_cache, v_cache, block_tables, plan: PrefillPlan, scale, sliding_window=None):
+def prefill_attention_triton(q, k_cache, v_cache, block_tables, plan: PrefillPlan, scale, sliding_window=None,
+                             k_order=False):
+    """k_order: as decode_attention.py's."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)                  # [num_tokens, H, d] contiguous
     _prefill_kernel[(plan.tile_seq.shape[0], num_heads)](
         q, k_cache, v_cache, block_tables, plan.tile_seq, plan.tile_row, plan.q_start, plan.query_lens,
         plan.context_lens, out, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         scale, num_kv_heads, sliding_window or 0, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=64 if head_dim <= 64 else 32,
-        HAS_WINDOW=sliding_window is not None, num_warps=4, num_stages=2)
+        HAS_WINDOW=sliding_window is not None, K_ORDER=k_order, num_warps=4, num_stages=2)
     return out
 
 
@@ -162,8 +168,9 @@ def prefill_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_c
 
 
 def paged_prefill_attention(q, k, v, k_cache, v_cache, block_tables, query_lens, context_lens, scale,
-                      sliding_window=None, plan: PrefillPlan | None = None):
+                      sliding_window=None, plan: PrefillPlan | None = None, k_order: bool = False):
     if plan is not None and q.is_cuda and triton_prefill_supported(q.dtype, q.shape[-1]):
-        return prefill_attention_triton(q, k_cache, v_cache, block_tables, plan, scale, sliding_window)
-    return prefill_attention_ref(q, k, v, k_cache, v_cache, block_tables, query_lens, context_lens, scale,
-                                 sliding_window)
+        return prefill_attention_triton(q, k_cache, v_cache, block_tables, plan, scale, sliding_window, k_order)
+    out = prefill_attention_ref(q, k, v, k_cache, v_cache, block_tables, query_lens, context_lens, scale,
+                                sliding_window)
+    return in_k_order(out) if k_order else out

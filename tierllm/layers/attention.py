@@ -9,6 +9,7 @@ from torch import nn
 from tierllm import kernels
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.kernels import PrefillPlan
+from tierllm.kernels.int4_wgmma import permute_groups_ref
 
 
 @dataclass
@@ -47,13 +48,16 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
-                l2_prefetch: tuple[int, int] | None = None, cached: bool = False) -> torch.Tensor:
+                l2_prefetch: tuple[int, int] | None = None, cached: bool = False,
+                k_order: bool = False) -> torch.Tensor:
         """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]; cos_sin: rotary
         tables of the step's positions, applied to q and k together with the cache write; l2_prefetch: the next
         kernel's weight span that pure-decode steps prefetch into L2 (kernels/l2_prefetch.py); cached: q and k
-        already rotated and k, v in the cache (decode_rotary). -> [num_tokens, H*d]"""
+        already rotated and k, v in the cache (decode_rotary); k_order: the output's columns in the int4 wgmma
+        GEMM's k order (for an o_proj that takes them so). -> [num_tokens, H*d]"""
         if self.cpu_attention is not None:
-            return self.cpu_attention.attend(self, q, k, v, meta, cos_sin)
+            out = self.cpu_attention.attend(self, q, k, v, meta, cos_sin)              # [num_tokens, H*d]
+            return permute_groups_ref(out) if k_order else out
         if not cached and cos_sin is not None:
             q, k = kernels.rotary_and_cache_write(q, k, v, *cos_sin, self.k_cache, self.v_cache, meta.slot_mapping)
         elif not cached:
@@ -62,19 +66,20 @@ class Attention(nn.Module):
         if num_decode == q.shape[0]:
             out = kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
                                                  meta.decode_context_lens, self.scale, self.sliding_window,
-                                                 self.split_kv_heads, l2_prefetch)
+                                                 self.split_kv_heads, l2_prefetch, k_order)
         elif num_decode == 0:
             out = kernels.paged_prefill_attention(q, k, v, self.k_cache, self.v_cache, meta.prefill_block_tables,
                                             meta.prefill_query_lens, meta.prefill_context_lens, self.scale,
-                                            self.sliding_window, meta.prefill_plan)
+                                            self.sliding_window, meta.prefill_plan, k_order)
         else:
             decode_out = kernels.paged_decode_attention(q[:num_decode], self.k_cache, self.v_cache,
                                                         meta.decode_block_tables, meta.decode_context_lens,
-                                                        self.scale, self.sliding_window, self.split_kv_heads)
+                                                        self.scale, self.sliding_window, self.split_kv_heads,
+                                                        k_order=k_order)
             prefill_out = kernels.paged_prefill_attention(q[num_decode:], k[num_decode:], v[num_decode:], self.k_cache,
                                                     self.v_cache, meta.prefill_block_tables,
                                                     meta.prefill_query_lens, meta.prefill_context_lens,
-                                                    self.scale, self.sliding_window, meta.prefill_plan)
+                                                    self.scale, self.sliding_window, meta.prefill_plan, k_order)
             out = torch.cat((decode_out, prefill_out), dim=0)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
 

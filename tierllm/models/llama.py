@@ -58,9 +58,12 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj.split(qkv)
         q = q.view(n, self.num_heads, self.head_dim)             # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)          # [num_tokens, num_kv_heads, head_dim]
+        # o_proj's x in its GEMM's k order, as qkv's (the plain form only: the decode form's fused o_proj is a GEMV)
+        o_order = residual is None and self.o_proj.takes_k_order(hidden)
         out = self.attn(q, k, v.view(n, self.num_kv_heads, self.head_dim), meta, cos_sin,
-                        prefetch_span(self.o_proj), cached=rotary is not None)   # prefetch: TIERLLM_L2_PREFETCH=1
-        return self.o_proj(out) if residual is None else self.o_proj.fused(out, residual=residual)
+                        prefetch_span(self.o_proj), cached=rotary is not None,   # prefetch: TIERLLM_L2_PREFETCH=1
+                        k_order=o_order)
+        return self.o_proj(out, k_order=o_order) if residual is None else self.o_proj.fused(out, residual=residual)
 
 
 class LlamaMLP(nn.Module):
@@ -91,7 +94,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
     def forward(self, cos_sin, hidden, residual, meta):
-        # an int4 projection at 9-64 rows on an H100/H200 takes x in its GEMM's k order: each norm writes it so
+        # an int4 projection at 9-64 rows on an H100/H200 takes x in its GEMM's k order: each norm writes it so (and
+        # the attention for o_proj, the SiLU-and-mul for down_proj)
         qkv_order = self.self_attn.qkv_proj.takes_k_order(hidden)
         hidden, residual = self.input_layernorm(hidden, residual, k_order=qkv_order)
         hidden = self.self_attn(cos_sin, hidden, meta, k_order=qkv_order)
