@@ -13,8 +13,8 @@ cores, and on an H200 its tile loop, not the bytes, bounds it (benchmarks/notes/
 
 So quant_linear takes it for x as it is up to ENGINE_MAX_ROWS = 32 rows: at 64 rows the copies that gather x into
 the kernel's k order (below) cost more than the kernel gains. Where the kernel before writes x in that order
-(k_order_columns: the RMSNorm before qkv and gate/up, the SiLU-and-mul before down; QuantLinear.takes_k_order) it
-takes up to K_ORDER_MAX_ROWS = 64.
+(k_order_columns: the RMSNorm before qkv and gate/up, the attention before o, the SiLU-and-mul before down;
+QuantLinear.takes_k_order) it takes up to K_ORDER_MAX_ROWS = 64.
 
 How each warp holds its weights: per group of 64 and per row, lane t (= lane % 4) loads two int32 words, the
 group's codes 16 t .. 16 t + 15. One PTX block per word (word_pairs_asm) turns its 4 bytes into 4 bf16 pairs and
