@@ -52,6 +52,10 @@
 #                                            # wider grid of tiles against cuBLAS bf16, per llama-7b linear
 #   bash benchmarks/quant_session.sh wgmma   # the int4 wgmma GEMM's GPU tests, then int4_wgmma_probe.py at 64, 32
 #                                            # and 16 rows (~4 minutes)
+#   bash benchmarks/quant_session.sh k-order # x in the wgmma GEMM's k order: its kernels' tests natively (norm,
+#                                            # SiLU-and-mul, attention), the GEMM's and the tiny int4 models' GPU
+#                                            # tests, then quant_gpu.py bf16,int4 at batch 64 and 32 (~6 minutes with
+#                                            # the GEMV picks carried in .tuning)
 #   bash benchmarks/quant_session.sh wgmma-ncu # Nsight Compute on that GEMM at 64 rows (benchmarks/int4_wgmma_ncu.py):
 #                                            # warp states, scheduler, occupancy, and the stall samples per SASS
 #                                            # instruction ($OUT/int4-wgmma-ncu-source.csv)
@@ -69,7 +73,7 @@
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: peer-split, fused-mlp, gemm64, gemm64-ncu, wgmma, wgmma-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
+part=${1:?part: peer-split, fused-mlp, gemm64, gemm64-ncu, wgmma, wgmma-ncu, k-order, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 # python3 -c "$LOGGED" SCRIPT ARGS: runs SCRIPT with the GEMV tuner's and the parallel compiler's INFO lines (each
@@ -114,6 +118,15 @@ case "$part" in
     for rows in 64 32 16; do
       timeout 150 python3 benchmarks/int4_wgmma_probe.py --rows "$rows" --out "$OUT/int4-wgmma-probe-m$rows.json" \
           2>&1 | grep -v -i warn | grep -v "^           {" | cut -c1-300
+    done
+    ;;
+  k-order)
+    timeout 90 python3 -m pytest -q tests/kernels/test_triton_kernels.py -k "k_order or attention or norms" 2>&1 | tail -2
+    timeout 150 python3 -m pytest -q -x tests/gpu/test_int4_wgmma_gpu.py tests/gpu/test_quant_gpu.py \
+        -k "k_order or tiny or gathered or graph" 2>&1 | tee "$OUT/gpu-tests-k-order.log" | tail -4
+    for batch in 64 32; do
+      timeout 200 python3 benchmarks/quant_gpu.py --variants bf16,int4 --no-kernel-table --batch "$batch" \
+          --out "$OUT/quant-bf16-int4-b$batch.json" 2>&1 | grep -v -i warn | tail -4
     done
     ;;
   wgmma-ncu)
@@ -244,5 +257,5 @@ case "$part" in
     timeout 580 python3 -c "$LOGGED" benchmarks/quant_gpu.py --variants "${2:-bf16,int4}" --no-kernel-table \
         --out "$OUT/quant-llama-7b.json" 2>&1 | tee "$OUT/quant-llama-7b.log" | tail -22
     ;;
-  *) echo "unknown part $part: peer-split, fused-mlp, gemm64, wgmma, wgmma-ncu, gemm64-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench" >&2; exit 2 ;;
+  *) echo "unknown part $part: peer-split, fused-mlp, gemm64, wgmma, wgmma-ncu, k-order, gemm64-ncu, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench" >&2; exit 2 ;;
 esac
