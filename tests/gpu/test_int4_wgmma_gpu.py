@@ -1,8 +1,8 @@
 """On an H100/H200: the int4 wgmma GEMM (tierllm/kernels/int4_wgmma.py) against the torch reference on random
 inputs, bit-for-bit repeatable (a race between an MMA and the registers or x slot it reads shows as runs that
 differ), at one or two warpgroups per program, on x gathered by the kernel or given in its k order, inside a CUDA
-graph, as quant_linear's path for 9-32 rows (9-64 with x in its k order), and a tiny int4 model whose norms and
-activations write x in that order."""
+graph, as quant_linear's path for 9-32 rows (9-64 with x in its k order), and a tiny int4 model whose norms,
+attention and activations write x in that order."""
 import copy
 
 import pytest
