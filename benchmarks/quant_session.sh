@@ -50,8 +50,8 @@
 #                                            # engine's gate/up -> down chain (the CPU count and cgroup quota first)
 #   bash benchmarks/quant_session.sh gemm64  # int4_gemm_m64_grid.py: the int4 GEMM at batch 64 over the tuner's and a
 #                                            # wider grid of tiles against cuBLAS bf16, per llama-7b linear
-#   bash benchmarks/quant_session.sh wgmma   # the int4 wgmma GEMM's GPU tests, then int4_wgmma_probe.py at 64, 32
-#                                            # and 16 rows (~4 minutes)
+#   bash benchmarks/quant_session.sh wgmma [WARPS] # the int4 wgmma GEMM's GPU tests, then int4_wgmma_probe.py at
+#                                            # 64, 32 and 16 rows (~4 minutes; WARPS: its --warps, default 4,8)
 #   bash benchmarks/quant_session.sh k-order # x in the wgmma GEMM's k order: its kernels' tests natively (norm,
 #                                            # SiLU-and-mul, attention), the GEMM's and the tiny int4 models' GPU
 #                                            # tests, then quant_gpu.py bf16,int4 at batch 64 and 32 (~6 minutes with
@@ -116,7 +116,8 @@ case "$part" in
   wgmma)
     timeout 300 python3 -m pytest -q -x tests/gpu/test_int4_wgmma_gpu.py 2>&1 | tee "$OUT/gpu-tests-int4-wgmma.log" | tail -5
     for rows in 64 32 16; do
-      timeout 150 python3 benchmarks/int4_wgmma_probe.py --rows "$rows" --out "$OUT/int4-wgmma-probe-m$rows.json" \
+      timeout 150 python3 benchmarks/int4_wgmma_probe.py --rows "$rows" --warps "${2:-4,8}" \
+          --out "$OUT/int4-wgmma-probe-m$rows.json" \
           2>&1 | grep -v -i warn | grep -v "^           {" | cut -c1-300
     done
     ;;

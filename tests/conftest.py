@@ -47,6 +47,10 @@ def _config(family: str):
         return _llama_config(4)
     if family == "llama_gqa":
         return _llama_config(2)
+    if family == "llama_wide":
+        # every projection's K a multiple of 256: the int4 wgmma GEMM's spans (not in FAMILIES)
+        return transformers.LlamaConfig(**{**_COMMON, "hidden_size": 256}, intermediate_size=512,
+                                        num_key_value_heads=2)
     if family == "llama_mqa":
         return _llama_config(1)
     if family == "mistral":

@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
                                  or not int4_wgmma.HAS_GLUON, reason="needs an H100/H200 and Triton's Gluon")]
 
-# (N, K, x rows): one tile; ragged N and 11 groups (the last loop iteration part masked); a 33-row x (MB 64);
-# llama-7b's o and down shapes at 64 rows
-CASES = [(64, 256, 16), (100, 704, 9), (192, 1024, 33), (4096, 4096, 64), (4096, 11008, 64)]
+# (N, K, x rows): one tile; ragged N and 5 spans of 256 (the last loop iteration half masked); a 33-row x (MB 64);
+# llama-7b's o and down (43 spans) shapes at 64 rows
+CASES = [(64, 256, 16), (100, 1280, 9), (192, 1024, 33), (4096, 4096, 64), (4096, 11008, 64)]
 
 
 def _weights(n: int, k: int, symmetric: bool, seed: int) -> dict:
@@ -98,6 +98,7 @@ def test_quant_linear_takes_it_between_the_gemv_and_32_rows(monkeypatch):
     assert not int4_wgmma.takes_w4_wgmma(_x(33, k, seed=1), 64)
     assert not int4_wgmma.takes_w4_wgmma(x.half(), 64)
     assert not int4_wgmma.takes_w4_wgmma(x, 128)
+    assert not int4_wgmma.takes_w4_wgmma(_x(16, 704, seed=1), 64)     # K not whole spans of 256
     monkeypatch.setenv("TIERLLM_INT4_WGMMA", "0")              # the Triton GEMM instead
     assert not int4_wgmma.takes_w4_wgmma(x, 64)
     ref = quant_gemv.w4_linear_ref(x.float(), *args[:3], 64)
@@ -125,14 +126,14 @@ def test_quant_linear_takes_x_in_k_order_up_to_64_rows():
 @pytest.mark.usefixtures("first_config_only")
 def test_a_tiny_int4_model_with_x_in_k_order_gives_the_gathered_tokens(monkeypatch):
     """Batch-12 decode steps (12 rows: the layers' plain form, not the GEMV's) in CUDA graphs: the norms, the
-    attention and the SiLU-and-mul write x in the wgmma GEMM's k order for qkv, o, gate/up and down (4 heads of 16
-    per group of 64 for o), and the greedy tokens equal those of the same engine with the kernel gathering x itself
+    attention and the SiLU-and-mul write x in the wgmma GEMM's k order for qkv, o, gate/up and down (4 heads of 64
+    per span of 256 for o), and the greedy tokens equal those of the same engine with the kernel gathering x itself
     (the same products, bit for bit)."""
     permuted_calls = []
     real = int4_wgmma.w4_wgmma_linear
     monkeypatch.setattr(quant_gemm, "w4_wgmma_linear", lambda *a, x_permuted=False, **kw:
                         permuted_calls.append(x_permuted) or real(*a, x_permuted=x_permuted, **kw))
-    hf = copy.deepcopy(build_hf_model("llama_gqa")).cuda()
+    hf = copy.deepcopy(build_hf_model("llama_wide")).cuda()
     ids = torch.tensor(random_prompts([20] * 12, seed=4), device="cuda")
     outs, flags = [], []
     for in_order in (True, False):

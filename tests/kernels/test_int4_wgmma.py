@@ -13,16 +13,20 @@ from tierllm.quant.quantize import quantize_weight
 
 def test_k_order_gives_each_lane_its_own_words_in_operand_order():
     order = int4_wgmma.k_order()
-    assert sorted(order.tolist()) == list(range(64))
-    for t in range(4):
-        for h in range(2):
-            # wgmma's first operand: per k-step S, lane t holds logical k 16 S + 8 h + 2 t + j (j = 0, 1)
-            slots = [16 * s + 8 * h + 2 * t + j for s in range(4) for j in range(2)]
-            # ... which must be lane t's word h: canonical k 16 t + 8 h .. 16 t + 8 h + 7
-            assert sorted(order[slots].tolist()) == list(range(16 * t + 8 * h, 16 * t + 8 * h + 8))
-            for s in range(4):                 # and register S of the word holds byte S: k 2 S, 2 S + 1 of the word
-                low, high = order[16 * s + 8 * h + 2 * t], order[16 * s + 8 * h + 2 * t + 1]
-                assert (low - 16 * t - 8 * h, high - 16 * t - 8 * h) == (2 * s, 2 * s + 1)
+    assert sorted(order.tolist()) == list(range(256))
+    for c in range(4):
+        for t in range(4):
+            for h in range(2):
+                # wgmma's first operand for chunk c (64 logical k): per k-step s, lane t holds logical k
+                # 64 c + 16 s + 8 h + 2 t + j (j = 0, 1) ...
+                slots = [64 * c + 16 * s + 8 * h + 2 * t + j for s in range(4) for j in range(2)]
+                # ... which must be lane t's word 2 c + h of its group t of the span: canonical k 64 t + 8 (2 c + h)
+                # .. + 7
+                base = 64 * t + 8 * (2 * c + h)
+                assert sorted(order[slots].tolist()) == list(range(base, base + 8))
+                for s in range(4):             # and register s of the word holds byte s: k 2 s, 2 s + 1 of the word
+                    low, high = order[64 * c + 16 * s + 8 * h + 2 * t], order[64 * c + 16 * s + 8 * h + 2 * t + 1]
+                    assert (low - base, high - base) == (2 * s, 2 * s + 1)
 
 
 def _bf16_bits(value: float) -> int:
@@ -73,32 +77,34 @@ def _run_word_pairs_asm(word: int, scale: float, low: float) -> list[tuple[float
 
 def test_the_ptx_dequantizes_each_word_into_the_operand_order():
     """Each lane's words, run through the PTX block pair by pair and placed at their logical k, are the format's
-    dequantized weights (quant/formats.py) in the kernel's k order, to bf16 rounding of the scale, min and result."""
+    dequantized weights (quant/formats.py) in the kernel's k order, to bf16 rounding of the scale, min and result.
+    Lane t dequantizes group t of the span with its own scale and min."""
     quant = QuantConfig(bits=4, group_size=64)
-    packed = quantize_weight(torch.randn(3, 128, generator=torch.Generator().manual_seed(0)), quant)
-    reference = dequantize_int4(packed["qweight"], packed["scales"], packed["mins"], 64, torch.float64)  # [3, 128]
-    words = packed["qweight"].view(torch.int32)                                                         # [3, 16]
-    order = int4_wgmma.k_order()
+    packed = quantize_weight(torch.randn(3, 256, generator=torch.Generator().manual_seed(0)), quant)
+    reference = dequantize_int4(packed["qweight"], packed["scales"], packed["mins"], 64, torch.float64)  # [3, 256]
+    words = packed["qweight"].view(torch.int32)                                                         # [3, 32]
     for row in range(3):
-        for group in range(2):
-            scale = packed["scales"][row, group].to(torch.bfloat16).item()     # the kernel rounds them to bf16
-            low = packed["mins"][row, group].to(torch.bfloat16).item()
-            logical = torch.empty(64, dtype=torch.float64)
-            for t in range(4):
+        logical = torch.empty(256, dtype=torch.float64)
+        for t in range(4):
+            scale = packed["scales"][row, t].to(torch.bfloat16).item()     # the kernel rounds them to bf16
+            low = packed["mins"][row, t].to(torch.bfloat16).item()
+            for c in range(4):
                 for h in range(2):
-                    word = words[row, 8 * group + 2 * t + h].item() & 0xFFFFFFFF
+                    word = words[row, 8 * t + 2 * c + h].item() & 0xFFFFFFFF
                     for s, pair in enumerate(_run_word_pairs_asm(word, scale, low)):
                         for j in range(2):
-                            logical[16 * s + 8 * h + 2 * t + j] = pair[j]
-            expected = reference[row, 64 * group:64 * group + 64][order]
-            assert torch.allclose(logical, expected, rtol=2e-2, atol=2e-2 * scale)
+                            logical[64 * c + 16 * s + 8 * h + 2 * t + j] = pair[j]
+        expected = reference[row][int4_wgmma.k_order()]
+        scales = packed["scales"][row].double().abs().repeat_interleave(64)[int4_wgmma.k_order()]
+        assert ((logical - expected).abs() <= 2e-2 * expected.abs() + 2e-2 * scales).all()
 
 
 def test_permuting_x_and_the_weights_alike_keeps_the_product():
-    x = torch.arange(128.0)[None, :]
-    assert torch.equal(int4_wgmma.permute_groups_ref(x)[0, 64:] - 64, int4_wgmma.k_order().float())
+    x = torch.arange(512.0)[None, :]
+    assert torch.equal(int4_wgmma.permute_groups_ref(x)[0, 256:] - 256, int4_wgmma.k_order().float())
+    assert torch.equal(int4_wgmma.unpermute_groups_ref(int4_wgmma.permute_groups_ref(x)), x)
     gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(5, 192, generator=gen, dtype=torch.float64), torch.randn(7, 192, generator=gen,
+    x, w = torch.randn(5, 768, generator=gen, dtype=torch.float64), torch.randn(7, 768, generator=gen,
                                                                                  dtype=torch.float64)
     permuted = int4_wgmma.permute_groups_ref
     assert torch.allclose(permuted(x) @ permuted(w).T, x @ w.T)

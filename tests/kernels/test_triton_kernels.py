@@ -42,33 +42,33 @@ def test_norms(dtype, with_residual):
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_in_the_wgmma_k_order(dtype, with_residual):
-    """k_order: the same normed values, each group of 64 columns stored in the int4 wgmma GEMM's k order (for the
+    """k_order: the same normed values, each span of 256 columns stored in the int4 wgmma GEMM's k order (for the
     projection after it); the residual as it is. The reference path permutes its output alike."""
     torch.manual_seed(4)
-    x = torch.randn(3, 192, device=DEVICE).to(dtype)
-    res = torch.randn(3, 192, device=DEVICE).to(dtype) if with_residual else None
-    w = torch.randn(192, device=DEVICE).to(dtype)
+    x = torch.randn(3, 512, device=DEVICE).to(dtype)
+    res = torch.randn(3, 512, device=DEVICE).to(dtype) if with_residual else None
+    w = torch.randn(512, device=DEVICE).to(dtype)
     plain, plain_res = norm.rms_norm_triton(x, w, 1e-6, res)
     ordered, ordered_res = norm.rms_norm_triton(x, w, 1e-6, res, k_order=True)
     assert torch.equal(ordered, int4_wgmma.permute_groups_ref(plain)) and torch.equal(ordered_res, plain_res)
     ref, _ = norm.rms_norm_ref(x.cpu(), w.cpu(), 1e-6, None if res is None else res.cpu())
     assert torch.equal(norm.rms_norm(x.cpu(), w.cpu(), 1e-6, None if res is None else res.cpu(), k_order=True)[0],
                        int4_wgmma.permute_groups_ref(ref))
-    with pytest.raises(ValueError, match="whole groups of 64"):
-        norm.rms_norm_triton(x[:, :96], w[:96], 1e-6, k_order=True)
+    with pytest.raises(ValueError, match="whole spans of 256"):
+        norm.rms_norm_triton(x[:, :192], w[:192], 1e-6, k_order=True)
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 def test_silu_and_mul_in_the_wgmma_k_order(dtype):
-    """As the norm's: a row of 1088 columns spans two programs (1024 columns each, whole groups)."""
+    """As the norm's: a row of 1280 columns spans two programs (1024 columns each, whole spans)."""
     torch.manual_seed(5)
-    x = (torch.randn(4, 2 * 1088, device=DEVICE) * 3).to(dtype)
+    x = (torch.randn(4, 2 * 1280, device=DEVICE) * 3).to(dtype)
     ordered = activation.silu_and_mul_triton(x, k_order=True)
     assert torch.equal(ordered, int4_wgmma.permute_groups_ref(activation.silu_and_mul_triton(x)))
     assert torch.equal(activation.silu_and_mul(x.cpu().float(), k_order=True),
                        int4_wgmma.permute_groups_ref(activation.silu_and_mul_ref(x.cpu().float())))
-    with pytest.raises(ValueError, match="whole groups of 64"):
-        activation.silu_and_mul_triton(x[:, :160], k_order=True)
+    with pytest.raises(ValueError, match="whole spans of 256"):
+        activation.silu_and_mul_triton(x[:, :320], k_order=True)
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
@@ -154,12 +154,12 @@ def test_paged_decode_attention(dtype, heads, kv_heads, window):
 
 @pytest.mark.parametrize("lens,kv_heads", [([1, 37, 150, 0, 64], 2), ([150], 1)])
 def test_paged_decode_attention_in_the_wgmma_k_order(lens, kv_heads):
-    """k_order: the same output, its H * d columns stored in the int4 wgmma GEMM's k order (for o_proj); 4 heads of
-    32 put two heads in each group of 64. One long sequence on one KV head takes the split kernel's merge."""
+    """k_order: the same output, its H * d columns stored in the int4 wgmma GEMM's k order (for o_proj); 8 heads of
+    32 put eight heads in the span of 256. One long sequence on one KV head takes the split kernel's merge."""
     torch.manual_seed(6)
     head_dim, block_size = 32, 16
     k_cache, v_cache, tables = _random_paged(lens, kv_heads, head_dim, block_size, torch.float16)
-    q = torch.randn(len(lens), 4, head_dim, device=DEVICE).to(torch.float16)
+    q = torch.randn(len(lens), 8, head_dim, device=DEVICE).to(torch.float16)
     ctx = torch.tensor(lens, device=DEVICE)
     args = (q, k_cache, v_cache, tables, ctx, 0.2)
     plain = decode_attention.paged_decode_attention_triton(*args)
@@ -279,7 +279,7 @@ def test_prefill_attention_with_prefix(dtype, heads, kv_heads, window):
 
 def test_prefill_attention_in_the_wgmma_k_order():
     """As the decode attention's: the same output, its columns in the wgmma GEMM's k order."""
-    q, k_cache, v_cache, tables, _ = _prefill_case(torch.float16, 4, 2)
+    q, k_cache, v_cache, tables, _ = _prefill_case(torch.float16, 8, 2)
     plan = prefill_attention.plan_prefill(QUERY_LENS, CONTEXT_LENS, DEVICE)
     plain = prefill_attention.prefill_attention_triton(q, k_cache, v_cache, tables, plan, 0.2)
     ordered = prefill_attention.prefill_attention_triton(q, k_cache, v_cache, tables, plan, 0.2, k_order=True)

@@ -14,7 +14,7 @@ from tierllm.kernels import int4_wgmma, quant_gemm, quant_gemv
 
 
 def test_every_int4_projection_takes_x_in_the_k_order_with_the_same_logits(monkeypatch):
-    hf = copy.deepcopy(build_hf_model("llama_gqa"))
+    hf = copy.deepcopy(build_hf_model("llama_wide"))
     engine = tierllm.init_inference(hf, dtype=torch.float32, quant="int4", show_progress=False, max_num_seqs=4)
     prompt = random_prompts([40], seed=7)[0]                     # a 40-token prefill: 40 rows per projection
     usual = prefill_logits(engine.model, prompt)
@@ -24,10 +24,10 @@ def test_every_int4_projection_takes_x_in_the_k_order_with_the_same_logits(monke
     def wgmma_stand_in(x, qweight, scales, mins, bias=None, x_permuted=False):
         assert x_permuted
         ordered_shapes.append(tuple(qweight.shape))
-        return quant_gemv.w4_linear_ref(int4_wgmma.permute_groups_ref(x), qweight, scales, mins, 64, bias)
+        return quant_gemv.w4_linear_ref(int4_wgmma.unpermute_groups_ref(x), qweight, scales, mins, 64, bias)
 
     def takes_k_order(x, k, bits, group_size):               # the GPU's answer: int4, group 64, 9-64 rows
-        return bits == 4 and group_size == 64 and 8 < x.shape[0] <= 64 and k % 64 == 0
+        return bits == 4 and group_size == 64 and 8 < x.shape[0] <= 64 and k % 256 == 0
 
     monkeypatch.setattr(quant_gemm, "takes_x_in_k_order", takes_k_order)          # quant_linear's check
     monkeypatch.setattr(tierllm.kernels, "takes_x_in_k_order", takes_k_order)     # QuantLinear's question

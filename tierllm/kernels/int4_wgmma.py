@@ -38,7 +38,8 @@ import torch
 from tierllm.kernels._dispatch import HAS_TRITON, is_interpreted, triton_enabled
 from tierllm.kernels.split_k import split_k_counters
 
-GROUP = 64                      # the group size the kernel takes (its K step)
+GROUP = 64                      # the group size the kernel takes
+SPAN = 4 * GROUP                # the k order's block: lane t of a row holds group t of each span (its 32 bytes)
 MAX_ROWS = 64                   # the most x rows the kernel takes (wgmma's N)
 ENGINE_MAX_ROWS = 32            # the most quant_linear sends it with x as it is (see the table above)
 K_ORDER_MAX_ROWS = MAX_ROWS     # ... with x written in the kernel's k order by the kernel before (k_order_columns)
@@ -58,16 +59,23 @@ except ImportError:                                  # an older Triton, or none
 
 
 def k_order() -> torch.Tensor:
-    """[64] canonical k of each logical k of a group: logical 16 S + 8 h + 2 t + j <- canonical 16 t + 8 h + 2 S + j."""
-    logical = torch.arange(GROUP)
-    s, h, t, j = logical // 16, logical // 8 % 2, logical // 2 % 4, logical % 2
-    return 16 * t + 8 * h + 2 * s + j
+    """[256] canonical k of each logical k of a span: logical 64 c + 16 s + 8 h + 2 t + j <- canonical
+    64 t + 16 c + 8 h + 2 s + j (lane t's group t of the span, its words 2 c + h, byte s, nibble j)."""
+    logical = torch.arange(SPAN)
+    c, s, h, t, j = logical // 64, logical // 16 % 4, logical // 8 % 2, logical // 2 % 4, logical % 2
+    return 64 * t + 16 * c + 8 * h + 2 * s + j
 
 
 def permute_groups_ref(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] with each group of 64 columns in the kernel's logical k order."""
+    """x [..., K] with each span of 256 columns in the kernel's logical k order (what k_order_columns stores)."""
     *lead, k = x.shape
-    return x.reshape(-1, k // GROUP, GROUP)[:, :, k_order().to(x.device)].reshape(*lead, k)
+    return x.reshape(-1, k // SPAN, SPAN)[:, :, k_order().to(x.device)].reshape(*lead, k)
+
+
+def unpermute_groups_ref(x: torch.Tensor) -> torch.Tensor:
+    """permute_groups_ref's inverse: x [..., K] in the k order back to its usual column order."""
+    *lead, k = x.shape
+    return x.reshape(-1, k // SPAN, SPAN)[:, :, torch.argsort(k_order()).to(x.device)].reshape(*lead, k)
 
 
 def in_k_order(out: torch.Tensor) -> torch.Tensor:
@@ -77,9 +85,9 @@ def in_k_order(out: torch.Tensor) -> torch.Tensor:
 
 
 def check_whole_groups(columns: int) -> None:
-    """A clear error where x's columns cannot be put in the k order (whole groups of 64 only)."""
-    if columns % GROUP:
-        raise ValueError(f"the int4 wgmma GEMM's k order needs whole groups of {GROUP} columns, got {columns}")
+    """A clear error where x's columns cannot be put in the k order (whole spans of 256 only)."""
+    if columns % SPAN:
+        raise ValueError(f"the int4 wgmma GEMM's k order needs whole spans of {SPAN} columns, got {columns}")
 
 
 def word_pairs_asm() -> str:
@@ -106,9 +114,10 @@ if HAS_TRITON:
     @triton.jit
     def k_order_columns(cols):
         """Where canonical column c goes in the kernel's k order (for the kernel before it, storing its output so):
-        within each group of 64, canonical 16 t + 8 h + 2 S + j -> logical 16 S + 8 h + 2 t + j, i.e. bits 5-4 and
-        2-1 swapped (its own inverse, as k_order)."""
-        return (cols & ~63) | ((cols >> 1 & 3) << 4) | (cols & 9) | ((cols >> 4 & 3) << 1)
+        within each span of 256, canonical 64 t + 16 c + 8 h + 2 s + j -> logical 64 c + 16 s + 8 h + 2 t + j
+        (k_order's inverse)."""
+        return ((cols & ~255) | ((cols >> 4 & 3) << 6) | ((cols >> 1 & 3) << 4) | (cols & 9)
+                | ((cols >> 6 & 3) << 1))
 
     @triton.jit
     def out_columns(heads, dims, stride_oh, HEAD_DIM: tl.constexpr, K_ORDER: tl.constexpr):
@@ -121,58 +130,67 @@ if HAS_TRITON:
 if HAS_GLUON:
     _PAIRS = gl.constexpr(word_pairs_asm())
     _PAIRS_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 16))  # out x4; word x8, scale x4, min x4
+    SPAN_COLUMNS = gl.constexpr(SPAN)
     _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier         # (Triton 3.6: thread_barrier)
     _cp_async = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)       # (the same, 3.6)
 
     @gluon.jit
-    def _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g, live, stride_w, stride_s, HAS_MINS: gl.constexpr):
-        """One group's code words [W, 2, 8, 4, 2] (row 16 w + 8 half + gid; lane t's words 2 t, 2 t + 1 of the
-        group's 8, its 16 codes) and its rows' scales and mins [W, 2, 8]; zeros where not live (past the program's
-        K run, or past N)."""
-        codes = gl.load(w_ptr + rows[:, :, :, None, None] * stride_w + g * 8 + words, mask=live[:, :, :, None, None],
-                        other=0)
-        scale = gl.load(s_ptr + rows * stride_s + g, mask=live, other=0.0)
+    def _chunk_words(w_ptr, rows, words, sg, c, live, stride_w):
+        """Chunk c of span sg: per row (16 w + 8 half + gid) lane t's words 2 c, 2 c + 1 of its group 4 sg + t
+        [W, 2, 8, 4, 2]; zeros where not live (past the program's K run, or past N)."""
+        return gl.load(w_ptr + rows[:, :, :, None, None] * stride_w + sg * 32 + 2 * c + words,
+                       mask=live[:, :, :, None, None], other=0)
+
+    @gluon.jit
+    def _span_scales(s_ptr, m_ptr, rows, lanes, sg, live, stride_s, HAS_MINS: gl.constexpr):
+        """Span sg's scales and mins [W, 2, 8, 4]: lane t's rows' group 4 sg + t."""
+        at = rows[:, :, :, None] * stride_s + 4 * sg + lanes
+        scale = gl.load(s_ptr + at, mask=live[:, :, :, None], other=0.0)
         if HAS_MINS:
-            low = gl.load(m_ptr + rows * stride_s + g, mask=live, other=0.0)
+            low = gl.load(m_ptr + at, mask=live[:, :, :, None], other=0.0)
         else:
             low = scale * -8.0                      # symmetric: (code - 8) * scale, exact
-        return codes, scale, low
+        return scale, low
 
     @gluon.jit
     def _operand_a(codes, scale, low, L6: gl.constexpr, A_LAYOUT: gl.constexpr, WARPS: gl.constexpr):
-        """Code words [W, 2, 8, 4, 2] -> the dequantized weights [16 W, 64] bf16 in wgmma's first-operand layout:
-        logical k = 16 S + 8 h + 2 t + j holds canonical k = 16 t + 8 h + 2 S + j, i.e. lane t's word h, byte S,
-        nibble j (no data moves)."""
+        """A chunk's code words [W, 2, 8, 4, 2] -> its dequantized weights [16 W, 64] bf16 in wgmma's first-operand
+        layout: logical k = 16 s + 8 h + 2 t + j holds lane t's word h of the chunk, byte s, nibble j (no data
+        moves)."""
         full = gl.full([WARPS, 2, 8, 4, 2, 8], 0, gl.int32, L6)
         word8 = gl.broadcast(codes[:, :, :, :, :, None], full)[0]            # each word's 8 outputs read it
-        s8 = gl.broadcast(scale.to(gl.bfloat16)[:, :, :, None, None, None], full)[0]
-        m8 = gl.broadcast(low.to(gl.bfloat16)[:, :, :, None, None, None], full)[0]
+        s8 = gl.broadcast(scale.to(gl.bfloat16)[:, :, :, :, None, None], full)[0]
+        m8 = gl.broadcast(low.to(gl.bfloat16)[:, :, :, :, None, None], full)[0]
         w = gl.inline_asm_elementwise(asm=_PAIRS, constraints=_PAIRS_CONSTRAINTS, args=[word8, s8, m8],
-                                      dtype=gl.bfloat16, is_pure=True, pack=8)       # [W, 2, 8, t 4, h 2, 2 S + j]
+                                      dtype=gl.bfloat16, is_pure=True, pack=8)       # [W, 2, 8, t 4, h 2, 2 s + j]
         w = gl.reshape(w, [WARPS, 2, 8, 4, 2, 4, 2])
-        w = gl.reshape(gl.permute(w, (0, 1, 2, 5, 4, 3, 6)), [16 * WARPS, 64])       # [rows, 16 S + 8 h + 2 t + j]
+        w = gl.reshape(gl.permute(w, (0, 1, 2, 5, 4, 3, 6)), [16 * WARPS, 64])       # [rows, 16 s + 8 h + 2 t + j]
         return gl.convert_layout(w, A_LAYOUT, assert_trivial=True)
 
     @gluon.jit
-    def _x_copy(slot, x_at, g, g0, g1, STAGES: gl.constexpr):
-        """x's tile of group g [MB, 64] into its ring slot by cp.async (none past the program's K run), then a
-        commit (an empty group there), so that every step waits on the same count. No masks: x's rows past M were
-        clamped to real rows, whose products land only in output columns that are not stored."""
-        if g < g1:
-            _cp_async(slot, x_at + g * 64)
+    def _x_copy(slot, x_at, q, q1, X_GATHER: gl.constexpr):
+        """x's tile of chunk q (chunk q % 4 of span q // 4) [MB, 64] into its ring slot by cp.async (none past the
+        program's K run), then a commit (an empty group there), so that every step waits on the same count. No
+        masks: x's rows past M were clamped to real rows, whose products land only in output columns that are not
+        stored."""
+        if q < q1:
+            if X_GATHER:
+                _cp_async(slot, x_at + (q // 4) * SPAN_COLUMNS + (q % 4) * 16)
+            else:
+                _cp_async(slot, x_at + q * 64)
         async_copy.commit_group()
 
     @gluon.jit
-    def _group_mma(acc, read_slot, write_slot, x_at, codes, scale, low, g, g0, g1, L6: gl.constexpr,
-                   A_LAYOUT: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr):
-        """acc += group g's weights (dequantized from registers) x its x tile (read_slot), and the ring's next copy
-        into write_slot (the slot group g - 1 was read from); groups past the run (g >= g1) only keep the ring's
+    def _chunk_mma(acc, read_slot, write_slot, x_at, codes, scale, low, q, q1, L6: gl.constexpr,
+                   A_LAYOUT: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, X_GATHER: gl.constexpr):
+        """acc += chunk q's weights (dequantized from registers) x its x tile (read_slot), and the ring's next copy
+        into write_slot (the slot chunk q - 1 was read from); chunks past the run (q >= q1) only keep the ring's
         count."""
-        async_copy.wait_group(STAGES - 2)               # this thread's copy of group g's tile has landed
+        async_copy.wait_group(STAGES - 2)               # this thread's copy of chunk q's tile has landed
         fence_async_shared()
-        _barrier()                                      # everyone's has, and every warp's MMA of g - 1 is done
-        _x_copy(write_slot, x_at, g + STAGES - 1, g0, g1, STAGES)     # into the slot g - 1 read
-        if g < g1:
+        _barrier()                                      # everyone's has, and every warp's MMA of q - 1 is done
+        _x_copy(write_slot, x_at, q + STAGES - 1, q1, X_GATHER)     # into the slot q - 1 read
+        if q < q1:
             a = _operand_a(codes, scale, low, L6, A_LAYOUT, WARPS)
             acc = warpgroup_mma(a, read_slot.permute((1, 0)), acc)
         return acc
@@ -182,78 +200,91 @@ if HAS_GLUON:
                          stride_s, stride_y, HAS_MINS: gl.constexpr, HAS_BIAS: gl.constexpr, MB: gl.constexpr,
                          WARPS: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, X_GATHER: gl.constexpr):
         """y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias) for the program's 16 WARPS weight rows and its K run;
-        M <= MB. X_GATHER: x as it is, its tiles copied into the logical k order; else x is given in that order.
-        SPLIT > 1: program (t, s) takes the s-th of SPLIT runs of K's groups and stores its fp32 tile to the
-        workspace ws [tiles, SPLIT, BN, MB]; the last of a tile's programs to finish (count_ptr, zero, set back
-        to zero) sums them in run order and writes y."""
-        gl.static_assert(STAGES == 4, "the ring's slots are the four buffers b0-b3, one per step of the loop")
+        M <= MB, K a multiple of 256. X_GATHER: x as it is, its tiles copied into the logical k order; else x is
+        given in that order. SPLIT > 1: program (t, s) takes the s-th of SPLIT runs of K's spans and stores its fp32
+        tile to the workspace ws [tiles, SPLIT, BN, MB]; the last of a tile's programs to finish (count_ptr, zero,
+        set back to zero) sums them in run order and writes y."""
+        gl.static_assert(STAGES == 4, "the ring's slots are the four buffers b0-b3, one per chunk of a span")
         L6: gl.constexpr = gl.BlockedLayout([1, 2, 1, 1, 2, 8], [1, 1, 8, 4, 1, 1], [WARPS, 1, 1, 1, 1, 1],
                                             [5, 4, 3, 2, 1, 0])
         W5: gl.constexpr = gl.SliceLayout(5, L6)                      # code words [W, 2, 8, 4, 2]
-        R3: gl.constexpr = gl.SliceLayout(3, gl.SliceLayout(4, W5))     # rows [W, 2, 8]
+        S4: gl.constexpr = gl.SliceLayout(4, W5)                      # scales [W, 2, 8, 4]
+        R3: gl.constexpr = gl.SliceLayout(3, S4)                      # rows [W, 2, 8]
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, MB, 16])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         BN: gl.constexpr = 16 * WARPS
         row0 = gl.program_id(0) * BN
-        groups = K // 64
-        g0 = gl.program_id(1) * groups // SPLIT
-        g1 = (gl.program_id(1) + 1) * groups // SPLIT
+        spans = K // SPAN_COLUMNS
+        sg0 = gl.program_id(1) * spans // SPLIT
+        sg1 = (gl.program_id(1) + 1) * spans // SPLIT
+        q1 = 4 * sg1                                    # the run's end in chunks (of 64 columns)
         warp = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, R3)))[:, None, None]
         half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, R3)))[None, :, None]
         gid = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, R3)))[None, None, :]
         rows = row0 + 16 * warp + 8 * half + gid                                           # [W, 2, 8]
         row_ok = rows < N
+        lanes = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, S4))))
+        lanes = lanes[None, None, None, :]                                                 # [1, 1, 1, 4]
         W2: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, W5)))  # [4, 2] of W5's last two
         lane = gl.arange(0, 4, layout=gl.SliceLayout(1, W2))[:, None]
         word = gl.arange(0, 2, layout=gl.SliceLayout(0, W2))[None, :]
-        words = (2 * lane + word)[None, None, None, :, :]                                  # [1, 1, 1, 4, 2]
+        words = (8 * lane + word)[None, None, None, :, :]                                  # [1, 1, 1, 4, 2]
         X_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         if X_GATHER:
             # x as it is: each lane copies 4-byte pairs of a row from their canonical k into the logical order
+            # (chunk c of a span adds 16 c, _x_copy)
             XL: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [WARPS, 1], [1, 0])
             logical = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))
-            canonical = 16 * (logical // 2 % 4) + 8 * (logical // 8 % 2) + 2 * (logical // 16) + logical % 2
+            canonical = 64 * (logical // 2 % 4) + 8 * (logical // 8 % 2) + 2 * (logical // 16) + logical % 2
             x_cols = gl.max_contiguous(gl.multiple_of(canonical, 2), 2)[None, :]
         else:
             XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
             x_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :]
         x_rows = gl.minimum(gl.arange(0, MB, layout=gl.SliceLayout(1, XL)), M - 1)[:, None]
         x_at = x_ptr + x_rows * stride_x + x_cols                                           # [MB, 64]
-        # the ring's four slots as four buffers, each step's slots fixed (four groups per iteration): Triton's
-        # barrier analysis then sees that a copy and the MMA beside it touch different buffers (one barrier per
-        # group where one ring buffer took three)
+        # the ring's four slots as four buffers, each chunk's slots fixed: Triton's barrier analysis then sees that
+        # a copy and the MMA beside it touch different buffers (one barrier per chunk where one ring buffer took
+        # three)
         b0 = gl.allocate_shared_memory(gl.bfloat16, [MB, 64], X_SMEM)
         b1 = gl.allocate_shared_memory(gl.bfloat16, [MB, 64], X_SMEM)
         b2 = gl.allocate_shared_memory(gl.bfloat16, [MB, 64], X_SMEM)
         b3 = gl.allocate_shared_memory(gl.bfloat16, [MB, 64], X_SMEM)
         acc = gl.zeros([BN, MB], gl.float32, MMA)
-        # four groups per iteration, each in its own registers, reloaded right after its use: a load has three
-        # groups' time to land, and nothing is moved between registers
-        c0, s0, m0 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0, row_ok & (g0 < g1), stride_w, stride_s,
-                                   HAS_MINS)
-        c1, s1, m1 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0 + 1, row_ok & (g0 + 1 < g1), stride_w,
-                                   stride_s, HAS_MINS)
-        c2, s2, m2 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0 + 2, row_ok & (g0 + 2 < g1), stride_w,
-                                   stride_s, HAS_MINS)
-        c3, s3, m3 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g0 + 3, row_ok & (g0 + 3 < g1), stride_w,
-                                   stride_s, HAS_MINS)
-        _x_copy(b0, x_at, g0, g0, g1, STAGES)
-        _x_copy(b1, x_at, g0 + 1, g0, g1, STAGES)
-        _x_copy(b2, x_at, g0 + 2, g0, g1, STAGES)
-        for g in range(g0, g1, 4):
-            acc = _group_mma(acc, b0, b3, x_at, c0, s0, m0, g, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
-            c0, s0, m0 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 4, row_ok & (g + 4 < g1), stride_w,
-                                       stride_s, HAS_MINS)
-            acc = _group_mma(acc, b1, b0, x_at, c1, s1, m1, g + 1, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
-            c1, s1, m1 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 5, row_ok & (g + 5 < g1), stride_w,
-                                       stride_s, HAS_MINS)
-            acc = _group_mma(acc, b2, b1, x_at, c2, s2, m2, g + 2, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
-            c2, s2, m2 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 6, row_ok & (g + 6 < g1), stride_w,
-                                       stride_s, HAS_MINS)
-            acc = _group_mma(acc, b3, b2, x_at, c3, s3, m3, g + 3, g0, g1, L6, A_LAYOUT, WARPS, STAGES)
-            c3, s3, m3 = _weight_loads(w_ptr, s_ptr, m_ptr, rows, words, g + 7, row_ok & (g + 7 < g1), stride_w,
-                                       stride_s, HAS_MINS)
+        # each chunk's words in their own registers, reloaded (the next span's) right after their use: a load has
+        # three chunks' time to land, and nothing is moved between registers. The scales in two sets (even and odd
+        # spans), each loaded beside the next span's first words. Two spans per iteration.
+        live = row_ok & (sg0 < sg1)
+        c0 = _chunk_words(w_ptr, rows, words, sg0, 0, live, stride_w)
+        c1 = _chunk_words(w_ptr, rows, words, sg0, 1, live, stride_w)
+        c2 = _chunk_words(w_ptr, rows, words, sg0, 2, live, stride_w)
+        c3 = _chunk_words(w_ptr, rows, words, sg0, 3, live, stride_w)
+        se, me = _span_scales(s_ptr, m_ptr, rows, lanes, sg0, live, stride_s, HAS_MINS)
+        _x_copy(b0, x_at, 4 * sg0, q1, X_GATHER)
+        _x_copy(b1, x_at, 4 * sg0 + 1, q1, X_GATHER)
+        _x_copy(b2, x_at, 4 * sg0 + 2, q1, X_GATHER)
+        for sg in range(sg0, sg1, 2):
+            q = 4 * sg
+            live = row_ok & (sg + 1 < sg1)
+            acc = _chunk_mma(acc, b0, b3, x_at, c0, se, me, q, q1, L6, A_LAYOUT, WARPS, STAGES, X_GATHER)
+            c0 = _chunk_words(w_ptr, rows, words, sg + 1, 0, live, stride_w)
+            so, mo = _span_scales(s_ptr, m_ptr, rows, lanes, sg + 1, live, stride_s, HAS_MINS)
+            acc = _chunk_mma(acc, b1, b0, x_at, c1, se, me, q + 1, q1, L6, A_LAYOUT, WARPS, STAGES, X_GATHER)
+            c1 = _chunk_words(w_ptr, rows, words, sg + 1, 1, live, stride_w)
+            acc = _chunk_mma(acc, b2, b1, x_at, c2, se, me, q + 2, q1, L6, A_LAYOUT, WARPS, STAGES, X_GATHER)
+            c2 = _chunk_words(w_ptr, rows, words, sg + 1, 2, live, stride_w)
+            acc = _chunk_mma(acc, b3, b2, x_at, c3, se, me, q + 3, q1, L6, A_LAYOUT, WARPS, STAGES, X_GATHER)
+            c3 = _chunk_words(w_ptr, rows, words, sg + 1, 3, live, stride_w)
+            live = row_ok & (sg + 2 < sg1)
+            acc = _chunk_mma(acc, b0, b3, x_at, c0, so, mo, q + 4, q1, L6, A_LAYOUT, WARPS, STAGES, X_GATHER)
+            c0 = _chunk_words(w_ptr, rows, words, sg + 2, 0, live, stride_w)
+            se, me = _span_scales(s_ptr, m_ptr, rows, lanes, sg + 2, live, stride_s, HAS_MINS)
+            acc = _chunk_mma(acc, b1, b0, x_at, c1, so, mo, q + 5, q1, L6, A_LAYOUT, WARPS, STAGES, X_GATHER)
+            c1 = _chunk_words(w_ptr, rows, words, sg + 2, 1, live, stride_w)
+            acc = _chunk_mma(acc, b2, b1, x_at, c2, so, mo, q + 6, q1, L6, A_LAYOUT, WARPS, STAGES, X_GATHER)
+            c2 = _chunk_words(w_ptr, rows, words, sg + 2, 2, live, stride_w)
+            acc = _chunk_mma(acc, b3, b2, x_at, c3, so, mo, q + 7, q1, L6, A_LAYOUT, WARPS, STAGES, X_GATHER)
+            c3 = _chunk_words(w_ptr, rows, words, sg + 2, 3, live, stride_w)
         async_copy.wait_group(0)
         local_n = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))[:, None]
         m_out = gl.arange(0, MB, layout=gl.SliceLayout(0, MMA))[None, :]
@@ -296,12 +327,12 @@ def _is_hopper(index: int) -> bool:
 def takes_w4_wgmma(x: torch.Tensor, group_size: int, in_k_order: bool = False, k: int | None = None) -> bool:
     """Whether quant_linear sends this int4 matmul to w4_wgmma_linear: bf16 x of 1-ENGINE_MAX_ROWS rows
     (in_k_order: x given in the kernel's k order, 1-K_ORDER_MAX_ROWS) on an H100/H200 (sm90) with Gluon, group size
-    64, K (x's columns, or k where x stands in only for the rows, device and dtype) a multiple of 64; not under the
-    interpreter; TIERLLM_INT4_WGMMA=0 turns it off (for A/B runs)."""
+    64, K (x's columns, or k where x stands in only for the rows, device and dtype) a multiple of SPAN (256); not
+    under the interpreter; TIERLLM_INT4_WGMMA=0 turns it off (for A/B runs)."""
     k = x.shape[1] if k is None else k
     max_rows = K_ORDER_MAX_ROWS if in_k_order else ENGINE_MAX_ROWS
     return (HAS_GLUON and x.is_cuda and triton_enabled() and not is_interpreted() and x.dtype == torch.bfloat16
-            and x.dim() == 2 and 0 < x.shape[0] <= max_rows and group_size == GROUP and k % GROUP == 0
+            and x.dim() == 2 and 0 < x.shape[0] <= max_rows and group_size == GROUP and k % SPAN == 0
             and x.stride(-1) == 1 and os.environ.get("TIERLLM_INT4_WGMMA", "1") != "0" and _is_hopper(_index(x)))
 
 
