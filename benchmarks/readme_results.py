@@ -1038,7 +1038,7 @@ GLANCE = [
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
     ("quantization (#5)", "quant-bf16-int4-int8-head8-llama-7b-h200.json", ["batch-1 decode tok/s: int8"]),
     ("quantization (#5)", "quant-bf16-int4-int4-head8-step-tail-llama-7b-h200.json", None),
-    ("quantization (#5)", "quant-bf16-int4-b64-k-order-h200.json", ["batch-64"]),
+    ("quantization (#5)", "quant-bf16-int4-b64-spans-h200.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-at-f7312d1-h200.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
     ("tensor parallelism (#6)", "tp-1-2-4-smollm2-1.7b-llama-13b-invariant-h100x4.json", None),

@@ -1,31 +1,34 @@
-"""int4 GEMM for 9-32 rows (batched decode) on Hopper's tensor cores, with the dequantized weights as wgmma's
+"""int4 GEMM for 9-64 rows (batched decode) on Hopper's tensor cores, with the dequantized weights as wgmma's
 register operand (Gluon): the weights never touch shared memory, only x's tiles do.
 
 Why: the Triton GEMM (quant_gemm.py) sends every dequantized weight tile registers -> shared memory -> tensor
 cores, and on an H200 its tile loop, not the bytes, bounds it (benchmarks/notes/gpu-decode.md). Per llama-7b layer
-(benchmarks/int4_wgmma_probe.py; results/int4-wgmma-probe-m{16,32,64}-h200.json), us:
+(benchmarks/int4_wgmma_probe.py; results/int4-wgmma-probe-spans-m{16,32,64}-h200.json), us:
 
 | rows | cuBLAS bf16 | Triton GEMM | this kernel | this kernel, x given in its k order |
 |---|---|---|---|---|
-| 16 | 117.7 | 121.3 | 97.7 | 93.6 |
-| 32 | 119.0 | 134.9 | 113.6 | 103.2 |
-| 64 | 122.0 | 142.7 | 148.7 | 115.6-123.0 |
+| 16 | 122.7 | 122.8 | 85.5 | 71.6 |
+| 32 | 120.2 | 134.3 | 110.5 | 81.0 |
+| 64 | 119.5 | 143.4 | 162.2 | 100.8 |
 
 So quant_linear takes it for x as it is up to ENGINE_MAX_ROWS = 32 rows: at 64 rows the copies that gather x into
 the kernel's k order (below) cost more than the kernel gains. Where the kernel before writes x in that order
 (k_order_columns: the RMSNorm before qkv and gate/up, the attention before o, the SiLU-and-mul before down;
 QuantLinear.takes_k_order) it takes up to K_ORDER_MAX_ROWS = 64.
 
-How each warp holds its weights: per group of 64 and per row, lane t (= lane % 4) loads two int32 words, the
-group's codes 16 t .. 16 t + 15. One PTX block per word (word_pairs_asm) turns its 4 bytes into 4 bf16 pairs and
-applies the scale and min. For these registers to be wgmma's operand layout as they are, the MMA's k order within
-each group is permuted: logical k = 16 S + 8 h + 2 t + j holds canonical k = 16 t + 8 h + 2 S + j (k_order);
-`convert_layout(..., assert_trivial=True)` proves at compile time that nothing moves. x's tiles are copied into
-shared memory in that order, 4 bytes (one k pair) at a time.
+How each warp holds its weights: per span of 256 columns (four groups of 64) and per row, lane t (= lane % 4)
+holds group t: its 8 int32 words, 64 codes, with the group's one scale and min. The span's MMA runs in four chunks
+of 64 logical k; chunk c takes words 2 c and 2 c + 1 of every lane. One PTX block per word (word_pairs_asm) turns
+its 4 bytes into 4 bf16 pairs and applies the scale and min. For these registers to be wgmma's operand layout as
+they are, the MMA's k order within each span is permuted: logical k = 64 c + 16 s + 8 h + 2 t + j holds canonical
+k = 64 t + 16 c + 8 h + 2 s + j (k_order); `convert_layout(..., assert_trivial=True)` proves at compile time that
+nothing moves. x's tiles are copied into shared memory in that order, 4 bytes (one k pair) at a time. One lane per
+group rather than a quarter of every group (the layout before, 120.5 us at 64 rows) loads a scale and a min per
+row once per span instead of once per group: half the loads' L1 wavefronts, 10% fewer loop instructions.
 
-Program: 64 weight rows (one warpgroup) against all of x's rows (MB: 16, 32 or 64), K in SPLIT runs summed in the
-kernel (per-tile counters, split_k.py). x's tiles stream through a cp.async ring of STAGES slots; the weights load
-four groups ahead, each group in its own registers (a rotating prefetch would wait on its newest load at every
+Program: 64 weight rows (one warpgroup) against all of x's rows (MB: 16, 32 or 64), K's spans in SPLIT runs summed
+in the kernel (per-tile counters, split_k.py). x's tiles stream through a cp.async ring of STAGES slots; each
+chunk's words load a span ahead in their own registers (a rotating prefetch would wait on its newest load at every
 move). Correctness: tests/gpu/test_int4_wgmma_gpu.py (against the torch reference, bitwise across repeated runs);
 tests/kernels/test_int4_wgmma.py runs the PTX block instruction by instruction on CPU."""
 from __future__ import annotations
@@ -340,8 +343,8 @@ def split_for(tiles: int, groups: int, sms: int, rows: int = MAX_ROWS) -> int:
     """K splits: doubled until the programs reach SPLIT_TARGET per SM (at most MAX_SPLIT, at least 4 groups per
     run); at 32 rows or fewer, where a group's MMA is cheaper, also while a run is longer than 32 groups and twice
     the programs stay within 4 per SM. On an H200 (132 SMs) this picks what timed fastest per llama-7b shape, or
-    within 6% of it (benchmarks/results/int4-wgmma-probe-m{64,32,16}-h200.json): at 64 rows qkv 2, o 4, gate/up 1,
-    down 4; at 16 and 32 rows down 8."""
+    within 4% of it (benchmarks/results/int4-wgmma-probe-spans-m{64,32,16}-h200.json): at 64 rows qkv 2, o 4,
+    gate/up 1, down 4; at 16 and 32 rows down 8. The kernel splits K by whole spans of 256."""
     split = 1
     while tiles * split < SPLIT_TARGET * sms and split < MAX_SPLIT and groups >= 8 * split:
         split *= 2
