@@ -17,6 +17,9 @@ The kernel's forms on an H200 at 64 rows, us per layer (cuBLAS bf16 121-123, the
   outputs differed from run to run (a race); not kept.
 - ada0427: x's ring as four buffers (one barrier per group): 120.5, no faster; two warpgroups per program (--warps
   8, 128 weight rows sharing x's tiles) slower on every shape and split (int4-wgmma-probe-four-buffers-m64-h200.json).
+- 4774369: the k order over spans of 256, lane t holding group t of each span (one scale and min per lane and row
+  per span; 118 SASS instructions per 64 k against 130, half the loads' L1 wavefronts): 100.8 (32 rows 81.0, 16
+  rows 71.6; int4-wgmma-probe-spans-m{64,32,16}-h200.json).
 
     python benchmarks/int4_wgmma_probe.py [--out PATH] [--rows 64] [--warps 4,8]"""
 from __future__ import annotations

@@ -6,7 +6,9 @@ first dequantizing instruction of each iteration waiting on words loaded three g
 say why: ptxas gives every LDG of the loop the same scoreboard (the others hold the cp.async copies' read barriers
 and the fence), and a wait on a scoreboard waits until all of its loads have landed, so that wait also waits for
 the loads issued just before it, at the end of the previous iteration. This tool shows, per compile, each
-instruction that waits on the loads' scoreboard, and the LDGs issued since the wait before it.
+instruction that waits on the loads' scoreboard, and the LDGs issued since the wait before it. With the k order
+over spans of 256 (two spans per iteration) there are two such waits per iteration, one per span, at its first
+scale conversion.
 
     python benchmarks/int4_wgmma_sass.py [--rows 64] [--split 1] [--gather]
 
@@ -56,18 +58,32 @@ def registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", _tool_output("cuobjdump", ["-res-usage"], cubin)).group(1))
 
 
-def decoded(cubin: bytes) -> list[tuple[int, str, int, int]]:
+def decoded(cubin: bytes) -> tuple[list[tuple[int, str, int, int]], dict[str, int]]:
     """(address, instruction, write scoreboard or 7 for none, wait mask) per instruction: Volta-and-later control
-    bits, in bits 41-61 of each instruction's second 64-bit word."""
+    bits, in bits 41-61 of each instruction's second 64-bit word; and the address of each label (`.L_x_N`), which
+    nvdisasm prints as branch targets."""
     lines = _tool_output("nvdisasm", ["-hex", "-c"], cubin).splitlines()
-    out = []
+    out, labels, pending = [], {}, []
     for i, line in enumerate(lines[:-1]):
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
         first = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);\s*/\* 0x[0-9a-f]+ \*/", line)
         second = re.search(r"/\* (0x[0-9a-f]+) \*/", lines[i + 1])
         if first and second:
             high = int(second.group(1), 16)
             out.append((int(first.group(1), 16), first.group(2).strip(), high >> 46 & 7, high >> 52 & 63))
-    return out
+            labels.update(dict.fromkeys(pending, out[-1][0]))
+            pending = []
+    return out, labels
+
+
+def branch_target(text: str, labels: dict[str, int]) -> int | None:
+    """A branch's target address, printed as a hex address or as a label."""
+    target = re.search(r"BRA (?:`\((\.L_x_\d+)\)|0x([0-9a-f]+))", text)
+    if not target:
+        return None
+    return labels.get(target.group(1)) if target.group(1) else int(target.group(2), 16)
 
 
 def main(argv=None) -> int:
@@ -77,9 +93,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gather", action="store_true", help="x gathered by the kernel (else given in its order)")
     args = parser.parse_args(argv)
     compiled = compile_kernel(args.rows, args.split, args.gather)
-    code = decoded(compiled.asm["cubin"])
-    backs = [(int(target, 16), address) for address, text, _, _ in code
-             for target in re.findall(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text) if int(target, 16) < address]
+    code, labels = decoded(compiled.asm["cubin"])
+    backs = [(target, address) for address, text, _, _ in code
+             if (target := branch_target(text, labels)) is not None and target < address]
     start, end = max(backs, key=lambda b: b[1] - b[0]) if backs else (0, code[-1][0])
     loop = [row for row in code if start <= row[0] <= end]
     load_boards = {board for _, text, board, _ in loop if "LDG.E" in text and board != 7}
