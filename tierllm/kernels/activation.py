@@ -29,7 +29,7 @@ if HAS_TRITON:
         gate = tl.load(x_ptr + row * 2 * d + cols, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + row * 2 * d + d + cols, mask=mask, other=0.0)
         silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty)   # HF: act(gate) in model dtype
-        out_cols = k_order_columns(cols) if K_ORDER else cols      # BLOCK: whole groups of 64
+        out_cols = k_order_columns(cols) if K_ORDER else cols      # BLOCK: whole spans of 256
         tl.store(out_ptr + row * d + out_cols, silu * up, mask=mask)
 
     @triton.jit
