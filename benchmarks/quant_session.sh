@@ -125,9 +125,11 @@ case "$part" in
     timeout 90 python3 -m pytest -q tests/kernels/test_triton_kernels.py -k "k_order or attention or norms" 2>&1 | tail -2
     timeout 150 python3 -m pytest -q -x tests/gpu/test_int4_wgmma_gpu.py tests/gpu/test_quant_gpu.py \
         -k "k_order or tiny or gathered or graph" 2>&1 | tee "$OUT/gpu-tests-k-order.log" | tail -4
+    # the first run may time every GEMV config (~3 minutes for int4 without .tuning's picks); the second takes its
+    # picks
     for batch in 64 32; do
-      timeout 200 python3 benchmarks/quant_gpu.py --variants bf16,int4 --no-kernel-table --batch "$batch" \
-          --out "$OUT/quant-bf16-int4-b$batch.json" 2>&1 | grep -v -i warn | tail -4
+      timeout $([ "$batch" = 64 ] && echo 300 || echo 150) python3 benchmarks/quant_gpu.py --variants bf16,int4 \
+          --no-kernel-table --batch "$batch" --out "$OUT/quant-bf16-int4-b$batch.json" 2>&1 | grep -v -i warn | tail -4
     done
     ;;
   wgmma-ncu)
