@@ -36,7 +36,7 @@ def main() -> int:
         x = torch.randn(ROWS, k, device="cuda", dtype=torch.bfloat16)
         ref = quant_gemv.w4_linear_ref(x, q["qweight"], q["scales"], q["mins"], 64)
         for permuted in (True, False):
-            given = int4_wgmma.permute_groups_ref(x).contiguous() if permuted else x
+            given = int4_wgmma.to_k_order_ref(x).contiguous() if permuted else x
             for _ in range(2):
                 y = int4_wgmma.w4_wgmma_linear(given, q["qweight"], q["scales"], q["mins"], x_permuted=permuted,
                                                split=split)

@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         q = quantize_weight(w, tierllm.QuantConfig(bits=4))
         x = torch.randn(args.rows, k, device="cuda", dtype=torch.bfloat16)
-        xp = int4_wgmma.permute_groups_ref(x).contiguous()
+        xp = int4_wgmma.to_k_order_ref(x).contiguous()
         ref = quant_gemv.w4_linear_ref(x, q["qweight"], q["scales"], q["mins"], 64)
         out = torch.empty(args.rows, n, device="cuda", dtype=torch.bfloat16)
         copies = weight_copies(q["qweight"])

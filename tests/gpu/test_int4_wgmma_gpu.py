@@ -65,7 +65,7 @@ def test_x_gathered_by_the_kernel_or_given_in_its_order_gives_the_same_bits(warp
     w = _weights(n, k, False, seed=3)
     x = _x(m, k, seed=4)
     args = (w["qweight"], w["scales"], w["mins"])
-    assert torch.equal(int4_wgmma.w4_wgmma_linear(int4_wgmma.permute_groups_ref(x).contiguous(), *args,
+    assert torch.equal(int4_wgmma.w4_wgmma_linear(int4_wgmma.to_k_order_ref(x).contiguous(), *args,
                                                   x_permuted=True, warps=warps),
                        int4_wgmma.w4_wgmma_linear(x, *args, warps=warps))
 
@@ -114,7 +114,7 @@ def test_quant_linear_takes_x_in_k_order_up_to_64_rows():
     for m in (9, 40, 64):
         x = _x(m, k, seed=m)
         assert quant_gemm.takes_x_in_k_order(x, k, 4, 64)
-        y = quant_gemm.quant_linear(int4_wgmma.permute_groups_ref(x).contiguous(), *args, 4, 64, x_in_k_order=True)
+        y = quant_gemm.quant_linear(int4_wgmma.to_k_order_ref(x).contiguous(), *args, 4, 64, x_in_k_order=True)
         assert torch.equal(y, int4_wgmma.w4_wgmma_linear(x, *args))
     for m in (8, 65):                                      # the GEMV's rows; past the kernel's N
         assert not quant_gemm.takes_x_in_k_order(_x(m, k, seed=m), k, 4, 64)

@@ -101,12 +101,12 @@ def test_the_ptx_dequantizes_each_word_into_the_operand_order():
 
 def test_permuting_x_and_the_weights_alike_keeps_the_product():
     x = torch.arange(512.0)[None, :]
-    assert torch.equal(int4_wgmma.permute_groups_ref(x)[0, 256:] - 256, int4_wgmma.k_order().float())
-    assert torch.equal(int4_wgmma.unpermute_groups_ref(int4_wgmma.permute_groups_ref(x)), x)
+    assert torch.equal(int4_wgmma.to_k_order_ref(x)[0, 256:] - 256, int4_wgmma.k_order().float())
+    assert torch.equal(int4_wgmma.from_k_order_ref(int4_wgmma.to_k_order_ref(x)), x)
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(5, 768, generator=gen, dtype=torch.float64), torch.randn(7, 768, generator=gen,
                                                                                  dtype=torch.float64)
-    permuted = int4_wgmma.permute_groups_ref
+    permuted = int4_wgmma.to_k_order_ref
     assert torch.allclose(permuted(x) @ permuted(w).T, x @ w.T)
 
 

@@ -50,10 +50,10 @@ def test_rms_norm_in_the_wgmma_k_order(dtype, with_residual):
     w = torch.randn(512, device=DEVICE).to(dtype)
     plain, plain_res = norm.rms_norm_triton(x, w, 1e-6, res)
     ordered, ordered_res = norm.rms_norm_triton(x, w, 1e-6, res, k_order=True)
-    assert torch.equal(ordered, int4_wgmma.permute_groups_ref(plain)) and torch.equal(ordered_res, plain_res)
+    assert torch.equal(ordered, int4_wgmma.to_k_order_ref(plain)) and torch.equal(ordered_res, plain_res)
     ref, _ = norm.rms_norm_ref(x.cpu(), w.cpu(), 1e-6, None if res is None else res.cpu())
     assert torch.equal(norm.rms_norm(x.cpu(), w.cpu(), 1e-6, None if res is None else res.cpu(), k_order=True)[0],
-                       int4_wgmma.permute_groups_ref(ref))
+                       int4_wgmma.to_k_order_ref(ref))
     with pytest.raises(ValueError, match="whole spans of 256"):
         norm.rms_norm_triton(x[:, :192], w[:192], 1e-6, k_order=True)
 
@@ -64,9 +64,9 @@ def test_silu_and_mul_in_the_wgmma_k_order(dtype):
     torch.manual_seed(5)
     x = (torch.randn(4, 2 * 1280, device=DEVICE) * 3).to(dtype)
     ordered = activation.silu_and_mul_triton(x, k_order=True)
-    assert torch.equal(ordered, int4_wgmma.permute_groups_ref(activation.silu_and_mul_triton(x)))
+    assert torch.equal(ordered, int4_wgmma.to_k_order_ref(activation.silu_and_mul_triton(x)))
     assert torch.equal(activation.silu_and_mul(x.cpu().float(), k_order=True),
-                       int4_wgmma.permute_groups_ref(activation.silu_and_mul_ref(x.cpu().float())))
+                       int4_wgmma.to_k_order_ref(activation.silu_and_mul_ref(x.cpu().float())))
     with pytest.raises(ValueError, match="whole spans of 256"):
         activation.silu_and_mul_triton(x[:, :320], k_order=True)
 

@@ -24,7 +24,7 @@ def test_every_int4_projection_takes_x_in_the_k_order_with_the_same_logits(monke
     def wgmma_stand_in(x, qweight, scales, mins, bias=None, x_permuted=False):
         assert x_permuted
         ordered_shapes.append(tuple(qweight.shape))
-        return quant_gemv.w4_linear_ref(int4_wgmma.unpermute_groups_ref(x), qweight, scales, mins, 64, bias)
+        return quant_gemv.w4_linear_ref(int4_wgmma.from_k_order_ref(x), qweight, scales, mins, 64, bias)
 
     def takes_k_order(x, k, bits, group_size):               # the GPU's answer: int4, group 64, 9-64 rows
         return bits == 4 and group_size == 64 and 8 < x.shape[0] <= 64 and k % 256 == 0

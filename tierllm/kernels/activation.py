@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
-from tierllm.kernels.int4_wgmma import check_whole_groups, permute_groups_ref
+from tierllm.kernels.int4_wgmma import check_whole_spans, to_k_order_ref
 
 if HAS_TRITON:
     import triton
@@ -48,7 +48,7 @@ def silu_and_mul_triton(x: torch.Tensor, pdl: bool = False, k_order: bool = Fals
     x = x.contiguous()
     d = x.shape[-1] // 2
     if k_order:
-        check_whole_groups(d)
+        check_whole_spans(d)
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     rows = x.numel() // (2 * d)
     block = min(1024, triton.next_power_of_2(d))
@@ -84,8 +84,8 @@ def silu_and_mul(x: torch.Tensor, pdl: bool = False, k_order: bool = False) -> t
     if use_triton(x):
         return silu_and_mul_triton(x, pdl, k_order)
     if k_order:
-        check_whole_groups(x.shape[-1] // 2)
-        return permute_groups_ref(silu_and_mul_ref(x))
+        check_whole_spans(x.shape[-1] // 2)
+        return to_k_order_ref(silu_and_mul_ref(x))
     return silu_and_mul_ref(x)
 
 

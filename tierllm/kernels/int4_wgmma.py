@@ -69,25 +69,25 @@ def k_order() -> torch.Tensor:
     return 64 * t + 16 * c + 8 * h + 2 * s + j
 
 
-def permute_groups_ref(x: torch.Tensor) -> torch.Tensor:
+def to_k_order_ref(x: torch.Tensor) -> torch.Tensor:
     """x [..., K] with each span of 256 columns in the kernel's logical k order (what k_order_columns stores)."""
     *lead, k = x.shape
     return x.reshape(-1, k // SPAN, SPAN)[:, :, k_order().to(x.device)].reshape(*lead, k)
 
 
-def unpermute_groups_ref(x: torch.Tensor) -> torch.Tensor:
-    """permute_groups_ref's inverse: x [..., K] in the k order back to its usual column order."""
+def from_k_order_ref(x: torch.Tensor) -> torch.Tensor:
+    """to_k_order_ref's inverse: x [..., K] in the k order back to its usual column order."""
     *lead, k = x.shape
     return x.reshape(-1, k // SPAN, SPAN)[:, :, torch.argsort(k_order()).to(x.device)].reshape(*lead, k)
 
 
 def in_k_order(out: torch.Tensor) -> torch.Tensor:
     """An attention output [tokens, H, d] with its H * d columns in the kernel's k order (the reference paths)."""
-    check_whole_groups(out.shape[1] * out.shape[2])
-    return permute_groups_ref(out.reshape(out.shape[0], -1)).view(out.shape)
+    check_whole_spans(out.shape[1] * out.shape[2])
+    return to_k_order_ref(out.reshape(out.shape[0], -1)).view(out.shape)
 
 
-def check_whole_groups(columns: int) -> None:
+def check_whole_spans(columns: int) -> None:
     """A clear error where x's columns cannot be put in the k order (whole spans of 256 only)."""
     if columns % SPAN:
         raise ValueError(f"the int4 wgmma GEMM's k order needs whole spans of {SPAN} columns, got {columns}")
@@ -256,7 +256,8 @@ if HAS_GLUON:
         acc = gl.zeros([BN, MB], gl.float32, MMA)
         # each chunk's words in their own registers, reloaded (the next span's) right after their use: a load has
         # three chunks' time to land, and nothing is moved between registers. The scales in two sets (even and odd
-        # spans), each loaded beside the next span's first words. Two spans per iteration.
+        # spans), each loaded beside the next span's first words. Two spans per iteration, written out: the same
+        # halves through one helper compiled to a differently scheduled loop (offline SASS), which has not been timed.
         live = row_ok & (sg0 < sg1)
         c0 = _chunk_words(w_ptr, rows, words, sg0, 0, live, stride_w)
         c1 = _chunk_words(w_ptr, rows, words, sg0, 1, live, stride_w)
@@ -357,7 +358,7 @@ def w4_wgmma_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
                     bias: torch.Tensor | None = None, x_permuted: bool = False, split: int | None = None,
                     warps: int = WARPS) -> torch.Tensor:
     """x [M, K] bf16 (M <= MAX_ROWS), int4 qweight uint8 [N, K // 2], scales / mins [N, K // 64] fp16
-    -> [M, N] bf16. x_permuted: x is given in permute_groups_ref's order (else the kernel's copies gather it).
+    -> [M, N] bf16. x_permuted: x is given in to_k_order_ref's order (else the kernel's copies gather it).
     split: K splits (split_for's by default). warps: 4 (one warpgroup, 64 weight rows per program) or 8 (two
     warpgroups, 128 rows, sharing x's tiles).
     Not safe to launch concurrently on two streams of one device (the split-K counters are shared)."""

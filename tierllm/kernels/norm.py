@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tierllm.kernels._dispatch import HAS_TRITON, pdl_options, use_triton
-from tierllm.kernels.int4_wgmma import check_whole_groups, permute_groups_ref
+from tierllm.kernels.int4_wgmma import check_whole_spans, to_k_order_ref
 
 if HAS_TRITON:
     import triton
@@ -64,7 +64,7 @@ def _norm_triton(x, weight, bias, eps, residual, is_rms, pdl=False, k_order=Fals
 
 def rms_norm_triton(x, weight, eps, residual=None, pdl=False, k_order=False):
     if k_order:
-        check_whole_groups(x.shape[-1])
+        check_whole_spans(x.shape[-1])
     return _norm_triton(x, weight, None, eps, residual, True, pdl, k_order)
 
 
@@ -93,9 +93,9 @@ def rms_norm(x, weight, eps, residual=None, pdl=False, k_order=False):
     if use_triton(x):
         return rms_norm_triton(x, weight, eps, residual, pdl, k_order)
     if k_order:
-        check_whole_groups(x.shape[-1])
+        check_whole_spans(x.shape[-1])
         normed, residual = rms_norm_ref(x, weight, eps, residual)
-        return permute_groups_ref(normed), residual
+        return to_k_order_ref(normed), residual
     return rms_norm_ref(x, weight, eps, residual)
 
 

@@ -4,8 +4,9 @@ tl.dot; nothing dequantized goes back to memory. int4: BLOCK_K <= group size, so
 covers a tile; the low and high nibbles are interleaved back into K order in registers.
 `quant_linear` dispatches: the GEMV kernels up to QUANT_GEMV_ROWS[bits] rows, int4 on an H100/H200 the wgmma GEMM
 up to int4_wgmma.ENGINE_MAX_ROWS (K_ORDER_MAX_ROWS for x in its k order), this kernel up to DEQUANT_MIN_ROWS, then
-one dequantizing pass and cuBLAS; the torch reference on CPU / fp32. `fused_quant_linear` adds the decode fusions (RMSNorm prologue, SiLU-and-mul,
-residual add; see gemv.py), those that pay inside the GEMV where it applies (GEMV_FUSIONS)."""
+one dequantizing pass and cuBLAS; the torch reference on CPU / fp32. `fused_quant_linear` adds the decode fusions
+(RMSNorm prologue, SiLU-and-mul, residual add; see gemv.py), those that pay inside the GEMV where it applies
+(GEMV_FUSIONS)."""
 from __future__ import annotations
 
 import functools

@@ -9,7 +9,7 @@ from torch import nn
 from tierllm import kernels
 from tierllm.distributed.parallel_state import ParallelState
 from tierllm.kernels import PrefillPlan
-from tierllm.kernels.int4_wgmma import permute_groups_ref
+from tierllm.kernels.int4_wgmma import to_k_order_ref
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Attention(nn.Module):
         GEMM's k order (for an o_proj that takes them so). -> [num_tokens, H*d]"""
         if self.cpu_attention is not None:
             out = self.cpu_attention.attend(self, q, k, v, meta, cos_sin)              # [num_tokens, H*d]
-            return permute_groups_ref(out) if k_order else out
+            return to_k_order_ref(out) if k_order else out
         if not cached and cos_sin is not None:
             q, k = kernels.rotary_and_cache_write(q, k, v, *cos_sin, self.k_cache, self.v_cache, meta.slot_mapping)
         elif not cached:
