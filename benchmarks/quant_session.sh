@@ -66,9 +66,6 @@
 #   bash benchmarks/quant_session.sh epilogue # the XHALF epilogue options' and the bf16/int8 GEMV's fused tests
 #                                            # natively, then xhalf_epilogue_probe.py (EARLY_RESIDUAL, STACKED_SUM
 #                                            # A/B per llama-7b shape at decode's picks)
-#   bash benchmarks/quant_session.sh weight-load [POLICIES [SHAPES]] # int4_tuner_timings.py once per
-#                                            # TIERLLM_INT4_WEIGHT_LOAD policy (default "none cg"; evict_first too), the
-#                                            # one-row loops' code words cached in L1 or not (~1 minute a shape)
 #   bash benchmarks/quant_session.sh held [SHAPES [EXTRA]] # HELD's tests natively (int4_held_x.py, ~10 s), then
 #                                            # int4_tuner_timings.py: every one-row config of SHAPES (default
 #                                            # qkv,gate_up) timed as the graph tuner does, EXTRA: HELD configs added
@@ -76,7 +73,7 @@
 # The GEMV tuner's timings (kernels/tuning_cache.py) go to .tuning/ and come back in $OUT: copy the file back to
 # .tuning/ here and name .tuning in the next call's carry, and that call takes the picks without timing them again.
 set -uo pipefail
-part=${1:?part: peer-split, fused-mlp, gemm64, gemm64-ncu, wgmma, wgmma-ncu, k-order, weight-load, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
+part=${1:?part: peer-split, fused-mlp, gemm64, gemm64-ncu, wgmma, wgmma-ncu, k-order, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
 # python3 -c "$LOGGED" SCRIPT ARGS: runs SCRIPT with the GEMV tuner's and the parallel compiler's INFO lines (each
@@ -174,14 +171,6 @@ case "$part" in
         | tee "$OUT/gpu-tests-held.log" | tail -3
     timeout 420 python3 benchmarks/int4_tuner_timings.py --shapes "${2:-qkv,gate_up}" ${3:+--held-extra "$3"} \
         --out "$OUT/int4-tuner-timings-h200.json" 2>&1 | tee "$OUT/int4-tuner-timings.log" | grep -v -i warn | cut -c1-600
-    ;;
-  weight-load)
-    for policy in ${2:-none cg}; do
-      [ "$policy" = none ] && value= || value=$policy
-      TIERLLM_INT4_WEIGHT_LOAD=$value timeout 290 python3 benchmarks/int4_tuner_timings.py --shapes "${3:-o,down,gate_up,qkv}" \
-          --out "$OUT/int4-tuner-timings-load-$policy-h200.json" 2>&1 | tee "$OUT/int4-tuner-timings-load-$policy.log" \
-          | grep -v -i warn | grep -v "^    " | cut -c1-400
-    done
     ;;
   stream)
     timeout 300 python3 benchmarks/int4_stream_probe.py ${2:+--configs "$2"} --out "$OUT/int4-stream-probe-h200.json" 2>&1 \

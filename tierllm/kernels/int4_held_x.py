@@ -47,7 +47,7 @@ if HAS_TRITON:
     from tierllm.kernels.int4_half_dot import split_run_dots
     from tierllm.kernels.int4_prepared_x import HALF_CHUNK
     from tierllm.kernels.rotary import rotated_in_kernel
-    from tierllm.kernels.w4_mma_gemv import masked_load, weight_load
+    from tierllm.kernels.w4_mma_gemv import masked_load
 
     _CHUNK = tl.constexpr(HALF_CHUNK)
 
@@ -67,7 +67,7 @@ if HAS_TRITON:
         g, run, word = _group_index(GPB)
         at = rows[None, :, None, None] * (stride_wn // 4) + g * 8 + run * 4 + word
         MASK: tl.constexpr = not EVEN
-        words = weight_load(w_ptr.to(tl.pointer_type(tl.int32)) + at, g < num_groups, MASK)
+        words = masked_load(w_ptr.to(tl.pointer_type(tl.int32)) + at, g < num_groups, MASK)
         groups = tl.arange(0, GPB)[None, :]
         s_at = rows[:, None] * stride_sn + groups
         scale = masked_load(s_ptr + s_at, groups < num_groups, MASK).to(tl.float32)

@@ -51,7 +51,7 @@ if HAS_TRITON:
     from tierllm.kernels.int4_half_dot import half_run_dots, half_x_loads
     from tierllm.kernels.int4_held_x import held_configs, held_rotary_args, launch_held
     from tierllm.kernels.int4_prepared_x import run_chunks
-    from tierllm.kernels.w4_mma_gemv import WEIGHT_CACHE, WEIGHT_EVICT, masked_load
+    from tierllm.kernels.w4_mma_gemv import masked_load
 
     @triton.jit
     def codes_to_f32(codes):
@@ -454,8 +454,7 @@ if HAS_TRITON:
             sg_mask = n_mask[:, None] & g_mask[None, :]
         scale, low = _group_scales(s_ptr, mn_ptr, row, offs_g, sg_mask, stride_sn, HAS_MINS, EVEN)
         words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + row[:, None, None] * (stride_wn // 4) + word[None],
-                        mask=mask, other=None if EVEN else 0, cache_modifier=WEIGHT_CACHE,
-                        eviction_policy=WEIGHT_EVICT)                                       # [BLOCK_N, GPB, WORDS]
+                        mask=mask, other=None if EVEN else 0)                               # [BLOCK_N, GPB, WORDS]
         return words, scale, low
 
     @triton.jit

@@ -41,8 +41,6 @@ loads (the layout, masks and epilogue are what the interpreter tests), and tests
 the reference."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 from tierllm.kernels import _dispatch
@@ -155,19 +153,6 @@ if HAS_TRITON:
         if MASK:
             return tl.load(at, mask=ok, other=0)
         return tl.load(at)
-
-    # TIERLLM_INT4_WEIGHT_LOAD: how the one-row int4 loops load their code words (an A/B switch): "" as any load,
-    # "cg" in L2 only, "evict_first" first out of L1, so that x, which every program of an SM reads, stays in L1
-    _WEIGHT_LOAD = os.environ.get("TIERLLM_INT4_WEIGHT_LOAD", "")
-    WEIGHT_CACHE = tl.constexpr(".cg" if _WEIGHT_LOAD == "cg" else "")
-    WEIGHT_EVICT = tl.constexpr("evict_first" if _WEIGHT_LOAD == "evict_first" else "")
-
-    @triton.jit
-    def weight_load(at, ok, MASK: tl.constexpr):
-        """masked_load of weight words, under TIERLLM_INT4_WEIGHT_LOAD's cache policy."""
-        if MASK:
-            return tl.load(at, mask=ok, other=0, cache_modifier=WEIGHT_CACHE, eviction_policy=WEIGHT_EVICT)
-        return tl.load(at, cache_modifier=WEIGHT_CACHE, eviction_policy=WEIGHT_EVICT)
 
     @triton.jit
     def _w4_mma_tile_loads(w_at, s_at, mn_at, u, rows_apart_w, rows_apart_s, ok0, ok1, HAS_MINS: tl.constexpr,
