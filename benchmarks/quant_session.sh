@@ -76,6 +76,7 @@ set -uo pipefail
 part=${1:?part: peer-split, fused-mlp, gemm64, gemm64-ncu, wgmma, wgmma-ncu, k-order, tests, attention, epilogue, steps, stream, w4a8, probe, int8, int4sub, small-batch, ncu, mma, norm-ab, batch1, mma-ncu, held or bench}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TIERLLM_TUNING_CACHE=${TIERLLM_TUNING_CACHE:-$PWD/.tuning/gemv-tuning.json}
 trap 'cp "$TIERLLM_TUNING_CACHE" "$OUT/" 2>/dev/null' EXIT
+python3 benchmarks/tuning_file_status.py "$TIERLLM_TUNING_CACHE" || true        # kept picks for this code, or minutes
 # python3 -c "$LOGGED" SCRIPT ARGS: runs SCRIPT with the GEMV tuner's and the parallel compiler's INFO lines (each
 # timed key: configs, compiled specializations, seconds), timestamped in ms
 LOGGED='import logging, runpy, sys

@@ -2,6 +2,8 @@
 timing, a changed config list or an unreadable file times afresh, TIERLLM_TUNING_CACHE=0 keeps nothing. The
 launches here are made up (no kernel runs): what is tested is which configs get timed and which one is taken."""
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,10 +67,12 @@ def test_a_changed_config_list_times_again(tuning):
 
 
 def test_an_unreadable_cache_times_afresh_and_is_rewritten(tuning):
+    from tierllm.kernels import tuning_cache
     tune, timed, path = tuning
     path.write_text("{not json")
     assert tune([1, 2]).kwargs["BLOCK"] == 2 and len(timed) == 2
-    assert len(json.loads(path.read_text())) == 1
+    kept = json.loads(path.read_text())
+    assert len(kept) == 2 and len(kept[tuning_cache.VERSIONS_KEY]) == 1           # one entry and its code version
 
 
 def test_tuning_cache_off(tuning, monkeypatch):
@@ -117,3 +121,32 @@ def test_first_timing_says_so_once_and_each_timed_key_is_logged(tuning, caplog):
     timed = [r.getMessage() for r in caplog.records if "configs timed in" in r.getMessage()]
     assert len(timed) == 2 and "2 configs" in timed[0] and "3 configs" in timed[1]
     assert sum("from the tuning cache" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_file_says_which_sources_it_was_timed_for(tuning, capsys):
+    """Before a GPU run that should take kept picks: the file records the tuned sources (and GPU, compilers) it holds
+    timings for, and benchmarks/tuning_file_status.py says whether this checkout's sources are among them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from tuning_file_status import main
+
+    from tierllm.kernels import tuning_cache
+    tune, _, path = tuning
+    main([str(path)])
+    assert "none for these sources" in capsys.readouterr().out                  # no file yet
+    tune([1, 2])
+    [version] = tuning_cache.kept_versions(path)
+    assert version["sources"] == tuning_cache.sources_hash() and version["gpu"] == "cpu"
+    main([str(path)])
+    out = capsys.readouterr().out
+    assert "timings kept for these sources on cpu" in out and "none for these" not in out
+    kept = json.loads(path.read_text())
+    versions = kept.pop(tuning_cache.VERSIONS_KEY)
+    path.write_text(json.dumps(kept))                                           # a file from before the record
+    main([str(path)])
+    assert "cannot tell" in capsys.readouterr().out
+    tune([1, 2])                                                                # a hit records the version
+    assert tuning_cache.kept_versions(path) == [version]
+    kept[tuning_cache.VERSIONS_KEY] = {key: {**v, "sources": "0" * 16} for key, v in versions.items()}
+    path.write_text(json.dumps(kept))                                           # timed for other sources
+    main([str(path)])
+    assert "none for these sources" in capsys.readouterr().out

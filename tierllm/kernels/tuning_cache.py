@@ -10,7 +10,10 @@ honoured); TIERLLM_TUNING_CACHE=0 turns it off. An entry is found by the GPU's n
 sources (tuned_sources: the modules that use the graph tuner and the kernel modules they import, not the tuning
 machinery itself) and the Triton and torch versions, the call's tuning key and the configs it weighs, so that
 changed GEMV code or a changed list times again, and a change elsewhere (attention, the tuner's own code) does not.
-A file that cannot be read or written is passed over (logged), never fatal."""
+The file also records each code version it holds timings for (its sources hash, GPU and compilers; written
+with timings, or on the first hit in a file from before the record), which benchmarks/tuning_file_status.py
+compares with a checkout before a GPU run. A file that cannot be read or written is passed over (logged), never
+fatal."""
 from __future__ import annotations
 
 import ast
@@ -63,15 +66,40 @@ def tuned_sources() -> list[Path]:
     return [folder / f"{name}.py" for name in sorted(seen)]
 
 
+def _compilers() -> dict:
+    import triton
+
+    return {"triton": triton.__version__, "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
 @functools.cache
 def _code_version() -> str:
     """A hash of the tuned kernels' sources and the compiler stack that builds them."""
-    import triton
-
-    digest = hashlib.sha256(f"{triton.__version__} {torch.__version__} {torch.version.cuda}".encode())
+    compilers = _compilers()
+    digest = hashlib.sha256(f"{compilers['triton']} {compilers['torch']} {compilers['cuda']}".encode())
     for source in tuned_sources():
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def sources_hash() -> str:
+    """A hash of the tuned kernels' sources alone: what a checkout without the GPU's compiler stack can compare with
+    the versions a file was timed for (kept_versions)."""
+    digest = hashlib.sha256()
+    for source in tuned_sources():
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+# The key under which a file records the code versions it holds timings for (entries are 64-digit hashes)
+VERSIONS_KEY = "code_versions"
+
+
+def kept_versions(path: Path) -> list[dict]:
+    """The code versions `path` holds timings for: each its sources hash, GPU and compiler versions (files from
+    before this record list none)."""
+    versions = _read(path).get(VERSIONS_KEY)
+    return list(versions.values()) if isinstance(versions, dict) else []
 
 
 def _device_name(device: torch.device) -> str:
@@ -93,14 +121,37 @@ def _read(path: Path) -> dict:
         return {}
 
 
+def _recorded(data: dict, device: torch.device) -> bool:
+    """Record this checkout's code version (its sources hash, GPU, compilers) in `data`; True if it was not there."""
+    versions = data.get(VERSIONS_KEY) if isinstance(data.get(VERSIONS_KEY), dict) else {}
+    label = f"{_code_version()} {_device_name(device)}"
+    new = label not in versions
+    versions[label] = {"sources": sources_hash(), "gpu": _device_name(device), **_compilers()}
+    data[VERSIONS_KEY] = versions
+    return new
+
+
+def _write(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as file:
+            json.dump(data, file)
+        os.replace(file.name, path)            # whole or not at all, for processes tuning side by side
+    except OSError as error:
+        _warn_once(f"tuning cache {path} not written ({error}); set TIERLLM_TUNING_CACHE to a writable file, or 0")
+
+
 def stored_timings(key, configs: list, device: torch.device) -> dict | None:
     """{config: ms} as a process timed them for this key, configs, GPU model and code; None if none did."""
     path = cache_path()
     if path is None:
         return None
-    ms = _read(path).get(_entry(key, configs, device))
+    data = _read(path)
+    ms = data.get(_entry(key, configs, device))
     if not (isinstance(ms, list) and len(ms) == len(configs) and any(isinstance(t, (int, float)) for t in ms)):
         return None
+    if _recorded(data, device):
+        _write(path, data)                     # a file from before the record: it learns the version it serves
     return {config: float(t) for config, t in zip(configs, ms, strict=True) if isinstance(t, (int, float))}
 
 
@@ -109,17 +160,13 @@ def store_timings(key, configs: list, device: torch.device, timings: dict) -> No
     path = cache_path()
     if path is None:
         return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = _read(path)
-        data[_entry(key, configs, device)] = [timings.get(config) for config in configs]
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as file:
-            json.dump(data, file)
-        os.replace(file.name, path)            # whole or not at all, for processes tuning side by side
-    except OSError as error:
-        _warn_once(f"tuning cache {path} not written ({error}); set TIERLLM_TUNING_CACHE to a writable file, or 0")
+    data = _read(path)
+    data[_entry(key, configs, device)] = [timings.get(config) for config in configs]
+    _recorded(data, device)
+    _write(path, data)
 
 
 @functools.cache
 def _warn_once(message: str) -> None:
     log.warning(message)
+
