@@ -72,26 +72,27 @@ def _compilers() -> dict:
     return {"triton": triton.__version__, "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
+def _sources_digest(digest) -> str:
+    for source in tuned_sources():
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @functools.cache
 def _code_version() -> str:
     """A hash of the tuned kernels' sources and the compiler stack that builds them."""
     compilers = _compilers()
-    digest = hashlib.sha256(f"{compilers['triton']} {compilers['torch']} {compilers['cuda']}".encode())
-    for source in tuned_sources():
-        digest.update(source.read_bytes())
-    return digest.hexdigest()[:16]
+    return _sources_digest(hashlib.sha256(f"{compilers['triton']} {compilers['torch']} {compilers['cuda']}".encode()))
 
 
+@functools.cache
 def sources_hash() -> str:
     """A hash of the tuned kernels' sources alone: what a checkout without the GPU's compiler stack can compare with
     the versions a file was timed for (kept_versions)."""
-    digest = hashlib.sha256()
-    for source in tuned_sources():
-        digest.update(source.read_bytes())
-    return digest.hexdigest()[:16]
+    return _sources_digest(hashlib.sha256())
 
 
-# The key under which a file records the code versions it holds timings for (entries are 64-digit hashes)
+# The key under which a file records the code versions it holds timings for (entries are keyed by 64 hex digits)
 VERSIONS_KEY = "code_versions"
 
 
@@ -169,4 +170,3 @@ def store_timings(key, configs: list, device: torch.device, timings: dict) -> No
 @functools.cache
 def _warn_once(message: str) -> None:
     log.warning(message)
-
