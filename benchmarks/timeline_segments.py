@@ -5,6 +5,12 @@ runs from the end of the kernel before it to its own end, so a kernel launched e
 launch counts only from there (benchmarks/notes/tp-history.md). Medians over all layers of the file, in us.
 
     python benchmarks/timeline_segments.py timeline-tp1-tp1.json timeline-new-tp2.json
+
+--kernels: per kernel instead, for any decode chain (int4's preparing kernels, HELD, bf16's fused GEMVs): the layers
+cut after each decode split kernel, each kernel's segment, medians over the layers that ran the most common kernel
+sequence (quant_gpu.py's timeline-*-b1-long.json files).
+
+    python benchmarks/timeline_segments.py --kernels timeline-bf16-b1-long.json timeline-int4-b1-long.json
 """
 from __future__ import annotations
 
@@ -37,7 +43,30 @@ def layer_segments(kernels: list) -> dict[str, float]:
         "layers": len(found["layer"])}
 
 
+def kernel_segments(kernels: list) -> tuple[list[tuple[str, float]], int]:
+    """[(kernel name, median segment in us)] over one layer, from a decode split kernel's end to the next one's, for
+    the most common kernel sequence among the layers of one timeline, and how many layers ran it."""
+    ends = [start + duration for start, duration, _ in kernels]
+    names = [name for _, _, name in kernels]
+    splits = [i for i, name in enumerate(names) if "_decode_split_kernel" in name]
+    layers: dict[tuple, list[list[float]]] = {}
+    for a, b in zip(splits, splits[1:], strict=False):
+        sequence = tuple(names[a + 1:b + 1])
+        layers.setdefault(sequence, []).append([ends[j] - ends[j - 1] for j in range(a + 1, b + 1)])
+    sequence, segments = max(layers.items(), key=lambda item: len(item[1]))
+    medians = [statistics.median(column) for column in zip(*segments, strict=True)]
+    return list(zip(sequence, medians, strict=True)), len(segments)
+
+
 def main(paths: list[str]) -> int:
+    if paths[:1] == ["--kernels"]:
+        for path in paths[1:]:
+            with open(path) as handle:
+                segments, count = kernel_segments(json.load(handle))
+            print(f"{path}: {count} layers, {sum(us for _, us in segments):.2f} us per layer")
+            for name, us in segments:
+                print(f"  {name[:48]:<48} {us:7.2f}")
+        return 0
     print(f"{'file':<36}" + "".join(f"{key:>11}" for key in SEGMENTS) + f"{'layers':>8}")
     for path in paths:
         with open(path) as handle:
