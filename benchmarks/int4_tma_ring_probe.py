@@ -1,0 +1,304 @@
+"""Does an int4 GEMV that loads deep ahead across the PDL wait close batch-1 decode's fixed cost per kernel? A
+Gluon probe on llama-7b's four linears, alone and chained as a decode layer, against the engine's XHALF GEMV.
+
+Why: at batch 1 every int4 GEMV of a decode layer runs 3-5 us above its weight bytes at the copy rate, about what
+bf16's do, whatever its loop (benchmarks/notes/gpu-decode.md, session 43). The plain-Triton kernels load one step
+of weights into registers before their PDL wait, so the memory system drains at every kernel boundary: while the
+kernel before ends, while the wait releases, while x arrives. Here each program is persistent (P per SM) and owns
+a ring of STAGES slots in shared memory that TMA fills (one bulk copy per slot for the codes, one for the
+(scale, min) words, an mbarrier each); the first STAGES slots (up to ~100 KB per SM) are requested before the PDL
+wait, and each slot is asked again as soon as the program's warps have read it. The ring holds no registers, so
+the bytes in flight no longer depend on what the math leaves free.
+
+The products are XHALF's (int4_half_dot's PTX via int4_gluon_probe's packed form, on x prepared in the half layout
+by the engine's own kernel), so outputs match the dequantized reference to fp32 rounding. A step is one slot:
+BLOCK_N rows x 32 groups (1 KB of codes per row); lanes over the groups, warps over the rows, R rows per thread.
+Where K is two steps (K = 4096: qkv, o, gate/up) X_ONCE holds x's planes for both in registers from the start.
+
+Modes: "gemv", and "read" (the slots' words summed: the ceiling of this data path).
+Timed like the graph tuner times (each launch after its x-preparing kernel, chained COPIES times in a CUDA graph
+with PDL over weight copies that miss L2), and as a decode layer: o, gate/up, down, qkv (each after its preparing
+kernel) over LAYERS copies, the same chain for the XHALF GEMV at decode's picks (xhalf_epilogue_probe.SHAPES).
+
+    python benchmarks/int4_tma_ring_probe.py [--configs R:WARPS:STAGES:PER_SM,...] [--out PATH]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from int4_gluon_probe import packed_run_dot_asm, scale_min_pairs  # noqa: E402
+from int4_stream_probe import chained_us, graph_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
+
+from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.quant.formats import dequantize_int4  # noqa: E402
+
+GROUP = 64
+COPIES = 16
+LAYERS = 8
+STEP_GROUPS = 32                 # groups per slot: 256 int32 words of codes per row, TMA's largest box side
+STEP_WORDS = STEP_GROUPS * 8
+# R rows per thread : warps (over rows) : ring slots : programs per SM
+CONFIGS = ["2:8:6:1", "1:8:6:1", "2:4:6:2", "1:4:6:2", "2:8:3:2", "1:4:12:1"]
+SHAPES = {"o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008), "qkv": (12288, 4096)}
+LAYER_ORDER = ["o", "gate_up", "down", "qkv"]
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAS_GLUON = True
+except ImportError:                              # a Triton without Gluon: the probe says so and stops
+    HAS_GLUON = False
+
+if HAS_GLUON:
+    _PACKED_ASM = gl.constexpr(packed_run_dot_asm())
+    _STEP_GROUPS = gl.constexpr(STEP_GROUPS)
+    _STEP_WORDS = gl.constexpr(STEP_WORDS)
+
+    @gluon.jit
+    def _issue(w_desc, s_desc, ring, s_ring, bars, j, items, pid, programs, K_STEPS: gl.constexpr,
+               STAGES: gl.constexpr, BN: gl.constexpr):
+        """Ask TMA for item j (its tile's rows, its K step) into slot j % STAGES: codes [BN, 256] and (scale, min)
+        words [BN, 32], one mbarrier for both (nothing when j is past this program's items)."""
+        slot = j % STAGES
+        live = j < items
+        tile = pid + (j // K_STEPS) * programs
+        step = j % K_STEPS
+        bar = bars.index(slot)
+        mbarrier.expect(bar, BN * (_STEP_WORDS + _STEP_GROUPS) * 4, pred=live)
+        tma.async_copy_global_to_shared(w_desc, [tile * BN, step * _STEP_WORDS], bar, ring.index(slot), pred=live)
+        tma.async_copy_global_to_shared(s_desc, [tile * BN, step * _STEP_GROUPS], bar, s_ring.index(slot), pred=live)
+
+    @gluon.jit
+    def _x_step(xi, xp_ptr, g0, G: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr):
+        """x's four planes [32, 2, 4] (int32 pairs of fp16) and each run's factor and sum [32, 2] for groups
+        g0 .. g0 + 32 from the half layout (int4_prepared_x: run r's chunk of 20 words holds planes p, 4 words
+        each, then the factor and the sum); zeros past K."""
+        xg = gl.arange(0, _STEP_GROUPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))[:, None, None]
+        xr = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))[None, :, None]
+        xj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))[None, None, :]
+        rg = gl.arange(0, _STEP_GROUPS, layout=gl.SliceLayout(1, LR))[:, None]
+        rr = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))[None, :]
+        gx = g0 + xg
+        chunk = (gx * 2 + xr) * 20 + xj                                                   # [32, 2, 4]
+        in_k = gx < G
+        gr = g0 + rg
+        run_at = (gr * 2 + rr) * 20 + 16                                                  # [32, 2]
+        return (gl.load(xi + chunk, mask=in_k, other=0)[None], gl.load(xi + chunk + 4, mask=in_k, other=0)[None],
+                gl.load(xi + chunk + 8, mask=in_k, other=0)[None], gl.load(xi + chunk + 12, mask=in_k, other=0)[None],
+                gl.load(xp_ptr + run_at, mask=gr < G, other=0.0), gl.load(xp_ptr + run_at + 1, mask=gr < G, other=0.0))
+
+    @gluon.jit
+    def _step_dot(words, pair, x0, x1, x2, x3, factor, x_sum, LS: gl.constexpr):
+        """One slot's [BN, 32] group dots, scaled: scale * (codes . x) + min * sum(x) per (row, group)."""
+        dots = gl.inline_asm_elementwise(asm=_PACKED_ASM, constraints="=r,=r,=r,=r," + "r," * 19 + "r",
+                                         args=[words, x0, x1, x2, x3], dtype=gl.float32, is_pure=True,
+                                         pack=4)                                          # [BN, 32, 2, 4]
+        run_dots = gl.sum(dots, axis=3)                                                   # [BN, 32, 2]
+        group_dot = gl.sum(run_dots * factor[None], axis=2)                               # [BN, 32]
+        group_sum = gl.convert_layout(gl.sum(x_sum, axis=1), gl.SliceLayout(0, LS))      # [32]
+        scale = (pair & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
+        low = ((pair >> 16) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
+        return scale * group_dot + low * group_sum[None, :]
+
+    @gluon.jit
+    def _w4_tma_ring_gemv(w_desc, s_desc, xp_ptr, y_ptr, tiles, programs, G: gl.constexpr, R: gl.constexpr,
+                          WARPS: gl.constexpr, STAGES: gl.constexpr, READ: gl.constexpr, X_ONCE: gl.constexpr,
+                          PDL: gl.constexpr):
+        """y[n] = sum_k W[n, k] x[k] in fp32: tiles of BN = R * WARPS rows, tile t taken by program t % programs;
+        w_desc over the codes as int32 [N, G * 8], s_desc over (scale, min) fp16 pairs as int32 [N, G]."""
+        BN: gl.constexpr = R * WARPS
+        K_STEPS: gl.constexpr = (G + _STEP_GROUPS - 1) // _STEP_GROUPS
+        L4: gl.constexpr = gl.BlockedLayout([R, 1, 2, 4], [1, 32, 1, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
+        LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))                   # [BN, 32]
+        LX: gl.constexpr = gl.SliceLayout(0, L4)                                       # [32, 2, 4]
+        LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))                   # [32, 2]
+        plain4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
+        plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], w_desc.layout)
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_GROUPS], s_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+        pid = gl.program_id(0)
+        items = gl.cdiv(tiles - pid, programs) * K_STEPS
+        for first in gl.static_range(STAGES):            # the weights do not depend on x: asked before the wait
+            _issue(w_desc, s_desc, ring, s_ring, bars, first, items, pid, programs, K_STEPS, STAGES, BN)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        xi = xp_ptr.to(gl.pointer_type(gl.int32))
+        s_local = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
+        if X_ONCE:                                       # K is two steps: both held in registers
+            a0, a1, a2, a3, a_factor, a_sum = _x_step(xi, xp_ptr, 0, G, LX, LR)
+            b0, b1, b2, b3, b_factor, b_sum = _x_step(xi, xp_ptr, _STEP_GROUPS, G, LX, LR)
+        acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
+        for t in range(items // K_STEPS):
+            for step in gl.static_range(K_STEPS):
+                item = t * K_STEPS + step
+                slot = item % STAGES
+                mbarrier.wait(bars.index(slot), (item // STAGES) & 1)
+                words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
+                pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
+                gl.thread_barrier()                      # every warp has its words: the slot may refill
+                _issue(w_desc, s_desc, ring, s_ring, bars, item + STAGES, items, pid, programs, K_STEPS, STAGES, BN)
+                if READ:
+                    acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32) + pair.to(gl.float32)
+                elif X_ONCE:
+                    if step == 0:
+                        acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum, LS)
+                    else:
+                        acc += _step_dot(words, pair, b0, b1, b2, b3, b_factor, b_sum, LS)
+                else:
+                    x0, x1, x2, x3, factor, x_sum = _x_step(xi, xp_ptr, step * _STEP_GROUPS, G, LX, LR)
+                    acc += _step_dot(words, pair, x0, x1, x2, x3, factor, x_sum, LS)
+            tile = pid + t * programs
+            gl.store(y_ptr + tile * BN + s_local, gl.sum(acc, axis=1))
+            acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+
+
+def parse_config(spec: str) -> dict:
+    """R:WARPS:STAGES:PER_SM (R rows per thread, warps over rows, ring slots, programs per SM)."""
+    r, warps, stages, per_sm = map(int, spec.split(":"))
+    return {"R": r, "WARPS": warps, "STAGES": stages, "per_sm": per_sm}
+
+
+def descriptors(w: dict, rows: int) -> tuple:
+    """TMA descriptors over one copy's codes (int32 [N, G * 8], boxes [rows, 256]) and (scale, min) words (int32
+    [N, G], boxes [rows, 32]), unswizzled: a box lands in shared memory row-major."""
+    words, pairs = w["words"], w["pairs"]
+    w_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    s_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    return (TensorDescriptor(words, list(words.shape), list(words.stride()), [rows, STEP_WORDS], w_layout),
+            TensorDescriptor(pairs, list(pairs.shape), list(pairs.stride()), [rows, STEP_GROUPS], s_layout))
+
+
+def ring_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, read: bool = False) -> None:
+    n, groups = w["pairs"].shape
+    rows = config["R"] * config["WARPS"]
+    key = (rows,)
+    if w.get("desc_key") != key:                 # descriptors built once per copy and tile height
+        w["descs"], w["desc_key"] = descriptors(w, rows), key
+    tiles = n // rows
+    programs = min(tiles, config["per_sm"] * torch.cuda.get_device_properties(y.device).multi_processor_count)
+    _w4_tma_ring_gemv[(programs,)](*w["descs"], prepared, y, tiles, programs, G=groups, R=config["R"],
+                                   WARPS=config["WARPS"], STAGES=config["STAGES"], READ=read,
+                                   X_ONCE=not read and -(-groups // STEP_GROUPS) == 2, PDL=True,
+                                   num_warps=config["WARPS"], launch_pdl=True)
+
+
+def main(argv=None) -> int:
+    parser = probe_parser(__doc__, "int4-tma-ring-probe-h200.json")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    args = parser.parse_args(argv)
+    if lacks_cuda():
+        return 2
+    if not HAS_GLUON:
+        print("error: this Triton has no Gluon (triton.experimental.gluon)", file=sys.stderr)
+        return 2
+    from xhalf_epilogue_probe import SHAPES as XHALF_SHAPES
+    from xhalf_epilogue_probe import launch as xhalf_launch
+
+    from tierllm.bench.probe import hbm_copy_GBps
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+
+    copy_GBps = hbm_copy_GBps()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    configs = [parse_config(spec) for spec in args.configs.split(",")]
+    weights, inputs, rows_out = {}, {}, []
+    for name, (n, k) in SHAPES.items():
+        copies = random_int4_copies(n, k, COPIES, gen, GROUP, min_jitter=0.1)
+        for w in copies:
+            w["words"] = w["qweight"].view(torch.int32)                                   # [N, G * 8]
+            w["pairs"] = scale_min_pairs(w["scales"], w["mins"])                          # [N, G]
+        x = torch.randn(1, k, device="cuda", generator=gen).bfloat16()
+        weights[name], inputs[name] = copies, x
+        ref = (x.float() @ dequantize_int4(copies[0]["qweight"], copies[0]["scales"], copies[0]["mins"], GROUP,
+                                           torch.float32).t())[0]                            # [N]
+        int4_bytes = sum(copies[0][key].nbytes for key in ("qweight", "scales", "mins"))
+        row = {"shape": name, "n": n, "k": k, "int4_bytes": int4_bytes,
+               "int4_floor_us": round(int4_bytes / (copy_GBps * 1e9) * 1e6, 2), "configs": []}
+        prepared = prepare_x_half_triton(x)
+        row["prepare_us"] = round(chained_us(lambda w, x=x: prepare_x_half_triton(x, pdl=True), copies), 2)
+        _, _, gated, xconfig, xwarps = XHALF_SHAPES[name]
+        y = torch.zeros(1, n // 2 if gated else n, device="cuda", dtype=torch.bfloat16)
+        options = (not gated, True, True)                              # EARLY_RESIDUAL, STACKED_SUM, EVEN_N
+        row["xhalf_with_prepare_us"] = round(chained_us(
+            lambda w, x=x, y=y, gated=gated, xconfig=xconfig, xwarps=xwarps, options=options:
+            xhalf_launch(x, w, y, gated, xconfig, xwarps, *options), copies), 2)
+        out = torch.zeros(n, device="cuda", dtype=torch.float32)
+        for config in configs:
+            entry = {"config": ":".join(str(v) for v in config.values())}
+            try:
+                out.zero_()
+                ring_launch(prepared, copies[0], out, config)
+                entry["rel_err"] = float(((out - ref).norm() / ref.norm()).item())
+                entry["read_us"] = round(chained_us(lambda w, config=config, prepared=prepared, out=out:
+                                                    ring_launch(prepared, w, out, config, read=True), copies), 2)
+                entry["gemv_with_prepare_us"] = round(chained_us(
+                    lambda w, config=config, x=x, out=out: ring_launch(prepare_x_half_triton(x, pdl=True), w, out,
+                                                                       config), copies), 2)
+            except Exception as error:                 # a config that does not compile or fit: recorded, go on
+                entry["error"] = f"{type(error).__name__}: {error}"[:400]
+            row["configs"].append(entry)
+            print(name, entry, flush=True)
+        timed = [c for c in row["configs"] if "gemv_with_prepare_us" in c and c["rel_err"] < 1e-2]
+        if timed:
+            best = min(timed, key=lambda c: c["gemv_with_prepare_us"])
+            row["best"], row["best_gemv_with_prepare_us"] = best["config"], best["gemv_with_prepare_us"]
+        print(name, {key: value for key, value in row.items() if key != "configs"}, flush=True)
+        rows_out.append(row)
+
+    # a decode layer's four GEMVs, each after its x-preparing kernel, over LAYERS copies: the XHALF picks against
+    # each shape's fastest ring config
+    best = {r["shape"]: parse_config(r["best"]) for r in rows_out if "best" in r}
+    outs = {name: torch.zeros(SHAPES[name][0], device="cuda", dtype=torch.float32) for name in SHAPES}
+    residuals = {name: torch.zeros(1, SHAPES[name][0] // (2 if XHALF_SHAPES[name][2] else 1), device="cuda",
+                                   dtype=torch.bfloat16) for name in SHAPES}
+
+    def xhalf_layer() -> None:
+        for layer in range(LAYERS):
+            for name in LAYER_ORDER:
+                _, _, gated, xconfig, xwarps = XHALF_SHAPES[name]
+                xhalf_launch(inputs[name], weights[name][layer], residuals[name], gated, xconfig, xwarps,
+                             not gated, True, True)
+
+    def ring_layer() -> None:
+        for layer in range(LAYERS):
+            for name in LAYER_ORDER:
+                ring_launch(prepare_x_half_triton(inputs[name], pdl=True), weights[name][layer], outs[name],
+                            best[name])
+
+    per_layer = {"int4_floor": round(sum(r["int4_floor_us"] for r in rows_out), 2),
+                 "xhalf_alone_sum": round(sum(r["xhalf_with_prepare_us"] for r in rows_out), 2),
+                 "xhalf_chained_layer": round(graph_us(xhalf_layer) / LAYERS, 2)}
+    if len(best) == len(SHAPES):
+        per_layer["ring_alone_sum"] = round(sum(r["best_gemv_with_prepare_us"] for r in rows_out), 2)
+        per_layer["ring_chained_layer"] = round(graph_us(ring_layer) / LAYERS, 2)
+        per_layer["ring_over_xhalf_chained"] = round(per_layer["ring_chained_layer"]
+                                                     / per_layer["xhalf_chained_layer"], 3)
+    print("us per layer:", per_layer)
+    checks = [{"name": f"{r['shape']} {c['config']}: within 1e-2 of the dequantized reference",
+               "value": c["rel_err"], "op": "<=", "target": 1e-2, "passed": c["rel_err"] <= 1e-2}
+              for r in rows_out for c in r["configs"] if "rel_err" in c]
+    write_result(args.out, "int4-tma-ring-probe", torch.device("cuda"),
+                 {"hbm_copy_GBps(read+write)": round(copy_GBps, 1)},
+                 {"note": "the engine's XHALF GEMV at decode's picks (xhalf_epilogue_probe.SHAPES) in the same run"},
+                 {"shapes": rows_out, "per_layer_us": per_layer}, checks,
+                 {"copies": COPIES, "layers": LAYERS, "group": GROUP, "pdl": True, "layer_order": LAYER_ORDER})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
