@@ -43,7 +43,7 @@ LAYERS = 8
 STEP_GROUPS = 32                 # groups per slot: 256 int32 words of codes per row, TMA's largest box side
 STEP_WORDS = STEP_GROUPS * 8
 # R rows per thread : warps (over rows) : ring slots : programs per SM
-CONFIGS = ["2:8:6:1", "1:8:6:1", "2:4:6:2", "1:4:6:2", "2:8:3:2", "1:4:12:1"]
+CONFIGS = ["4:1:4:8", "8:1:3:6", "4:2:4:4", "2:1:6:12", "4:1:5:8", "8:1:2:8"]
 SHAPES = {"o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008), "qkv": (12288, 4096)}
 LAYER_ORDER = ["o", "gate_up", "down", "qkv"]
 
@@ -96,14 +96,48 @@ if HAS_GLUON:
                 gl.load(xp_ptr + run_at, mask=gr < G, other=0.0), gl.load(xp_ptr + run_at + 1, mask=gr < G, other=0.0))
 
     @gluon.jit
-    def _step_dot(words, pair, x0, x1, x2, x3, factor, x_sum, LS: gl.constexpr):
+    def _group_sums(x_sum, LS: gl.constexpr):
+        """Each group's sum of x [32] (from its runs' sums [32, 2]), in the layout of a slot's group columns."""
+        return gl.convert_layout(gl.sum(x_sum, axis=1), gl.SliceLayout(0, LS))
+
+    @gluon.jit
+    def _raw_x_step(x_ptr, g0, LX: gl.constexpr, LR: gl.constexpr):
+        """_x_step's planes, factors and sums computed from x itself (bf16 [K]) rather than read from the half
+        layout: each lane holds its group's 64 values, so a run's largest |x| and sum need no other lane. Only
+        for one-warp programs (the layout below has one warp)."""
+        LRAW: gl.constexpr = gl.BlockedLayout([1, 2, 4, 8], [32, 1, 1, 1], [1, 1, 1, 1], [3, 2, 1, 0])
+        g = gl.arange(0, _STEP_GROUPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LRAW))))
+        r = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LRAW))))
+        w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LRAW))))
+        i = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LRAW))))
+        offs = ((g0 + g[:, None, None, None]) * 64 + r[None, :, None, None] * 32 + w[None, None, :, None] * 8
+                + i[None, None, None, :])                                                 # [32, 2, 4, 8]
+        x = gl.load(x_ptr + offs).to(gl.float32)
+        largest = gl.max(gl.max(gl.abs(x), axis=3), axis=2)                               # [32, 2]
+        exponent = ((largest.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127              # floor(log2), normal
+        exponent = gl.minimum(gl.maximum(exponent, -100), 110)
+        up = ((141 - exponent) << 23).to(gl.float32, bitcast=True)                         # 2^s, s = 14 - exponent
+        sixteenth = gl.where(i % 2 == 1, 0.0625, 1.0)[None, None, None, :]               # high nibbles: 16x
+        scaled = x * up[:, :, None, None] * sixteenth
+        bits = scaled.to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF    # [32, 2, 4, 8]
+        lo, hi = gl.split(gl.permute(gl.reshape(bits, [_STEP_GROUPS, 2, 4, 2, 4]), [0, 1, 2, 4, 3]))
+        pairs = gl.reshape(lo | (hi << 16), [_STEP_GROUPS, 2, 4, 2, 2])                  # plane p = 2a + b
+        even, odd = gl.split(pairs)
+        p0, p2 = gl.split(even)
+        p1, p3 = gl.split(odd)
+        factor = ((137 + exponent) << 23).to(gl.float32, bitcast=True)                    # 2^(24 - s)
+        x_sum = gl.sum(gl.sum(x, axis=3), axis=2)
+        return (gl.convert_layout(p0, LX)[None], gl.convert_layout(p1, LX)[None], gl.convert_layout(p2, LX)[None],
+                gl.convert_layout(p3, LX)[None], gl.convert_layout(factor, LR), gl.convert_layout(x_sum, LR))
+
+    @gluon.jit
+    def _step_dot(words, pair, x0, x1, x2, x3, factor, group_sum):
         """One slot's [BN, 32] group dots, scaled: scale * (codes . x) + min * sum(x) per (row, group)."""
         dots = gl.inline_asm_elementwise(asm=_PACKED_ASM, constraints="=r,=r,=r,=r," + "r," * 19 + "r",
                                          args=[words, x0, x1, x2, x3], dtype=gl.float32, is_pure=True,
                                          pack=4)                                          # [BN, 32, 2, 4]
         run_dots = gl.sum(dots, axis=3)                                                   # [BN, 32, 2]
         group_dot = gl.sum(run_dots * factor[None], axis=2)                               # [BN, 32]
-        group_sum = gl.convert_layout(gl.sum(x_sum, axis=1), gl.SliceLayout(0, LS))      # [32]
         scale = (pair & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
         low = ((pair >> 16) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
         return scale * group_dot + low * group_sum[None, :]
@@ -111,7 +145,8 @@ if HAS_GLUON:
     @gluon.jit
     def _w4_tma_ring_gemv(w_desc, s_desc, xp_ptr, y_ptr, tiles, programs, G: gl.constexpr, R: gl.constexpr,
                           WARPS: gl.constexpr, STAGES: gl.constexpr, READ: gl.constexpr, X_ONCE: gl.constexpr,
-                          PDL: gl.constexpr):
+                          PDL: gl.constexpr, EARLY_RING: gl.constexpr = True, X_EARLY: gl.constexpr = False,
+                          RAW_X: gl.constexpr = False):
         """y[n] = sum_k W[n, k] x[k] in fp32: tiles of BN = R * WARPS rows, tile t taken by program t % programs;
         w_desc over the codes as int32 [N, G * 8], s_desc over (scale, min) fp16 pairs as int32 [N, G]."""
         BN: gl.constexpr = R * WARPS
@@ -130,16 +165,29 @@ if HAS_GLUON:
         fence_async_shared()
         pid = gl.program_id(0)
         items = gl.cdiv(tiles - pid, programs) * K_STEPS
-        for first in gl.static_range(STAGES):            # the weights do not depend on x: asked before the wait
-            _issue(w_desc, s_desc, ring, s_ring, bars, first, items, pid, programs, K_STEPS, STAGES, BN)
+        if EARLY_RING:                                   # the weights do not depend on x: asked before the wait
+            for first in gl.static_range(STAGES):
+                _issue(w_desc, s_desc, ring, s_ring, bars, first, items, pid, programs, K_STEPS, STAGES, BN)
+        xi = xp_ptr.to(gl.pointer_type(gl.int32))
+        s_local = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
+        if X_ONCE and X_EARLY:                           # a diagnostic: only right where x is ready before launch
+            a0, a1, a2, a3, a_factor, a_sum = _x_step(xi, xp_ptr, 0, G, LX, LR)
+            b0, b1, b2, b3, b_factor, b_sum = _x_step(xi, xp_ptr, _STEP_GROUPS, G, LX, LR)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        xi = xp_ptr.to(gl.pointer_type(gl.int32))
-        s_local = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
+        if not EARLY_RING:
+            for first in gl.static_range(STAGES):
+                _issue(w_desc, s_desc, ring, s_ring, bars, first, items, pid, programs, K_STEPS, STAGES, BN)
         if X_ONCE:                                       # K is two steps: both held in registers
-            a0, a1, a2, a3, a_factor, a_sum = _x_step(xi, xp_ptr, 0, G, LX, LR)
-            b0, b1, b2, b3, b_factor, b_sum = _x_step(xi, xp_ptr, _STEP_GROUPS, G, LX, LR)
+            if RAW_X:                                    # xp_ptr: x itself, bf16 [K]
+                a0, a1, a2, a3, a_factor, a_sum = _raw_x_step(xp_ptr, 0, LX, LR)
+                b0, b1, b2, b3, b_factor, b_sum = _raw_x_step(xp_ptr, _STEP_GROUPS, LX, LR)
+            elif not X_EARLY:
+                a0, a1, a2, a3, a_factor, a_sum = _x_step(xi, xp_ptr, 0, G, LX, LR)
+                b0, b1, b2, b3, b_factor, b_sum = _x_step(xi, xp_ptr, _STEP_GROUPS, G, LX, LR)
+            a_sum = _group_sums(a_sum, LS)
+            b_sum = _group_sums(b_sum, LS)
         acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         for t in range(items // K_STEPS):
             for step in gl.static_range(K_STEPS):
@@ -154,12 +202,12 @@ if HAS_GLUON:
                     acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32) + pair.to(gl.float32)
                 elif X_ONCE:
                     if step == 0:
-                        acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum, LS)
+                        acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum)
                     else:
-                        acc += _step_dot(words, pair, b0, b1, b2, b3, b_factor, b_sum, LS)
+                        acc += _step_dot(words, pair, b0, b1, b2, b3, b_factor, b_sum)
                 else:
                     x0, x1, x2, x3, factor, x_sum = _x_step(xi, xp_ptr, step * _STEP_GROUPS, G, LX, LR)
-                    acc += _step_dot(words, pair, x0, x1, x2, x3, factor, x_sum, LS)
+                    acc += _step_dot(words, pair, x0, x1, x2, x3, factor, _group_sums(x_sum, LS))
             tile = pid + t * programs
             gl.store(y_ptr + tile * BN + s_local, gl.sum(acc, axis=1))
             acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
@@ -183,7 +231,9 @@ def descriptors(w: dict, rows: int) -> tuple:
             TensorDescriptor(pairs, list(pairs.shape), list(pairs.stride()), [rows, STEP_GROUPS], s_layout))
 
 
-def ring_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, read: bool = False) -> None:
+def ring_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, read: bool = False,
+                early_ring: bool = True, x_early: bool = False, raw_x: bool = False) -> None:
+    """The ring GEMV of one copy into y (fp32 [N]); prepared: x in the half layout, or x itself with raw_x."""
     n, groups = w["pairs"].shape
     rows = config["R"] * config["WARPS"]
     key = (rows,)
@@ -194,6 +244,7 @@ def ring_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, 
     _w4_tma_ring_gemv[(programs,)](*w["descs"], prepared, y, tiles, programs, G=groups, R=config["R"],
                                    WARPS=config["WARPS"], STAGES=config["STAGES"], READ=read,
                                    X_ONCE=not read and -(-groups // STEP_GROUPS) == 2, PDL=True,
+                                   EARLY_RING=early_ring, X_EARLY=x_early, RAW_X=raw_x,
                                    num_warps=config["WARPS"], launch_pdl=True)
 
 
@@ -245,6 +296,21 @@ def main(argv=None) -> int:
                 entry["rel_err"] = float(((out - ref).norm() / ref.norm()).item())
                 entry["read_us"] = round(chained_us(lambda w, config=config, prepared=prepared, out=out:
                                                     ring_launch(prepared, w, out, config, read=True), copies), 2)
+                entry["gemv_on_ready_x_us"] = round(chained_us(lambda w, config=config, prepared=prepared, out=out:
+                                                               ring_launch(prepared, w, out, config), copies), 2)
+                for name_ab, early_ring, x_early in (("ring_after_wait", False, False),
+                                                     ("x_before_wait", True, True)):
+                    if x_early and -(-k // GROUP // STEP_GROUPS) != 2:
+                        continue                       # x held in registers only where K is two steps
+                    entry[f"gemv_on_ready_x_{name_ab}_us"] = round(chained_us(
+                        lambda w, config=config, prepared=prepared, out=out, early_ring=early_ring, x_early=x_early:
+                        ring_launch(prepared, w, out, config, early_ring=early_ring, x_early=x_early), copies), 2)
+                if config["WARPS"] == 1 and -(-k // GROUP // STEP_GROUPS) == 2:     # x prepared in the GEMV
+                    out.zero_()
+                    ring_launch(x[0], copies[0], out, config, raw_x=True)
+                    entry["raw_x_rel_err"] = float(((out - ref).norm() / ref.norm()).item())
+                    entry["gemv_raw_x_us"] = round(chained_us(lambda w, config=config, x=x, out=out: ring_launch(
+                        x[0], w, out, config, raw_x=True), copies), 2)
                 entry["gemv_with_prepare_us"] = round(chained_us(
                     lambda w, config=config, x=x, out=out: ring_launch(prepare_x_half_triton(x, pdl=True), w, out,
                                                                        config), copies), 2)
@@ -279,6 +345,24 @@ def main(argv=None) -> int:
                 ring_launch(prepare_x_half_triton(inputs[name], pdl=True), weights[name][layer], outs[name],
                             best[name])
 
+    raw_best = {}
+    for r in rows_out:
+        raw = [c for c in r["configs"] if "gemv_raw_x_us" in c and c["raw_x_rel_err"] < 1e-2]
+        if raw:
+            raw_best[r["shape"]] = min(raw, key=lambda c: c["gemv_raw_x_us"])
+            r["best_raw_x"], r["best_raw_x_us"] = raw_best[r["shape"]]["config"], raw_best[r["shape"]]["gemv_raw_x_us"]
+
+    def raw_layer() -> None:                     # x prepared inside the ring GEMV where it can be; XHALF elsewhere
+        for layer in range(LAYERS):
+            for name in LAYER_ORDER:
+                if name in raw_best:
+                    ring_launch(inputs[name][0], weights[name][layer], outs[name],
+                                parse_config(raw_best[name]["config"]), raw_x=True)
+                else:
+                    _, _, gated, xconfig, xwarps = XHALF_SHAPES[name]
+                    xhalf_launch(inputs[name], weights[name][layer], residuals[name], gated, xconfig, xwarps,
+                                 not gated, True, True)
+
     per_layer = {"int4_floor": round(sum(r["int4_floor_us"] for r in rows_out), 2),
                  "xhalf_alone_sum": round(sum(r["xhalf_with_prepare_us"] for r in rows_out), 2),
                  "xhalf_chained_layer": round(graph_us(xhalf_layer) / LAYERS, 2)}
@@ -287,6 +371,9 @@ def main(argv=None) -> int:
         per_layer["ring_chained_layer"] = round(graph_us(ring_layer) / LAYERS, 2)
         per_layer["ring_over_xhalf_chained"] = round(per_layer["ring_chained_layer"]
                                                      / per_layer["xhalf_chained_layer"], 3)
+    if raw_best:
+        per_layer["ring_raw_x_chained_layer"] = round(graph_us(raw_layer) / LAYERS, 2)
+        per_layer["ring_raw_x_layer_shapes"] = sorted(raw_best)
     print("us per layer:", per_layer)
     checks = [{"name": f"{r['shape']} {c['config']}: within 1e-2 of the dequantized reference",
                "value": c["rel_err"], "op": "<=", "target": 1e-2, "passed": c["rel_err"] <= 1e-2}
