@@ -3,22 +3,32 @@ Gluon probe on llama-7b's four linears, alone and chained as a decode layer, aga
 
 Why: at batch 1 every int4 GEMV of a decode layer runs 3-5 us above its weight bytes at the copy rate, about what
 bf16's do, whatever its loop (benchmarks/notes/gpu-decode.md, session 43). The plain-Triton kernels load one step
-of weights into registers before their PDL wait, so the memory system drains at every kernel boundary: while the
-kernel before ends, while the wait releases, while x arrives. Here each program is persistent (P per SM) and owns
-a ring of STAGES slots in shared memory that TMA fills (one bulk copy per slot for the codes, one for the
-(scale, min) words, an mbarrier each); the first STAGES slots (up to ~100 KB per SM) are requested before the PDL
-wait, and each slot is asked again as soon as the program's warps have read it. The ring holds no registers, so
-the bytes in flight no longer depend on what the math leaves free.
+of weights into registers before their PDL wait, so (the hypothesis tested here) the memory system drains at every
+kernel boundary: while the kernel before ends, while the wait releases, while x arrives. Here each program is
+persistent (P per SM) and owns a ring of STAGES slots in shared memory that TMA fills (one bulk copy per slot for
+the codes, one for the (scale, min) words, an mbarrier each); the first STAGES slots (up to ~150 KB per SM) are
+requested before the PDL wait, and each slot is asked again as soon as the program's warps have read it. The ring
+holds no registers, so the bytes in flight no longer depend on what the math leaves free.
 
 The products are XHALF's (int4_half_dot's PTX via int4_gluon_probe's packed form, on x prepared in the half layout
 by the engine's own kernel), so outputs match the dequantized reference to fp32 rounding. A step is one slot:
 BLOCK_N rows x 32 groups (1 KB of codes per row); lanes over the groups, warps over the rows, R rows per thread.
 Where K is two steps (K = 4096: qkv, o, gate/up) X_ONCE holds x's planes for both in registers from the start.
 
-Modes: "gemv", and "read" (the slots' words summed: the ceiling of this data path).
-Timed like the graph tuner times (each launch after its x-preparing kernel, chained COPIES times in a CUDA graph
-with PDL over weight copies that miss L2), and as a decode layer: o, gate/up, down, qkv (each after its preparing
-kernel) over LAYERS copies, the same chain for the XHALF GEMV at decode's picks (xhalf_epilogue_probe.SHAPES).
+Timed per config, each chained COPIES times in a CUDA graph with PDL over weight copies that miss L2:
+- read_us: the slots' words summed (the ceiling of this data path);
+- gemv_on_ready_x_us: the GEMV on x prepared once before the graph (no preparing kernel in the chain), and two A/B
+  forms of it: the ring asked only after the PDL wait, and x's planes loaded before the wait (a diagnostic, valid
+  only here, where x is ready before the launch);
+- gemv_raw_x_us (one-warp programs where K is two steps): RAW_X, x's planes computed inside the GEMV from bf16 x
+  (each lane holds its groups' 64 values, so a run needs no other lane): no preparing kernel;
+- gemv_with_prepare_us: each launch after its x-preparing kernel, as the graph tuner times the engine's GEMVs.
+And as a decode layer: o, gate/up, down, qkv (each after its preparing kernel) over LAYERS copies, for the XHALF
+GEMV at decode's picks (xhalf_epilogue_probe.SHAPES), each shape's fastest ring config, and RAW_X where it applies.
+
+Measured on an H200 (benchmarks/notes/gpu-decode.md, session 44): the ring asked before the wait saves 2.5-3.7 us
+per GEMV against asking it after, yet each GEMV still runs ~1.7-2 us above its read, about 1 us of it x's loads
+after the wait; RAW_X is slower than the preparing kernel; chained as a layer the ring is no faster than XHALF.
 
     python benchmarks/int4_tma_ring_probe.py [--configs R:WARPS:STAGES:PER_SM,...] [--out PATH]
 """
