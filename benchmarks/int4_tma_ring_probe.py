@@ -260,23 +260,38 @@ if HAS_GLUON:
         tma.async_copy_global_to_shared(s_desc, [tile * BN, step * _STEP_GROUPS], bar, s_ring.index(slot), pred=live)
 
     @gluon.jit
-    def _grid_barrier(count_ptr, programs):
-        """Every program of the grid has arrived (all resident: a persistent grid): a release add, then acquire
-        polls. The count only grows (over phases, launches and replays): this barrier's arrivals are the P adds
-        after the last multiple of P."""
+    def _grid_barrier(count_ptr, programs, pid, GROUPS: gl.constexpr):
+        """Every program of the grid has arrived (all resident: a persistent grid). Two levels, because adds on one
+        address serialize (session 28: ~1.75 ns per program): a program adds to its group's count (count_ptr[32 *
+        (1 + pid % GROUPS)], a 128-byte line each); the group's last adds to the grid's (count_ptr[0]); the grid's
+        last writes the barriers passed to GROUPS flags (count_ptr[32 * (1 + GROUPS + f)]), and each program polls
+        its group's flag with relaxed loads (a thousand pollers of one line slow its L2 slice for every program,
+        and acquire loads invalidate L1 each time), then one acquire fence. The counts only grow (over phases,
+        launches and replays): a group's count says how many barriers it has passed."""
         gl.thread_barrier()                              # the program's stores before its arrival
-        old = gl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
-        target = (old // programs + 1) * programs
-        seen = old
-        while seen < target:
-            seen = gl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+        group = pid % GROUPS
+        group_size = programs // GROUPS + (group < programs % GROUPS).to(gl.int32)
+        old = gl.atomic_add(count_ptr + 32 * (1 + group), 1, sem="acq_rel", scope="gpu")
+        passed = old // group_size + 1                   # barriers passed once this one releases
+        if (old + 1) % group_size == 0:                  # the group's last: its members' stores are acquired
+            grid = gl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+            if grid + 1 == passed * GROUPS:              # the grid's last: release every group's flag
+                flags = gl.arange(0, GROUPS, layout=gl.BlockedLayout([1], [32], [1], [0]))
+                gl.atomic_xchg(count_ptr + 32 * (1 + GROUPS + flags), passed + 0 * flags, sem="release", scope="gpu")
+        seen = passed - 1
+        while seen < passed:
+            seen = gl.inline_asm_elementwise("nanosleep.u32 100;\n ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l",
+                                             [count_ptr + 32 * (1 + GROUPS + group)], dtype=gl.int32,
+                                             is_pure=False, pack=1)
+        gl.inline_asm_elementwise("fence.acq_rel.gpu;\n mov.u32 $0, $1;", "=r,r", [seen], dtype=gl.int32,
+                                  is_pure=False, pack=1)
         gl.thread_barrier()
 
     @gluon.jit
     def _ring_layer(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, x0_ptr, x1_ptr, x2_ptr, x3_ptr, y0_ptr, y1_ptr,
                     y2_ptr, y3_ptr, count_ptr, programs, T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr,
                     T3: gl.constexpr, G2: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                    BARRIERS: gl.constexpr):
+                    BARRIERS: gl.constexpr, BARRIER_GROUPS: gl.constexpr = 32):
         """A decode layer's four GEMVs (o, gate/up, down, qkv: T0..T3 tiles of BN = R rows; K 64 groups but down's
         G2) in one persistent kernel of one-warp programs, a grid barrier between phases (BARRIERS), one TMA ring
         running through all four: each phase's x (prepared, given: xP_ptr) is loaded after its barrier as a real
@@ -326,7 +341,7 @@ if HAS_GLUON:
                 y_ptr = y3_ptr
                 my_items = n3
             if phase > 0 and BARRIERS:
-                _grid_barrier(count_ptr, programs)
+                _grid_barrier(count_ptr, programs, pid, BARRIER_GROUPS)
             xi = xp_ptr.to(gl.pointer_type(gl.int32))
             if _down_or(phase, K2, K0) == 2:
                 a0, a1, a2, a3, a_factor, a_sum = _x_step(xi, xp_ptr, 0, _down_or(phase, G2, 64), LX, LR)
@@ -421,7 +436,8 @@ def layer_kernel_timings(config: dict, weights: dict, inputs: dict, refs: dict) 
     programs = config["per_sm"] * sms
     prepared = {name: prepare_x_half_triton(inputs[name]) for name in LAYER_ORDER}
     outs = {name: torch.zeros(SHAPES[name][0], device="cuda", dtype=torch.float32) for name in LAYER_ORDER}
-    count = torch.zeros(1, device="cuda", dtype=torch.int32)
+    count = torch.zeros(32 * (1 + 2 * 32), device="cuda", dtype=torch.int32)  # the grid's count, then the groups'
+                                                                                # counts and flags, a line each
     for name in LAYER_ORDER:
         for w in weights[name][:LAYERS]:
             if w.get("desc_key") != (rows,):
@@ -461,6 +477,8 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS), help="per-shape ring configs ('' for none)")
     parser.add_argument("--layer-configs", default=",".join(LAYER_CONFIGS),
                         help="R:STAGES:PER_SM of the one-kernel layer ('' for none)")
+    parser.add_argument("--profile", default="", metavar="SHAPE:R:WARPS:STAGES:PER_SM",
+                        help="only launch that shape's ring GEMV three times (for a profiler), then stop")
     args = parser.parse_args(argv)
     if lacks_cuda():
         return 2
@@ -473,8 +491,19 @@ def main(argv=None) -> int:
     from tierllm.bench.probe import hbm_copy_GBps
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
 
-    copy_GBps = hbm_copy_GBps()
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.profile:
+        name, spec = args.profile.split(":", 1)
+        n, k = SHAPES[name]
+        [w] = random_int4_copies(n, k, 1, gen, GROUP, min_jitter=0.1)
+        w["words"], w["pairs"] = w["qweight"].view(torch.int32), scale_min_pairs(w["scales"], w["mins"])
+        prepared = prepare_x_half_triton(torch.randn(1, k, device="cuda", generator=gen).bfloat16())
+        out = torch.zeros(n, device="cuda", dtype=torch.float32)
+        for _ in range(3):
+            ring_launch(prepared, w, out, parse_config(spec))
+        torch.cuda.synchronize()
+        return 0
+    copy_GBps = hbm_copy_GBps()
     configs = [parse_config(spec) for spec in args.configs.split(",") if spec]
     weights, inputs, refs, rows_out = {}, {}, {}, []
     for name, (n, k) in SHAPES.items():
