@@ -56,7 +56,7 @@ STEP_WORDS = STEP_GROUPS * 8
 CONFIGS = ["4:1:4:8", "8:1:3:6", "4:2:4:4", "2:1:6:12", "4:1:5:8", "8:1:2:8"]
 SHAPES = {"o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008), "qkv": (12288, 4096)}
 LAYER_ORDER = ["o", "gate_up", "down", "qkv"]
-LAYER_CONFIGS = ["4:4:8", "4:5:8", "8:3:6", "2:6:12", "4:3:10"]      # R:STAGES:PER_SM of the one-kernel layer
+LAYER_CONFIGS = ["4:4:8", "4:5:8", "8:3:6", "4:3:10"]      # R:STAGES:PER_SM of the one-kernel layer
 
 try:
     from triton.experimental import gluon
@@ -288,10 +288,27 @@ if HAS_GLUON:
         gl.thread_barrier()
 
     @gluon.jit
+    def _take_slot(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, ring, s_ring, bars, item, pid, programs, n0, n1,
+                   n2, n3, STAGES: gl.constexpr, BN: gl.constexpr, K0: gl.constexpr, K2: gl.constexpr,
+                   L4: gl.constexpr, LS: gl.constexpr):
+        """The layer kernel's item: wait for its slot, read its words [BN, 32, 2, 4] and (scale, min) words
+        [BN, 32] into registers, and ask the slot for the item STAGES further."""
+        slot = item % STAGES
+        mbarrier.wait(bars.index(slot), (item // STAGES) & 1)
+        plain4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
+        plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
+        pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
+        gl.thread_barrier()                              # every warp has its words: the slot may refill
+        _issue_layer(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, ring, s_ring, bars, item + STAGES, pid,
+                     programs, n0, n1, n2, n3, STAGES, BN, K0, K2)
+        return words, pair
+
+    @gluon.jit
     def _ring_layer(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, x0_ptr, x1_ptr, x2_ptr, x3_ptr, y0_ptr, y1_ptr,
                     y2_ptr, y3_ptr, count_ptr, programs, T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr,
                     T3: gl.constexpr, G2: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                    BARRIERS: gl.constexpr, BARRIER_GROUPS: gl.constexpr = 32):
+                    BARRIERS: gl.constexpr, BARRIER_GROUPS: gl.constexpr = 32, PIPE: gl.constexpr = False):
         """A decode layer's four GEMVs (o, gate/up, down, qkv: T0..T3 tiles of BN = R rows; K 64 groups but down's
         G2) in one persistent kernel of one-warp programs, a grid barrier between phases (BARRIERS), one TMA ring
         running through all four: each phase's x (prepared, given: xP_ptr) is loaded after its barrier as a real
@@ -303,8 +320,6 @@ if HAS_GLUON:
         LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))
         LX: gl.constexpr = gl.SliceLayout(0, L4)
         LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))
-        plain4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
-        plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], o_w.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_GROUPS], o_s.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -322,6 +337,9 @@ if HAS_GLUON:
         gdc_launch_dependents()
         gdc_wait()
         s_local = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
+        if PIPE:
+            words_next, pair_next = _take_slot(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, ring, s_ring, bars, 0,
+                                               pid, programs, n0, n1, n2, n3, STAGES, BN, K0, K2, L4, LS)
         item = 0
         for phase in gl.static_range(4):
             if phase == 0:
@@ -352,13 +370,16 @@ if HAS_GLUON:
             G = _down_or(phase, G2, 64)
             for t in range(my_items // _down_or(phase, K2, K0)):
                 for step in gl.static_range(_down_or(phase, K2, K0)):
-                    slot = item % STAGES
-                    mbarrier.wait(bars.index(slot), (item // STAGES) & 1)
-                    words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
-                    pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
-                    gl.thread_barrier()
-                    _issue_layer(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, ring, s_ring, bars, item + STAGES,
-                                 pid, programs, n0, n1, n2, n3, STAGES, BN, K0, K2)
+                    if PIPE:                             # this item's words were read one item ago
+                        words = words_next
+                        pair = pair_next
+                        if item + 1 < n0 + n1 + n2 + n3:
+                            words_next, pair_next = _take_slot(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, ring,
+                                                               s_ring, bars, item + 1, pid, programs, n0, n1, n2, n3,
+                                                               STAGES, BN, K0, K2, L4, LS)
+                    else:
+                        words, pair = _take_slot(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, ring, s_ring, bars,
+                                                 item, pid, programs, n0, n1, n2, n3, STAGES, BN, K0, K2, L4, LS)
                     if _down_or(phase, K2, K0) == 2:
                         if step == 0:
                             acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum)
@@ -415,9 +436,10 @@ def parse_layer_config(spec: str) -> dict:
 
 def fits_resident(config: dict) -> bool:
     """Whether PER_SM one-warp programs of the layer kernel can all be resident on an SM (its grid barriers wait
-    for every program): their ring in 228 KB of shared memory (1 KB reserved each) and ~128 registers a thread."""
+    for every program): their ring in 228 KB of shared memory (1 KB reserved each) and up to 168 registers a thread
+    (165 offline with PIPE at R = 4)."""
     ring = config["STAGES"] * (config["R"] * (STEP_WORDS + STEP_GROUPS) * 4 + 8) + 128
-    return config["per_sm"] * (ring + 1024) <= 228 * 1024 and config["per_sm"] <= 16
+    return config["per_sm"] * (ring + 1024) <= 228 * 1024 and config["per_sm"] * 32 * 168 <= 65536
 
 
 def layer_kernel_timings(config: dict, weights: dict, inputs: dict, refs: dict) -> dict:
@@ -443,13 +465,13 @@ def layer_kernel_timings(config: dict, weights: dict, inputs: dict, refs: dict) 
             if w.get("desc_key") != (rows,):
                 w["descs"], w["desc_key"] = descriptors(w, rows), (rows,)
 
-    def launch(layer: int, barriers: bool = True) -> None:
+    def launch(layer: int, barriers: bool = True, pipe: bool = False) -> None:
         descs = [d for name in LAYER_ORDER for d in weights[name][layer]["descs"]]
         tiles = {f"T{i}": SHAPES[name][0] // rows for i, name in enumerate(LAYER_ORDER)}
         _ring_layer[(programs,)](*descs, *(prepared[name] for name in LAYER_ORDER),
                                  *(outs[name] for name in LAYER_ORDER), count, programs, **tiles,
                                  G2=SHAPES["down"][1] // GROUP, R=rows, STAGES=config["STAGES"], BARRIERS=barriers,
-                                 num_warps=1, launch_pdl=True)
+                                 PIPE=pipe, num_warps=1, launch_pdl=True)
 
     def separate(layer: int, read: bool = False) -> None:
         for name in LAYER_ORDER:
@@ -461,6 +483,14 @@ def layer_kernel_timings(config: dict, weights: dict, inputs: dict, refs: dict) 
         row["rel_err"] = {name: float(((outs[name] - refs[name]).norm() / refs[name].norm()).item())
                           for name in LAYER_ORDER}
         row["one_kernel_us"] = round(graph_us(lambda: [launch(i) for i in range(LAYERS)]) / LAYERS, 2)
+        outs["o"].zero_()
+        launch(0, pipe=True)
+        torch.cuda.synchronize()
+        row["pipe_rel_err"] = {name: float(((outs[name] - refs[name]).norm() / refs[name].norm()).item())
+                               for name in LAYER_ORDER}
+        row["one_kernel_pipe_us"] = round(graph_us(lambda: [launch(i, pipe=True) for i in range(LAYERS)]) / LAYERS, 2)
+        row["one_kernel_pipe_no_barriers_us"] = round(
+            graph_us(lambda: [launch(i, False, True) for i in range(LAYERS)]) / LAYERS, 2)
         row["one_kernel_no_barriers_us"] = round(
             graph_us(lambda: [launch(i, False) for i in range(LAYERS)]) / LAYERS, 2)
         row["separate_kernels_us"] = round(graph_us(lambda: [separate(i) for i in range(LAYERS)]) / LAYERS, 2)
