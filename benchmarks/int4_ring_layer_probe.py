@@ -11,12 +11,13 @@ or the epilogues).
 The kernel (_ring_layer): one-warp programs, PER_SM per SM (all resident: the barrier waits for every one), the
 phases o, gate/up, down, qkv in LAYER_ORDER with int4_tma_ring_probe's slot, x and products code; tiles of R rows
 taken round robin. The grid barrier arrives in two levels and releases through spread flags (_grid_barrier).
-PIPE reads each slot one item ahead.
+PIPE reads each slot one item ahead; READ only sums the slots' words (the ring's own ceiling, no x, no math).
 
 Timed, per layer, chained over LAYERS copies in one CUDA graph with PDL: the kernel with and without its barriers
-(without: no phase waits for the one before, the ceiling of this loop), with PIPE, the same config as four
-separate ring kernels (int4_tma_ring_probe.ring_launch, x given), their reads, and XHALF's four GEMVs with their
-preparing kernels (the engine's loop at decode's picks). Each phase's output is checked against its reference.
+(without: no phase waits for the one before, the ceiling of this loop), with PIPE, in READ mode with and without
+barriers, the same config as four separate ring kernels (int4_tma_ring_probe.ring_launch, x given), their reads,
+and XHALF's four GEMVs with their preparing kernels (the engine's loop at decode's picks). Each phase's output is
+checked against its reference.
 
 Measured on an H200 (benchmarks/notes/gpu-decode.md, session 44): 35-38 us per layer without barriers, 49.6 with
 them, against 41-44 for the separate kernels and ~48 for XHALF: each barrier costs ~4 us.
@@ -140,7 +141,8 @@ if HAS_GLUON:
     def _ring_layer(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, x0_ptr, x1_ptr, x2_ptr, x3_ptr, y0_ptr, y1_ptr,
                     y2_ptr, y3_ptr, count_ptr, programs, T0: gl.constexpr, T1: gl.constexpr, T2: gl.constexpr,
                     T3: gl.constexpr, G2: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                    BARRIERS: gl.constexpr, BARRIER_GROUPS: gl.constexpr = 32, PIPE: gl.constexpr = False):
+                    BARRIERS: gl.constexpr, BARRIER_GROUPS: gl.constexpr = 32, PIPE: gl.constexpr = False,
+                    READ: gl.constexpr = False):
         """A decode layer's four GEMVs (o, gate/up, down, qkv: T0..T3 tiles of BN = R rows; K 64 groups but down's
         G2) in one persistent kernel of one-warp programs, a grid barrier between phases (BARRIERS), one TMA ring
         running through all four: each phase's x (prepared, given: xP_ptr) is loaded after its barrier as a real
@@ -212,7 +214,9 @@ if HAS_GLUON:
                     else:
                         words, pair = _take_slot(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, ring, s_ring, bars,
                                                  item, pid, programs, n0, n1, n2, n3, STAGES, BN, K0, K2, L4, LS)
-                    if _down_or(phase, K2, K0) == 2:
+                    if READ:                             # the ring's ceiling: the words summed, no x, no math
+                        acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32) + pair.to(gl.float32)
+                    elif _down_or(phase, K2, K0) == 2:
                         if step == 0:
                             acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum)
                         else:
@@ -265,13 +269,13 @@ def layer_kernel_timings(config: dict, weights: dict, inputs: dict, refs: dict) 
             if w.get("desc_key") != (rows,):
                 w["descs"], w["desc_key"] = descriptors(w, rows), (rows,)
 
-    def launch(layer: int, barriers: bool = True, pipe: bool = False) -> None:
+    def launch(layer: int, barriers: bool = True, pipe: bool = False, read: bool = False) -> None:
         descs = [d for name in LAYER_ORDER for d in weights[name][layer]["descs"]]
         tiles = {f"T{i}": SHAPES[name][0] // rows for i, name in enumerate(LAYER_ORDER)}
         _ring_layer[(programs,)](*descs, *(prepared[name] for name in LAYER_ORDER),
                                  *(outs[name] for name in LAYER_ORDER), count, programs, **tiles,
                                  G2=SHAPES["down"][1] // GROUP, R=rows, STAGES=config["STAGES"], BARRIERS=barriers,
-                                 PIPE=pipe, num_warps=1, launch_pdl=True)
+                                 PIPE=pipe, READ=read, num_warps=1, launch_pdl=True)
 
     def separate(layer: int, read: bool = False) -> None:
         for name in LAYER_ORDER:
@@ -293,6 +297,9 @@ def layer_kernel_timings(config: dict, weights: dict, inputs: dict, refs: dict) 
             graph_us(lambda: [launch(i, False, True) for i in range(LAYERS)]) / LAYERS, 2)
         row["one_kernel_no_barriers_us"] = round(
             graph_us(lambda: [launch(i, False) for i in range(LAYERS)]) / LAYERS, 2)
+        row["one_kernel_read_no_barriers_us"] = round(
+            graph_us(lambda: [launch(i, False, read=True) for i in range(LAYERS)]) / LAYERS, 2)
+        row["one_kernel_read_us"] = round(graph_us(lambda: [launch(i, read=True) for i in range(LAYERS)]) / LAYERS, 2)
         row["separate_kernels_us"] = round(graph_us(lambda: [separate(i) for i in range(LAYERS)]) / LAYERS, 2)
         row["separate_kernels_read_us"] = round(
             graph_us(lambda: [separate(i, True) for i in range(LAYERS)]) / LAYERS, 2)
