@@ -19,8 +19,9 @@ barriers, the same config as four separate ring kernels (int4_tma_ring_probe.rin
 and XHALF's four GEMVs with their preparing kernels (the engine's loop at decode's picks). Each phase's output is
 checked against its reference.
 
-Measured on an H200 (benchmarks/notes/gpu-decode.md, session 44): 35-38 us per layer without barriers, 49.6 with
-them, against 41-44 for the separate kernels and ~48 for XHALF: each barrier costs ~4 us.
+Measured on an H200 (benchmarks/notes/gpu-decode.md, session 44): 35-38 us per layer without barriers, ~50 with
+them, against 41-44 for the separate kernels and ~48 for XHALF. READ: 28.7 us without barriers (93% of the copy
+rate), 37.7 with them: the barriers cost 2-3 us each even when only reading, the products 6.5 us per layer.
 
     python benchmarks/int4_ring_layer_probe.py [--configs R:STAGES:PER_SM,...] [--out PATH]
 """
