@@ -54,10 +54,19 @@ from tierllm.bench.results import write_result  # noqa: E402
 CONFIGS = ["4:4:8", "4:5:8", "8:3:6", "4:3:10"]      # R:STAGES:PER_SM
 
 if HAS_GLUON:
-    from int4_tma_ring_probe import _STEP_GROUPS, _STEP_WORDS, _group_sums, _step_dot, _x_step
+    from int4_tma_ring_probe import (
+        _STEP_GROUPS,
+        _STEP_WORDS,
+        _group_sums,
+        _held_step_dot,
+        _new_ring,
+        _read_slot,
+        _streamed_step_dot,
+        _x_step,
+    )
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     from triton.runtime.jit import constexpr_function
 
@@ -127,13 +136,7 @@ if HAS_GLUON:
                    L4: gl.constexpr, LS: gl.constexpr):
         """The layer kernel's item: wait for its slot, read its words [BN, 32, 2, 4] and (scale, min) words
         [BN, 32] into registers, and ask the slot for the item STAGES further."""
-        slot = item % STAGES
-        mbarrier.wait(bars.index(slot), (item // STAGES) & 1)
-        plain4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
-        plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
-        pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
-        gl.thread_barrier()                              # every warp has its words: the slot may refill
+        words, pair = _read_slot(ring, s_ring, bars, item, STAGES, BN, L4, LS)
         _issue_layer(o_w, o_s, gu_w, gu_s, dn_w, dn_s, qkv_w, qkv_s, ring, s_ring, bars, item + STAGES, pid,
                      programs, n0, n1, n2, n3, STAGES, BN, K0, K2)
         return words, pair
@@ -155,12 +158,7 @@ if HAS_GLUON:
         LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))
         LX: gl.constexpr = gl.SliceLayout(0, L4)
         LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))
-        ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], o_w.layout)
-        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_GROUPS], o_s.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
+        ring, s_ring, bars = _new_ring(o_w, o_s, BN, STAGES)
         pid = gl.program_id(0)
         n0 = gl.cdiv(T0 - pid, programs) * K0
         n1 = gl.cdiv(T1 - pid, programs) * K0
@@ -218,13 +216,10 @@ if HAS_GLUON:
                     if READ:                             # the ring's ceiling: the words summed, no x, no math
                         acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32) + pair.to(gl.float32)
                     elif _down_or(phase, K2, K0) == 2:
-                        if step == 0:
-                            acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum)
-                        else:
-                            acc += _step_dot(words, pair, b0, b1, b2, b3, b_factor, b_sum)
+                        acc += _held_step_dot(words, pair, step, a0, a1, a2, a3, a_factor, a_sum, b0, b1, b2, b3,
+                                              b_factor, b_sum)
                     else:
-                        x0, x1, x2, x3, factor, x_sum = _x_step(xi, xp_ptr, step * _STEP_GROUPS, G, LX, LR)
-                        acc += _step_dot(words, pair, x0, x1, x2, x3, factor, _group_sums(x_sum, LS))
+                        acc += _streamed_step_dot(words, pair, xi, xp_ptr, step * _STEP_GROUPS, G, LX, LR, LS)
                     item += 1
                 tile = pid + t * programs
                 gl.store(y_ptr + tile * BN + s_local, gl.sum(acc, axis=1))

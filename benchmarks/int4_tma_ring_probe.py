@@ -153,6 +153,49 @@ if HAS_GLUON:
         return scale * group_dot + low * group_sum[None, :]
 
     @gluon.jit
+    def _new_ring(w_desc, s_desc, BN: gl.constexpr, STAGES: gl.constexpr):
+        """A program's ring: STAGES slots of codes [BN, 256] and of (scale, min) words [BN, 32] (the descriptors'
+        shared layouts), an mbarrier each."""
+        ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], w_desc.layout)
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_GROUPS], s_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+        return ring, s_ring, bars
+
+    @gluon.jit
+    def _read_slot(ring, s_ring, bars, item, STAGES: gl.constexpr, BN: gl.constexpr, L4: gl.constexpr,
+                   LS: gl.constexpr):
+        """Wait for item's slot and read its codes [BN, 32, 2, 4] and (scale, min) words [BN, 32] into registers;
+        after the barrier every warp has them, so the slot may be asked again."""
+        slot = item % STAGES
+        mbarrier.wait(bars.index(slot), (item // STAGES) & 1)
+        plain4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
+        plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
+        pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
+        gl.thread_barrier()
+        return words, pair
+
+    @gluon.jit
+    def _streamed_step_dot(words, pair, xi, xp_ptr, g0, G: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr,
+                           LS: gl.constexpr):
+        """_step_dot with x's planes for groups g0 .. g0 + 32 loaded for this step (K longer than two steps)."""
+        x0, x1, x2, x3, factor, x_sum = _x_step(xi, xp_ptr, g0, G, LX, LR)
+        return _step_dot(words, pair, x0, x1, x2, x3, factor, _group_sums(x_sum, LS))
+
+    @gluon.jit
+    def _held_step_dot(words, pair, step: gl.constexpr, a0, a1, a2, a3, a_factor, a_sum, b0, b1, b2, b3, b_factor,
+                       b_sum):
+        """_step_dot where K is two steps and x's planes for both are held: step 0's or step 1's."""
+        if step == 0:
+            dot = _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum)
+        else:
+            dot = _step_dot(words, pair, b0, b1, b2, b3, b_factor, b_sum)
+        return dot
+
+    @gluon.jit
     def _w4_tma_ring_gemv(w_desc, s_desc, xp_ptr, y_ptr, tiles, programs, G: gl.constexpr, R: gl.constexpr,
                           WARPS: gl.constexpr, STAGES: gl.constexpr, READ: gl.constexpr, X_ONCE: gl.constexpr,
                           PDL: gl.constexpr, EARLY_RING: gl.constexpr = True, X_EARLY: gl.constexpr = False,
@@ -165,14 +208,7 @@ if HAS_GLUON:
         LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))                   # [BN, 32]
         LX: gl.constexpr = gl.SliceLayout(0, L4)                                       # [32, 2, 4]
         LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))                   # [32, 2]
-        plain4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
-        plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], w_desc.layout)
-        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_GROUPS], s_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
+        ring, s_ring, bars = _new_ring(w_desc, s_desc, BN, STAGES)
         pid = gl.program_id(0)
         items = gl.cdiv(tiles - pid, programs) * K_STEPS
         if EARLY_RING:                                   # the weights do not depend on x: asked before the wait
@@ -202,22 +238,15 @@ if HAS_GLUON:
         for t in range(items // K_STEPS):
             for step in gl.static_range(K_STEPS):
                 item = t * K_STEPS + step
-                slot = item % STAGES
-                mbarrier.wait(bars.index(slot), (item // STAGES) & 1)
-                words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
-                pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
-                gl.thread_barrier()                      # every warp has its words: the slot may refill
+                words, pair = _read_slot(ring, s_ring, bars, item, STAGES, BN, L4, LS)
                 _issue(w_desc, s_desc, ring, s_ring, bars, item + STAGES, items, pid, programs, K_STEPS, STAGES, BN)
                 if READ:
                     acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32) + pair.to(gl.float32)
                 elif X_ONCE:
-                    if step == 0:
-                        acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum)
-                    else:
-                        acc += _step_dot(words, pair, b0, b1, b2, b3, b_factor, b_sum)
+                    acc += _held_step_dot(words, pair, step, a0, a1, a2, a3, a_factor, a_sum, b0, b1, b2, b3,
+                                          b_factor, b_sum)
                 else:
-                    x0, x1, x2, x3, factor, x_sum = _x_step(xi, xp_ptr, step * _STEP_GROUPS, G, LX, LR)
-                    acc += _step_dot(words, pair, x0, x1, x2, x3, factor, _group_sums(x_sum, LS))
+                    acc += _streamed_step_dot(words, pair, xi, xp_ptr, step * _STEP_GROUPS, G, LX, LR, LS)
             tile = pid + t * programs
             gl.store(y_ptr + tile * BN + s_local, gl.sum(acc, axis=1))
             acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
