@@ -97,6 +97,7 @@ if HAS_GLUON:
     @gluon.jit
     def _copy_item(w_desc, s_desc, ring, s_ring, bar, slot, local, pid, programs, live, K_STEPS: gl.constexpr,
                    BN: gl.constexpr):
+        """TMA copies of one phase's item `local` (its tile, taken round robin, and K step) into `slot`."""
         tile = pid + (local // K_STEPS) * programs
         step = local % K_STEPS
         tma.async_copy_global_to_shared(w_desc, [tile * BN, step * _STEP_WORDS], bar, ring.index(slot), pred=live)
@@ -244,8 +245,9 @@ def fits_resident(config: dict) -> bool:
 
 def layer_kernel_timings(config: dict, weights: dict, inputs: dict, refs: dict) -> dict:
     """The layer's four GEMVs in one persistent kernel (_ring_layer), chained over LAYERS copies, with and without
-    its grid barriers, against the same config as four separate ring kernels (on ready x, as the kernel reads it);
-    each shape's output checked against its reference on the first copy."""
+    its grid barriers, with PIPE and in READ mode, against the same config as four separate ring kernels (on ready x,
+    as the kernel reads it) and their reads; each shape's output checked against its reference on the first copy,
+    with and without PIPE."""
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
 
     label = f"{config['R']}:{config['STAGES']}:{config['per_sm']}"
@@ -283,7 +285,8 @@ def layer_kernel_timings(config: dict, weights: dict, inputs: dict, refs: dict) 
         row["rel_err"] = {name: float(((outs[name] - refs[name]).norm() / refs[name].norm()).item())
                           for name in LAYER_ORDER}
         row["one_kernel_us"] = round(graph_us(lambda: [launch(i) for i in range(LAYERS)]) / LAYERS, 2)
-        outs["o"].zero_()
+        for out in outs.values():                      # PIPE's check sees only what PIPE writes
+            out.zero_()
         launch(0, pipe=True)
         torch.cuda.synchronize()
         row["pipe_rel_err"] = {name: float(((outs[name] - refs[name]).norm() / refs[name].norm()).item())
