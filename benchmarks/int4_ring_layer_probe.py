@@ -308,6 +308,22 @@ def layer_kernel_timings(config: dict, weights: dict, inputs: dict, refs: dict) 
     return row
 
 
+def layer_ratios(row: dict, per_layer: dict) -> dict:
+    """A layer-kernel row's times against XHALF's chain and the four separate kernels, and the copy-rate fraction of
+    its read (the bytes' floor over it); only those the row holds."""
+    xhalf = per_layer["xhalf_chained_layer"]
+    quotients = {"one_kernel_over_xhalf": ("one_kernel_us", xhalf),
+                 "one_kernel_no_barriers_over_xhalf": ("one_kernel_no_barriers_us", xhalf),
+                 "separate_kernels_over_xhalf": ("separate_kernels_us", xhalf),
+                 "one_kernel_over_separate_kernels": ("one_kernel_us", row.get("separate_kernels_us"))}
+    ratios = {name: round(row[key] / against, 3) for name, (key, against) in quotients.items()
+              if key in row and against}
+    read = row.get("one_kernel_read_no_barriers_us")
+    if read:
+        ratios["floor_over_read_no_barriers"] = round(per_layer["int4_floor"] / read, 3)
+    return ratios
+
+
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-ring-layer-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="R:STAGES:PER_SM, comma-separated")
@@ -325,7 +341,9 @@ def main(argv=None) -> int:
                    for name in SHAPES) / (copy_GBps * 1e9) * 1e6
     rows = [layer_kernel_timings(parse_layer_config(spec), weights, inputs, refs) for spec in args.configs.split(",")]
     per_layer = {"int4_floor": round(floor_us, 2), "xhalf_chained_layer": xhalf_layer_us(weights, inputs)}
-    print("us per layer:", per_layer)
+    for row in rows:
+        row["ratios"] = layer_ratios(row, per_layer)
+    print("us per layer:", per_layer, [row.get("ratios") for row in rows])
     checks = [{"name": f"layer kernel {r['config']} {name}: within 1e-2 of the dequantized reference",
                "value": err, "op": "<=", "target": 1e-2, "passed": err <= 1e-2}
               for r in rows for key in ("rel_err", "pipe_rel_err") if key in r for name, err in r[key].items()]

@@ -397,6 +397,7 @@ def main(argv=None) -> int:
         if timed:
             best = min(timed, key=lambda c: c["gemv_with_prepare_us"])
             row["best"], row["best_gemv_with_prepare_us"] = best["config"], best["gemv_with_prepare_us"]
+            row["best_over_xhalf"] = round(best["gemv_with_prepare_us"] / row["xhalf_with_prepare_us"], 3)
         print(name, {key: value for key, value in row.items() if key != "configs"}, flush=True)
         rows_out.append(row)
 
