@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from int4_stream_probe import chained_us, graph_us, lacks_cuda, probe_parser  # noqa: E402
+from int4_stream_probe import graph_us, lacks_cuda, probe_parser  # noqa: E402
 
 from tierllm.kernels._dispatch import HAS_TRITON  # noqa: E402
 from tierllm.kernels.int4_prepared_x import HALF_CHUNK  # noqa: E402
@@ -163,7 +163,7 @@ if HAS_TRITON:
         v = tl.where(newest, tl.load(vc_ptr + at, mask=newest, other=0.0, cache_modifier=".cg"), v)
         q = tl.load(q_ptr + head * HD + dims, cache_modifier=".cg").to(tl.float32)
         m = tl.full([], float("-inf"), tl.float32)
-        l = tl.zeros([], tl.float32)
+        total = tl.zeros([], tl.float32)
         acc = tl.zeros([HD], tl.float32)
         for t0 in range(start, end, TILE):
             s = tl.sum(q[None, :] * k.to(tl.float32), axis=1) * scale                           # [TILE]
@@ -171,7 +171,7 @@ if HAS_TRITON:
             m_new = tl.maximum(m, tl.max(s, axis=0))
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new)
-            l = l * alpha + tl.sum(p, axis=0)
+            total = total * alpha + tl.sum(p, axis=0)
             acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
             m = m_new
             pos = t0 + TILE + tl.arange(0, TILE)                                              # the next tile
@@ -183,7 +183,7 @@ if HAS_TRITON:
         part = head * S + split
         tl.store(part_acc_ptr + part * HD + dims, acc)
         tl.store(part_ml_ptr + part * 2, m)
-        tl.store(part_ml_ptr + part * 2 + 1, l)
+        tl.store(part_ml_ptr + part * 2 + 1, total)
 
     @triton.jit
     def _merge_to_half(part_acc_ptr, part_ml_ptr, half_ptr, word_ptr, head, S: tl.constexpr, HD: tl.constexpr):
@@ -191,9 +191,9 @@ if HAS_TRITON:
         written in int4_prepared_x's half layout at the head's runs (_prepare_x_half_kernel's arithmetic)."""
         part = head * S + tl.arange(0, S)
         m = tl.load(part_ml_ptr + part * 2, cache_modifier=".cg")
-        l = tl.load(part_ml_ptr + part * 2 + 1, cache_modifier=".cg")
-        weight = tl.where(l > 0, tl.exp(m - tl.max(m, axis=0)), 0.0)
-        total = tl.sum(weight * l, axis=0)
+        sums = tl.load(part_ml_ptr + part * 2 + 1, cache_modifier=".cg")
+        weight = tl.where(sums > 0, tl.exp(m - tl.max(m, axis=0)), 0.0)
+        total = tl.sum(weight * sums, axis=0)
         dims = tl.arange(0, HD)
         acc = tl.load(part_acc_ptr + part[:, None] * HD + dims[None, :], cache_modifier=".cg")
         x = (tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)).to(tl.bfloat16).to(tl.float32)
@@ -458,8 +458,8 @@ def gpu_main(args) -> int:
         references.setdefault("v", layer["v_cache"].view(-1, rows)[slot].clone())
         timed = {"held_qkv": ":".join(map(str, held))}
         residuals = [lay["residual"].clone() for lay in state["layers"]]
-        timed["us_per_layer"] = round(graph_us(lambda: [chain_layer(i, held, residuals[i]) for i in range(LAYERS)])
-                                      / LAYERS, 2)
+        timed["us_per_layer"] = round(graph_us(lambda held=held, residuals=residuals: [
+            chain_layer(i, held, residuals[i]) for i in range(LAYERS)]) / LAYERS, 2)
         results["chain"].append(timed)
         print("chain", timed, flush=True)
     chain_best = min(row["us_per_layer"] for row in results["chain"])
