@@ -53,7 +53,7 @@ SPIN_LIMIT = 1 << 20
 # at most 2 programs of 4 warps fit an SM.
 CONFIGS = ["8:2:8:8:1:16:4", "8:2:16:8:1:16:4", "8:2:8:12:1:16:4", "4:4:8:8:1:16:2", "8:2:32:8:1:16:4",
            "2:8:8:8:1:16:1"]
-HELD_QKV = [(2, 1, 12), (1, 1, 16), (4, 2, 4), (2, 1, 8)]          # (BLOCK_N, warps, per SM) tried for the chain
+HELD_QKV = [(2, 1, 12), (2, 1, 16), (4, 2, 4), (2, 1, 8)]          # (BLOCK_N, warps, per SM) tried for the chain
 
 KIND_Q, KIND_A, KIND_M, KIND_O, KIND_NONE = 0, 1, 2, 3, 4
 
