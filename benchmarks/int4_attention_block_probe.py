@@ -6,8 +6,8 @@ Why: in session 43's timeline this block takes ~23 us of a 51 us int4 layer (qkv
 preparing kernel 1.0, o 4.5) against ~11 us for its bytes at the copy rate (qkv 28.3 MB, o 9.4 MB, a 544-token
 KV cache 8.9 MB): every kernel boundary drains the memory system while the next kernel waits for all of the one
 before. But head h's attention needs only head h's q, k and v rows, and o's x is ready once every head is merged.
-Here one kernel runs a static schedule of items, round robin over its programs (all resident), in an order where
-every item's inputs come from earlier items:
+Here one kernel's programs claim items from a queue (an atomic counter), two ahead, in an order where every item's
+inputs come from earlier items (so a program that waits, waits on items already claimed by running programs):
   stage t (0 <= t < H + LAG + MLAG): head t's QKV row blocks (rows of q, k and v of head t, rotated and cached as
   the engine's HELD epilogue does), then head t - LAG's S attention splits (each waits until head t - LAG's rows
   are all written; its first KV tile is loaded before that wait), then head t - LAG - MLAG's merge (waits for its
@@ -51,8 +51,8 @@ SPIN_LIMIT = 1 << 20
 # BN (rows per GEMV item) : programs per SM : S (splits per head) : LAG : MLAG (stages, module doc) : TILE (keys per
 # attention tile) : warps. Offline (Triton 3.6, sm90) the kernel takes 230-250 registers a thread at 1-4 warps, so
 # at most 2 programs of 4 warps fit an SM.
-CONFIGS = ["8:2:8:8:1:16:4", "8:2:16:8:1:16:4", "8:2:8:12:1:16:4", "4:4:8:8:1:16:2", "8:2:32:8:1:16:4",
-           "2:8:8:8:1:16:1"]
+CONFIGS = ["8:2:32:2:1:16:4", "8:2:32:4:1:16:4", "8:2:16:2:1:16:4", "4:4:32:2:1:16:2", "2:8:32:2:1:16:1",
+           "2:8:32:4:1:16:1", "8:2:32:2:1:32:4"]
 HELD_QKV = [(2, 1, 12), (2, 1, 16), (4, 2, 4), (2, 1, 8)]          # (BLOCK_N, warps, per SM) tried for the chain
 
 KIND_Q, KIND_A, KIND_M, KIND_O, KIND_NONE = 0, 1, 2, 3, 4
@@ -123,15 +123,26 @@ if HAS_TRITON:
                 tl.sum(tl.sum(tl.load(xp_ptr + run_at + 1, cache_modifier=".cg"), axis=3), axis=0))
 
     @triton.jit
-    def _wait_for(counter_ptr, target, error_ptr):
-        """Poll counter_ptr (acquire) until it reaches target; past SPIN_LIMIT polls count an error and go on."""
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    def _poll(counter_ptr, EMULATE: tl.constexpr):
+        """The counter's value, read with acquire semantics: a plain load after a short sleep on the GPU (atomics
+        from every waiting program queue on the counter's L2 line ahead of the adds that release them), an atomic
+        in the interpreter (no inline PTX there)."""
+        if EMULATE:
+            return tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        return tl.inline_asm_elementwise("nanosleep.u32 32;\n ld.acquire.gpu.global.b32 $0, [$1];", "=r,l",
+                                         [counter_ptr], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def _wait_for(counter_ptr, target, error_ptr, EMULATE: tl.constexpr):
+        """Poll counter_ptr until it reaches target; past SPIN_LIMIT polls count an error and go on."""
+        seen = _poll(counter_ptr, EMULATE)
         polls = 0
         while (seen < target) & (polls < _SPIN_LIMIT):
-            seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+            seen = _poll(counter_ptr, EMULATE)
             polls += 1
         if seen < target:
             tl.atomic_add(error_ptr, 1, sem="relaxed", scope="gpu")
+        tl.debug_barrier()
 
     @triton.jit
     def _signal(counter_ptr):
@@ -142,7 +153,7 @@ if HAS_TRITON:
     @triton.jit
     def _split_attention(q_ptr, kc_ptr, vc_ptr, bt_ptr, context_len, part_acc_ptr, part_ml_ptr, head, split, scale,
                          counter_ptr, target, error_ptr, S: tl.constexpr, HD: tl.constexpr, KV_ROWS: tl.constexpr,
-                         BS: tl.constexpr, TILE: tl.constexpr):
+                         BS: tl.constexpr, TILE: tl.constexpr, EMULATE: tl.constexpr):
         """Head `head`'s split `split` of S (flash decoding, one query row, as decode_attention's split kernel):
         its first tile's keys and values of earlier steps before waiting for the head's QKV rows, the rest after;
         partial output [HD] and (max, sum) to part_acc_ptr, part_ml_ptr."""
@@ -157,7 +168,7 @@ if HAS_TRITON:
         settled = (valid & (pos < context_len - 1))[:, None]
         k = tl.load(kc_ptr + at, mask=settled, other=0.0, cache_modifier=".cg")
         v = tl.load(vc_ptr + at, mask=settled, other=0.0, cache_modifier=".cg")
-        _wait_for(counter_ptr, target, error_ptr)
+        _wait_for(counter_ptr, target, error_ptr, EMULATE)
         newest = (valid & (pos == context_len - 1))[:, None]
         k = tl.where(newest, tl.load(kc_ptr + at, mask=newest, other=0.0, cache_modifier=".cg"), k)
         v = tl.where(newest, tl.load(vc_ptr + at, mask=newest, other=0.0, cache_modifier=".cg"), v)
@@ -218,29 +229,39 @@ if HAS_TRITON:
     @triton.jit
     def _attention_block_kernel(xq_ptr, w_ptr, s_ptr, mn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, qkv_ptr,
                                 bt_ptr, context_len_ptr, part_acc_ptr, part_ml_ptr, xo_ptr, xo_half_ptr, y_ptr,
-                                counters_ptr, scale, programs, H: tl.constexpr, HD: tl.constexpr, G: tl.constexpr,
+                                counters_ptr, scale, limit, H: tl.constexpr, HD: tl.constexpr, G: tl.constexpr,
                                 BN: tl.constexpr, S: tl.constexpr, LAG: tl.constexpr, MLAG: tl.constexpr,
                                 BS: tl.constexpr, TILE: tl.constexpr, EMULATE: tl.constexpr = False,
                                 PDL: tl.constexpr = True):
         """The module doc's schedule. counters_ptr: [H] heads' QKV blocks written, [H] heads' splits written, the
-        heads merged, the errors (zero before the launch). w_ptr, s_ptr, mn_ptr: the stacked weight [4 * H * HD
-        rows] (q, k, v, o); y_ptr: the residual (bf16), o's output added into it."""
+        heads merged, the errors, the queue's next item (zero before the launch). w_ptr, s_ptr, mn_ptr: the stacked
+        weight [4 * H * HD rows] (q, k, v, o); y_ptr: the residual (bf16), o's output added into it."""
         QROWS: tl.constexpr = H * HD
         NQH: tl.constexpr = 3 * HD // BN
         TOTAL: tl.constexpr = (H + LAG + MLAG) * (NQH + S + 1) + QROWS // BN
         error_ptr = counters_ptr + 2 * H + 1
+        queue_ptr = counters_ptr + 2 * H + 2
         if PDL:
             gdc_launch_dependents()
-        i = tl.program_id(0)
+        # items are claimed from the queue, two ahead of the one being worked on: a program slowed by one item
+        # (an attention split, a wait) takes fewer, and the claim's round trip hides behind an item's work
+        i = tl.atomic_add(queue_ptr, 1, sem="relaxed", scope="gpu")
+        nxt = tl.atomic_add(queue_ptr, 1, sem="relaxed", scope="gpu")
         kind, head, sub = _item(i, H, NQH, S, LAG, MLAG)
         rows = _gemv_rows(kind, head, sub, BN, HD, QROWS)
-        words, w_scale, low = _weight_loads(w_ptr, s_ptr, mn_ptr, rows, (kind == 0) | (kind == 3), G)
+        words, w_scale, low = _weight_loads(w_ptr, s_ptr, mn_ptr, rows, ((kind == 0) | (kind == 3)) & (i < TOTAL), G)
         slot = tl.load(slot_ptr)
         context_len = tl.load(context_len_ptr)
         if PDL:
             gdc_wait()
-        for _ in range(tl.program_id(0), TOTAL, programs):
-            nxt = i + programs
+        # a for loop of at most `limit` items (Triton 3.6 fails to compile this body in a while loop): items still
+        # claimed past it count as errors, and programs waiting on them run out their polls
+        for _ in range(0, limit):
+            more = nxt < TOTAL
+            after = tl.atomic_add(queue_ptr, 1, sem="relaxed", scope="gpu", mask=more)
+            after = tl.where(more, after, TOTAL)
+            kind = tl.where(i < TOTAL, kind, 4)
+            rows = _gemv_rows(kind, head, sub, BN, HD, QROWS)
             n_kind, n_head, n_sub = _item(nxt, H, NQH, S, LAG, MLAG)
             n_rows = _gemv_rows(n_kind, n_head, n_sub, BN, HD, QROWS)
             n_words, n_scale, n_low = _weight_loads(w_ptr, s_ptr, mn_ptr, n_rows,
@@ -254,27 +275,38 @@ if HAS_TRITON:
                 _signal(counters_ptr + head)
             elif kind == 1:                     # split `sub` of head `head`
                 _split_attention(qkv_ptr, kc_ptr, vc_ptr, bt_ptr, context_len, part_acc_ptr, part_ml_ptr, head, sub,
-                                 scale, counters_ptr + head, NQH, error_ptr, S, HD, QROWS, BS, TILE)
+                                 scale, counters_ptr + head, NQH, error_ptr, S, HD, QROWS, BS, TILE, EMULATE)
                 _signal(counters_ptr + H + head)
             elif kind == 2:                     # head `head` merged into o's x
-                _wait_for(counters_ptr + H + head, S, error_ptr)
+                _wait_for(counters_ptr + H + head, S, error_ptr, EMULATE)
                 _merge_to_half(part_acc_ptr, part_ml_ptr, xo_half_ptr, xo_ptr, head, S, HD)
                 _signal(counters_ptr + 2 * H)
             elif kind == 3:                     # o's rows into the residual, once every head is merged
-                _wait_for(counters_ptr + 2 * H, H, error_ptr)
+                _wait_for(counters_ptr + 2 * H, H, error_ptr, EMULATE)
                 o0, o1, o2, o3, o_factor, o_sum = _x_planes(xo_ptr, G, False)
                 acc = _block_dot(words, w_scale, low, o0, o1, o2, o3, o_factor, o_sum, EMULATE)
                 out_rows = rows - 3 * QROWS
                 total = acc + tl.load(y_ptr + out_rows).to(tl.float32)
                 tl.store(y_ptr + out_rows, total.to(tl.bfloat16))
             i = nxt
-            kind, head, sub, rows = n_kind, n_head, n_sub, n_rows
+            nxt = after
+            kind, head, sub = n_kind, n_head, n_sub
             words, w_scale, low = n_words, n_scale, n_low
+        if i < TOTAL:
+            tl.atomic_add(error_ptr, 1 + (nxt < TOTAL).to(tl.int32), sem="relaxed", scope="gpu")
 
 
 def parse_config(spec: str) -> dict:
     bn, per_sm, splits, lag, mlag, tile, warps = map(int, spec.split(":"))
     return {"BN": bn, "per_sm": per_sm, "S": splits, "LAG": lag, "MLAG": mlag, "TILE": tile, "warps": warps}
+
+
+def item_limit(config: dict, heads: int, programs: int) -> int:
+    """The kernel's bound on items per program: four times the mean, plus some (the schedule's items over the
+    programs; a program past it would leave items undone, which the kernel counts as errors)."""
+    per_head = 3 * HEAD_DIM // config["BN"] + config["S"] + 1
+    total = (heads + config["LAG"] + config["MLAG"]) * per_head + heads * HEAD_DIM // config["BN"]
+    return 4 * -(-total // programs) + 8
 
 
 def stacked_weights(heads: int, k: int, count: int, gen: torch.Generator, device) -> list[dict]:
@@ -321,8 +353,9 @@ def fused_launch(xq: torch.Tensor, w: dict, state: dict, layer: dict, y: torch.T
     _attention_block_kernel[(programs,)](
         xq, w["qweight"], w["scales"], w["mins"], state["cos"], state["sin"], layer["k_cache"], layer["v_cache"],
         state["slot"], layer["qkv"], state["table"], state["context_len"], scratch["part_acc"], scratch["part_ml"],
-        scratch["xo"], scratch["xo"].view(torch.float16), y, counters, 1.0 / math.sqrt(HEAD_DIM), programs,
-        H=heads, HD=HEAD_DIM, G=k // GROUP, BN=config["BN"], S=config["S"], LAG=config["LAG"], MLAG=config["MLAG"],
+        scratch["xo"], scratch["xo"].view(torch.float16), y, counters, 1.0 / math.sqrt(HEAD_DIM),
+        item_limit(config, heads, programs), H=heads,
+        HD=HEAD_DIM, G=k // GROUP, BN=config["BN"], S=config["S"], LAG=config["LAG"], MLAG=config["MLAG"],
         BS=BLOCK_SIZE, TILE=config["TILE"], EMULATE=emulate, PDL=pdl, num_warps=config["warps"], **options)
 
 
@@ -477,7 +510,7 @@ def gpu_main(args) -> int:
                 state["layers"][0]["k_cache"], state["layers"][0]["v_cache"], state["slot"],
                 state["layers"][0]["qkv"], state["table"], state["context_len"], scratch["part_acc"],
                 scratch["part_ml"], scratch["xo"], scratch["xo"].view(torch.float16), references["y"], counters,
-                0.1, 1, H=heads, HD=HEAD_DIM, G=k // GROUP, BN=config["BN"], S=config["S"], LAG=config["LAG"],
+                0.1, 8, H=heads, HD=HEAD_DIM, G=k // GROUP, BN=config["BN"], S=config["S"], LAG=config["LAG"],
                 MLAG=config["MLAG"], BS=BLOCK_SIZE, TILE=config["TILE"], EMULATE=False, num_warps=config["warps"],
                 grid=(1,))
             compiled._init_handles()
