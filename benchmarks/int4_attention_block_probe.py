@@ -51,8 +51,8 @@ SPIN_LIMIT = 1 << 20
 # BN (rows per GEMV item) : programs per SM : S (splits per head) : LAG : MLAG (stages, module doc) : TILE (keys per
 # attention tile) : warps. Offline (Triton 3.6, sm90) the kernel takes 230-250 registers a thread at 1-4 warps, so
 # at most 2 programs of 4 warps fit an SM.
-CONFIGS = ["8:2:32:2:1:16:4", "8:2:32:4:1:16:4", "8:2:16:2:1:16:4", "4:4:32:2:1:16:2", "2:8:32:2:1:16:1",
-           "2:8:32:4:1:16:1", "8:2:32:2:1:32:4"]
+CONFIGS = ["8:2:32:8:1:16:4:s", "8:2:32:8:1:16:4:sr", "8:2:32:4:1:16:4", "8:2:32:4:1:16:4:r",
+           "2:8:32:8:1:16:1:s", "2:8:32:8:1:16:1:sr", "2:8:32:4:1:16:1:r"]
 HELD_QKV = [(2, 1, 12), (2, 1, 16), (4, 2, 4), (2, 1, 8)]          # (BLOCK_N, warps, per SM) tried for the chain
 
 KIND_Q, KIND_A, KIND_M, KIND_O, KIND_NONE = 0, 1, 2, 3, 4
@@ -145,10 +145,15 @@ if HAS_TRITON:
         tl.debug_barrier()
 
     @triton.jit
-    def _signal(counter_ptr):
-        """This program's stores before it, then counter_ptr += 1 (release)."""
+    def _signal(counter_ptr, RELAXED: tl.constexpr):
+        """This program's stores before it, then counter_ptr += 1 (release: its fence also waits for the loads in
+        flight, the next item's weights among them). RELAXED, a diagnostic: no fence, so the count may be seen
+        before the stores (what the signals cost the pipeline; its outputs are checked all the same)."""
         tl.debug_barrier()
-        tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+        if RELAXED:
+            tl.atomic_add(counter_ptr, 1, sem="relaxed", scope="gpu")
+        else:
+            tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
 
     @triton.jit
     def _split_attention(q_ptr, kc_ptr, vc_ptr, bt_ptr, context_len, part_acc_ptr, part_ml_ptr, head, split, scale,
@@ -229,10 +234,12 @@ if HAS_TRITON:
     @triton.jit
     def _attention_block_kernel(xq_ptr, w_ptr, s_ptr, mn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, qkv_ptr,
                                 bt_ptr, context_len_ptr, part_acc_ptr, part_ml_ptr, xo_ptr, xo_half_ptr, y_ptr,
-                                counters_ptr, scale, limit, H: tl.constexpr, HD: tl.constexpr, G: tl.constexpr,
-                                BN: tl.constexpr, S: tl.constexpr, LAG: tl.constexpr, MLAG: tl.constexpr,
+                                counters_ptr, scale, limit, programs, H: tl.constexpr, HD: tl.constexpr,
+                                G: tl.constexpr, BN: tl.constexpr, S: tl.constexpr, LAG: tl.constexpr,
+                                MLAG: tl.constexpr,
                                 BS: tl.constexpr, TILE: tl.constexpr, EMULATE: tl.constexpr = False,
-                                PDL: tl.constexpr = True):
+                                PDL: tl.constexpr = True, STATIC: tl.constexpr = False,
+                                RELAXED: tl.constexpr = False):
         """The module doc's schedule. counters_ptr: [H] heads' QKV blocks written, [H] heads' splits written, the
         heads merged, the errors, the queue's next item (zero before the launch). w_ptr, s_ptr, mn_ptr: the stacked
         weight [4 * H * HD rows] (q, k, v, o); y_ptr: the residual (bf16), o's output added into it."""
@@ -245,8 +252,12 @@ if HAS_TRITON:
             gdc_launch_dependents()
         # items are claimed from the queue, two ahead of the one being worked on: a program slowed by one item
         # (an attention split, a wait) takes fewer, and the claim's round trip hides behind an item's work
-        i = tl.atomic_add(queue_ptr, 1, sem="relaxed", scope="gpu")
-        nxt = tl.atomic_add(queue_ptr, 1, sem="relaxed", scope="gpu")
+        if STATIC:                              # round robin over the programs instead: items p, p + P, ...
+            i = tl.program_id(0)
+            nxt = i + programs
+        else:
+            i = tl.atomic_add(queue_ptr, 1, sem="relaxed", scope="gpu")
+            nxt = tl.atomic_add(queue_ptr, 1, sem="relaxed", scope="gpu")
         kind, head, sub = _item(i, H, NQH, S, LAG, MLAG)
         rows = _gemv_rows(kind, head, sub, BN, HD, QROWS)
         words, w_scale, low = _weight_loads(w_ptr, s_ptr, mn_ptr, rows, ((kind == 0) | (kind == 3)) & (i < TOTAL), G)
@@ -258,8 +269,11 @@ if HAS_TRITON:
         # claimed past it count as errors, and programs waiting on them run out their polls
         for _ in range(0, limit):
             more = nxt < TOTAL
-            after = tl.atomic_add(queue_ptr, 1, sem="relaxed", scope="gpu", mask=more)
-            after = tl.where(more, after, TOTAL)
+            if STATIC:
+                after = nxt + programs
+            else:
+                after = tl.atomic_add(queue_ptr, 1, sem="relaxed", scope="gpu", mask=more)
+                after = tl.where(more, after, TOTAL)
             kind = tl.where(i < TOTAL, kind, 4)
             rows = _gemv_rows(kind, head, sub, BN, HD, QROWS)
             n_kind, n_head, n_sub = _item(nxt, H, NQH, S, LAG, MLAG)
@@ -272,15 +286,15 @@ if HAS_TRITON:
                 c, s = _rotary_tables(cos_ptr, sin_ptr, rows, HD // 2)
                 _rotary_store(acc.to(tl.bfloat16), rows, rows < 3 * QROWS, c, s, qkv_ptr, kc_ptr, vc_ptr, slot,
                               QROWS, QROWS, HD // 2, EMULATE)
-                _signal(counters_ptr + head)
+                _signal(counters_ptr + head, RELAXED)
             elif kind == 1:                     # split `sub` of head `head`
                 _split_attention(qkv_ptr, kc_ptr, vc_ptr, bt_ptr, context_len, part_acc_ptr, part_ml_ptr, head, sub,
                                  scale, counters_ptr + head, NQH, error_ptr, S, HD, QROWS, BS, TILE, EMULATE)
-                _signal(counters_ptr + H + head)
+                _signal(counters_ptr + H + head, RELAXED)
             elif kind == 2:                     # head `head` merged into o's x
                 _wait_for(counters_ptr + H + head, S, error_ptr, EMULATE)
                 _merge_to_half(part_acc_ptr, part_ml_ptr, xo_half_ptr, xo_ptr, head, S, HD)
-                _signal(counters_ptr + 2 * H)
+                _signal(counters_ptr + 2 * H, RELAXED)
             elif kind == 3:                     # o's rows into the residual, once every head is merged
                 _wait_for(counters_ptr + 2 * H, H, error_ptr, EMULATE)
                 o0, o1, o2, o3, o_factor, o_sum = _x_planes(xo_ptr, G, False)
@@ -297,8 +311,11 @@ if HAS_TRITON:
 
 
 def parse_config(spec: str) -> dict:
-    bn, per_sm, splits, lag, mlag, tile, warps = map(int, spec.split(":"))
-    return {"BN": bn, "per_sm": per_sm, "S": splits, "LAG": lag, "MLAG": mlag, "TILE": tile, "warps": warps}
+    """BN:PER_SM:S:LAG:MLAG:TILE:WARPS[:FLAGS]; FLAGS: "s" STATIC (round robin, no queue), "r" RELAXED."""
+    bn, per_sm, splits, lag, mlag, tile, warps, *flags = spec.split(":")
+    flags = flags[0] if flags else ""
+    return {"BN": int(bn), "per_sm": int(per_sm), "S": int(splits), "LAG": int(lag), "MLAG": int(mlag),
+            "TILE": int(tile), "warps": int(warps), "static": "s" in flags, "relaxed": "r" in flags}
 
 
 def item_limit(config: dict, heads: int, programs: int) -> int:
@@ -306,7 +323,7 @@ def item_limit(config: dict, heads: int, programs: int) -> int:
     programs; a program past it would leave items undone, which the kernel counts as errors)."""
     per_head = 3 * HEAD_DIM // config["BN"] + config["S"] + 1
     total = (heads + config["LAG"] + config["MLAG"]) * per_head + heads * HEAD_DIM // config["BN"]
-    return 4 * -(-total // programs) + 8
+    return (1 if config["static"] else 4) * -(-total // programs) + (0 if config["static"] else 8)
 
 
 def stacked_weights(heads: int, k: int, count: int, gen: torch.Generator, device) -> list[dict]:
@@ -354,9 +371,10 @@ def fused_launch(xq: torch.Tensor, w: dict, state: dict, layer: dict, y: torch.T
         xq, w["qweight"], w["scales"], w["mins"], state["cos"], state["sin"], layer["k_cache"], layer["v_cache"],
         state["slot"], layer["qkv"], state["table"], state["context_len"], scratch["part_acc"], scratch["part_ml"],
         scratch["xo"], scratch["xo"].view(torch.float16), y, counters, 1.0 / math.sqrt(HEAD_DIM),
-        item_limit(config, heads, programs), H=heads,
+        item_limit(config, heads, programs), programs, H=heads,
         HD=HEAD_DIM, G=k // GROUP, BN=config["BN"], S=config["S"], LAG=config["LAG"], MLAG=config["MLAG"],
-        BS=BLOCK_SIZE, TILE=config["TILE"], EMULATE=emulate, PDL=pdl, num_warps=config["warps"], **options)
+        BS=BLOCK_SIZE, TILE=config["TILE"], EMULATE=emulate, PDL=pdl, STATIC=config["static"],
+        RELAXED=config["relaxed"], num_warps=config["warps"], **options)
 
 
 def block_reference(xq_raw: torch.Tensor, w: dict, state: dict, layer: dict, heads: int) -> tuple:
@@ -510,9 +528,9 @@ def gpu_main(args) -> int:
                 state["layers"][0]["k_cache"], state["layers"][0]["v_cache"], state["slot"],
                 state["layers"][0]["qkv"], state["table"], state["context_len"], scratch["part_acc"],
                 scratch["part_ml"], scratch["xo"], scratch["xo"].view(torch.float16), references["y"], counters,
-                0.1, 8, H=heads, HD=HEAD_DIM, G=k // GROUP, BN=config["BN"], S=config["S"], LAG=config["LAG"],
-                MLAG=config["MLAG"], BS=BLOCK_SIZE, TILE=config["TILE"], EMULATE=False, num_warps=config["warps"],
-                grid=(1,))
+                0.1, 8, 1, H=heads, HD=HEAD_DIM, G=k // GROUP, BN=config["BN"], S=config["S"], LAG=config["LAG"],
+                MLAG=config["MLAG"], BS=BLOCK_SIZE, TILE=config["TILE"], EMULATE=False, STATIC=config["static"],
+                RELAXED=config["relaxed"], num_warps=config["warps"], grid=(1,))
             compiled._init_handles()
             fits = programs_per_sm(compiled.n_regs, compiled.metadata.shared, config["warps"])
             per_sm = min(config["per_sm"], fits)
