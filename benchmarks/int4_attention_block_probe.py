@@ -21,7 +21,12 @@ Against: the engine's chain at decode's kernels, per layer with PDL in a CUDA gr
 epilogue (the best of a few configs), paged_decode_attention (split and merge), XHALF o with its preparing kernel
 into the residual (xhalf_epilogue_probe's decode pick). Both read the same prepared QKV x (its preparing kernel is
 outside the block in both) and LAYERS copies of weights and KV caches, so that they miss L2. Outputs are checked
-against the chain's (the residual after o, the cached k and v).
+against the chain's (o's output, the cached k and v).
+
+Measured on an H200 (benchmarks/notes/gpu-decode.md, session 45): 56-69 us per layer round robin, 108-138 with the
+queue, against 24.7-25.0 for the chain (the block's bytes at the copy rate: 10.9). Without waits its items take 50
+us, its QKV items alone 17.9: one loop holding every item kind takes 166-250 registers a thread, so too few weight
+bytes are in flight, and the waits add ~19 us.
 
     python benchmarks/int4_attention_block_probe.py [--configs BN:PER_SM:S:LAG:MLAG:TILE:WARPS,...] [--out PATH]
     TRITON_INTERPRET=1 python benchmarks/int4_attention_block_probe.py --cpu-check     (one program, small shapes)
