@@ -23,8 +23,11 @@ Timed per config, each chained COPIES times in a CUDA graph with PDL over weight
 - gemv_raw_x_us (one-warp programs where K is two steps): RAW_X, x's planes computed inside the GEMV from bf16 x
   (each lane holds its groups' 64 values, so a run needs no other lane): no preparing kernel;
 - gemv_with_prepare_us: each launch after its x-preparing kernel, as the graph tuner times the engine's GEMVs.
-And as a decode layer: o, gate/up, down, qkv (each after its preparing kernel) over LAYERS copies, for the XHALF
-GEMV at decode's picks (xhalf_epilogue_probe.SHAPES), each shape's fastest ring config, and RAW_X where it applies.
+Beside them, in the same run, the engine's HELD kernel (int4_held_x.py, its pick for gate/up and qkv at batch 1) at
+every config of its list, with its preparing kernel, where K fits it (not down). And as a decode layer: o, gate/up,
+down, qkv (each after its preparing kernel) over LAYERS copies, for the XHALF GEMV at decode's picks
+(xhalf_epilogue_probe.SHAPES), the faster alone of HELD's best and XHALF per shape (as the engine's step tuner
+would pick), each shape's fastest ring config, and RAW_X where it applies.
 
 Measured on an H200 (benchmarks/notes/gpu-decode.md, session 44): the ring asked before the wait saves 2.5-3.7 us
 per GEMV against asking it after, yet each GEMV still runs 1.3-1.9 us above its read, about 1 us of it x's loads
@@ -314,6 +317,55 @@ def xhalf_step(name: str, w: dict, x: torch.Tensor) -> None:
     xhalf_launch(x, w, w["residual"], gated, xconfig, xwarps, not gated, True, True)
 
 
+def held_step(name: str, w: dict, x: torch.Tensor, held: tuple) -> None:
+    """One of a decode layer's GEMVs as the engine's HELD kernel (int4_held_x.py: x held across row blocks; the
+    engine's pick for gate/up and qkv at batch 1) with config held = (BLOCK_N, warps, programs per SM): its preparing
+    kernel, then the GEMV (gate/up gated, o adding into a residual, qkv written: no rotary epilogue, as the ring
+    has none), both with PDL. Not for down (K past HELD_MAX_GROUPS groups)."""
+    from tierllm.kernels.int4_held_x import launch_held
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+
+    n, k = SHAPES[name]
+    gated, residual = name == "gate_up", name == "o"
+    rows = n // 2 if gated else n
+    if "held_out" not in w:
+        w["held_out"] = torch.zeros(1, rows, device="cuda", dtype=torch.bfloat16)
+    out = w["held_out"]
+    bn, warps, per_sm = held
+    launch_held((prepare_x_half_triton(x, pdl=True), w["qweight"], w["scales"], w["mins"], w["scales"], out, rows, k,
+                 w["qweight"].stride(0), w["scales"].stride(0), 1e-6, out, out, out, out, out, 0, 0),
+                {"GROUP": GROUP, "HAS_MINS": True, "HAS_BIAS": False, "NORM": False, "GATED": gated,
+                 "RESIDUAL": residual, "BLOCK_N": bn, "GROUPS_PER_BLOCK": k // GROUP, "PERSIST": per_sm, "EVEN": True,
+                 "ROTARY": 0, "PDL": True, "EMULATE": False, "launch_pdl": True, "num_warps": warps,
+                 "num_stages": 1}, -(-rows // bn), x.device)
+
+
+def held_timings(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor) -> list[dict]:
+    """Every HELD config of the engine's list (int4_held_x.held_configs) on one shape, each checked against the
+    reference (gate/up: SiLU(gate) * up of it) and timed chained with its preparing kernel."""
+    import torch.nn.functional as F
+
+    from tierllm.kernels.int4_held_x import held_configs
+
+    want = F.silu(ref[:ref.numel() // 2]) * ref[ref.numel() // 2:] if name == "gate_up" else ref
+    timings = []
+    for config in held_configs(SHAPES[name][1], GROUP):
+        held = (config.kwargs["BLOCK_N"], config.num_warps, config.kwargs["PERSIST"])
+        entry = {"config": ":".join(map(str, held))}
+        try:
+            w = copies[0]
+            w.pop("held_out", None)                 # o adds into it: start from zeros for the check
+            held_step(name, w, x, held)
+            torch.cuda.synchronize()
+            entry["rel_err"] = float(((w["held_out"][0].float() - want).norm() / want.norm()).item())
+            entry["with_prepare_us"] = round(chained_us(lambda w, held=held: held_step(name, w, x, held), copies), 2)
+        except Exception as error:                   # recorded, the other configs go on
+            entry["error"] = f"{type(error).__name__}: {error}"[:400]
+        timings.append(entry)
+        print(name, "HELD", entry, flush=True)
+    return timings
+
+
 def xhalf_layer_us(weights: dict, inputs: dict) -> float:
     """Microseconds per decode layer of XHALF's four GEMVs (LAYER_ORDER, each after its preparing kernel) chained
     over LAYERS copies in one CUDA graph."""
@@ -362,6 +414,12 @@ def main(argv=None) -> int:
         prepared = prepare_x_half_triton(x)
         row["prepare_us"] = round(chained_us(lambda w, x=x: prepare_x_half_triton(x, pdl=True), copies), 2)
         row["xhalf_with_prepare_us"] = round(chained_us(lambda w, name=name, x=x: xhalf_step(name, w, x), copies), 2)
+        if name != "down":                           # HELD, the engine's loop for gate/up and qkv, in the same run
+            row["held"] = held_timings(name, copies, x, ref)
+            timed_held = [h for h in row["held"] if "with_prepare_us" in h and h["rel_err"] < 1e-2]
+            if timed_held:
+                fastest = min(timed_held, key=lambda h: h["with_prepare_us"])
+                row["held_best"], row["held_best_with_prepare_us"] = fastest["config"], fastest["with_prepare_us"]
         out = torch.zeros(n, device="cuda", dtype=torch.float32)
         for config in configs:
             entry = {"config": ":".join(str(v) for v in config.values())}
@@ -428,14 +486,32 @@ def main(argv=None) -> int:
                 else:
                     xhalf_step(name, weights[name][layer], inputs[name])
 
+    # the engine's choice per shape: the faster alone of HELD's best config and XHALF (as its step tuner picks)
+    engine = {r["shape"]: (tuple(map(int, r["held_best"].split(":")))
+                           if r.get("held_best_with_prepare_us", float("inf")) < r["xhalf_with_prepare_us"] else None)
+              for r in rows_out}
+
+    def engine_layer() -> None:
+        for layer in range(LAYERS):
+            for name in LAYER_ORDER:
+                if engine[name]:
+                    held_step(name, weights[name][layer], inputs[name], engine[name])
+                else:
+                    xhalf_step(name, weights[name][layer], inputs[name])
+
     per_layer = {"int4_floor": round(sum(r["int4_floor_us"] for r in rows_out), 2),
                  "xhalf_alone_sum": round(sum(r["xhalf_with_prepare_us"] for r in rows_out), 2),
-                 "xhalf_chained_layer": xhalf_layer_us(weights, inputs)}
+                 "xhalf_chained_layer": xhalf_layer_us(weights, inputs),
+                 "held_or_xhalf_picks": {name: ":".join(map(str, pick)) if pick else "xhalf"
+                                         for name, pick in engine.items()},
+                 "held_or_xhalf_chained_layer": round(graph_us(engine_layer) / LAYERS, 2)}
     if len(best) == len(SHAPES):
         per_layer["ring_alone_sum"] = round(sum(r["best_gemv_with_prepare_us"] for r in rows_out), 2)
         per_layer["ring_chained_layer"] = round(graph_us(ring_layer) / LAYERS, 2)
         per_layer["ring_over_xhalf_chained"] = round(per_layer["ring_chained_layer"]
                                                      / per_layer["xhalf_chained_layer"], 3)
+        per_layer["ring_over_held_or_xhalf_chained"] = round(per_layer["ring_chained_layer"]
+                                                             / per_layer["held_or_xhalf_chained_layer"], 3)
     if raw_best:
         per_layer["ring_raw_x_chained_layer"] = round(graph_us(raw_layer) / LAYERS, 2)
         per_layer["ring_raw_x_layer_shapes"] = sorted(raw_best)
@@ -444,9 +520,13 @@ def main(argv=None) -> int:
                "value": c[key], "op": "<=", "target": 1e-2, "passed": c[key] <= 1e-2}
               for r in rows_out for c in r["configs"] for key, label in (("rel_err", ""), ("raw_x_rel_err", " RAW_X"))
               if key in c]
+    checks += [{"name": f"{r['shape']} HELD {h['config']}: within 1e-2 of the dequantized reference",
+                "value": h["rel_err"], "op": "<=", "target": 1e-2, "passed": h["rel_err"] <= 1e-2}
+               for r in rows_out for h in r.get("held", []) if "rel_err" in h]
     write_result(args.out, "int4-tma-ring-probe", torch.device("cuda"),
                  {"hbm_copy_GBps(read+write)": round(copy_GBps, 1)},
-                 {"note": "the engine's XHALF GEMV at decode's picks (xhalf_epilogue_probe.SHAPES) in the same run"},
+                 {"note": "the engine's XHALF GEMV at decode's picks (xhalf_epilogue_probe.SHAPES) and its HELD kernel"
+                          " (every config of int4_held_x.held_configs; not for down) in the same run"},
                  {"shapes": rows_out, "per_layer_us": per_layer}, checks,
                  {"copies": COPIES, "layers": LAYERS, "group": GROUP, "pdl": True, "layer_order": LAYER_ORDER})
     print(f"wrote {args.out}")
