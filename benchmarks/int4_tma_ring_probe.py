@@ -29,9 +29,10 @@ down, qkv (each after its preparing kernel) over LAYERS copies, for the XHALF GE
 (xhalf_epilogue_probe.SHAPES), the faster alone of HELD's best and XHALF per shape (as the engine's step tuner
 would pick), each shape's fastest ring config, and RAW_X where it applies.
 
-Measured on an H200 (benchmarks/notes/gpu-decode.md, session 44): the ring asked before the wait saves 2.5-3.7 us
-per GEMV against asking it after, yet each GEMV still runs 1.3-1.9 us above its read, about 1 us of it x's loads
-after the wait; RAW_X is slower than the preparing kernel; chained as a layer the ring is no faster than XHALF.
+Measured on an H200 (benchmarks/notes/gpu-decode.md, sessions 44-45): the ring asked before the wait saves 2.5-3.7
+us per GEMV against asking it after, yet each GEMV still runs 1.3-1.9 us above its read, about 1 us of it x's loads
+after the wait; RAW_X is slower than the preparing kernel; chained as a layer the ring is no faster than XHALF, and
+10% slower than HELD on gate/up and qkv with XHALF on o and down (48.6 against 44.0 us).
 
     python benchmarks/int4_tma_ring_probe.py [--configs R:WARPS:STAGES:PER_SM,...] [--out PATH]
 """
