@@ -6,8 +6,9 @@ Why: in session 43's timeline this block takes ~23 us of a 51 us int4 layer (qkv
 preparing kernel 1.0, o 4.5) against ~11 us for its bytes at the copy rate (qkv 28.3 MB, o 9.4 MB, a 544-token
 KV cache 8.9 MB): every kernel boundary drains the memory system while the next kernel waits for all of the one
 before. But head h's attention needs only head h's q, k and v rows, and o's x is ready once every head is merged.
-Here one kernel's programs claim items from a queue (an atomic counter), two ahead, in an order where every item's
-inputs come from earlier items (so a program that waits, waits on items already claimed by running programs):
+Here one kernel's programs claim items from a queue (an atomic counter), two ahead, or with STATIC take them round
+robin (all programs resident), in an order where every item's inputs come from earlier items (so a program that
+waits, waits on items already taken by running programs):
   stage t (0 <= t < H + LAG + MLAG): head t's QKV row blocks (rows of q, k and v of head t, rotated and cached as
   the engine's HELD epilogue does), then head t - LAG's S attention splits (each waits until head t - LAG's rows
   are all written; its first KV tile is loaded before that wait), then head t - LAG - MLAG's merge (waits for its
@@ -40,7 +41,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from int4_stream_probe import graph_us, lacks_cuda, probe_parser  # noqa: E402
 
@@ -54,13 +54,11 @@ LAYERS = 8
 CONTEXT = 544                    # the 512-token prompt's decode steps
 SPIN_LIMIT = 1 << 20
 # BN (rows per GEMV item) : programs per SM : S (splits per head) : LAG : MLAG (stages, module doc) : TILE (keys per
-# attention tile) : warps. Offline (Triton 3.6, sm90) the kernel takes 230-250 registers a thread at 1-4 warps, so
-# at most 2 programs of 4 warps fit an SM.
+# attention tile) : warps [: flags, parse_config]. Offline (Triton 3.6, sm90) the kernel takes 160-255 registers a
+# thread at 1-4 warps, so at most 2 programs of 4 warps fit an SM.
 CONFIGS = ["2:8:32:8:1:16:1:s", "2:8:32:8:1:16:1:sw", "2:8:32:8:1:16:1:sq", "2:8:32:4:1:16:1",
            "2:8:32:4:1:16:1:w", "2:8:32:4:1:16:1:q", "8:2:32:8:1:16:4:s", "8:2:32:8:1:16:4:sq"]
 HELD_QKV = [(2, 1, 12), (2, 1, 16), (4, 2, 4), (2, 1, 8)]          # (BLOCK_N, warps, per SM) tried for the chain
-
-KIND_Q, KIND_A, KIND_M, KIND_O, KIND_NONE = 0, 1, 2, 3, 4
 
 if HAS_TRITON:
     import triton
@@ -74,7 +72,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _item(i, H: tl.constexpr, NQH: tl.constexpr, S: tl.constexpr, LAG: tl.constexpr, MLAG: tl.constexpr):
-        """Item i of the schedule (module doc) -> (kind, head or o's row block, index within the head's items)."""
+        """Item i of the schedule (module doc) -> (kind: 0 QKV rows, 1 split, 2 merge, 3 o rows, 4 none; the head,
+        or o's row block; the index among the head's items of that kind)."""
         C: tl.constexpr = NQH + S + 1
         NS: tl.constexpr = H + LAG + MLAG
         stage = i // C
@@ -129,9 +128,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _poll(counter_ptr, EMULATE: tl.constexpr):
-        """The counter's value, read with acquire semantics: a plain load after a short sleep on the GPU (atomics
-        from every waiting program queue on the counter's L2 line ahead of the adds that release them), an atomic
-        in the interpreter (no inline PTX there)."""
+        """The counter's value, read with acquire semantics: a plain load after a short sleep on the GPU (so that
+        waiting programs queue no atomics on the counter's line), an atomic in the interpreter (no inline PTX
+        there)."""
         if EMULATE:
             return tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
         return tl.inline_asm_elementwise("nanosleep.u32 32;\n ld.acquire.gpu.global.b32 $0, [$1];", "=r,l",
@@ -242,8 +241,7 @@ if HAS_TRITON:
                                 bt_ptr, context_len_ptr, part_acc_ptr, part_ml_ptr, xo_ptr, xo_half_ptr, y_ptr,
                                 counters_ptr, scale, limit, programs, H: tl.constexpr, HD: tl.constexpr,
                                 G: tl.constexpr, BN: tl.constexpr, S: tl.constexpr, LAG: tl.constexpr,
-                                MLAG: tl.constexpr,
-                                BS: tl.constexpr, TILE: tl.constexpr, EMULATE: tl.constexpr = False,
+                                MLAG: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, EMULATE: tl.constexpr = False,
                                 PDL: tl.constexpr = True, STATIC: tl.constexpr = False,
                                 RELAXED: tl.constexpr = False, NO_WAITS: tl.constexpr = False,
                                 ONLY_Q: tl.constexpr = False):
@@ -333,8 +331,8 @@ def parse_config(spec: str) -> dict:
 
 
 def item_limit(config: dict, heads: int, programs: int) -> int:
-    """The kernel's bound on items per program: four times the mean, plus some (the schedule's items over the
-    programs; a program past it would leave items undone, which the kernel counts as errors)."""
+    """The kernel's bound on items per program: STATIC, its round-robin share; from the queue, four times the mean
+    plus 8 (a program past it would leave claimed items undone, which the kernel counts as errors)."""
     per_head = 3 * HEAD_DIM // config["BN"] + config["S"] + 1
     total = (heads + config["LAG"] + config["MLAG"]) * per_head + heads * HEAD_DIM // config["BN"]
     return (1 if config["static"] else 4) * -(-total // programs) + (0 if config["static"] else 8)

@@ -26,7 +26,7 @@ Timed per config, each chained COPIES times in a CUDA graph with PDL over weight
 Beside them, in the same run, the engine's HELD kernel (int4_held_x.py, its pick for gate/up and qkv at batch 1) at
 every config of its list, with its preparing kernel, where K fits it (not down). And as a decode layer: o, gate/up,
 down, qkv (each after its preparing kernel) over LAYERS copies, for the XHALF GEMV at decode's picks
-(xhalf_epilogue_probe.SHAPES), the faster alone of HELD's best and XHALF per shape (as the engine's step tuner
+(xhalf_epilogue_probe.SHAPES), the faster alone of HELD's best and XHALF per shape (as the engine's graph tuner
 would pick), each shape's fastest ring config, and RAW_X where it applies.
 
 Measured on an H200 (benchmarks/notes/gpu-decode.md, sessions 44-45): the ring asked before the wait saves 2.5-3.7
@@ -487,7 +487,7 @@ def main(argv=None) -> int:
                 else:
                     xhalf_step(name, weights[name][layer], inputs[name])
 
-    # the engine's choice per shape: the faster alone of HELD's best config and XHALF (as its step tuner picks)
+    # the engine's choice per shape: the faster alone of HELD's best config and XHALF (as its graph tuner picks)
     engine = {r["shape"]: (tuple(map(int, r["held_best"].split(":")))
                            if r.get("held_best_with_prepare_us", float("inf")) < r["xhalf_with_prepare_us"] else None)
               for r in rows_out}
