@@ -415,37 +415,49 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float(((got.float() - want.float()).norm() / want.float().norm()).item())
 
 
-def cpu_check() -> int:
-    """The fused kernel under Triton's interpreter (one program: every wait already met) against block_reference
-    on a small block (2 heads, K = 256), for each schedule shape the GPU configs use."""
+def check_block(spec: str, heads: int = 2, k: int = 256, context: int = 37, seed: int = 0) -> dict:
+    """The fused kernel with one program (every wait already met when it comes: items run in dependency order) on
+    a small block of int4 weights quantized from random ones, against block_reference: relative errors of o's output
+    and the cached k and v, and the waits that ran out. On CPU through Triton's interpreter, on a GPU natively."""
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+    from tierllm.quant.quantize import quantize_int4
 
-    heads, k, context = 2, 256, 37
-    gen = torch.Generator().manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = parse_config(spec)
+    gen = torch.Generator().manual_seed(seed)
+    w = {key: t.to(device) for key, t in quantize_int4(torch.randn(4 * heads * HEAD_DIM, k, generator=gen) * 0.05,
+                                                        GROUP, symmetric=False).items()}
+    state = layer_state(heads, 1, context, gen, "cpu")
+    state = {key: (value.to(device) if isinstance(value, torch.Tensor) else value) for key, value in state.items()}
+    layer = {key: value.to(device) for key, value in state["layers"][0].items()}
+    xq_raw = torch.randn(1, k, generator=gen).bfloat16().to(device)
+    want_o, want_k, want_v = block_reference(xq_raw, w, state, layer, heads)
+    scratch = {"part_acc": torch.zeros(heads * config["S"] * HEAD_DIM, device=device),
+               "part_ml": torch.zeros(heads * config["S"] * 2, device=device),
+               "xo": torch.zeros(heads * HEAD_DIM // 32 * HALF_CHUNK, device=device)}
+    counters = torch.zeros(64, dtype=torch.int32, device=device)
+    y = torch.zeros_like(layer["residual"])              # o's output alone (a residual's bf16 would hide it)
+    fused_launch(prepare_x_half_triton(xq_raw), w, state, layer, y, scratch, counters, config, 1, heads,
+                 emulate=device == "cpu", pdl=False)
+    slot = int(state["slot"])
+    return {"o": relative_error(y, want_o),
+            "k_cached": relative_error(layer["k_cache"].view(-1, heads * HEAD_DIM)[slot], want_k),
+            "v_cached": relative_error(layer["v_cache"].view(-1, heads * HEAD_DIM)[slot], want_v),
+            "wait_errors": int(counters[2 * heads + 1])}
+
+
+CHECK_CONFIGS = ["4:1:2:0:1:8:2:s", "2:1:4:1:1:16:1:s", "2:1:8:3:2:16:4"]   # round robin and the queue
+
+
+def cpu_check() -> int:
+    """check_block for each schedule shape in CHECK_CONFIGS (run it with TRITON_INTERPRET=1 on CPU)."""
     worst = 0.0
-    for spec in ["2:1:4:1:1:16:1", "4:1:2:0:1:8:2", "2:1:8:3:2:16:4"]:
-        config = parse_config(spec)
-        [w] = stacked_weights(heads, k, 1, gen, "cpu")
-        state = layer_state(heads, 1, context, gen, "cpu")
-        layer = state["layers"][0]
-        xq_raw = torch.randn(1, k, generator=gen).bfloat16()
-        want_y, want_k, want_v = block_reference(xq_raw, w, state, layer, heads)
-        scratch = {"part_acc": torch.zeros(heads * config["S"] * HEAD_DIM),
-                   "part_ml": torch.zeros(heads * config["S"] * 2),
-                   "xo": torch.zeros(heads * HEAD_DIM // 32 * HALF_CHUNK)}
-        counters = torch.zeros(64, dtype=torch.int32)
-        y = torch.zeros_like(layer["residual"])              # o's output alone (a residual's bf16 would hide it)
-        fused_launch(prepare_x_half_triton(xq_raw), w, state, layer, y, scratch, counters, config, 1, heads,
-                     emulate=True, pdl=False)
-        slot = int(state["slot"])
-        errors = {"o": relative_error(y, want_y),
-                  "k_cached": relative_error(layer["k_cache"].view(-1, heads * HEAD_DIM)[slot], want_k),
-                  "v_cached": relative_error(layer["v_cache"].view(-1, heads * HEAD_DIM)[slot], want_v),
-                  "wait_errors": int(counters[2 * heads + 1])}
+    for spec in CHECK_CONFIGS:
+        errors = check_block(spec)
         print(spec, errors, flush=True)
-        worst = max(worst, errors["o"], errors["k_cached"], errors["v_cached"], errors["wait_errors"])
+        worst = max(worst, *errors.values())
     print("worst", worst)
-    return 0 if worst < 1e-2 else 1
+    return 0 if worst < 2e-2 else 1          # the test's bound (tests/benchmarks)
 
 
 def main(argv=None) -> int:
