@@ -24,9 +24,9 @@ into the residual (xhalf_epilogue_probe's decode pick). Both read the same prepa
 outside the block in both) and LAYERS copies of weights and KV caches, so that they miss L2. Outputs are checked
 against the chain's (o's output, the cached k and v).
 
-Measured on an H200 (benchmarks/notes/gpu-decode.md, session 45): 56-69 us per layer round robin, 108-138 with the
+Measured on an H200 (benchmarks/notes/gpu-decode.md, session 45): 56-87 us per layer round robin, 108-138 with the
 queue, against 24.7-25.0 for the chain (the block's bytes at the copy rate: 10.9). Without waits its items take 50
-us, its QKV items alone 17.9: one loop holding every item kind takes 166-250 registers a thread, so too few weight
+us, its QKV items alone 17.9: one loop holding every item kind takes 159-254 registers a thread, so too few weight
 bytes are in flight, and the waits add ~19 us.
 
     python benchmarks/int4_attention_block_probe.py [--configs BN:PER_SM:S:LAG:MLAG:TILE:WARPS,...] [--out PATH]
@@ -54,8 +54,8 @@ LAYERS = 8
 CONTEXT = 544                    # the 512-token prompt's decode steps
 SPIN_LIMIT = 1 << 20
 # BN (rows per GEMV item) : programs per SM : S (splits per head) : LAG : MLAG (stages, module doc) : TILE (keys per
-# attention tile) : warps [: flags, parse_config]. Offline (Triton 3.6, sm90) the kernel takes 160-255 registers a
-# thread at 1-4 warps, so at most 2 programs of 4 warps fit an SM.
+# attention tile) : warps [: flags, parse_config]. The kernel takes 159-254 registers a thread at 1-4 warps (Triton
+# 3.6, sm90), so at most 2 programs of 4 warps fit an SM.
 CONFIGS = ["2:8:32:8:1:16:1:s", "2:8:32:8:1:16:1:sw", "2:8:32:8:1:16:1:sq", "2:8:32:4:1:16:1",
            "2:8:32:4:1:16:1:w", "2:8:32:4:1:16:1:q", "8:2:32:8:1:16:4:s", "8:2:32:8:1:16:4:sq"]
 HELD_QKV = [(2, 1, 12), (2, 1, 16), (4, 2, 4), (2, 1, 8)]          # (BLOCK_N, warps, per SM) tried for the chain
