@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_stream_probe import chained_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
+from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser, random_int4_copies  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
 from tierllm.kernels.int4_half_dot import _run_dot_asm  # noqa: E402
@@ -256,10 +256,7 @@ def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-gluon-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     args = parser.parse_args(argv)
-    if lacks_cuda():
-        return 2
-    if not HAS_GLUON:
-        print("error: this Triton has no Gluon (triton.experimental.gluon)", file=sys.stderr)
+    if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
     from xhalf_epilogue_probe import SHAPES as XHALF_SHAPES
     from xhalf_epilogue_probe import launch as xhalf_launch

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_stream_probe import graph_us, lacks_cuda, probe_parser  # noqa: E402
+from int4_stream_probe import graph_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 from int4_tma_ring_probe import (  # noqa: E402
     GROUP,
     HAS_GLUON,
@@ -328,10 +328,7 @@ def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-ring-layer-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="R:STAGES:PER_SM, comma-separated")
     args = parser.parse_args(argv)
-    if lacks_cuda():
-        return 2
-    if not HAS_GLUON:
-        print("error: this Triton has no Gluon (triton.experimental.gluon)", file=sys.stderr)
+    if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
     from tierllm.bench.probe import hbm_copy_GBps
 

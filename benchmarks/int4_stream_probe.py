@@ -128,6 +128,14 @@ def lacks_cuda() -> bool:
     return True
 
 
+def lacks_gluon(has_gluon: bool) -> bool:
+    """True (after saying so) where this Triton has no Gluon (the probe's import of it failed: has_gluon False)."""
+    if has_gluon:
+        return False
+    print("error: this Triton has no Gluon (triton.experimental.gluon)", file=sys.stderr)
+    return True
+
+
 def graph_us(run, replays: int = 20) -> float:
     """Median microseconds of one replay of a CUDA graph of run() (captured after one eager call)."""
     run()

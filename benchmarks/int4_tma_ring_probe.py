@@ -46,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int4_gluon_probe import packed_run_dot_asm, scale_min_pairs  # noqa: E402
-from int4_stream_probe import chained_us, graph_us, lacks_cuda, probe_parser, random_int4_copies  # noqa: E402
+from int4_stream_probe import chained_us, graph_us, lacks_cuda, lacks_gluon, probe_parser, random_int4_copies  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
 from tierllm.quant.formats import dequantize_int4  # noqa: E402
@@ -383,10 +383,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", default="", metavar="SHAPE:R:WARPS:STAGES:PER_SM",
                         help="only launch that shape's ring GEMV three times (for a profiler), then stop")
     args = parser.parse_args(argv)
-    if lacks_cuda():
-        return 2
-    if not HAS_GLUON:
-        print("error: this Triton has no Gluon (triton.experimental.gluon)", file=sys.stderr)
+    if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
     from tierllm.bench.probe import hbm_copy_GBps
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton

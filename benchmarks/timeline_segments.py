@@ -14,6 +14,7 @@ sequence (quant_gpu.py's timeline-*-b1-long.json files).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -58,19 +59,28 @@ def kernel_segments(kernels: list) -> tuple[list[tuple[str, float]], int]:
     return list(zip(sequence, medians, strict=True)), len(segments)
 
 
-def main(paths: list[str]) -> int:
-    if paths[:1] == ["--kernels"]:
-        for path in paths[1:]:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernels", action="store_true", help="per kernel of any decode chain, not per segment")
+    parser.add_argument("paths", nargs="+", help="timeline JSON files (kernel_timeline's [start, us, name] lists)")
+    args = parser.parse_args(argv)
+    timelines = {}
+    for path in args.paths:
+        try:
             with open(path) as handle:
-                segments, count = kernel_segments(json.load(handle))
+                timelines[path] = json.load(handle)
+        except (OSError, json.JSONDecodeError) as error:
+            parser.error(f"{path}: {error} (give kernel_timeline's JSON files)")
+    if args.kernels:
+        for path, timeline in timelines.items():
+            segments, count = kernel_segments(timeline)
             print(f"{path}: {count} layers, {sum(us for _, us in segments):.2f} us per layer")
             for name, us in segments:
                 print(f"  {name[:48]:<48} {us:7.2f}")
         return 0
     print(f"{'file':<36}" + "".join(f"{key:>11}" for key in SEGMENTS) + f"{'layers':>8}")
-    for path in paths:
-        with open(path) as handle:
-            row = layer_segments(json.load(handle))
+    for path, timeline in timelines.items():
+        row = layer_segments(timeline)
         print(f"{path[-36:]:<36}" + "".join(f"{row[key]:>11}" for key in SEGMENTS) + f"{row['layers']:>8}")
     return 0
 
