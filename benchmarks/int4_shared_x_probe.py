@@ -161,10 +161,10 @@ if HAS_GLUON:
     @gluon.jit
     def _warp_gemv(w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s, sum_s, x_ready, tiles,
                    programs, G: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
-                   X_MODE: gl.constexpr):
+                   X_MODE: gl.constexpr, WARP: gl.constexpr):
         """One warp's GEMV (a one-warp partition): tiles of R rows taken round robin over every GEMV warp of the
-        grid, its own ring of STAGES slots (asked before the PDL wait), x per X_MODE, fp32 outputs. Every GEMV
-        partition runs this function; a warp tells which it is by its threads' index."""
+        grid, its own ring of STAGES slots (asked before the PDL wait), x per X_MODE, fp32 outputs; WARP: its index
+        among the GEMV warps."""
         K_STEPS: gl.constexpr = (G + _STEP_GROUPS - 1) // _STEP_GROUPS
         BN: gl.constexpr = R
         L4: gl.constexpr = gl.BlockedLayout([R, 1, 2, 4], [1, 32, 1, 1], [1, 1, 1, 1], [3, 2, 1, 0])
@@ -173,8 +173,7 @@ if HAS_GLUON:
         LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))                   # [32, 2]
         plain4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
         plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        warp = gl.inline_asm_elementwise("mov.u32 $0, %tid.x;\n shr.u32 $0, $0, 5;", "=r,r", [tiles], dtype=gl.int32,
-                                         is_pure=True, pack=1) - 4         # warps 0-3: the default partition
+        warp: gl.constexpr = WARP
         gw = gl.program_id(0) * NC + warp
         warps_total = programs * NC
         items = gl.cdiv(tiles - gw, warps_total) * K_STEPS
@@ -238,52 +237,53 @@ if HAS_GLUON:
             mbarrier.init(bars.index(i), count=1)
         mbarrier.init(x_ready, count=1)
         fence_async_shared()
-        # written out per NC: Gluon's tuples do not concatenate the partitions' (function, arguments) pairs
+        # written out per NC (Gluon's tuples do not concatenate the partitions' (function, arguments) pairs), each
+        # GEMV warp told its index
         if NC == 4:
             gl.warp_specialize([(_fill_x, (xp_ptr, x_ptr, planes_s, factor_s, sum_s, x_ready, G, K, GP, X_MODE)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 0)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 1)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 2)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE))],
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 3))],
                                [1] * NC, [REGS] * NC)
         elif NC == 6:
             gl.warp_specialize([(_fill_x, (xp_ptr, x_ptr, planes_s, factor_s, sum_s, x_ready, G, K, GP, X_MODE)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 0)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 1)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 2)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 3)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 4)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE))],
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 5))],
                                [1] * NC, [REGS] * NC)
         else:
             gl.static_assert(NC == 8, "NC: 4, 6 or 8 GEMV warps")
             gl.warp_specialize([(_fill_x, (xp_ptr, x_ptr, planes_s, factor_s, sum_s, x_ready, G, K, GP, X_MODE)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 0)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 1)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 2)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 3)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 4)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 5)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE)),
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 6)),
                                 (_warp_gemv, (w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s,
-                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE))],
+                                              sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 7))],
                                [1] * NC, [REGS] * NC)
 
 
@@ -309,9 +309,10 @@ def shared_x_launch(prepared: torch.Tensor, x: torch.Tensor, w: dict, y: torch.T
 
 
 def config_registers(config: dict) -> int:
-    """Registers a thread for each GEMV warp: what is left of the SM's 64K after the default partition's 4 warps at
-    their share, rounded down to a multiple of 8 (setmaxnreg's unit), at most 232."""
-    per_warp = 65536 // 32 // (config["NC"] + 4)
+    """Registers a thread for each GEMV warp: an equal share of the SM's 64K over the CTA's warps (the default
+    partition's 4 and the GEMV warps, padded to whole warp groups as Triton does), rounded down to a multiple of 8
+    (setmaxnreg's unit), at most 232."""
+    per_warp = 65536 // 32 // (-(-(config["NC"] + 4) // 4) * 4)
     return min(232, per_warp // 8 * 8)
 
 
@@ -356,9 +357,13 @@ def shape_timings(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor, c
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-shared-x-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="R:WARPS:STAGES, comma-separated")
+    parser.add_argument("--profile", default="", metavar="SHAPE:R:WARPS:STAGES:MODE",
+                        help="only launch that shape's GEMV three times (for a profiler), then stop")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
+    if args.profile:
+        return profile(args.profile)
     from tierllm.bench.probe import hbm_copy_GBps
 
     copy_GBps = hbm_copy_GBps()
@@ -401,6 +406,25 @@ def main(argv=None) -> int:
                  {"copies": COPIES, "layers": LAYERS, "group": GROUP, "pdl": True, "layer_order": LAYER_ORDER,
                   "x_modes": X_MODES})
     print(f"wrote {args.out}")
+    return 0
+
+
+def profile(spec: str) -> int:
+    """Launch one shape's GEMV (SHAPE:R:WARPS:STAGES:MODE) three times on one random copy, for a profiler."""
+    from int4_gluon_probe import scale_min_pairs
+    from int4_stream_probe import random_int4_copies
+
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+
+    name, r, warps, stages, x_mode = spec.split(":")
+    n, k = SHAPES[name]
+    [w] = random_int4_copies(n, k, 1, torch.Generator(device="cuda").manual_seed(0), GROUP, min_jitter=0.1)
+    w["words"], w["pairs"] = w["qweight"].view(torch.int32), scale_min_pairs(w["scales"], w["mins"])
+    x = torch.randn(1, k, device="cuda").bfloat16()
+    out = torch.zeros(n, device="cuda", dtype=torch.float32)
+    for _ in range(3):
+        shared_x_launch(prepare_x_half_triton(x), x[0], w, out, parse_config(f"{r}:{warps}:{stages}"), int(x_mode))
+    torch.cuda.synchronize()
     return 0
 
 
