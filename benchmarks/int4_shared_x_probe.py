@@ -20,6 +20,10 @@ In the same run: the engine's choice per shape (the faster of HELD's best config
 kernel) and, as a decode layer (o, gate/up, down, qkv over LAYERS copies), that choice against each mode's fastest
 config per shape.
 
+Measured on an H200 (benchmarks/notes/gpu-decode.md, session 46): ~3x slower than the engine's picks in every mode
+(a layer 142-153 us against 44.6): each one-warp partition is its own copy of the unrolled loop, and eight copies
+miss the instruction cache (Nsight Compute: 16 of the 34 cycles between a warp's instructions wait for one).
+
     python benchmarks/int4_shared_x_probe.py [--configs R:WARPS:STAGES,...] [--out PATH]
 """
 from __future__ import annotations
