@@ -3,7 +3,8 @@ symmetric-memory all-reduce (tierllm/distributed/symm_all_reduce.py), each captu
 REPEATS back-to-back all-reduces (how decode runs them), for the shapes decode produces: [tokens, hidden] fp32
 partial sums of the llama-13b (5120) and llama-70b (8192) presets, and bf16. Each result is checked against the
 other path before it is timed. NVLink multicast stays off.
-Usage: python benchmarks/allreduce_gpu.py [--world-sizes 2,4] -> $OUT/allreduce-h100x{N}.json"""
+Usage: python benchmarks/allreduce_gpu.py [--world-sizes 2,4] -> $OUT/allreduce-{gpu}x{N}.json (gpu: the GPU
+model's short name, e.g. h200)"""
 import argparse
 import os
 from pathlib import Path
@@ -96,7 +97,8 @@ def main() -> None:
         results[f"world_{world}"] = queue.get()              # before joining: rank 0 exits once it is read
         while not ranks.join():
             pass
-    out = Path(os.environ.get("OUT", ".")) / f"allreduce-h100x{max(sizes)}.json"
+    gpu = torch.cuda.get_device_name(0).removeprefix("NVIDIA ").split()[0].lower()     # "NVIDIA H200" -> "h200"
+    out = Path(os.environ.get("OUT", ".")) / f"allreduce-{gpu}x{max(sizes)}.json"
     write_result(out, "all_reduce", torch.device("cuda"), {}, {}, results, [],
                  {"shapes": SHAPES, "repeats_per_graph": REPEATS, "replays": REPLAYS, **NCCL_ENV_DEFAULTS})
     print("wrote", out)
