@@ -133,17 +133,24 @@ if HAS_GLUON:
         gdc_launch_dependents()
         if X_MODE > 0:
             gdc_wait()
-            if X_MODE == 1:
-                L3: gl.constexpr = gl.BlockedLayout([1, 2, 4], [32, 1, 1], [4, 1, 1], [2, 1, 0])
-                planes, factor, x_sum = _prepared_x(xp_ptr, G, GP, L3)
-            else:
-                L4: gl.constexpr = gl.BlockedLayout([1, 2, 4, 8], [32, 1, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0])
-                planes, factor, x_sum = _raw_x(x_ptr, K, GP, L4)
-            for p in gl.static_range(4):
-                planes_s.index(p).store(planes[p])
-            factor_s.store(factor)
-            sum_s.store(x_sum)
+            _x_to_shared(xp_ptr, x_ptr, planes_s, factor_s, sum_s, G, K, GP, X_MODE)
             mbarrier.arrive(x_ready)
+
+    @gluon.jit
+    def _x_to_shared(xp_ptr, x_ptr, planes_s, factor_s, sum_s, G: gl.constexpr, K: gl.constexpr, GP: gl.constexpr,
+                     X_MODE: gl.constexpr):
+        """x's half layout into shared memory by a 4-warp partition, from the prepared buffer (X_MODE 1) or from
+        bf16 x (X_MODE 2)."""
+        if X_MODE == 1:
+            L3: gl.constexpr = gl.BlockedLayout([1, 2, 4], [32, 1, 1], [4, 1, 1], [2, 1, 0])
+            planes, factor, x_sum = _prepared_x(xp_ptr, G, GP, L3)
+        else:
+            L4: gl.constexpr = gl.BlockedLayout([1, 2, 4, 8], [32, 1, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0])
+            planes, factor, x_sum = _raw_x(x_ptr, K, GP, L4)
+        for p in gl.static_range(4):
+            planes_s.index(p).store(planes[p])
+        factor_s.store(factor)
+        sum_s.store(x_sum)
 
     @gluon.jit
     def _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, s: gl.constexpr, G: gl.constexpr, X_MODE: gl.constexpr,
@@ -291,10 +298,118 @@ if HAS_GLUON:
                                [1] * NC, [REGS] * NC)
 
 
+    @gluon.jit
+    def _group_producer(w_desc, s_desc, ring, s_ring, ready, empty, tiles, programs, G: gl.constexpr,
+                        BN: gl.constexpr, STAGES: gl.constexpr):
+        """The group form's producer warp: the CTA's items (tiles pid, pid + programs, ..., each K step) into the
+        ring, each slot asked again once the consumers have released it; no PDL wait (weights do not depend on
+        the kernel before)."""
+        K_STEPS: gl.constexpr = (G + _STEP_GROUPS - 1) // _STEP_GROUPS
+        pid = gl.program_id(0)
+        items = gl.cdiv(tiles - pid, programs) * K_STEPS
+        for j in range(items):
+            slot = j % STAGES
+            if j >= STAGES:
+                mbarrier.wait(empty.index(slot), ((j // STAGES) - 1) & 1)
+            tile = pid + (j // K_STEPS) * programs
+            bar = ready.index(slot)
+            mbarrier.expect(bar, BN * (_STEP_WORDS + _STEP_GROUPS) * 4)
+            tma.async_copy_global_to_shared(w_desc, [tile * BN, (j % K_STEPS) * _STEP_WORDS], bar, ring.index(slot))
+            tma.async_copy_global_to_shared(s_desc, [tile * BN, (j % K_STEPS) * _STEP_GROUPS], bar,
+                                            s_ring.index(slot))
+
+    @gluon.jit
+    def _group_consumer(xp_ptr, x_ptr, y_ptr, ring, s_ring, ready, empty, planes_s, factor_s, sum_s, tiles,
+                        programs, G: gl.constexpr, K: gl.constexpr, GP: gl.constexpr, R: gl.constexpr,
+                        STAGES: gl.constexpr, X_MODE: gl.constexpr):
+        """The group form's 4 consumer warps (the default partition): warps over a slot's BN = 4R rows, lanes over
+        its 32 groups; each slot released by one arrive after the partition's barrier (Gluon's mbarrier.arrive);
+        x per X_MODE (1 and 2: once per CTA through shared memory)."""
+        K_STEPS: gl.constexpr = (G + _STEP_GROUPS - 1) // _STEP_GROUPS
+        BN: gl.constexpr = 4 * R
+        L4: gl.constexpr = gl.BlockedLayout([R, 1, 2, 4], [1, 32, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0])
+        LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))                   # [BN, 32]
+        LX: gl.constexpr = gl.SliceLayout(0, L4)                                       # [32, 2, 4]
+        LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))                   # [32, 2]
+        plain4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
+        plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        pid = gl.program_id(0)
+        items = gl.cdiv(tiles - pid, programs) * K_STEPS
+        gdc_launch_dependents()
+        gdc_wait()
+        if X_MODE > 0:
+            _x_to_shared(xp_ptr, x_ptr, planes_s, factor_s, sum_s, G, K, GP, X_MODE)
+            gl.thread_barrier()
+        xi = xp_ptr.to(gl.pointer_type(gl.int32))
+        if K_STEPS == 2:                                     # both steps' x held in registers across tiles
+            a0, a1, a2, a3, a_factor, a_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, 0, G, X_MODE, LX,
+                                                          LR, LS)
+            b0, b1, b2, b3, b_factor, b_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, 1, G, X_MODE, LX,
+                                                          LR, LS)
+        s_local = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
+        acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
+        for t in range(items // K_STEPS):
+            for step in gl.static_range(K_STEPS):
+                item = t * K_STEPS + step
+                slot = item % STAGES
+                mbarrier.wait(ready.index(slot), (item // STAGES) & 1)
+                words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
+                pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
+                mbarrier.arrive(empty.index(slot))
+                if K_STEPS == 2:
+                    if step == 0:
+                        acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum)
+                    else:
+                        acc += _step_dot(words, pair, b0, b1, b2, b3, b_factor, b_sum)
+                else:
+                    x0, x1, x2, x3, factor, group_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, step, G,
+                                                                    X_MODE, LX, LR, LS)
+                    acc += _step_dot(words, pair, x0, x1, x2, x3, factor, group_sum)
+            tile = pid + t * programs
+            gl.store(y_ptr + tile * BN + s_local, gl.sum(acc, axis=1))
+            acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
+
+    @gluon.jit
+    def _group_gemv(w_desc, s_desc, xp_ptr, x_ptr, y_ptr, tiles, programs, G: gl.constexpr, K: gl.constexpr,
+                    GP: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr, X_MODE: gl.constexpr):
+        """y = W x (fp32 [N]), the group form: per CTA 4 consumer warps (_group_consumer) and a producer warp
+        (_group_producer) around one ring of STAGES slots of BN = 4R rows; CTAS_PER_SM CTAs per SM."""
+        BN: gl.constexpr = 4 * R
+        plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        plain3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+        ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], w_desc.layout)
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_GROUPS], s_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        XG: gl.constexpr = GP if X_MODE > 0 else 32
+        planes_s = gl.allocate_shared_memory(gl.int32, [4, XG, 2, 4], plain3)
+        factor_s = gl.allocate_shared_memory(gl.float32, [XG, 2], plain2)
+        sum_s = gl.allocate_shared_memory(gl.float32, [XG, 2], plain2)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        fence_async_shared()
+        gl.warp_specialize([(_group_consumer, (xp_ptr, x_ptr, y_ptr, ring, s_ring, ready, empty, planes_s, factor_s,
+                                               sum_s, tiles, programs, G, K, GP, R, STAGES, X_MODE)),
+                            (_group_producer, (w_desc, s_desc, ring, s_ring, ready, empty, tiles, programs, G, BN,
+                                               STAGES))], [1], [40])
+
+
 def parse_config(spec: str) -> dict:
-    """R:WARPS:STAGES (rows per warp, warps per CTA, ring slots per warp)."""
+    """R:WARPS:STAGES (the warps form: rows per warp, GEMV warps per CTA, ring slots per warp) or g:R:CTAS:STAGES
+    (the group form: rows per consumer warp, CTAs per SM, ring slots per CTA)."""
+    if spec.startswith("g:"):
+        r, ctas, stages = map(int, spec[2:].split(":"))
+        return {"form": "group", "R": r, "CTAS": ctas, "STAGES": stages}
     r, warps, stages = map(int, spec.split(":"))
-    return {"R": r, "NC": warps, "STAGES": stages}
+    return {"form": "warps", "R": r, "NC": warps, "STAGES": stages}
+
+
+def config_label(config: dict) -> str:
+    """A config as its spec."""
+    if config["form"] == "group":
+        return f"g:{config['R']}:{config['CTAS']}:{config['STAGES']}"
+    return f"{config['R']}:{config['NC']}:{config['STAGES']}"
 
 
 def shared_x_launch(prepared: torch.Tensor, x: torch.Tensor, w: dict, y: torch.Tensor, config: dict,
@@ -302,14 +417,19 @@ def shared_x_launch(prepared: torch.Tensor, x: torch.Tensor, w: dict, y: torch.T
     """The probe's GEMV of one copy into y (fp32 [N]): prepared, x in the half layout (X_MODE 0 and 1); x, bf16 [K]
     (X_MODE 2)."""
     n, groups = w["pairs"].shape
-    rows = config["R"]
+    rows = config["R"] * (4 if config["form"] == "group" else 1)
     if w.get("desc_key") != (rows,):                 # descriptors built once per copy and tile height
         w["descs"], w["desc_key"] = descriptors(w, rows), (rows,)
-    programs = torch.cuda.get_device_properties(y.device).multi_processor_count
-    _shared_x_gemv[(programs,)](*w["descs"], prepared, x, y, n // rows, programs, G=groups, K=groups * GROUP,
-                                GP=max(32, triton.next_power_of_2(groups)), R=rows, STAGES=config["STAGES"],
-                                NC=config["NC"], X_MODE=x_mode, REGS=config_registers(config), num_warps=4,
-                                launch_pdl=True)
+    sms = torch.cuda.get_device_properties(y.device).multi_processor_count
+    shape = {"G": groups, "K": groups * GROUP, "GP": max(32, triton.next_power_of_2(groups)), "R": config["R"],
+             "STAGES": config["STAGES"], "X_MODE": x_mode}
+    if config["form"] == "group":                    # 8 warps a CTA (the producer's padded to a warp group)
+        programs = min(n // rows, config["CTAS"] * sms)
+        _group_gemv[(programs,)](*w["descs"], prepared, x, y, n // rows, programs, **shape, num_warps=4,
+                                 maxnreg=65536 // 32 // (8 * config["CTAS"]) // 8 * 8, launch_pdl=True)
+    else:
+        _shared_x_gemv[(sms,)](*w["descs"], prepared, x, y, n // rows, sms, **shape, NC=config["NC"],
+                               REGS=config_registers(config), num_warps=4, launch_pdl=True)
 
 
 def config_registers(config: dict) -> int:
@@ -342,7 +462,7 @@ def shape_timings(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor, c
     entries = []
     for config in configs:
         for x_mode, mode_name in X_MODES.items():
-            entry = {"config": f"{config['R']}:{config['NC']}:{config['STAGES']}", "mode": mode_name}
+            entry = {"config": config_label(config), "mode": mode_name}
             try:
                 out.zero_()
                 mode_launch(name, copies[0], x, out, config, x_mode, prepared)
@@ -361,7 +481,7 @@ def shape_timings(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor, c
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-shared-x-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="R:WARPS:STAGES, comma-separated")
-    parser.add_argument("--profile", default="", metavar="SHAPE:R:WARPS:STAGES:MODE",
+    parser.add_argument("--profile", default="", metavar="SHAPE:CONFIG:MODE",
                         help="only launch that shape's GEMV three times (for a profiler), then stop")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
@@ -414,20 +534,22 @@ def main(argv=None) -> int:
 
 
 def profile(spec: str) -> int:
-    """Launch one shape's GEMV (SHAPE:R:WARPS:STAGES:MODE) three times on one random copy, for a profiler."""
+    """Launch one shape's GEMV (SHAPE:CONFIG:MODE, CONFIG as --configs takes it) three times on one random copy, for
+    a profiler."""
     from int4_gluon_probe import scale_min_pairs
     from int4_stream_probe import random_int4_copies
 
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
 
-    name, r, warps, stages, x_mode = spec.split(":")
+    name, rest = spec.split(":", 1)
+    config_spec, x_mode = rest.rsplit(":", 1)
     n, k = SHAPES[name]
     [w] = random_int4_copies(n, k, 1, torch.Generator(device="cuda").manual_seed(0), GROUP, min_jitter=0.1)
     w["words"], w["pairs"] = w["qweight"].view(torch.int32), scale_min_pairs(w["scales"], w["mins"])
     x = torch.randn(1, k, device="cuda").bfloat16()
     out = torch.zeros(n, device="cuda", dtype=torch.float32)
     for _ in range(3):
-        shared_x_launch(prepare_x_half_triton(x), x[0], w, out, parse_config(f"{r}:{warps}:{stages}"), int(x_mode))
+        shared_x_launch(prepare_x_half_triton(x), x[0], w, out, parse_config(config_spec), int(x_mode))
     torch.cuda.synchronize()
     return 0
 
