@@ -4,14 +4,14 @@ wait? A Gluon probe on llama-7b's four linears, alone and chained as a decode la
 Why: the TMA ring GEMV of int4_tma_ring_probe.py runs one-warp programs, 6-12 per SM, and each loads all of x's
 planes (10 KB for K = 4096, 27 KB for down) from L2 after the wait: 1056 programs ask ~11 MB of L2 at once, about
 1 us of L2 bandwidth, which is what x's loads measured there (a GEMV on ready x ran ~1 us faster with x loaded
-before the wait). Here the same one-warp GEMVs are warps of one CTA per SM (Gluon warp specialization: each warp its
-own partition, its own TMA ring, no CTA barrier in the loop), and x reaches the SM once:
-- X_MODE 0: every warp loads its planes from the prepared buffer in global memory (the ring probe's loads; the
-  baseline, with the warps in one CTA);
-- X_MODE 1: the warps split the prepared buffer's steps, each storing its share to shared memory, meet at an
-  mbarrier, and read their planes from there (x from L2 once per SM);
-- X_MODE 2: the same from bf16 x itself, each warp computing its share of the half layout (int4_prepared_x's
-  arithmetic): no preparing kernel at all.
+before the wait). Here the GEMV's warps share one CTA (Gluon warp specialization, in one of the two forms below), so
+x can reach each CTA once:
+- X_MODE 0: every GEMV warp loads its planes from the prepared buffer in global memory (the ring probe's loads; the
+  baseline);
+- X_MODE 1: a 4-warp partition copies the prepared buffer into shared memory once per CTA, and the GEMV warps read
+  their planes from there;
+- X_MODE 2: the same, the 4 warps computing the half layout from bf16 x (int4_prepared_x's arithmetic): no
+  preparing kernel at all.
 
 The products are XHALF's (int4_tma_ring_probe._step_dot), so outputs match the dequantized reference to fp32
 rounding; each config and mode is checked before it is timed. Timed per config, each chained COPIES times in a CUDA
@@ -20,11 +20,21 @@ In the same run: the engine's choice per shape (the faster of HELD's best config
 kernel) and, as a decode layer (o, gate/up, down, qkv over LAYERS copies), that choice against each mode's fastest
 config per shape.
 
-Measured on an H200 (benchmarks/notes/gpu-decode.md, session 46): ~3x slower than the engine's picks in every mode
-(a layer 142-153 us against 44.6): each one-warp partition is its own copy of the unrolled loop, and eight copies
-miss the instruction cache (Nsight Compute: 16 of the 34 cycles between a warp's instructions wait for one).
+Two forms (configs R:WARPS:STAGES and g:R:CTAS:STAGES):
+- warps: NC one-warp partitions per CTA, one CTA per SM, each warp its own ring; the default partition (4 warps)
+  puts x in shared memory;
+- group: per CTA 4 consumer warps over a slot's 4R rows (the default partition, x through shared memory where the
+  mode says) and one producer warp issuing every slot's TMA; CTAS CTAs per SM (launched with maxnreg to fit them).
 
-    python benchmarks/int4_shared_x_probe.py [--configs R:WARPS:STAGES,...] [--out PATH]
+Measured on an H200 (benchmarks/notes/gpu-decode.md, session 46):
+- warps: ~3x slower than the engine's picks in every mode (a layer 142-153 us against 44.6): each one-warp partition
+  is its own copy of the unrolled loop, and eight copies miss the instruction cache (Nsight Compute: 16 of the 34
+  cycles between a warp's instructions wait for one);
+- group: per shape within -5% to +8% of the engine's picks; as a layer without preparing kernels (x_raw) 42.45 us
+  against the engine's 44.07 (0.963), with them 48-53. A maxnreg cap with warp specialization gave wrong outputs on
+  down (x per step) at 6-8 slots; the checks keep those configs out of the timings.
+
+    python benchmarks/int4_shared_x_probe.py [--configs R:WARPS:STAGES,g:R:CTAS:STAGES,...] [--out PATH]
 """
 from __future__ import annotations
 
@@ -53,8 +63,9 @@ from int4_tma_ring_probe import (  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
 
-# R rows per warp : warps per CTA (one CTA per SM) : ring slots per warp
-CONFIGS = ["4:8:4", "2:8:6", "4:6:5", "8:4:5", "8:6:3"]
+# the warps form, R rows per warp : GEMV warps per CTA (one CTA per SM) : ring slots per warp; the group form
+# g:R rows per consumer warp : CTAs per SM : ring slots per CTA
+CONFIGS = ["g:2:2:8", "g:1:2:12", "g:1:3:8", "g:2:1:16", "4:8:4"]
 X_MODES = {0: "x_global", 1: "x_shared", 2: "x_raw"}
 
 if HAS_GLUON:
@@ -480,7 +491,8 @@ def shape_timings(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor, c
 
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-shared-x-probe-h200.json")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="R:WARPS:STAGES, comma-separated")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help="R:WARPS:STAGES (warps form) or g:R:CTAS:STAGES (group form), comma-separated")
     parser.add_argument("--profile", default="", metavar="SHAPE:CONFIG:MODE",
                         help="only launch that shape's GEMV three times (for a profiler), then stop")
     args = parser.parse_args(argv)
