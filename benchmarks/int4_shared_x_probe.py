@@ -181,6 +181,29 @@ if HAS_GLUON:
         return x0, x1, x2, x3, factor, _group_sums(x_sum, LS)
 
     @gluon.jit
+    def _held_x(xi, xp_ptr, planes_s, factor_s, sum_s, G: gl.constexpr, X_MODE: gl.constexpr, LX: gl.constexpr,
+                LR: gl.constexpr, LS: gl.constexpr):
+        """Where K is two steps (K = 4096), both steps' x (_x_for_step's tuples), held in registers across tiles;
+        nothing where K is longer (x is then loaded per step)."""
+        if (G + _STEP_GROUPS - 1) // _STEP_GROUPS == 2:
+            held = (_x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, 0, G, X_MODE, LX, LR, LS),
+                    _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, 1, G, X_MODE, LX, LR, LS))
+        else:
+            held = (0, 0)
+        return held
+
+    @gluon.jit
+    def _slot_product(words, pair, step: gl.constexpr, held, xi, xp_ptr, planes_s, factor_s, sum_s, G: gl.constexpr,
+                      X_MODE: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
+        """One slot's [BN, 32] group dots (_step_dot) at K step `step`, on x held (_held_x) or loaded for it."""
+        if (G + _STEP_GROUPS - 1) // _STEP_GROUPS == 2:
+            x0, x1, x2, x3, factor, group_sum = held[step]
+        else:
+            x0, x1, x2, x3, factor, group_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, step, G, X_MODE,
+                                                            LX, LR, LS)
+        return _step_dot(words, pair, x0, x1, x2, x3, factor, group_sum)
+
+    @gluon.jit
     def _warp_gemv(w_desc, s_desc, xp_ptr, y_ptr, ring, s_ring, bars, planes_s, factor_s, sum_s, x_ready, tiles,
                    programs, G: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
                    X_MODE: gl.constexpr, WARP: gl.constexpr):
@@ -208,11 +231,7 @@ if HAS_GLUON:
         if X_MODE > 0:
             mbarrier.wait(x_ready, 0)
         xi = xp_ptr.to(gl.pointer_type(gl.int32))
-        if K_STEPS == 2:                                     # both steps' x held in registers across tiles
-            a0, a1, a2, a3, a_factor, a_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, 0, G, X_MODE, LX,
-                                                          LR, LS)
-            b0, b1, b2, b3, b_factor, b_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, 1, G, X_MODE, LX,
-                                                          LR, LS)
+        held = _held_x(xi, xp_ptr, planes_s, factor_s, sum_s, G, X_MODE, LX, LR, LS)
         s_local = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
         acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         for t in range(items // K_STEPS):
@@ -225,15 +244,8 @@ if HAS_GLUON:
                 gl.thread_barrier()                          # the warp's reads done: the slot may be asked again
                 _issue_warp(w_desc, s_desc, ring, s_ring, bars, base, item + STAGES, items, gw, warps_total, K_STEPS,
                             STAGES, BN)
-                if K_STEPS == 2:
-                    if step == 0:
-                        acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum)
-                    else:
-                        acc += _step_dot(words, pair, b0, b1, b2, b3, b_factor, b_sum)
-                else:
-                    x0, x1, x2, x3, factor, group_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, step, G,
-                                                                    X_MODE, LX, LR, LS)
-                    acc += _step_dot(words, pair, x0, x1, x2, x3, factor, group_sum)
+                acc += _slot_product(words, pair, step, held, xi, xp_ptr, planes_s, factor_s, sum_s, G, X_MODE, LX, LR,
+                                     LS)
             tile = gw + t * warps_total
             gl.store(y_ptr + tile * BN + s_local, gl.sum(acc, axis=1))
             acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
@@ -352,11 +364,7 @@ if HAS_GLUON:
             _x_to_shared(xp_ptr, x_ptr, planes_s, factor_s, sum_s, G, K, GP, X_MODE)
             gl.thread_barrier()
         xi = xp_ptr.to(gl.pointer_type(gl.int32))
-        if K_STEPS == 2:                                     # both steps' x held in registers across tiles
-            a0, a1, a2, a3, a_factor, a_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, 0, G, X_MODE, LX,
-                                                          LR, LS)
-            b0, b1, b2, b3, b_factor, b_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, 1, G, X_MODE, LX,
-                                                          LR, LS)
+        held = _held_x(xi, xp_ptr, planes_s, factor_s, sum_s, G, X_MODE, LX, LR, LS)
         s_local = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
         acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         for t in range(items // K_STEPS):
@@ -367,15 +375,8 @@ if HAS_GLUON:
                 words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
                 pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
                 mbarrier.arrive(empty.index(slot))
-                if K_STEPS == 2:
-                    if step == 0:
-                        acc += _step_dot(words, pair, a0, a1, a2, a3, a_factor, a_sum)
-                    else:
-                        acc += _step_dot(words, pair, b0, b1, b2, b3, b_factor, b_sum)
-                else:
-                    x0, x1, x2, x3, factor, group_sum = _x_for_step(xi, xp_ptr, planes_s, factor_s, sum_s, step, G,
-                                                                    X_MODE, LX, LR, LS)
-                    acc += _step_dot(words, pair, x0, x1, x2, x3, factor, group_sum)
+                acc += _slot_product(words, pair, step, held, xi, xp_ptr, planes_s, factor_s, sum_s, G, X_MODE, LX, LR,
+                                     LS)
             tile = pid + t * programs
             gl.store(y_ptr + tile * BN + s_local, gl.sum(acc, axis=1))
             acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
