@@ -320,7 +320,6 @@ if HAS_GLUON:
                                               sum_s, x_ready, tiles, programs, G, R, STAGES, NC, X_MODE, 7))],
                                [1] * NC, [REGS] * NC)
 
-
     @gluon.jit
     def _group_producer(w_desc, s_desc, ring, s_ring, ready, empty, tiles, programs, G: gl.constexpr,
                         BN: gl.constexpr, STAGES: gl.constexpr):
