@@ -384,7 +384,8 @@ if HAS_GLUON:
     def _group_gemv(w_desc, s_desc, xp_ptr, x_ptr, y_ptr, tiles, programs, G: gl.constexpr, K: gl.constexpr,
                     GP: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr, X_MODE: gl.constexpr):
         """y = W x (fp32 [N]), the group form: per CTA 4 consumer warps (_group_consumer) and a producer warp
-        (_group_producer) around one ring of STAGES slots of BN = 4R rows; CTAS_PER_SM CTAs per SM."""
+        (_group_producer) around one ring of STAGES slots of BN = 4R rows (the launch sets how many CTAs share an
+        SM)."""
         BN: gl.constexpr = 4 * R
         plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         plain3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
@@ -434,7 +435,9 @@ def shared_x_launch(prepared: torch.Tensor, x: torch.Tensor, w: dict, y: torch.T
     sms = torch.cuda.get_device_properties(y.device).multi_processor_count
     shape = {"G": groups, "K": groups * GROUP, "GP": max(32, triton.next_power_of_2(groups)), "R": config["R"],
              "STAGES": config["STAGES"], "X_MODE": x_mode}
-    if config["form"] == "group":                    # 8 warps a CTA (the producer's padded to a warp group)
+    if config["form"] == "group":
+        # 8 warps a CTA (the producer's padded to a warp group), registers capped so that CTAS fit an SM. With the
+        # cap, down (x loaded per step) gave wrong outputs at 6-8 slots (notes, session 46); the checks catch it.
         programs = min(n // rows, config["CTAS"] * sms)
         _group_gemv[(programs,)](*w["descs"], prepared, x, y, n // rows, programs, **shape, num_warps=4,
                                  maxnreg=65536 // 32 // (8 * config["CTAS"]) // 8 * 8, launch_pdl=True)
