@@ -30,9 +30,10 @@ Measured on an H200 (benchmarks/notes/gpu-decode.md, session 46):
 - warps: ~3x slower than the engine's picks in every mode (a layer 142-153 us against 44.6): each one-warp partition
   is its own copy of the unrolled loop, and eight copies miss the instruction cache (Nsight Compute: 16 of the 34
   cycles between a warp's instructions wait for one);
-- group: per shape within -5% to +8% of the engine's picks; as a layer without preparing kernels (x_raw) 42.45 us
-  against the engine's 44.07 (0.963), with them 48-53. A maxnreg cap with warp specialization gave wrong outputs on
-  down (x per step) at 6-8 slots; the checks keep those configs out of the timings.
+- group: x_raw (no preparing kernel) within -5% to +3% of the engine's picks per shape at one CTA per SM, and as a
+  layer 42.15 us against 44.07 (0.960); modes 0 and 1, after the preparing kernel, 46.8-53 us. down in mode 0 (x
+  per step from global memory) missed the reference in some configs (12-28% under maxnreg=128, 2.2% once at one CTA
+  per SM; cause not found); the checks keep those configs out of the timings.
 
     python benchmarks/int4_shared_x_probe.py [--configs R:WARPS:STAGES,g:R:CTAS:STAGES,...] [--out PATH]
 """
