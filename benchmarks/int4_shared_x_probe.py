@@ -31,7 +31,7 @@ Measured on an H200 (benchmarks/notes/gpu-decode.md, session 46):
   is its own copy of the unrolled loop, and eight copies miss the instruction cache (Nsight Compute: 16 of the 34
   cycles between a warp's instructions wait for one);
 - group: x_raw (no preparing kernel) within -5% to +3% of the engine's picks per shape at one CTA per SM, and as a
-  layer 42.15 us against 44.07 (0.960); modes 0 and 1, after the preparing kernel, 46.8-53 us. down in mode 0 (x
+  layer 42.15 us against 43.92 (0.960); modes 0 and 1, after the preparing kernel, 46.8-53 us. down in mode 0 (x
   per step from global memory) missed the reference in some configs (12-28% under maxnreg=128, 2.2% once at one CTA
   per SM; cause not found); the checks keep those configs out of the timings.
 
