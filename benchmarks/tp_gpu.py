@@ -44,6 +44,9 @@ from tierllm.distributed.parallel_state import ALL_REDUCE_KINDS  # noqa: E402
 
 DTYPE = torch.bfloat16
 PROMPT_LEN, LATENCY_GEN_LEN, THROUGHPUT_GEN_LEN, THROUGHPUT_BATCH = 512, 128, 32, 64
+PEERS = {"note": "no peer engine runs here (none is installed on the device image); the baseline is this engine at "
+                 "TP=1 on the same preset in the same run, and the ratios are in checks (TP=N / TP=1 time per token, "
+                 "agreement with TP=1)"}
 AGREE_PROMPTS, AGREE_PROMPT_LEN, AGREE_GEN_LEN = 4, 64, 32
 SPEED_PRESETS = ("llama-13b",)                           # agreement presets that also run the speed measurements
 
@@ -286,7 +289,7 @@ def main() -> int:
                 row.update(speed(engine, preset, tp_size, hbm))
             results[f"{preset}_tp{tp_size}{'_' + name_suffix if name_suffix else ''}"] = row
             # written after every engine, before closing it: a call cut short still returns what it measured
-            write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks,
+            write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, PEERS, results, checks,
                          {**settings, "wall_s": round(time.perf_counter() - started)})
             close_started = time.perf_counter()
             engine.close()
@@ -311,11 +314,11 @@ def main() -> int:
                                     **speed(engine, "llama-70b", 4, hbm)}
         checks.append(check("llama-70b TP=4 batch 1: fraction of the aggregate HBM roofline (4 GPUs)",
                             results["llama-70b_tp4"]["batch1"]["fraction_of_aggregate_roofline"], ">=", 0.75))
-        write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks,
+        write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, PEERS, results, checks,
                      {**settings, "wall_s": round(time.perf_counter() - started)})
         engine.close()
     settings["wall_s"] = round(time.perf_counter() - started)
-    write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, {}, results, checks, settings)
+    write_result(out_dir / name, "tensor_parallel", torch.device("cuda"), ceilings, PEERS, results, checks, settings)
     print_checks(checks)
     print(f"wrote {out_dir / name} in {time.perf_counter() - started:.0f} s")
     return 0
