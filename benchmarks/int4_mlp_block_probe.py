@@ -111,11 +111,11 @@ if HAS_GLUON:
         return _half_layout(x0, i, LX, LR, LS), _half_layout(x1, i, LX, LR, LS)
 
     @gluon.jit
-    def _act_x(act_ptr, step, I: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
-        """Down's x for K step `step`: the half layout of act (fp32 [I], written by other CTAs: loaded past L1),
-        zeros past I."""
+    def _act_x(act_ptr, step, INTER: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
+        """Down's x for K step `step`: the half layout of act (fp32 [INTER], written by other CTAs: loaded past L1),
+        zeros past INTER."""
         offs, i = _step_offsets(step * _STEP_GROUPS, _RAW)
-        x = gl.load(act_ptr + offs, mask=offs < I, other=0.0, cache_modifier=".cg")
+        x = gl.load(act_ptr + offs, mask=offs < INTER, other=0.0, cache_modifier=".cg")
         return _half_layout(x, i, LX, LR, LS)
 
     @gluon.jit
@@ -158,14 +158,14 @@ if HAS_GLUON:
 
     @gluon.jit
     def _mlp_consumer(h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring, ready, empty, programs,
-                      eps, K: gl.constexpr, I: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
+                      eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
                       WAIT: gl.constexpr):
         """The 4 consumer warps (the default partition): gate/up tiles with x held, then down step-major."""
         BN: gl.constexpr = 4 * R
         HALF: gl.constexpr = BN // 2
-        GU_TILES: gl.constexpr = 2 * I // BN
+        GU_TILES: gl.constexpr = 2 * INTER // BN
         DN_TILES: gl.constexpr = K // BN
-        DN_STEPS: gl.constexpr = (I // 64 + _STEP_GROUPS - 1) // _STEP_GROUPS
+        DN_STEPS: gl.constexpr = (INTER // 64 + _STEP_GROUPS - 1) // _STEP_GROUPS
         L4: gl.constexpr = gl.BlockedLayout([R, 1, 2, 4], [1, 32, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0])
         LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))                   # [BN, 32]
         LX: gl.constexpr = gl.SliceLayout(0, L4)                                       # [32, 2, 4]
@@ -192,8 +192,8 @@ if HAS_GLUON:
         acc0 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         acc1 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         for step in range(DN_STEPS * gl.minimum(down_tiles, 1)):      # none where the CTA has no down tile
-            _wait_count(counts_ptr, sync_ptr + 1, step, gl.minimum(_CHUNK, I - step * _CHUNK) // HALF, WAIT)
-            x0, x1, x2, x3, factor, group_sum = _act_x(act_ptr, step, I, LX, LR, LS)
+            _wait_count(counts_ptr, sync_ptr + 1, step, gl.minimum(_CHUNK, INTER - step * _CHUNK) // HALF, WAIT)
+            x0, x1, x2, x3, factor, group_sum = _act_x(act_ptr, step, INTER, LX, LR, LS)
             words, pair = _take_slot(ring, s_ring, ready, empty, item, STAGES, BN, L4, LS)
             acc0 += _step_dot(words, pair, x0, x1, x2, x3, factor, group_sum)
             item += 1
@@ -217,13 +217,13 @@ if HAS_GLUON:
 
     @gluon.jit
     def _mlp_producer(gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty, programs, K: gl.constexpr,
-                      I: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+                      INTER: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
         """The producer warp: the CTA's gate/up items (tile, K step), then its down items step-major, into the
         ring without a break; each slot asked again once the consumers released it. No PDL wait: weights do not
         depend on the kernel before."""
-        GU_TILES: gl.constexpr = 2 * I // BN
+        GU_TILES: gl.constexpr = 2 * INTER // BN
         DN_TILES: gl.constexpr = K // BN
-        DN_STEPS: gl.constexpr = (I // 64 + _STEP_GROUPS - 1) // _STEP_GROUPS
+        DN_STEPS: gl.constexpr = (INTER // 64 + _STEP_GROUPS - 1) // _STEP_GROUPS
         pid = gl.program_id(0)
         gu_items = gl.cdiv(GU_TILES - pid, programs) * 2
         down_tiles = gl.maximum((DN_TILES + pid) // programs, 1)
@@ -248,11 +248,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _mlp_block(gu_desc, gu_s_desc, dn_desc, dn_s_desc, h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr,
-                   programs, eps, K: gl.constexpr, I: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
+                   programs, eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
                    WAIT: gl.constexpr):
         """y = h + down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm weight, fp32 [K]; one CTA per SM; descriptors
         over the codes (int32 [rows, G * 8], boxes [BN, 256]) and (scale, min) words (int32 [rows, G], boxes
-        [BN, 32]); act fp32 [I] scratch; counts int32 [down's K steps] and sync int32 [2] (arrivals, errors) zero
+        [BN, 32]); act fp32 [INTER] scratch; counts int32 [down's K steps] and sync int32 [2] (arrivals, errors) zero
         at launch and left zero."""
         BN: gl.constexpr = 4 * R
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], gu_desc.layout)
@@ -264,9 +264,9 @@ if HAS_GLUON:
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([(_mlp_consumer, (h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring,
-                                             ready, empty, programs, eps, K, I, R, STAGES, WAIT)),
+                                             ready, empty, programs, eps, K, INTER, R, STAGES, WAIT)),
                             (_mlp_producer, (gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty,
-                                             programs, K, I, BN, STAGES))], [1], [40])
+                                             programs, K, INTER, BN, STAGES))], [1], [40])
 
 
 def parse_config(spec: str) -> dict:
@@ -308,7 +308,7 @@ class Block:
     def __init__(self, gate_ups: list, downs: list, config: dict):
         self.config, bn = config, 4 * config["R"]
         self.descs = [descriptors(stored_gate_up(gu, bn // 2), bn) + descriptors(dn, bn)
-                      for gu, dn in zip(gate_ups, downs)]
+                      for gu, dn in zip(gate_ups, downs, strict=True)]
         self.act = torch.zeros(INTERMEDIATE, device="cuda", dtype=torch.float32)
         self.counts = torch.zeros(8, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)       # arrivals, waits that gave up
@@ -318,7 +318,7 @@ class Block:
 
     def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, y: torch.Tensor, wait: bool = True) -> None:
         _mlp_block[(self.programs,)](*self.descs[copy], h, norm, self.act, self.counts, self.sync, y, self.programs,
-                                     EPS, K=HIDDEN, I=INTERMEDIATE, R=self.config["R"],
+                                     EPS, K=HIDDEN, INTER=INTERMEDIATE, R=self.config["R"],
                                      STAGES=self.config["STAGES"], WAIT=wait, num_warps=4, launch_pdl=True)
 
 
@@ -350,10 +350,10 @@ def main(argv=None) -> int:
     result = {"floor_us": round(bytes_ / (copy_GBps * 1e9) * 1e6, 2)}
 
     act = torch.randn(1, INTERMEDIATE, device="cuda", generator=gen).bfloat16()
+    pairs = list(zip(gate_ups, downs, strict=True))
     for kernel in ("held", "xhalf"):
         result[f"engine_{kernel}_gate_up_us"] = round(chained_us(
-            lambda pair, kernel=kernel: engine_chain(*pair, h.view(1, -1), act, kernel), list(zip(gate_ups, downs))),
-            2)
+            lambda pair, kernel=kernel: engine_chain(*pair, h.view(1, -1), act, kernel), pairs), 2)
     result["engine_pick_us"] = min(result["engine_held_gate_up_us"], result["engine_xhalf_gate_up_us"])
     print(result, flush=True)
 
