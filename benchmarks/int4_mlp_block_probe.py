@@ -22,9 +22,10 @@ are XHALF's, int4_tma_ring_probe._step_dot) and one producer warp issuing every 
 Down tiles go to CTAs in reverse order, so the CTAs with one gate/up tile fewer take the extra down tile.
 
 Timed in the same run, each chained COPIES times in a CUDA graph with PDL over copies that miss L2: this kernel
-(configs R:STAGES), the same with its waits skipped (a diagnostic: what the dependency costs; outputs then race),
-and the engine's chain (HELD's gate/up at its batch-1 pick or XHALF, each with its preparing kernel, then XHALF's
-down with its preparing kernel, adding into a residual); the floor is the two weights' bytes at the copy rate.
+(configs R:STAGES); as diagnostics the same with its counters skipped (what the dependency costs; outputs then
+race), and only its gate/up part or only its down part (also without counters); and the engine's chain (HELD's
+gate/up at its batch-1 pick or XHALF, each with its preparing kernel, then XHALF's down with its preparing kernel,
+adding into a residual). The floor is the two weights' bytes at the copy rate.
 Every config is checked against an fp32 reference (dequantized weights) before it is timed.
 
     python benchmarks/int4_mlp_block_probe.py [--configs R:STAGES,...] [--out PATH]
@@ -159,12 +160,13 @@ if HAS_GLUON:
     @gluon.jit
     def _mlp_consumer(h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring, ready, empty, programs,
                       eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                      WAIT: gl.constexpr):
-        """The 4 consumer warps (the default partition): gate/up tiles with x held, then down step-major."""
+                      WAIT: gl.constexpr, PARTS: gl.constexpr):
+        """The 4 consumer warps (the default partition): gate/up tiles with x held, then down step-major (PARTS: 1
+        gate/up only, 2 down only, 3 both)."""
         BN: gl.constexpr = 4 * R
         HALF: gl.constexpr = BN // 2
-        GU_TILES: gl.constexpr = 2 * INTER // BN
-        DN_TILES: gl.constexpr = K // BN
+        GU_TILES: gl.constexpr = 2 * INTER // BN * (PARTS & 1)
+        DN_TILES: gl.constexpr = K // BN * (PARTS >> 1)
         DN_STEPS: gl.constexpr = (INTER // 64 + _STEP_GROUPS - 1) // _STEP_GROUPS
         L4: gl.constexpr = gl.BlockedLayout([R, 1, 2, 4], [1, 32, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0])
         LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))                   # [BN, 32]
@@ -186,8 +188,9 @@ if HAS_GLUON:
                 item += 1
             tile = pid + t * programs
             _gated_store(gl.sum(acc, axis=1), act_ptr, tile, HALF)
-            gl.thread_barrier()                          # every warp's act stored before the count releases them
-            gl.atomic_add(counts_ptr + tile * HALF // _CHUNK, 1, sem="release", scope="gpu")
+            if WAIT:
+                gl.thread_barrier()                      # every warp's act stored before the count releases them
+                gl.atomic_add(counts_ptr + tile * HALF // _CHUNK, 1, sem="release", scope="gpu")
         down_tiles = (DN_TILES + pid) // programs        # tiles P - 1 - pid and 2P - 1 - pid where they exist
         acc0 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         acc1 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
@@ -217,12 +220,12 @@ if HAS_GLUON:
 
     @gluon.jit
     def _mlp_producer(gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty, programs, K: gl.constexpr,
-                      INTER: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+                      INTER: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr):
         """The producer warp: the CTA's gate/up items (tile, K step), then its down items step-major, into the
         ring without a break; each slot asked again once the consumers released it. No PDL wait: weights do not
         depend on the kernel before."""
-        GU_TILES: gl.constexpr = 2 * INTER // BN
-        DN_TILES: gl.constexpr = K // BN
+        GU_TILES: gl.constexpr = 2 * INTER // BN * (PARTS & 1)
+        DN_TILES: gl.constexpr = K // BN * (PARTS >> 1)
         DN_STEPS: gl.constexpr = (INTER // 64 + _STEP_GROUPS - 1) // _STEP_GROUPS
         pid = gl.program_id(0)
         gu_items = gl.cdiv(GU_TILES - pid, programs) * 2
@@ -249,7 +252,7 @@ if HAS_GLUON:
     @gluon.jit
     def _mlp_block(gu_desc, gu_s_desc, dn_desc, dn_s_desc, h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr,
                    programs, eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                   WAIT: gl.constexpr):
+                   WAIT: gl.constexpr, PARTS: gl.constexpr = 3):
         """y = h + down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm weight, fp32 [K]; one CTA per SM; descriptors
         over the codes (int32 [rows, G * 8], boxes [BN, 256]) and (scale, min) words (int32 [rows, G], boxes
         [BN, 32]); act fp32 [INTER] scratch; counts int32 [down's K steps] and sync int32 [2] (arrivals, errors) zero
@@ -264,9 +267,9 @@ if HAS_GLUON:
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([(_mlp_consumer, (h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring,
-                                             ready, empty, programs, eps, K, INTER, R, STAGES, WAIT)),
+                                             ready, empty, programs, eps, K, INTER, R, STAGES, WAIT, PARTS)),
                             (_mlp_producer, (gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty,
-                                             programs, K, INTER, BN, STAGES))], [1], [40])
+                                             programs, K, INTER, BN, STAGES, PARTS))], [1], [40])
 
 
 def parse_config(spec: str) -> dict:
@@ -316,10 +319,14 @@ class Block:
         if HIDDEN // bn > 2 * self.programs:
             raise ValueError(f"R={config['R']}: {HIDDEN // bn} down tiles, more than 2 per CTA")
 
-    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, y: torch.Tensor, wait: bool = True) -> None:
+    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, y: torch.Tensor, wait: bool = True,
+               parts: int = 3) -> None:
+        """One launch on copy's weights; wait False skips the counters (outputs then race), parts 1 or 2 runs only
+        gate/up or only down (diagnostics)."""
         _mlp_block[(self.programs,)](*self.descs[copy], h, norm, self.act, self.counts, self.sync, y, self.programs,
                                      EPS, K=HIDDEN, INTER=INTERMEDIATE, R=self.config["R"],
-                                     STAGES=self.config["STAGES"], WAIT=wait, num_warps=4, launch_pdl=True)
+                                     STAGES=self.config["STAGES"], WAIT=wait, PARTS=parts, num_warps=4,
+                                     launch_pdl=True)
 
 
 def engine_chain(gate_up: dict, down: dict, x: torch.Tensor, act: torch.Tensor, gate_up_kernel: str) -> None:
@@ -371,8 +378,10 @@ def main(argv=None) -> int:
             if entry["rel_err"] <= 1e-2 and entry["gave_up_waits"] == 0 and entry["counters_left"] == 0:
                 copies = list(range(COPIES))
                 entry["us"] = round(chained_us(lambda c, block=block: block.launch(c, h, norm, y), copies), 2)
-                entry["no_wait_us"] = round(chained_us(lambda c, block=block: block.launch(c, h, norm, y, False),
-                                                       copies), 2)
+                for name, wait, parts in (("no_wait", False, 3), ("gate_up_only", False, 1), ("down_only", False, 2)):
+                    entry[f"{name}_us"] = round(chained_us(
+                        lambda c, block=block, wait=wait, parts=parts: block.launch(c, h, norm, y, wait, parts),
+                        copies), 2)
                 entry["over_engine_pick"] = round(entry["us"] / result["engine_pick_us"], 3)
                 entry["over_floor"] = round(entry["us"] / result["floor_us"], 3)
                 entry["gave_up_waits_after_timing"] = int(block.sync[1].item())
