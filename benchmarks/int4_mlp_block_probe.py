@@ -342,9 +342,13 @@ def engine_chain(gate_up: dict, down: dict, x: torch.Tensor, act: torch.Tensor, 
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-mlp-block-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="R:STAGES, comma-separated")
+    parser.add_argument("--profile", default="", metavar="R:STAGES:PARTS",
+                        help="only launch that config three times on one copy (for a profiler), then stop")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
+    if args.profile:
+        return profile(args.profile)
     from tierllm.bench.probe import hbm_copy_GBps
 
     copy_GBps = hbm_copy_GBps()
@@ -407,6 +411,27 @@ def main(argv=None) -> int:
                           "preparing kernel (engine_pick_us: the faster)"},
                  result, checks, {"copies": COPIES, "group": GROUP, "pdl": True, "eps": EPS})
     print(f"wrote {args.out}")
+    return 0
+
+
+def profile(spec: str) -> int:
+    """Launch one config (R:STAGES:PARTS) three times on one random copy of each weight, for a profiler."""
+    from int4_gluon_probe import scale_min_pairs
+    from int4_stream_probe import random_int4_copies
+
+    r, stages, parts = map(int, spec.split(":"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    copies = []
+    for n, k in ((2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)):
+        [w] = random_int4_copies(n, k, 1, gen, GROUP, min_jitter=0.1)
+        w["words"], w["pairs"] = w["qweight"].view(torch.int32), scale_min_pairs(w["scales"], w["mins"])
+        copies.append([w])
+    block = Block(*copies, {"R": r, "STAGES": stages})
+    h = torch.randn(HIDDEN, device="cuda", generator=gen).bfloat16()
+    y = torch.zeros(HIDDEN, device="cuda", dtype=torch.float32)
+    for _ in range(3):
+        block.launch(0, h, torch.ones_like(h), y, parts == 3, parts)
+    torch.cuda.synchronize()
     return 0
 
 
