@@ -49,6 +49,7 @@ HIDDEN, INTERMEDIATE = 4096, 11008
 CHUNK = 2048                     # channels of one of down's K steps (32 groups of 64)
 EPS = 1e-5
 SPIN_LIMIT = 1 << 22             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
+REPLICAS = 4                     # copies of SiLU(gate) * up that the CTAs read down's x from
 CONFIGS = ["4:8", "4:10", "4:12", "8:5", "8:6"]
 HELD_GATE_UP = (1, 1, 16)        # HELD's batch-1 pick for gate/up on an H200 (sessions 45-46)
 
@@ -65,17 +66,35 @@ if HAS_GLUON:
     # [32, 2, 4, 8]: a step's 32 groups x 2 runs x 4 words x 8 values, each lane one group's 64 values, every warp
     # all of them (the 4 warps replicate)
     _RAW = gl.constexpr(gl.BlockedLayout([1, 2, 4, 8], [32, 1, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0]))
+    # a step's values [32, 64] as a CTA loads them from global memory: 4 consecutive values a thread, two whole groups
+    # (512 B) a warp, the 4 warps different groups (full sectors; all 132 CTAs read the same lines, so each reads them
+    # once, not once per warp)
+    _COALESCED = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
+    # the same as each lane reads its group back (every warp all groups)
+    _ROWS = gl.constexpr(gl.BlockedLayout([1, 64], [32, 1], [4, 1], [1, 0]))
+    # 16-byte chunks swizzled by row, so that the 8 lanes of a shared-memory phase reading the same chunk of 8 rows
+    # hit different banks
+    _STAGED = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
 
     @gluon.jit
-    def _step_offsets(g0, LRAW: gl.constexpr):
-        """x's offsets [32, 2, 4, 8] for groups g0 .. g0 + 31, and the value index within a word [1, 1, 1, 8]."""
-        g = gl.arange(0, _STEP_GROUPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LRAW))))
-        r = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LRAW))))
-        w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LRAW))))
-        i = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LRAW))))
-        offs = ((g0 + g[:, None, None, None]) * 64 + r[None, :, None, None] * 32 + w[None, None, :, None] * 8
-                + i[None, None, None, :])
-        return offs, i[None, None, None, :]
+    def _value_index():
+        """The value index within a word [1, 1, 1, 8] in _RAW: odd values are high nibbles."""
+        i = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, _RAW))))
+        return i[None, None, None, :]
+
+    @gluon.jit
+    def _stage(ptr, base, limit, buf):
+        """ptr[base .. base + 2047] (zeros from limit on) as fp32 into buf [32, 64], loaded once per CTA, coalesced
+        and past L1 (they may have been written by other CTAs)."""
+        g = gl.arange(0, _STEP_GROUPS, layout=gl.SliceLayout(1, _COALESCED))[:, None]
+        v = gl.arange(0, 64, layout=gl.SliceLayout(0, _COALESCED))[None, :]
+        offs = base + g * 64 + v
+        buf.store(gl.load(ptr + offs, mask=offs < limit, other=0.0, cache_modifier=".cg").to(gl.float32))
+
+    @gluon.jit
+    def _staged(buf):
+        """A staged step [32, 64] (after the partition's barrier) as each lane's group [32, 2, 4, 8] (_RAW)."""
+        return gl.convert_layout(gl.reshape(buf.load(_ROWS), [_STEP_GROUPS, 2, 4, 8]), _RAW)
 
     @gluon.jit
     def _half_layout(x, i, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
@@ -100,24 +119,33 @@ if HAS_GLUON:
                 _group_sums(gl.convert_layout(x_sum, LR), LS))
 
     @gluon.jit
-    def _normed_x(h_ptr, norm_ptr, eps, K: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
-        """The RMS norm of h (bf16 [K], K = 2 steps) times its weight, as both steps' half layouts."""
-        offs, i = _step_offsets(0, _RAW)
-        h0 = gl.load(h_ptr + offs).to(gl.float32)
-        h1 = gl.load(h_ptr + offs + _CHUNK).to(gl.float32)
-        squares = gl.sum(gl.sum(gl.sum(gl.sum(h0 * h0 + h1 * h1, axis=3), axis=2), axis=1), axis=0)
-        rstd = gl.rsqrt(squares / K + eps)
-        x0 = h0 * rstd * gl.load(norm_ptr + offs).to(gl.float32)
-        x1 = h1 * rstd * gl.load(norm_ptr + offs + _CHUNK).to(gl.float32)
-        return _half_layout(x0, i, LX, LR, LS), _half_layout(x1, i, LX, LR, LS)
+    def _normed_x(h_ptr, norm_ptr, eps, bufs, K: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr,
+                  LS: gl.constexpr):
+        """The RMS norm of h (bf16 [K], K = 2 steps) times its weight, as both steps' half layouts; h and the weight
+        staged through bufs [4, 32, 64]."""
+        _stage(h_ptr, 0, K, bufs.index(0))
+        _stage(h_ptr, _CHUNK, K, bufs.index(1))
+        _stage(norm_ptr, 0, K, bufs.index(2))
+        _stage(norm_ptr, _CHUNK, K, bufs.index(3))
+        gl.thread_barrier()
+        h0 = _staged(bufs.index(0))
+        h1 = _staged(bufs.index(1))
+        rstd = gl.rsqrt(gl.sum(gl.sum(gl.sum(gl.sum(h0 * h0 + h1 * h1, axis=3), axis=2), axis=1), axis=0) / K + eps)
+        i = _value_index()
+        x_a = _half_layout(_staged(bufs.index(0)) * rstd * _staged(bufs.index(2)), i, LX, LR, LS)
+        x_b = _half_layout(_staged(bufs.index(1)) * rstd * _staged(bufs.index(3)), i, LX, LR, LS)
+        gl.thread_barrier()                              # read by every warp before down's steps take the buffers
+        return x_a, x_b
 
     @gluon.jit
-    def _act_x(act_ptr, step, INTER: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
-        """Down's x for K step `step`: the half layout of act (fp32 [INTER], written by other CTAs: loaded past L1),
-        zeros past INTER."""
-        offs, i = _step_offsets(step * _STEP_GROUPS, _RAW)
-        x = gl.load(act_ptr + offs, mask=offs < INTER, other=0.0, cache_modifier=".cg")
-        return _half_layout(x, i, LX, LR, LS)
+    def _act_x(act_ptr, step, bufs, INTER: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
+        """Down's x for K step `step`: the half layout of act (fp32 [INTER]), zeros past INTER; staged through
+        bufs[step % 2], so one barrier a step suffices (a buffer is written again only after every warp passed the
+        next step's barrier)."""
+        buf = bufs.index(step % 2)
+        _stage(act_ptr, step * _CHUNK, INTER, buf)
+        gl.thread_barrier()
+        return _half_layout(_staged(buf), _value_index(), LX, LR, LS)
 
     @gluon.jit
     def _wait_count(counts_ptr, errors_ptr, chunk, target, WAIT: gl.constexpr):
@@ -146,21 +174,24 @@ if HAS_GLUON:
         return words, pair
 
     @gluon.jit
-    def _gated_store(rows, act_ptr, tile, HALF: gl.constexpr):
+    def _gated_store(rows, act_ptr, tile, HALF: gl.constexpr, INTER: gl.constexpr, REPLICAS: gl.constexpr):
         """A gate/up tile's row sums [BN] (HALF gate rows, then the same channels' up rows) as SiLU(gate) * up into
-        act's channels tile * HALF .."""
+        channels tile * HALF .. of each of act's REPLICAS copies (so that the CTAs' reads of a step spread over more
+        L2 slices)."""
         L2: gl.constexpr = gl.BlockedLayout([2, 1], [1, 32], [1, 4], [1, 0])     # each thread both of a channel's
         pairs = gl.convert_layout(gl.reshape(rows, [2, HALF]), L2)                       # [2, HALF]
         which = gl.arange(0, 2, layout=gl.SliceLayout(1, L2))[:, None]
         gate = gl.sum(gl.where(which == 0, pairs, 0.0), axis=0)
         up = gl.sum(gl.where(which == 1, pairs, 0.0), axis=0)
         act = gate / (1.0 + gl.exp(-gate)) * up
-        gl.store(act_ptr + tile * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, L2)), act)
+        channels = tile * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, L2))
+        for replica in gl.static_range(REPLICAS):
+            gl.store(act_ptr + replica * INTER + channels, act)
 
     @gluon.jit
-    def _mlp_consumer(h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring, ready, empty, programs,
-                      eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                      WAIT: gl.constexpr, PARTS: gl.constexpr):
+    def _mlp_consumer(h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring, ready, empty, bufs,
+                      programs, eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
+                      WAIT: gl.constexpr, PARTS: gl.constexpr, REPLICAS: gl.constexpr):
         """The 4 consumer warps (the default partition): gate/up tiles with x held, then down step-major (PARTS: 1
         gate/up only, 2 down only, 3 both)."""
         BN: gl.constexpr = 4 * R
@@ -175,7 +206,7 @@ if HAS_GLUON:
         pid = gl.program_id(0)
         gdc_launch_dependents()
         gdc_wait()
-        x_a, x_b = _normed_x(h_ptr, norm_ptr, eps, K, LX, LR, LS)
+        x_a, x_b = _normed_x(h_ptr, norm_ptr, eps, bufs, K, LX, LR, LS)
         a0, a1, a2, a3, a_factor, a_sum = x_a
         b0, b1, b2, b3, b_factor, b_sum = x_b
         item = 0
@@ -187,7 +218,7 @@ if HAS_GLUON:
                                       b_sum)
                 item += 1
             tile = pid + t * programs
-            _gated_store(gl.sum(acc, axis=1), act_ptr, tile, HALF)
+            _gated_store(gl.sum(acc, axis=1), act_ptr, tile, HALF, INTER, REPLICAS)
             if WAIT:
                 gl.thread_barrier()                      # every warp's act stored before the count releases them
                 gl.atomic_add(counts_ptr + tile * HALF // _CHUNK, 1, sem="release", scope="gpu")
@@ -196,7 +227,8 @@ if HAS_GLUON:
         acc1 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         for step in range(DN_STEPS * gl.minimum(down_tiles, 1)):      # none where the CTA has no down tile
             _wait_count(counts_ptr, sync_ptr + 1, step, gl.minimum(_CHUNK, INTER - step * _CHUNK) // HALF, WAIT)
-            x0, x1, x2, x3, factor, group_sum = _act_x(act_ptr, step, INTER, LX, LR, LS)
+            x0, x1, x2, x3, factor, group_sum = _act_x(act_ptr + pid % REPLICAS * INTER, step, bufs, INTER, LX, LR,
+                                                       LS)
             words, pair = _take_slot(ring, s_ring, ready, empty, item, STAGES, BN, L4, LS)
             acc0 += _step_dot(words, pair, x0, x1, x2, x3, factor, group_sum)
             item += 1
@@ -252,22 +284,24 @@ if HAS_GLUON:
     @gluon.jit
     def _mlp_block(gu_desc, gu_s_desc, dn_desc, dn_s_desc, h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr,
                    programs, eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                   WAIT: gl.constexpr, PARTS: gl.constexpr = 3):
+                   WAIT: gl.constexpr, PARTS: gl.constexpr = 3, REPLICAS: gl.constexpr = 4):
         """y = h + down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm weight, fp32 [K]; one CTA per SM; descriptors
         over the codes (int32 [rows, G * 8], boxes [BN, 256]) and (scale, min) words (int32 [rows, G], boxes
-        [BN, 32]); act fp32 [INTER] scratch; counts int32 [down's K steps] and sync int32 [2] (arrivals, errors) zero
-        at launch and left zero."""
+        [BN, 32]); act fp32 [REPLICAS, INTER] scratch; counts int32 [down's K steps] and sync int32 [2] (arrivals,
+        errors) zero at launch and left zero."""
         BN: gl.constexpr = 4 * R
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], gu_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_GROUPS], gu_s_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        bufs = gl.allocate_shared_memory(gl.float32, [4, _STEP_GROUPS, 64], _STAGED)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([(_mlp_consumer, (h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring,
-                                             ready, empty, programs, eps, K, INTER, R, STAGES, WAIT, PARTS)),
+                                             ready, empty, bufs, programs, eps, K, INTER, R, STAGES, WAIT, PARTS,
+                                             REPLICAS)),
                             (_mlp_producer, (gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty,
                                              programs, K, INTER, BN, STAGES, PARTS))], [1], [40])
 
@@ -312,7 +346,7 @@ class Block:
         self.config, bn = config, 4 * config["R"]
         self.descs = [descriptors(stored_gate_up(gu, bn // 2), bn) + descriptors(dn, bn)
                       for gu, dn in zip(gate_ups, downs, strict=True)]
-        self.act = torch.zeros(INTERMEDIATE, device="cuda", dtype=torch.float32)
+        self.act = torch.zeros(REPLICAS, INTERMEDIATE, device="cuda", dtype=torch.float32)
         self.counts = torch.zeros(8, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)       # arrivals, waits that gave up
         self.programs = torch.cuda.get_device_properties(0).multi_processor_count
@@ -325,8 +359,8 @@ class Block:
         gate/up or only down (diagnostics)."""
         _mlp_block[(self.programs,)](*self.descs[copy], h, norm, self.act, self.counts, self.sync, y, self.programs,
                                      EPS, K=HIDDEN, INTER=INTERMEDIATE, R=self.config["R"],
-                                     STAGES=self.config["STAGES"], WAIT=wait, PARTS=parts, num_warps=4,
-                                     launch_pdl=True)
+                                     STAGES=self.config["STAGES"], WAIT=wait, PARTS=parts, REPLICAS=REPLICAS,
+                                     num_warps=4, launch_pdl=True)
 
 
 def engine_chain(gate_up: dict, down: dict, x: torch.Tensor, act: torch.Tensor, gate_up_kernel: str) -> None:
