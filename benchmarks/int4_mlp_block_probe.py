@@ -50,7 +50,7 @@ CHUNK = 2048                     # channels of one of down's K steps (32 groups 
 EPS = 1e-5
 SPIN_LIMIT = 1 << 22             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
 REPLICAS = 4                     # copies of SiLU(gate) * up that the CTAs read down's x from
-CONFIGS = ["4:8", "4:10", "4:12", "8:5", "8:6"]
+CONFIGS = ["4:8", "4:10", "8:5", "2:8:8", "2:10:8", "4:6:8"]
 HELD_GATE_UP = (1, 1, 16)        # HELD's batch-1 pick for gate/up on an H200 (sessions 45-46)
 
 if HAS_GLUON:
@@ -63,38 +63,35 @@ if HAS_GLUON:
     _CHUNK = gl.constexpr(CHUNK)
     _SPIN_LIMIT = gl.constexpr(SPIN_LIMIT)
 
-    # [32, 2, 4, 8]: a step's 32 groups x 2 runs x 4 words x 8 values, each lane one group's 64 values, every warp
-    # all of them (the 4 warps replicate)
-    _RAW = gl.constexpr(gl.BlockedLayout([1, 2, 4, 8], [32, 1, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0]))
-    # a step's values [32, 64] as a CTA loads them from global memory: 4 consecutive values a thread, two whole groups
-    # (512 B) a warp, the 4 warps different groups (full sectors; all 132 CTAs read the same lines, so each reads them
-    # once, not once per warp)
-    _COALESCED = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
-    # the same as each lane reads its group back (every warp all groups)
-    _ROWS = gl.constexpr(gl.BlockedLayout([1, 64], [32, 1], [4, 1], [1, 0]))
     # 16-byte chunks swizzled by row, so that the 8 lanes of a shared-memory phase reading the same chunk of 8 rows
     # hit different banks
     _STAGED = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
 
     @gluon.jit
-    def _value_index():
-        """The value index within a word [1, 1, 1, 8] in _RAW: odd values are high nibbles."""
-        i = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, _RAW))))
+    def _value_index(WARPS: gl.constexpr):
+        """The value index within a word [1, 1, 1, 8] in _staged's layout: odd values are high nibbles."""
+        RAW: gl.constexpr = gl.BlockedLayout([1, 2, 4, 8], [32, 1, 1, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
+        i = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, RAW))))
         return i[None, None, None, :]
 
     @gluon.jit
-    def _stage(ptr, base, limit, buf):
-        """ptr[base .. base + 2047] (zeros from limit on) as fp32 into buf [32, 64], loaded once per CTA, coalesced
-        and past L1 (they may have been written by other CTAs)."""
-        g = gl.arange(0, _STEP_GROUPS, layout=gl.SliceLayout(1, _COALESCED))[:, None]
-        v = gl.arange(0, 64, layout=gl.SliceLayout(0, _COALESCED))[None, :]
+    def _fetch(ptr, base, limit, WARPS: gl.constexpr):
+        """ptr[base .. base + 2047] (zeros from limit on) as fp32 [32, 64], loaded once per CTA past L1 (they may
+        have been written by other CTAs) and coalesced: 4 consecutive values a thread, two whole groups (512 B) a
+        warp. All CTAs read the same lines, so each reads them once, not once per warp."""
+        COALESCED: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WARPS, 1], [1, 0])
+        g = gl.arange(0, _STEP_GROUPS, layout=gl.SliceLayout(1, COALESCED))[:, None]
+        v = gl.arange(0, 64, layout=gl.SliceLayout(0, COALESCED))[None, :]
         offs = base + g * 64 + v
-        buf.store(gl.load(ptr + offs, mask=offs < limit, other=0.0, cache_modifier=".cg").to(gl.float32))
+        return gl.load(ptr + offs, mask=offs < limit, other=0.0, cache_modifier=".cg").to(gl.float32)
 
     @gluon.jit
-    def _staged(buf):
-        """A staged step [32, 64] (after the partition's barrier) as each lane's group [32, 2, 4, 8] (_RAW)."""
-        return gl.convert_layout(gl.reshape(buf.load(_ROWS), [_STEP_GROUPS, 2, 4, 8]), _RAW)
+    def _staged(buf, WARPS: gl.constexpr):
+        """A staged step [32, 64] (after the partition's barrier) as each lane's group [32, 2, 4, 8] (32 groups x 2
+        runs x 4 words x 8 values; every warp all of them)."""
+        ROWS: gl.constexpr = gl.BlockedLayout([1, 64], [32, 1], [WARPS, 1], [1, 0])
+        RAW: gl.constexpr = gl.BlockedLayout([1, 2, 4, 8], [32, 1, 1, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
+        return gl.convert_layout(gl.reshape(buf.load(ROWS), [_STEP_GROUPS, 2, 4, 8]), RAW)
 
     @gluon.jit
     def _half_layout(x, i, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
@@ -119,33 +116,23 @@ if HAS_GLUON:
                 _group_sums(gl.convert_layout(x_sum, LR), LS))
 
     @gluon.jit
-    def _normed_x(h_ptr, norm_ptr, eps, bufs, K: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr,
-                  LS: gl.constexpr):
+    def _normed_x(h_ptr, norm_ptr, eps, bufs, K: gl.constexpr, WARPS: gl.constexpr, LX: gl.constexpr,
+                  LR: gl.constexpr, LS: gl.constexpr):
         """The RMS norm of h (bf16 [K], K = 2 steps) times its weight, as both steps' half layouts; h and the weight
         staged through bufs [4, 32, 64]."""
-        _stage(h_ptr, 0, K, bufs.index(0))
-        _stage(h_ptr, _CHUNK, K, bufs.index(1))
-        _stage(norm_ptr, 0, K, bufs.index(2))
-        _stage(norm_ptr, _CHUNK, K, bufs.index(3))
+        bufs.index(0).store(_fetch(h_ptr, 0, K, WARPS))
+        bufs.index(1).store(_fetch(h_ptr, _CHUNK, K, WARPS))
+        bufs.index(2).store(_fetch(norm_ptr, 0, K, WARPS))
+        bufs.index(3).store(_fetch(norm_ptr, _CHUNK, K, WARPS))
         gl.thread_barrier()
-        h0 = _staged(bufs.index(0))
-        h1 = _staged(bufs.index(1))
+        h0 = _staged(bufs.index(0), WARPS)
+        h1 = _staged(bufs.index(1), WARPS)
         rstd = gl.rsqrt(gl.sum(gl.sum(gl.sum(gl.sum(h0 * h0 + h1 * h1, axis=3), axis=2), axis=1), axis=0) / K + eps)
-        i = _value_index()
-        x_a = _half_layout(_staged(bufs.index(0)) * rstd * _staged(bufs.index(2)), i, LX, LR, LS)
-        x_b = _half_layout(_staged(bufs.index(1)) * rstd * _staged(bufs.index(3)), i, LX, LR, LS)
+        i = _value_index(WARPS)
+        x_a = _half_layout(_staged(bufs.index(0), WARPS) * rstd * _staged(bufs.index(2), WARPS), i, LX, LR, LS)
+        x_b = _half_layout(_staged(bufs.index(1), WARPS) * rstd * _staged(bufs.index(3), WARPS), i, LX, LR, LS)
         gl.thread_barrier()                              # read by every warp before down's steps take the buffers
         return x_a, x_b
-
-    @gluon.jit
-    def _act_x(act_ptr, step, bufs, INTER: gl.constexpr, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
-        """Down's x for K step `step`: the half layout of act (fp32 [INTER]), zeros past INTER; staged through
-        bufs[step % 2], so one barrier a step suffices (a buffer is written again only after every warp passed the
-        next step's barrier)."""
-        buf = bufs.index(step % 2)
-        _stage(act_ptr, step * _CHUNK, INTER, buf)
-        gl.thread_barrier()
-        return _half_layout(_staged(buf), _value_index(), LX, LR, LS)
 
     @gluon.jit
     def _wait_count(counts_ptr, errors_ptr, chunk, target, WAIT: gl.constexpr):
@@ -174,11 +161,12 @@ if HAS_GLUON:
         return words, pair
 
     @gluon.jit
-    def _gated_store(rows, act_ptr, tile, HALF: gl.constexpr, INTER: gl.constexpr, REPLICAS: gl.constexpr):
+    def _gated_store(rows, act_ptr, tile, HALF: gl.constexpr, INTER: gl.constexpr, REPLICAS: gl.constexpr,
+                     WARPS: gl.constexpr):
         """A gate/up tile's row sums [BN] (HALF gate rows, then the same channels' up rows) as SiLU(gate) * up into
         channels tile * HALF .. of each of act's REPLICAS copies (so that the CTAs' reads of a step spread over more
         L2 slices)."""
-        L2: gl.constexpr = gl.BlockedLayout([2, 1], [1, 32], [1, 4], [1, 0])     # each thread both of a channel's
+        L2: gl.constexpr = gl.BlockedLayout([2, 1], [1, 32], [1, WARPS], [1, 0])  # each thread both of a channel's
         pairs = gl.convert_layout(gl.reshape(rows, [2, HALF]), L2)                       # [2, HALF]
         which = gl.arange(0, 2, layout=gl.SliceLayout(1, L2))[:, None]
         gate = gl.sum(gl.where(which == 0, pairs, 0.0), axis=0)
@@ -191,22 +179,22 @@ if HAS_GLUON:
     @gluon.jit
     def _mlp_consumer(h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring, ready, empty, bufs,
                       programs, eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                      WAIT: gl.constexpr, PARTS: gl.constexpr, REPLICAS: gl.constexpr):
-        """The 4 consumer warps (the default partition): gate/up tiles with x held, then down step-major (PARTS: 1
-        gate/up only, 2 down only, 3 both)."""
-        BN: gl.constexpr = 4 * R
+                      WARPS: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr, REPLICAS: gl.constexpr):
+        """The WARPS consumer warps (the default partition): gate/up tiles with x held, then down step-major, each
+        step's act fetched during the step before (PARTS: 1 gate/up only, 2 down only, 3 both)."""
+        BN: gl.constexpr = WARPS * R
         HALF: gl.constexpr = BN // 2
         GU_TILES: gl.constexpr = 2 * INTER // BN * (PARTS & 1)
         DN_TILES: gl.constexpr = K // BN * (PARTS >> 1)
         DN_STEPS: gl.constexpr = (INTER // 64 + _STEP_GROUPS - 1) // _STEP_GROUPS
-        L4: gl.constexpr = gl.BlockedLayout([R, 1, 2, 4], [1, 32, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0])
+        L4: gl.constexpr = gl.BlockedLayout([R, 1, 2, 4], [1, 32, 1, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
         LS: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))                   # [BN, 32]
         LX: gl.constexpr = gl.SliceLayout(0, L4)                                       # [32, 2, 4]
         LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(3, L4))                   # [32, 2]
         pid = gl.program_id(0)
         gdc_launch_dependents()
         gdc_wait()
-        x_a, x_b = _normed_x(h_ptr, norm_ptr, eps, bufs, K, LX, LR, LS)
+        x_a, x_b = _normed_x(h_ptr, norm_ptr, eps, bufs, K, WARPS, LX, LR, LS)
         a0, a1, a2, a3, a_factor, a_sum = x_a
         b0, b1, b2, b3, b_factor, b_sum = x_b
         item = 0
@@ -218,17 +206,25 @@ if HAS_GLUON:
                                       b_sum)
                 item += 1
             tile = pid + t * programs
-            _gated_store(gl.sum(acc, axis=1), act_ptr, tile, HALF, INTER, REPLICAS)
+            _gated_store(gl.sum(acc, axis=1), act_ptr, tile, HALF, INTER, REPLICAS, WARPS)
             if WAIT:
                 gl.thread_barrier()                      # every warp's act stored before the count releases them
                 gl.atomic_add(counts_ptr + tile * HALF // _CHUNK, 1, sem="release", scope="gpu")
         down_tiles = (DN_TILES + pid) // programs        # tiles P - 1 - pid and 2P - 1 - pid where they exist
         acc0 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         acc1 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
+        act_row = act_ptr + pid % REPLICAS * INTER
+        _wait_count(counts_ptr, sync_ptr + 1, 0, _CHUNK // HALF, WAIT)
+        fetched = _fetch(act_row, 0, INTER, WARPS)
         for step in range(DN_STEPS * gl.minimum(down_tiles, 1)):      # none where the CTA has no down tile
-            _wait_count(counts_ptr, sync_ptr + 1, step, gl.minimum(_CHUNK, INTER - step * _CHUNK) // HALF, WAIT)
-            x0, x1, x2, x3, factor, group_sum = _act_x(act_ptr + pid % REPLICAS * INTER, step, bufs, INTER, LX, LR,
-                                                       LS)
+            buf = bufs.index(step % 2)                   # written again only after every warp passed the next barrier
+            buf.store(fetched)
+            gl.thread_barrier()
+            following = gl.minimum(step + 1, DN_STEPS - 1)      # the last step fetches itself again, unused
+            _wait_count(counts_ptr, sync_ptr + 1, following, gl.minimum(_CHUNK, INTER - following * _CHUNK) // HALF,
+                        WAIT)
+            fetched = _fetch(act_row, following * _CHUNK, INTER, WARPS)
+            x0, x1, x2, x3, factor, group_sum = _half_layout(_staged(buf, WARPS), _value_index(WARPS), LX, LR, LS)
             words, pair = _take_slot(ring, s_ring, ready, empty, item, STAGES, BN, L4, LS)
             acc0 += _step_dot(words, pair, x0, x1, x2, x3, factor, group_sum)
             item += 1
@@ -288,8 +284,10 @@ if HAS_GLUON:
         """y = h + down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm weight, fp32 [K]; one CTA per SM; descriptors
         over the codes (int32 [rows, G * 8], boxes [BN, 256]) and (scale, min) words (int32 [rows, G], boxes
         [BN, 32]); act fp32 [REPLICAS, INTER] scratch; counts int32 [down's K steps] and sync int32 [2] (arrivals,
-        errors) zero at launch and left zero."""
-        BN: gl.constexpr = 4 * R
+        errors) zero at launch and left zero. The consumers are the launch's num_warps, BN = num_warps * R rows a
+        slot."""
+        WARPS: gl.constexpr = gl.num_warps()
+        BN: gl.constexpr = WARPS * R
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], gu_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_GROUPS], gu_s_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -300,16 +298,17 @@ if HAS_GLUON:
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([(_mlp_consumer, (h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring,
-                                             ready, empty, bufs, programs, eps, K, INTER, R, STAGES, WAIT, PARTS,
-                                             REPLICAS)),
+                                             ready, empty, bufs, programs, eps, K, INTER, R, STAGES, WARPS, WAIT,
+                                             PARTS, REPLICAS)),
                             (_mlp_producer, (gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty,
                                              programs, K, INTER, BN, STAGES, PARTS))], [1], [40])
 
 
 def parse_config(spec: str) -> dict:
-    """R:STAGES: rows per consumer warp (a slot is 4R rows), ring slots per CTA."""
-    r, stages = map(int, spec.split(":"))
-    return {"R": r, "STAGES": stages}
+    """R:STAGES[:WARPS]: rows per consumer warp, ring slots per CTA, consumer warps (4 or 8; a slot is WARPS * R
+    rows)."""
+    r, stages, *warps = map(int, spec.split(":"))
+    return {"R": r, "STAGES": stages, "WARPS": warps[0] if warps else 4}
 
 
 def interleaved_rows(n_half: int, half: int) -> torch.Tensor:
@@ -343,7 +342,7 @@ class Block:
     buffers, counters."""
 
     def __init__(self, gate_ups: list, downs: list, config: dict):
-        self.config, bn = config, 4 * config["R"]
+        self.config, bn = config, config["WARPS"] * config["R"]
         self.descs = [descriptors(stored_gate_up(gu, bn // 2), bn) + descriptors(dn, bn)
                       for gu, dn in zip(gate_ups, downs, strict=True)]
         self.act = torch.zeros(REPLICAS, INTERMEDIATE, device="cuda", dtype=torch.float32)
@@ -360,7 +359,7 @@ class Block:
         _mlp_block[(self.programs,)](*self.descs[copy], h, norm, self.act, self.counts, self.sync, y, self.programs,
                                      EPS, K=HIDDEN, INTER=INTERMEDIATE, R=self.config["R"],
                                      STAGES=self.config["STAGES"], WAIT=wait, PARTS=parts, REPLICAS=REPLICAS,
-                                     num_warps=4, launch_pdl=True)
+                                     num_warps=self.config["WARPS"], launch_pdl=True)
 
 
 def engine_chain(gate_up: dict, down: dict, x: torch.Tensor, act: torch.Tensor, gate_up_kernel: str) -> None:
@@ -375,8 +374,8 @@ def engine_chain(gate_up: dict, down: dict, x: torch.Tensor, act: torch.Tensor, 
 
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-mlp-block-probe-h200.json")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="R:STAGES, comma-separated")
-    parser.add_argument("--profile", default="", metavar="R:STAGES:PARTS",
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="R:STAGES[:WARPS], comma-separated")
+    parser.add_argument("--profile", default="", metavar="R:STAGES:WARPS:PARTS",
                         help="only launch that config three times on one copy (for a profiler), then stop")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
@@ -449,18 +448,18 @@ def main(argv=None) -> int:
 
 
 def profile(spec: str) -> int:
-    """Launch one config (R:STAGES:PARTS) three times on one random copy of each weight, for a profiler."""
+    """Launch one config (R:STAGES:WARPS:PARTS) three times on one random copy of each weight, for a profiler."""
     from int4_gluon_probe import scale_min_pairs
     from int4_stream_probe import random_int4_copies
 
-    r, stages, parts = map(int, spec.split(":"))
+    r, stages, warps, parts = map(int, spec.split(":"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     copies = []
     for n, k in ((2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)):
         [w] = random_int4_copies(n, k, 1, gen, GROUP, min_jitter=0.1)
         w["words"], w["pairs"] = w["qweight"].view(torch.int32), scale_min_pairs(w["scales"], w["mins"])
         copies.append([w])
-    block = Block(*copies, {"R": r, "STAGES": stages})
+    block = Block(*copies, {"R": r, "STAGES": stages, "WARPS": warps})
     h = torch.randn(HIDDEN, device="cuda", generator=gen).bfloat16()
     y = torch.zeros(HIDDEN, device="cuda", dtype=torch.float32)
     for _ in range(3):
