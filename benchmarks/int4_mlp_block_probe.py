@@ -22,13 +22,13 @@ are XHALF's, int4_tma_ring_probe._step_dot) and one producer warp issuing every 
 Down tiles go to CTAs in reverse order, so the CTAs with one gate/up tile fewer take the extra down tile.
 
 Timed in the same run, each chained COPIES times in a CUDA graph with PDL over copies that miss L2: this kernel
-(configs R:STAGES); as diagnostics the same with its counters skipped (what the dependency costs; outputs then
-race), and only its gate/up part or only its down part (also without counters); and the engine's chain (HELD's
-gate/up at its batch-1 pick or XHALF, each with its preparing kernel, then XHALF's down with its preparing kernel,
-adding into a residual). The floor is the two weights' bytes at the copy rate.
+(configs R:STAGES[:WARPS[:CTAS]]); as diagnostics the same with its counters skipped (what the dependency costs;
+outputs then race), and only its gate/up part or only its down part (also without counters); and the engine's chain
+(HELD's gate/up at its batch-1 pick or XHALF, each with its preparing kernel, then XHALF's down with its preparing
+kernel, adding into a residual). The floor is the two weights' bytes at the copy rate.
 Every config is checked against an fp32 reference (dequantized weights) before it is timed.
 
-    python benchmarks/int4_mlp_block_probe.py [--configs R:STAGES,...] [--out PATH]
+    python benchmarks/int4_mlp_block_probe.py [--configs R:STAGES[:WARPS[:CTAS]],...] [--out PATH]
 """
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ from tierllm.quant.formats import dequantize_int4  # noqa: E402
 HIDDEN, INTERMEDIATE = 4096, 11008
 CHUNK = 2048                     # channels of one of down's K steps (32 groups of 64)
 EPS = 1e-5
-SPIN_LIMIT = 1 << 22             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
+SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
 REPLICAS = 4                     # copies of SiLU(gate) * up that the CTAs read down's x from
-CONFIGS = ["4:8", "4:10", "8:5", "2:8:8", "2:10:8", "4:6:8"]
+CONFIGS = ["4:8", "8:5", "2:8:4:2", "4:4:4:2", "2:6:4:2", "8:2:4:2"]
 HELD_GATE_UP = (1, 1, 16)        # HELD's batch-1 pick for gate/up on an H200 (sessions 45-46)
 
 if HAS_GLUON:
@@ -281,11 +281,11 @@ if HAS_GLUON:
     def _mlp_block(gu_desc, gu_s_desc, dn_desc, dn_s_desc, h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr,
                    programs, eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
                    WAIT: gl.constexpr, PARTS: gl.constexpr = 3, REPLICAS: gl.constexpr = 4):
-        """y = h + down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm weight, fp32 [K]; one CTA per SM; descriptors
-        over the codes (int32 [rows, G * 8], boxes [BN, 256]) and (scale, min) words (int32 [rows, G], boxes
-        [BN, 32]); act fp32 [REPLICAS, INTER] scratch; counts int32 [down's K steps] and sync int32 [2] (arrivals,
-        errors) zero at launch and left zero. The consumers are the launch's num_warps, BN = num_warps * R rows a
-        slot."""
+        """y = h + down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm weight, fp32 [K], by CTAs all resident (the
+        counters' waits need them); descriptors over the codes (int32 [rows, G * 8], boxes [BN, 256]) and (scale,
+        min) words (int32 [rows, G], boxes [BN, 32]); act fp32 [REPLICAS, INTER] scratch; counts int32 [down's K
+        steps] and sync int32 [2] (arrivals, errors) zero at launch and left zero. The consumers are the launch's
+        num_warps, BN = num_warps * R rows a slot."""
         WARPS: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = WARPS * R
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, BN, _STEP_WORDS], gu_desc.layout)
@@ -305,10 +305,11 @@ if HAS_GLUON:
 
 
 def parse_config(spec: str) -> dict:
-    """R:STAGES[:WARPS]: rows per consumer warp, ring slots per CTA, consumer warps (4 or 8; a slot is WARPS * R
-    rows)."""
-    r, stages, *warps = map(int, spec.split(":"))
-    return {"R": r, "STAGES": stages, "WARPS": warps[0] if warps else 4}
+    """R:STAGES[:WARPS[:CTAS]]: rows per consumer warp, ring slots per CTA, consumer warps (4 or 8; a slot is
+    WARPS * R rows), CTAs per SM (default 1)."""
+    r, stages, *rest = map(int, spec.split(":"))
+    rest += [4, 1][len(rest):]
+    return {"R": r, "STAGES": stages, "WARPS": rest[0], "CTAS": rest[1]}
 
 
 def interleaved_rows(n_half: int, half: int) -> torch.Tensor:
@@ -348,18 +349,22 @@ class Block:
         self.act = torch.zeros(REPLICAS, INTERMEDIATE, device="cuda", dtype=torch.float32)
         self.counts = torch.zeros(8, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)       # arrivals, waits that gave up
-        self.programs = torch.cuda.get_device_properties(0).multi_processor_count
-        if HIDDEN // bn > 2 * self.programs:
+        self.programs = config["CTAS"] * torch.cuda.get_device_properties(0).multi_processor_count
+        if HIDDEN // bn > 2 * self.programs:            # the consumers take at most 2 down tiles
             raise ValueError(f"R={config['R']}: {HIDDEN // bn} down tiles, more than 2 per CTA")
 
     def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, y: torch.Tensor, wait: bool = True,
                parts: int = 3) -> None:
         """One launch on copy's weights; wait False skips the counters (outputs then race), parts 1 or 2 runs only
         gate/up or only down (diagnostics)."""
+        # the producer's warp is padded to a warp group: registers capped so that CTAS CTAs fit an SM (the
+        # consumers take theirs back with setmaxnreg)
+        warps = self.config["WARPS"]
         _mlp_block[(self.programs,)](*self.descs[copy], h, norm, self.act, self.counts, self.sync, y, self.programs,
                                      EPS, K=HIDDEN, INTER=INTERMEDIATE, R=self.config["R"],
                                      STAGES=self.config["STAGES"], WAIT=wait, PARTS=parts, REPLICAS=REPLICAS,
-                                     num_warps=self.config["WARPS"], launch_pdl=True)
+                                     num_warps=warps, launch_pdl=True,
+                                     maxnreg=min(255, 65536 // (32 * (warps + 4) * self.config["CTAS"]) // 8 * 8))
 
 
 def engine_chain(gate_up: dict, down: dict, x: torch.Tensor, act: torch.Tensor, gate_up_kernel: str) -> None:
@@ -374,8 +379,8 @@ def engine_chain(gate_up: dict, down: dict, x: torch.Tensor, act: torch.Tensor, 
 
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-mlp-block-probe-h200.json")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="R:STAGES[:WARPS], comma-separated")
-    parser.add_argument("--profile", default="", metavar="R:STAGES:WARPS:PARTS",
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="R:STAGES[:WARPS[:CTAS]], comma-separated")
+    parser.add_argument("--profile", default="", metavar="R:STAGES:WARPS:CTAS:PARTS",
                         help="only launch that config three times on one copy (for a profiler), then stop")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
@@ -448,18 +453,18 @@ def main(argv=None) -> int:
 
 
 def profile(spec: str) -> int:
-    """Launch one config (R:STAGES:WARPS:PARTS) three times on one random copy of each weight, for a profiler."""
+    """Launch one config (R:STAGES:WARPS:CTAS:PARTS) three times on one random copy of each weight, for a profiler."""
     from int4_gluon_probe import scale_min_pairs
     from int4_stream_probe import random_int4_copies
 
-    r, stages, warps, parts = map(int, spec.split(":"))
+    *config, parts = spec.split(":")
     gen = torch.Generator(device="cuda").manual_seed(0)
     copies = []
     for n, k in ((2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)):
         [w] = random_int4_copies(n, k, 1, gen, GROUP, min_jitter=0.1)
         w["words"], w["pairs"] = w["qweight"].view(torch.int32), scale_min_pairs(w["scales"], w["mins"])
         copies.append([w])
-    block = Block(*copies, {"R": r, "STAGES": stages, "WARPS": warps})
+    block = Block(*copies, parse_config(":".join(config)))
     h = torch.randn(HIDDEN, device="cuda", generator=gen).bfloat16()
     y = torch.zeros(HIDDEN, device="cuda", dtype=torch.float32)
     for _ in range(3):
