@@ -13,9 +13,10 @@ Per CTA (one per SM): 4 consumer warps (warps over a slot's BN = 4R rows, lanes 
 are XHALF's, int4_tma_ring_probe._step_dot) and one producer warp issuing every slot's TMA. The consumers:
 - compute the RMS norm of the residual h and x's half layout for gate/up themselves (each lane one group's 64
   values, every warp all of x: no preparing kernel, no shared memory), held in registers for both K steps;
-- per gate/up tile (BN/2 gate rows then BN/2 up rows: the probe reads the weights as stored in blocks that way,
-  a permutation a loader would apply) write SiLU(gate) * up to an fp32 buffer and count the tile on its chunk's
-  counter (release, after the partition's barrier);
+- per gate/up tile (each warp's R rows R/2 gate rows then the same channels' up rows: the probe reads the weights
+  as stored in blocks that way, a permutation a loader would apply) write SiLU(gate) * up to an fp32 buffer (in
+  REPLICAS copies) and count the tile on its chunk's counter after the next tile's products (release, after the
+  partition's barrier), when its stores are done;
 - per down K step, wait on the chunk's counter (acquire), compute that step's half layout from the buffer (loaded
   past L1), and take the step of each of the CTA's down tiles (at most 2, step-major, so x is built once a step);
 - write y = h + down(act) in fp32; the last CTA to finish zeroes the counters for the next launch.
@@ -50,7 +51,7 @@ CHUNK = 2048                     # channels of one of down's K steps (32 groups 
 EPS = 1e-5
 SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
 REPLICAS = 4                     # copies of SiLU(gate) * up that the CTAs read down's x from
-CONFIGS = ["4:8", "8:5", "2:8:4:2", "4:4:4:2", "2:6:4:2", "8:2:4:2"]
+CONFIGS = ["4:8", "8:5", "4:10", "2:12", "8:6:4:1"]
 HELD_GATE_UP = (1, 1, 16)        # HELD's batch-1 pick for gate/up on an H200 (sessions 45-46)
 
 if HAS_GLUON:
@@ -161,18 +162,16 @@ if HAS_GLUON:
         return words, pair
 
     @gluon.jit
-    def _gated_store(rows, act_ptr, tile, HALF: gl.constexpr, INTER: gl.constexpr, REPLICAS: gl.constexpr,
+    def _gated_store(rows, act_ptr, tile, R: gl.constexpr, INTER: gl.constexpr, REPLICAS: gl.constexpr,
                      WARPS: gl.constexpr):
-        """A gate/up tile's row sums [BN] (HALF gate rows, then the same channels' up rows) as SiLU(gate) * up into
-        channels tile * HALF .. of each of act's REPLICAS copies (so that the CTAs' reads of a step spread over more
-        L2 slices)."""
-        L2: gl.constexpr = gl.BlockedLayout([2, 1], [1, 32], [1, WARPS], [1, 0])  # each thread both of a channel's
-        pairs = gl.convert_layout(gl.reshape(rows, [2, HALF]), L2)                       # [2, HALF]
-        which = gl.arange(0, 2, layout=gl.SliceLayout(1, L2))[:, None]
-        gate = gl.sum(gl.where(which == 0, pairs, 0.0), axis=0)
-        up = gl.sum(gl.where(which == 1, pairs, 0.0), axis=0)
+        """A gate/up tile's row sums [BN] as SiLU(gate) * up into channels tile * BN / 2 .. of each of act's REPLICAS
+        copies (so that the CTAs' reads of a step spread over more L2 slices). Each warp's R rows are R / 2 gate rows
+        and then the same channels' up rows (the stored order), so each thread holds both of its channels' values."""
+        gate, up = gl.split(gl.permute(gl.reshape(rows, [WARPS, 2, R // 2]), [0, 2, 1]))     # [WARPS, R / 2] each
         act = gate / (1.0 + gl.exp(-gate)) * up
-        channels = tile * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, L2))
+        w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, act.type.layout))[:, None]
+        j = gl.arange(0, R // 2, layout=gl.SliceLayout(0, act.type.layout))[None, :]
+        channels = tile * (WARPS * R // 2) + w * (R // 2) + j
         for replica in gl.static_range(REPLICAS):
             gl.store(act_ptr + replica * INTER + channels, act)
 
@@ -198,7 +197,8 @@ if HAS_GLUON:
         a0, a1, a2, a3, a_factor, a_sum = x_a
         b0, b1, b2, b3, b_factor, b_sum = x_b
         item = 0
-        for t in range(gl.cdiv(GU_TILES - pid, programs)):
+        gu_tiles = gl.cdiv(GU_TILES - pid, programs)
+        for t in range(gu_tiles):
             acc = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
             for step in gl.static_range(2):
                 words, pair = _take_slot(ring, s_ring, ready, empty, item, STAGES, BN, L4, LS)
@@ -206,10 +206,16 @@ if HAS_GLUON:
                                       b_sum)
                 item += 1
             tile = pid + t * programs
-            _gated_store(gl.sum(acc, axis=1), act_ptr, tile, HALF, INTER, REPLICAS, WARPS)
-            if WAIT:
-                gl.thread_barrier()                      # every warp's act stored before the count releases them
-                gl.atomic_add(counts_ptr + tile * HALF // _CHUNK, 1, sem="release", scope="gpu")
+            if WAIT & (t > 0):
+                # the tile before counted only now: its stores are long done, so the release's fence has nothing
+                # to wait for (this tile's are issued after it)
+                gl.thread_barrier()
+                gl.atomic_add(counts_ptr + (tile - programs) * HALF // _CHUNK, 1, sem="release", scope="gpu")
+            _gated_store(gl.sum(acc, axis=1), act_ptr, tile, R, INTER, REPLICAS, WARPS)
+        if WAIT & (gu_tiles > 0):
+            gl.thread_barrier()
+            gl.atomic_add(counts_ptr + (pid + (gu_tiles - 1) * programs) * HALF // _CHUNK, 1, sem="release",
+                          scope="gpu")
         down_tiles = (DN_TILES + pid) // programs        # tiles P - 1 - pid and 2P - 1 - pid where they exist
         acc0 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         acc1 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
@@ -344,7 +350,7 @@ class Block:
 
     def __init__(self, gate_ups: list, downs: list, config: dict):
         self.config, bn = config, config["WARPS"] * config["R"]
-        self.descs = [descriptors(stored_gate_up(gu, bn // 2), bn) + descriptors(dn, bn)
+        self.descs = [descriptors(stored_gate_up(gu, config["R"] // 2), bn) + descriptors(dn, bn)
                       for gu, dn in zip(gate_ups, downs, strict=True)]
         self.act = torch.zeros(REPLICAS, INTERMEDIATE, device="cuda", dtype=torch.float32)
         self.counts = torch.zeros(8, device="cuda", dtype=torch.int32)
