@@ -51,7 +51,7 @@ CHUNK = 2048                     # channels of one of down's K steps (32 groups 
 EPS = 1e-5
 SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
 REPLICAS = 4                     # copies of SiLU(gate) * up that the CTAs read down's x from
-CONFIGS = ["4:8", "8:5", "4:10", "2:12", "8:6:4:1"]
+CONFIGS = ["4:8", "8:5", "4:10", "4:6"]
 HELD_GATE_UP = (1, 1, 16)        # HELD's batch-1 pick for gate/up on an H200 (sessions 45-46)
 
 if HAS_GLUON:
