@@ -464,6 +464,7 @@ def profile(spec: str) -> int:
     from int4_stream_probe import random_int4_copies
 
     *config, parts = spec.split(":")
+    parts = int(parts)
     gen = torch.Generator(device="cuda").manual_seed(0)
     copies = []
     for n, k in ((2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)):
