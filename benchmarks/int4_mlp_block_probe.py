@@ -31,7 +31,7 @@ Every config is checked against an fp32 reference (dequantized weights) before i
 
 Measured on an H200 (benchmarks/notes/gpu-decode.md, session 47): correct everywhere (2.0e-3), but slower than the
 engine's chain: at best 35.1 us against 27.5 (floor 17.8). The consumers are the limit, not the dependency: without
-the counters the block takes 28-29 us, gate/up alone 18.3-19.3 (its bytes 11.9), down alone 14.3-16.1 (6.0); Nsight
+the counters the block takes 28-29 us, gate/up alone 18.3-19.6 (its bytes 11.9), down alone 14.3-16.1 (6.0); Nsight
 Compute puts ~2.3 of the ~5.2 cycles between a warp's instructions at barriers. 8 consumer warps or 2 CTAs per SM
 were slower still. The first form, with every warp loading x's inputs itself, took 63-68 us (down alone 52): all
 CTAs reading the same lines at once.
