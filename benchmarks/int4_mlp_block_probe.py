@@ -9,16 +9,19 @@ down's K step c needs only gate/up's channels 2048c .. 2048c + 2047. So each CTA
 gate/up tiles and then its down tiles through one TMA ring without a break, and the consumers wait, before each of
 down's K steps, on a counter of that chunk's finished gate/up tiles, which by then is normally complete.
 
-Per CTA (one per SM): 4 consumer warps (warps over a slot's BN = 4R rows, lanes over its 32 groups; the products
-are XHALF's, int4_tma_ring_probe._step_dot) and one producer warp issuing every slot's TMA. The consumers:
-- compute the RMS norm of the residual h and x's half layout for gate/up themselves (each lane one group's 64
-  values, every warp all of x: no preparing kernel, no shared memory), held in registers for both K steps;
+Per CTA (CTAS per SM, all resident): WARPS consumer warps (warps over a slot's BN = WARPS * R rows, lanes over its
+32 groups; the products are XHALF's, int4_tma_ring_probe._step_dot) and one producer warp issuing every slot's TMA.
+The consumers:
+- compute the RMS norm of the residual h and x's half layout for gate/up themselves (no preparing kernel): h and
+  the norm's weight fetched once per CTA, coalesced, into shared memory, then each lane one group's 64 values and
+  every warp all of x, held in registers for both K steps;
 - per gate/up tile (each warp's R rows R/2 gate rows then the same channels' up rows: the probe reads the weights
   as stored in blocks that way, a permutation a loader would apply) write SiLU(gate) * up to an fp32 buffer (in
   REPLICAS copies) and count the tile on its chunk's counter after the next tile's products (release, after the
   partition's barrier), when its stores are done;
-- per down K step, wait on the chunk's counter (acquire), compute that step's half layout from the buffer (loaded
-  past L1), and take the step of each of the CTA's down tiles (at most 2, step-major, so x is built once a step);
+- per down K step, wait on the chunk's counter (acquire), compute that step's half layout from the buffer (fetched
+  past L1 during the step before, through shared memory as h is), and take the step of each of the CTA's down
+  tiles (at most 2, step-major, so x is built once a step);
 - write y = h + down(act) in fp32; the last CTA to finish zeroes the counters for the next launch.
 Down tiles go to CTAs in reverse order, so the CTAs with one gate/up tile fewer take the extra down tile.
 
@@ -352,7 +355,7 @@ def stored_gate_up(w: dict, half: int) -> dict:
 
 
 class Block:
-    """The probe kernel's launches over one config: descriptors per copy (gate/up rows restored blockwise), scratch
+    """The probe kernel's launches over one config: descriptors per copy (gate/up's rows stored blockwise), scratch
     buffers, counters."""
 
     def __init__(self, gate_ups: list, downs: list, config: dict):
