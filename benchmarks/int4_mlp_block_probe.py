@@ -65,7 +65,7 @@ CONFIGS = ["4:8", "8:5", "4:10", "4:6"]
 HELD_GATE_UP = (1, 1, 16)        # HELD's batch-1 pick for gate/up on an H200 (sessions 45-46)
 
 if HAS_GLUON:
-    from int4_tma_ring_probe import _STEP_GROUPS, _STEP_WORDS, _group_sums, _held_step_dot, _step_dot
+    from int4_tma_ring_probe import _STEP_GROUPS, _STEP_WORDS, _group_sums, _half_planes, _held_step_dot, _step_dot
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
@@ -108,20 +108,7 @@ if HAS_GLUON:
     def _half_layout(x, i, LX: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr):
         """x's half layout (int4_prepared_x's arithmetic) from fp32 x [32, 2, 4, 8]: four planes [1, 32, 2, 4] of
         fp16 pairs, each run's factor 2^(24 - s) [32, 2] and each group's sum [32] in a slot's column layout."""
-        largest = gl.max(gl.max(gl.abs(x), axis=3), axis=2)                               # [32, 2]
-        exponent = ((largest.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127              # floor(log2), normal
-        exponent = gl.minimum(gl.maximum(exponent, -100), 110)
-        up = ((141 - exponent) << 23).to(gl.float32, bitcast=True)                         # 2^s, s = 14 - exponent
-        sixteenth = gl.where(i % 2 == 1, 0.0625, 1.0)                                      # high nibbles: 16x
-        scaled = x * up[:, :, None, None] * sixteenth
-        bits = scaled.to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF    # [32, 2, 4, 8]
-        lo, hi = gl.split(gl.permute(gl.reshape(bits, [_STEP_GROUPS, 2, 4, 2, 4]), [0, 1, 2, 4, 3]))
-        pairs = gl.reshape(lo | (hi << 16), [_STEP_GROUPS, 2, 4, 2, 2])                  # plane p = 2a + b
-        even, odd = gl.split(pairs)
-        p0, p2 = gl.split(even)
-        p1, p3 = gl.split(odd)
-        factor = ((137 + exponent) << 23).to(gl.float32, bitcast=True)
-        x_sum = gl.sum(gl.sum(x, axis=3), axis=2)
+        p0, p1, p2, p3, factor, x_sum = _half_planes(x, i)
         return (gl.convert_layout(p0, LX)[None], gl.convert_layout(p1, LX)[None], gl.convert_layout(p2, LX)[None],
                 gl.convert_layout(p3, LX)[None], gl.convert_layout(factor, LR),
                 _group_sums(gl.convert_layout(x_sum, LR), LS))

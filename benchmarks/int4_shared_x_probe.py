@@ -70,7 +70,7 @@ CONFIGS = ["g:2:2:8", "g:1:2:12", "g:1:3:8", "g:2:1:16", "4:8:4"]
 X_MODES = {0: "x_global", 1: "x_shared", 2: "x_raw"}
 
 if HAS_GLUON:
-    from int4_tma_ring_probe import _STEP_GROUPS, _STEP_WORDS, _group_sums, _step_dot, _x_step
+    from int4_tma_ring_probe import _STEP_GROUPS, _STEP_WORDS, _group_sums, _half_planes, _step_dot, _x_step
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
@@ -121,20 +121,8 @@ if HAS_GLUON:
         offs = (g[:, None, None, None] * 64 + r[None, :, None, None] * 32 + w[None, None, :, None] * 8
                 + i[None, None, None, :])                                                 # [GP, 2, 4, 8]
         x = gl.load(x_ptr + offs, mask=offs < K, other=0.0).to(gl.float32)
-        largest = gl.max(gl.max(gl.abs(x), axis=3), axis=2)                               # [GP, 2]
-        exponent = ((largest.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127              # floor(log2), normal
-        exponent = gl.minimum(gl.maximum(exponent, -100), 110)
-        up = ((141 - exponent) << 23).to(gl.float32, bitcast=True)                         # 2^s, s = 14 - exponent
-        sixteenth = gl.where(i % 2 == 1, 0.0625, 1.0)[None, None, None, :]               # high nibbles: 16x
-        scaled = x * up[:, :, None, None] * sixteenth
-        bits = scaled.to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF    # [GP, 2, 4, 8]
-        lo, hi = gl.split(gl.permute(gl.reshape(bits, [GP, 2, 4, 2, 4]), [0, 1, 2, 4, 3]))
-        pairs = gl.reshape(lo | (hi << 16), [GP, 2, 4, 2, 2])                            # plane p = 2a + b
-        even, odd = gl.split(pairs)
-        p0, p2 = gl.split(even)
-        p1, p3 = gl.split(odd)
-        factor = ((137 + exponent) << 23).to(gl.float32, bitcast=True)                    # 2^(24 - s)
-        return (p0, p1, p2, p3), factor, gl.sum(gl.sum(x, axis=3), axis=2)
+        p0, p1, p2, p3, factor, x_sum = _half_planes(x, i[None, None, None, :])
+        return (p0, p1, p2, p3), factor, x_sum
 
     @gluon.jit
     def _fill_x(xp_ptr, x_ptr, planes_s, factor_s, sum_s, x_ready, G: gl.constexpr, K: gl.constexpr,

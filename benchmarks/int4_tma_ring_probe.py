@@ -115,6 +115,28 @@ if HAS_GLUON:
         return gl.convert_layout(gl.sum(x_sum, axis=1), gl.SliceLayout(0, LS))
 
     @gluon.jit
+    def _half_planes(x, i):
+        """x's half layout (int4_prepared_x's arithmetic) from fp32 x [G, 2, 4, 8] (groups x runs x words x values,
+        each thread holding whole runs, so a run's largest |x| and sum need no other thread); i: the value index
+        within a word, broadcastable to x (odd values are high nibbles). Four planes [G, 2, 4] of fp16 pairs, each
+        run's factor 2^(24 - s) and sum [G, 2], in layouts derived from x's."""
+        G: gl.constexpr = x.shape[0]
+        largest = gl.max(gl.max(gl.abs(x), axis=3), axis=2)                               # [G, 2]
+        exponent = ((largest.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127              # floor(log2), normal
+        exponent = gl.minimum(gl.maximum(exponent, -100), 110)
+        up = ((141 - exponent) << 23).to(gl.float32, bitcast=True)                         # 2^s, s = 14 - exponent
+        sixteenth = gl.where(i % 2 == 1, 0.0625, 1.0)                                      # high nibbles: 16x
+        scaled = x * up[:, :, None, None] * sixteenth
+        bits = scaled.to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF    # [G, 2, 4, 8]
+        lo, hi = gl.split(gl.permute(gl.reshape(bits, [G, 2, 4, 2, 4]), [0, 1, 2, 4, 3]))
+        pairs = gl.reshape(lo | (hi << 16), [G, 2, 4, 2, 2])                             # plane p = 2a + b
+        even, odd = gl.split(pairs)
+        p0, p2 = gl.split(even)
+        p1, p3 = gl.split(odd)
+        factor = ((137 + exponent) << 23).to(gl.float32, bitcast=True)                    # 2^(24 - s)
+        return p0, p1, p2, p3, factor, gl.sum(gl.sum(x, axis=3), axis=2)
+
+    @gluon.jit
     def _raw_x_step(x_ptr, g0, LX: gl.constexpr, LR: gl.constexpr):
         """_x_step's planes, factors and sums computed from x itself (bf16 [K]) rather than read from the half
         layout: each lane holds its group's 64 values, so a run's largest |x| and sum need no other lane. Only
@@ -126,21 +148,7 @@ if HAS_GLUON:
         i = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LRAW))))
         offs = ((g0 + g[:, None, None, None]) * 64 + r[None, :, None, None] * 32 + w[None, None, :, None] * 8
                 + i[None, None, None, :])                                                 # [32, 2, 4, 8]
-        x = gl.load(x_ptr + offs).to(gl.float32)
-        largest = gl.max(gl.max(gl.abs(x), axis=3), axis=2)                               # [32, 2]
-        exponent = ((largest.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127              # floor(log2), normal
-        exponent = gl.minimum(gl.maximum(exponent, -100), 110)
-        up = ((141 - exponent) << 23).to(gl.float32, bitcast=True)                         # 2^s, s = 14 - exponent
-        sixteenth = gl.where(i % 2 == 1, 0.0625, 1.0)[None, None, None, :]               # high nibbles: 16x
-        scaled = x * up[:, :, None, None] * sixteenth
-        bits = scaled.to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF    # [32, 2, 4, 8]
-        lo, hi = gl.split(gl.permute(gl.reshape(bits, [_STEP_GROUPS, 2, 4, 2, 4]), [0, 1, 2, 4, 3]))
-        pairs = gl.reshape(lo | (hi << 16), [_STEP_GROUPS, 2, 4, 2, 2])                  # plane p = 2a + b
-        even, odd = gl.split(pairs)
-        p0, p2 = gl.split(even)
-        p1, p3 = gl.split(odd)
-        factor = ((137 + exponent) << 23).to(gl.float32, bitcast=True)                    # 2^(24 - s)
-        x_sum = gl.sum(gl.sum(x, axis=3), axis=2)
+        p0, p1, p2, p3, factor, x_sum = _half_planes(gl.load(x_ptr + offs).to(gl.float32), i[None, None, None, :])
         return (gl.convert_layout(p0, LX)[None], gl.convert_layout(p1, LX)[None], gl.convert_layout(p2, LX)[None],
                 gl.convert_layout(p3, LX)[None], gl.convert_layout(factor, LR), gl.convert_layout(x_sum, LR))
 
