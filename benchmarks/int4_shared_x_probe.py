@@ -70,25 +70,11 @@ CONFIGS = ["g:2:2:8", "g:1:2:12", "g:1:3:8", "g:2:1:16", "4:8:4"]
 X_MODES = {0: "x_global", 1: "x_shared", 2: "x_raw"}
 
 if HAS_GLUON:
-    from int4_tma_ring_probe import _STEP_GROUPS, _STEP_WORDS, _group_sums, _half_planes, _step_dot, _x_step
+    from int4_tma_ring_probe import _STEP_GROUPS, _STEP_WORDS, _group_sums, _half_planes, _issue, _step_dot, _x_step
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    @gluon.jit
-    def _issue_warp(w_desc, s_desc, ring, s_ring, bars, base, j, items, gw, warps_total, K_STEPS: gl.constexpr,
-                    STAGES: gl.constexpr, BN: gl.constexpr):
-        """Ask TMA for a warp's item j (tile gw + (j // K_STEPS) * warps_total, K step j % K_STEPS) into its slot
-        base + j % STAGES; nothing past its items."""
-        slot = base + j % STAGES
-        live = j < items
-        tile = gw + (j // K_STEPS) * warps_total
-        step = j % K_STEPS
-        bar = bars.index(slot)
-        mbarrier.expect(bar, BN * (_STEP_WORDS + _STEP_GROUPS) * 4, pred=live)
-        tma.async_copy_global_to_shared(w_desc, [tile * BN, step * _STEP_WORDS], bar, ring.index(slot), pred=live)
-        tma.async_copy_global_to_shared(s_desc, [tile * BN, step * _STEP_GROUPS], bar, s_ring.index(slot), pred=live)
 
     @gluon.jit
     def _prepared_x(xp_ptr, G: gl.constexpr, GP: gl.constexpr, L3: gl.constexpr):
@@ -213,7 +199,7 @@ if HAS_GLUON:
         items = gl.cdiv(tiles - gw, warps_total) * K_STEPS
         base = warp * STAGES
         for first in gl.static_range(STAGES):                # the weights do not depend on x: before the wait
-            _issue_warp(w_desc, s_desc, ring, s_ring, bars, base, first, items, gw, warps_total, K_STEPS, STAGES,
+            _issue(w_desc, s_desc, ring, s_ring, bars, base, first, items, gw, warps_total, K_STEPS, STAGES,
                         BN)
         gdc_launch_dependents()
         gdc_wait()
@@ -231,7 +217,7 @@ if HAS_GLUON:
                 words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
                 pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
                 gl.thread_barrier()                          # the warp's reads done: the slot may be asked again
-                _issue_warp(w_desc, s_desc, ring, s_ring, bars, base, item + STAGES, items, gw, warps_total, K_STEPS,
+                _issue(w_desc, s_desc, ring, s_ring, bars, base, item + STAGES, items, gw, warps_total, K_STEPS,
                             STAGES, BN)
                 acc += _slot_product(words, pair, step, held, xi, xp_ptr, planes_s, factor_s, sum_s, G, X_MODE, LX, LR,
                                      LS)

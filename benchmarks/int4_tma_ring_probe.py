@@ -77,11 +77,12 @@ if HAS_GLUON:
     _STEP_WORDS = gl.constexpr(STEP_WORDS)
 
     @gluon.jit
-    def _issue(w_desc, s_desc, ring, s_ring, bars, j, items, pid, programs, K_STEPS: gl.constexpr,
+    def _issue(w_desc, s_desc, ring, s_ring, bars, base, j, items, pid, programs, K_STEPS: gl.constexpr,
                STAGES: gl.constexpr, BN: gl.constexpr):
-        """Ask TMA for item j (its tile's rows, its K step) into slot j % STAGES: codes [BN, 256] and (scale, min)
-        words [BN, 32], one mbarrier for both (nothing when j is past this program's items)."""
-        slot = j % STAGES
+        """Ask TMA for item j (tile pid + (j // K_STEPS) * programs, K step j % K_STEPS) into slot base + j % STAGES
+        (base: where the caller's own slots start): codes [BN, 256] and (scale, min) words [BN, 32], one mbarrier for
+        both (nothing when j is past the caller's items)."""
+        slot = base + j % STAGES
         live = j < items
         tile = pid + (j // K_STEPS) * programs
         step = j % K_STEPS
@@ -225,7 +226,7 @@ if HAS_GLUON:
         items = gl.cdiv(tiles - pid, programs) * K_STEPS
         if EARLY_RING:                                   # the weights do not depend on x: asked before the wait
             for first in gl.static_range(STAGES):
-                _issue(w_desc, s_desc, ring, s_ring, bars, first, items, pid, programs, K_STEPS, STAGES, BN)
+                _issue(w_desc, s_desc, ring, s_ring, bars, 0, first, items, pid, programs, K_STEPS, STAGES, BN)
         xi = xp_ptr.to(gl.pointer_type(gl.int32))
         s_local = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
         if X_ONCE and X_EARLY:                           # a diagnostic: only right where x is ready before launch
@@ -236,7 +237,7 @@ if HAS_GLUON:
             gdc_wait()
         if not EARLY_RING:
             for first in gl.static_range(STAGES):
-                _issue(w_desc, s_desc, ring, s_ring, bars, first, items, pid, programs, K_STEPS, STAGES, BN)
+                _issue(w_desc, s_desc, ring, s_ring, bars, 0, first, items, pid, programs, K_STEPS, STAGES, BN)
         if X_ONCE:                                       # K is two steps: both held in registers
             if RAW_X:                                    # xp_ptr: x itself, bf16 [K]
                 a0, a1, a2, a3, a_factor, a_sum = _raw_x_step(xp_ptr, 0, LX, LR)
@@ -251,7 +252,7 @@ if HAS_GLUON:
             for step in gl.static_range(K_STEPS):
                 item = t * K_STEPS + step
                 words, pair = _read_slot(ring, s_ring, bars, item, STAGES, BN, L4, LS)
-                _issue(w_desc, s_desc, ring, s_ring, bars, item + STAGES, items, pid, programs, K_STEPS, STAGES, BN)
+                _issue(w_desc, s_desc, ring, s_ring, bars, 0, item + STAGES, items, pid, programs, K_STEPS, STAGES, BN)
                 if READ:
                     acc += gl.sum(gl.sum(words, axis=3), axis=2).to(gl.float32) + pair.to(gl.float32)
                 elif X_ONCE:
