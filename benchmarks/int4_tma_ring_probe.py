@@ -292,11 +292,24 @@ def ring_launch(prepared: torch.Tensor, w: dict, y: torch.Tensor, config: dict, 
         w["descs"], w["desc_key"] = descriptors(w, rows), key
     tiles = n // rows
     programs = min(tiles, config["per_sm"] * torch.cuda.get_device_properties(y.device).multi_processor_count)
-    _w4_tma_ring_gemv[(programs,)](*w["descs"], prepared, y, tiles, programs, G=groups, R=config["R"],
-                                   WARPS=config["WARPS"], STAGES=config["STAGES"], READ=read,
-                                   X_ONCE=not read and -(-groups // STEP_GROUPS) == 2, PDL=True,
-                                   EARLY_RING=early_ring, X_EARLY=x_early, RAW_X=raw_x,
-                                   num_warps=config["WARPS"], launch_pdl=True)
+    return _w4_tma_ring_gemv[(programs,)](*w["descs"], prepared, y, tiles, programs, G=groups, R=config["R"],
+                                          WARPS=config["WARPS"], STAGES=config["STAGES"], READ=read,
+                                          X_ONCE=not read and -(-groups // STEP_GROUPS) == 2, PDL=True,
+                                          EARLY_RING=early_ring, X_EARLY=x_early, RAW_X=raw_x,
+                                          num_warps=config["WARPS"], launch_pdl=True)
+
+
+def residency(kernel, config: dict) -> dict:
+    """The compiled ring GEMV's registers and shared memory, how many of its programs fit on one SM (Hopper: 64K
+    registers allocated per warp in units of 256, 228 KB of shared memory with 1 KB reserved per block, 32 blocks,
+    64 warps), and whether the next kernel's PER_SM programs fit beside this one's: only then can a PDL-chained
+    successor be resident, and ask its ring, while this kernel still runs (otherwise only in its tail)."""
+    warps = config["WARPS"]
+    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256
+    smem = kernel.metadata.shared
+    fit = min(65536 // (regs_per_warp * warps), (228 * 1024) // (smem + 1024), 32, 64 // warps)
+    return {"regs": kernel.n_regs, "spills": kernel.n_spills, "smem_bytes": smem, "programs_that_fit_per_sm": fit,
+            "successor_fits_beside": fit >= 2 * config["per_sm"]}
 
 
 def layer_weights(gen: torch.Generator, count: int) -> tuple[dict, dict, dict]:
@@ -391,6 +404,8 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS), help="per-shape ring configs ('' for none)")
     parser.add_argument("--profile", default="", metavar="SHAPE:R:WARPS:STAGES:PER_SM",
                         help="only launch that shape's ring GEMV three times (for a profiler), then stop")
+    parser.add_argument("--brief", action="store_true",
+                        help="per config only the check, the read, the GEMV on ready x and with its preparing kernel")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
@@ -432,20 +447,20 @@ def main(argv=None) -> int:
             entry = {"config": ":".join(str(v) for v in config.values())}
             try:
                 out.zero_()
-                ring_launch(prepared, copies[0], out, config)
+                entry.update(residency(ring_launch(prepared, copies[0], out, config), config))
                 entry["rel_err"] = float(((out - ref).norm() / ref.norm()).item())
                 entry["read_us"] = round(chained_us(lambda w, config=config, prepared=prepared, out=out:
                                                     ring_launch(prepared, w, out, config, read=True), copies), 2)
                 entry["gemv_on_ready_x_us"] = round(chained_us(lambda w, config=config, prepared=prepared, out=out:
                                                                ring_launch(prepared, w, out, config), copies), 2)
-                for name_ab, early_ring, x_early in (("ring_after_wait", False, False),
-                                                     ("x_before_wait", True, True)):
+                for name_ab, early_ring, x_early in () if args.brief else (("ring_after_wait", False, False),
+                                                                           ("x_before_wait", True, True)):
                     if x_early and -(-k // GROUP // STEP_GROUPS) != 2:
                         continue                       # x held in registers only where K is two steps
                     entry[f"gemv_on_ready_x_{name_ab}_us"] = round(chained_us(
                         lambda w, config=config, prepared=prepared, out=out, early_ring=early_ring, x_early=x_early:
                         ring_launch(prepared, w, out, config, early_ring=early_ring, x_early=x_early), copies), 2)
-                if config["WARPS"] == 1 and -(-k // GROUP // STEP_GROUPS) == 2:     # x prepared in the GEMV
+                if not args.brief and config["WARPS"] == 1 and -(-k // GROUP // STEP_GROUPS) == 2:     # RAW_X
                     out.zero_()
                     ring_launch(x[0], copies[0], out, config, raw_x=True)
                     entry["raw_x_rel_err"] = float(((out - ref).norm() / ref.norm()).item())
