@@ -61,6 +61,7 @@ CHUNK = 2048                     # channels of one of down's K steps (32 groups 
 EPS = 1e-5
 SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
 REPLICAS = 4                     # copies of SiLU(gate) * up that the CTAs read down's x from
+WAIT = 4                         # counters on lines of their own, polls backing off (_counted's modes)
 CONFIGS = ["4:8", "8:5", "4:10", "4:6"]
 HELD_GATE_UP = (1, 1, 16)        # HELD's batch-1 pick for gate/up on an H200 (sessions 45-46)
 
@@ -86,12 +87,12 @@ if HAS_GLUON:
         return i[None, None, None, :]
 
     @gluon.jit
-    def _fetch(ptr, base, limit, WARPS: gl.constexpr):
-        """ptr[base .. base + 2047] (zeros from limit on) as fp32 [32, 64], loaded once per CTA past L1 (they may
-        have been written by other CTAs) and coalesced: 4 consecutive values a thread, two whole groups (512 B) a
-        warp. All CTAs read the same lines, so each reads them once, not once per warp."""
+    def _fetch(ptr, base, limit, WARPS: gl.constexpr, GROUPS: gl.constexpr = _STEP_GROUPS):
+        """ptr[base .. base + 64 * GROUPS - 1] (zeros from limit on) as fp32 [GROUPS, 64], loaded once per CTA past
+        L1 (they may have been written by other CTAs) and coalesced: 4 consecutive values a thread, two whole groups
+        (512 B) a warp. All CTAs read the same lines, so each reads them once, not once per warp."""
         COALESCED: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WARPS, 1], [1, 0])
-        g = gl.arange(0, _STEP_GROUPS, layout=gl.SliceLayout(1, COALESCED))[:, None]
+        g = gl.arange(0, GROUPS, layout=gl.SliceLayout(1, COALESCED))[:, None]
         v = gl.arange(0, 64, layout=gl.SliceLayout(0, COALESCED))[None, :]
         offs = base + g * 64 + v
         return gl.load(ptr + offs, mask=offs < limit, other=0.0, cache_modifier=".cg").to(gl.float32)
@@ -115,32 +116,63 @@ if HAS_GLUON:
 
     @gluon.jit
     def _normed_x(h_ptr, norm_ptr, eps, bufs, K: gl.constexpr, WARPS: gl.constexpr, LX: gl.constexpr,
-                  LR: gl.constexpr, LS: gl.constexpr):
+                  LR: gl.constexpr, LS: gl.constexpr, NORM: gl.constexpr):
         """The RMS norm of h (bf16 [K], K = 2 steps) times its weight, as both steps' half layouts; h and the weight
-        staged through bufs [4, 32, 64]."""
+        staged through bufs [4, 32, 64]. Without NORM (a diagnostic) h itself."""
         bufs.index(0).store(_fetch(h_ptr, 0, K, WARPS))
         bufs.index(1).store(_fetch(h_ptr, _CHUNK, K, WARPS))
-        bufs.index(2).store(_fetch(norm_ptr, 0, K, WARPS))
-        bufs.index(3).store(_fetch(norm_ptr, _CHUNK, K, WARPS))
+        if NORM:
+            bufs.index(2).store(_fetch(norm_ptr, 0, K, WARPS))
+            bufs.index(3).store(_fetch(norm_ptr, _CHUNK, K, WARPS))
         gl.thread_barrier()
-        h0 = _staged(bufs.index(0), WARPS)
-        h1 = _staged(bufs.index(1), WARPS)
-        rstd = gl.rsqrt(gl.sum(gl.sum(gl.sum(gl.sum(h0 * h0 + h1 * h1, axis=3), axis=2), axis=1), axis=0) / K + eps)
         i = _value_index(WARPS)
-        x_a = _half_layout(_staged(bufs.index(0), WARPS) * rstd * _staged(bufs.index(2), WARPS), i, LX, LR, LS)
-        x_b = _half_layout(_staged(bufs.index(1), WARPS) * rstd * _staged(bufs.index(3), WARPS), i, LX, LR, LS)
-        gl.thread_barrier()                              # read by every warp before down's steps take the buffers
+        if NORM:
+            h0 = _staged(bufs.index(0), WARPS)
+            h1 = _staged(bufs.index(1), WARPS)
+            rstd = gl.rsqrt(gl.sum(gl.sum(gl.sum(gl.sum(h0 * h0 + h1 * h1, axis=3), axis=2), axis=1), axis=0) / K
+                            + eps)
+            x_a = _half_layout(_staged(bufs.index(0), WARPS) * rstd * _staged(bufs.index(2), WARPS), i, LX, LR, LS)
+            x_b = _half_layout(_staged(bufs.index(1), WARPS) * rstd * _staged(bufs.index(3), WARPS), i, LX, LR, LS)
+        else:
+            x_a = _half_layout(_staged(bufs.index(0), WARPS), i, LX, LR, LS)
+            x_b = _half_layout(_staged(bufs.index(1), WARPS), i, LX, LR, LS)
+        gl.thread_barrier()                              # read by every warp before the act loader takes buffers 2, 3
         return x_a, x_b
+
+    @gluon.jit
+    def _counted(WAIT: gl.constexpr):
+        """Whether WAIT counts gate/up tiles and waits on the counts: 1 (release counts), 4 (the same with each
+        counter on its own 128-byte line and the polls backing off) and 2 (relaxed counts, a diagnostic of the
+        fences' cost); 0 (nothing) and 3 (only the end's arrival and zeroing) are diagnostics."""
+        return (WAIT == 1) | (WAIT == 2) | (WAIT == 4)
+
+    @gluon.jit
+    def _counter(counts_ptr, chunk, WAIT: gl.constexpr):
+        """Chunk's counter: one int32 each, or each on its own 128-byte line with WAIT 4."""
+        return counts_ptr + chunk * (1 + 31 * (WAIT == 4))
+
+    @gluon.jit
+    def _count_tile(counts_ptr, chunk, WAIT: gl.constexpr):
+        """Count a finished gate/up tile on its chunk's counter, after the partition's barrier (every warp's
+        stores issued): release with WAIT 1 and 4, relaxed with 2."""
+        gl.thread_barrier()
+        if WAIT == 2:
+            gl.atomic_add(_counter(counts_ptr, chunk, WAIT), 1, sem="relaxed", scope="gpu")
+        else:
+            gl.atomic_add(_counter(counts_ptr, chunk, WAIT), 1, sem="release", scope="gpu")
 
     @gluon.jit
     def _wait_count(counts_ptr, errors_ptr, chunk, target, WAIT: gl.constexpr):
         """Poll chunk's counter (acquire) until target gate/up tiles are counted; give up after _SPIN_LIMIT polls
-        and count an error. Nothing without WAIT (the diagnostic)."""
-        if WAIT:
-            seen = gl.atomic_add(counts_ptr + chunk, 0, sem="acquire", scope="gpu")
+        and count an error. Nothing where WAIT does not count (_counted)."""
+        if _counted(WAIT):
+            counter = _counter(counts_ptr, chunk, WAIT)
+            seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
             polls = 0
             while (seen < target) & (polls < _SPIN_LIMIT):
-                seen = gl.atomic_add(counts_ptr + chunk, 0, sem="acquire", scope="gpu")
+                if WAIT == 4:                            # back off: fewer polls on the line the counts go to
+                    gl.inline_asm_elementwise("nanosleep.u32 256;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+                seen = gl.atomic_add(counter, 0, sem="acquire", scope="gpu")
                 polls += 1
             if seen < target:
                 gl.atomic_add(errors_ptr, 1, sem="relaxed", scope="gpu")
@@ -174,10 +206,12 @@ if HAS_GLUON:
 
     @gluon.jit
     def _mlp_consumer(h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring, ready, empty, bufs,
-                      programs, eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                      WARPS: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr, REPLICAS: gl.constexpr):
+                      act_ready, act_empty, programs, eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr,
+                      STAGES: gl.constexpr, WARPS: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr,
+                      REPLICAS: gl.constexpr, NORM: gl.constexpr):
         """The WARPS consumer warps (the default partition): gate/up tiles with x held, then down step-major, each
-        step's act fetched during the step before (PARTS: 1 gate/up only, 2 down only, 3 both)."""
+        step's act taken from the act loader's buffer (bufs 2 and 3, alternately) once it is ready (PARTS: 1 gate/up
+        only, 2 down only, 3 both)."""
         BN: gl.constexpr = WARPS * R
         HALF: gl.constexpr = BN // 2
         GU_TILES: gl.constexpr = 2 * INTER // BN * (PARTS & 1)
@@ -190,7 +224,9 @@ if HAS_GLUON:
         pid = gl.program_id(0)
         gdc_launch_dependents()
         gdc_wait()
-        x_a, x_b = _normed_x(h_ptr, norm_ptr, eps, bufs, K, WARPS, LX, LR, LS)
+        x_a, x_b = _normed_x(h_ptr, norm_ptr, eps, bufs, K, WARPS, LX, LR, LS, NORM)
+        mbarrier.arrive(act_empty.index(0))              # bufs 2 and 3 are the act loader's from now on
+        mbarrier.arrive(act_empty.index(1))
         a0, a1, a2, a3, a_factor, a_sum = x_a
         b0, b1, b2, b3, b_factor, b_sum = x_b
         item = 0
@@ -203,31 +239,21 @@ if HAS_GLUON:
                                       b_sum)
                 item += 1
             tile = pid + t * programs
-            if WAIT & (t > 0):
+            if _counted(WAIT) & (t > 0):
                 # the tile before counted only now: its stores are long done, so the release's fence has nothing
                 # to wait for (this tile's are issued after it)
-                gl.thread_barrier()
-                gl.atomic_add(counts_ptr + (tile - programs) * HALF // _CHUNK, 1, sem="release", scope="gpu")
+                _count_tile(counts_ptr, (tile - programs) * HALF // _CHUNK, WAIT)
             _gated_store(gl.sum(acc, axis=1), act_ptr, tile, R, INTER, REPLICAS, WARPS)
-        if WAIT & (gu_tiles > 0):
-            gl.thread_barrier()
-            gl.atomic_add(counts_ptr + (pid + (gu_tiles - 1) * programs) * HALF // _CHUNK, 1, sem="release",
-                          scope="gpu")
+        if _counted(WAIT) & (gu_tiles > 0):
+            _count_tile(counts_ptr, (pid + (gu_tiles - 1) * programs) * HALF // _CHUNK, WAIT)
         down_tiles = (DN_TILES + pid) // programs        # tiles P - 1 - pid and 2P - 1 - pid where they exist
         acc0 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
         acc1 = gl.zeros([BN, _STEP_GROUPS], gl.float32, LS)
-        act_row = act_ptr + pid % REPLICAS * INTER
-        _wait_count(counts_ptr, sync_ptr + 1, 0, _CHUNK // HALF, WAIT)
-        fetched = _fetch(act_row, 0, INTER, WARPS)
         for step in range(DN_STEPS * gl.minimum(down_tiles, 1)):      # none where the CTA has no down tile
-            buf = bufs.index(step % 2)                   # written again only after every warp passed the next barrier
-            buf.store(fetched)
-            gl.thread_barrier()
-            following = gl.minimum(step + 1, DN_STEPS - 1)      # the last step fetches itself again, unused
-            _wait_count(counts_ptr, sync_ptr + 1, following, gl.minimum(_CHUNK, INTER - following * _CHUNK) // HALF,
-                        WAIT)
-            fetched = _fetch(act_row, following * _CHUNK, INTER, WARPS)
-            x0, x1, x2, x3, factor, group_sum = _half_layout(_staged(buf, WARPS), _value_index(WARPS), LX, LR, LS)
+            mbarrier.wait(act_ready.index(step % 2), (step // 2) & 1)
+            x0, x1, x2, x3, factor, group_sum = _half_layout(_staged(bufs.index(2 + step % 2), WARPS),
+                                                             _value_index(WARPS), LX, LR, LS)
+            mbarrier.arrive(act_empty.index(step % 2))   # after the partition's barrier: every warp has read it
             words, pair = _take_slot(ring, s_ring, ready, empty, item, STAGES, BN, L4, LS)
             acc0 += _step_dot(words, pair, x0, x1, x2, x3, factor, group_sum)
             item += 1
@@ -243,11 +269,37 @@ if HAS_GLUON:
         if down_tiles > 1:
             gl.store(y_ptr + second, gl.load(h_ptr + second).to(gl.float32) + gl.sum(acc1, axis=1))
         # the last CTA out zeroes the counters: every count happened before its CTA's arrival here
-        gl.thread_barrier()
-        if gl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu") == programs - 1:
-            for chunk in gl.static_range(DN_STEPS):
-                gl.atomic_xchg(counts_ptr + chunk, 0, sem="relaxed", scope="gpu")
-            gl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
+        if WAIT != 0:
+            gl.thread_barrier()
+            if gl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu") == programs - 1:
+                for chunk in gl.static_range(DN_STEPS):
+                    gl.atomic_xchg(_counter(counts_ptr, chunk, WAIT), 0, sem="relaxed", scope="gpu")
+                gl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
+    def _mlp_act_loader(act_ptr, counts_ptr, sync_ptr, bufs, act_ready, act_empty, programs, K: gl.constexpr,
+                        INTER: gl.constexpr, BN: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr,
+                        REPLICAS: gl.constexpr):
+        """The act loader warp: for each of the CTA's down steps, once the consumers gave back its buffer (bufs 2 or
+        3), wait for the chunk's counter (acquire: only this warp stalls on the poll's round trip) and fetch that
+        chunk of act into the buffer, in pieces of 8 groups; then signal it ready. It waits for the kernel before
+        (PDL) first: that launch's last CTA zeroes the counters."""
+        HALF: gl.constexpr = BN // 2
+        DN_TILES: gl.constexpr = K // BN * (PARTS >> 1)
+        DN_STEPS: gl.constexpr = (INTER // 64 + _STEP_GROUPS - 1) // _STEP_GROUPS
+        PIECE: gl.constexpr = 8
+        pid = gl.program_id(0)
+        gdc_wait()
+        down_tiles = (DN_TILES + pid) // programs
+        act_row = act_ptr + pid % REPLICAS * INTER
+        for step in range(DN_STEPS * gl.minimum(down_tiles, 1)):
+            mbarrier.wait(act_empty.index(step % 2), (step // 2) & 1)
+            _wait_count(counts_ptr, sync_ptr + 1, step, gl.minimum(_CHUNK, INTER - step * _CHUNK) // HALF, WAIT)
+            buf = bufs.index(2 + step % 2)
+            for piece in gl.static_range(_STEP_GROUPS // PIECE):
+                buf.slice(piece * PIECE, PIECE).store(_fetch(act_row, step * _CHUNK + piece * PIECE * 64, INTER, 1,
+                                                             PIECE))
+            mbarrier.arrive(act_ready.index(step % 2))
 
     @gluon.jit
     def _mlp_producer(gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty, programs, K: gl.constexpr,
@@ -283,7 +335,8 @@ if HAS_GLUON:
     @gluon.jit
     def _mlp_block(gu_desc, gu_s_desc, dn_desc, dn_s_desc, h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr,
                    programs, eps, K: gl.constexpr, INTER: gl.constexpr, R: gl.constexpr, STAGES: gl.constexpr,
-                   WAIT: gl.constexpr, PARTS: gl.constexpr = 3, REPLICAS: gl.constexpr = 4):
+                   WAIT: gl.constexpr = 1, PARTS: gl.constexpr = 3, REPLICAS: gl.constexpr = 4,
+                   NORM: gl.constexpr = True):
         """y = h + down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm weight, fp32 [K], by CTAs all resident (the
         counters' waits need them); descriptors over the codes (int32 [rows, G * 8], boxes [BN, 256]) and (scale,
         min) words (int32 [rows, G], boxes [BN, 32]); act fp32 [REPLICAS, INTER] scratch; counts int32 [down's K
@@ -296,15 +349,22 @@ if HAS_GLUON:
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         bufs = gl.allocate_shared_memory(gl.float32, [4, _STEP_GROUPS, 64], _STAGED)
+        act_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        act_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(act_ready.index(i), count=1)
+            mbarrier.init(act_empty.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([(_mlp_consumer, (h_ptr, norm_ptr, act_ptr, counts_ptr, sync_ptr, y_ptr, ring, s_ring,
-                                             ready, empty, bufs, programs, eps, K, INTER, R, STAGES, WARPS, WAIT,
-                                             PARTS, REPLICAS)),
+                                             ready, empty, bufs, act_ready, act_empty, programs, eps, K, INTER, R,
+                                             STAGES, WARPS, WAIT, PARTS, REPLICAS, NORM)),
                             (_mlp_producer, (gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty,
-                                             programs, K, INTER, BN, STAGES, PARTS))], [1], [40])
+                                             programs, K, INTER, BN, STAGES, PARTS)),
+                            (_mlp_act_loader, (act_ptr, counts_ptr, sync_ptr, bufs, act_ready, act_empty, programs,
+                                               K, INTER, BN, WAIT, PARTS, REPLICAS))], [1, 1], [40, 64])
 
 
 def parse_config(spec: str) -> dict:
@@ -350,23 +410,25 @@ class Block:
         self.descs = [descriptors(stored_gate_up(gu, config["R"] // 2), bn) + descriptors(dn, bn)
                       for gu, dn in zip(gate_ups, downs, strict=True)]
         self.act = torch.zeros(REPLICAS, INTERMEDIATE, device="cuda", dtype=torch.float32)
-        self.counts = torch.zeros(8, device="cuda", dtype=torch.int32)
+        self.counts = torch.zeros(8 * 32, device="cuda", dtype=torch.int32)     # 8 lines of 128 B (WAIT 4)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)       # arrivals, waits that gave up
         self.programs = config["CTAS"] * torch.cuda.get_device_properties(0).multi_processor_count
         if HIDDEN // bn > 2 * self.programs:            # the consumers take at most 2 down tiles
             raise ValueError(f"R={config['R']}: {HIDDEN // bn} down tiles, more than 2 per CTA")
 
-    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, y: torch.Tensor, wait: bool = True,
-               parts: int = 3) -> None:
-        """One launch on copy's weights; wait False skips the counters (outputs then race), parts 1 or 2 runs only
-        gate/up or only down (diagnostics)."""
+    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, y: torch.Tensor, wait: int = WAIT,
+               parts: int = 3, with_norm: bool = True) -> None:
+        """One launch on copy's weights, wait one of _counted's modes (1 and 4 the real ones). Diagnostics: wait 0
+        skips the counters and the end's arrival (outputs then race), 2 counts with relaxed atomics, 3 keeps only the
+        end's arrival and zeroing; parts 1 or 2 runs only gate/up or only down; with_norm False takes h itself for
+        gate/up's x."""
         # the producer's warp is padded to a warp group: registers capped so that CTAS CTAs fit an SM (the
         # consumers take theirs back with setmaxnreg)
         warps = self.config["WARPS"]
         _mlp_block[(self.programs,)](*self.descs[copy], h, norm, self.act, self.counts, self.sync, y, self.programs,
                                      EPS, K=HIDDEN, INTER=INTERMEDIATE, R=self.config["R"],
                                      STAGES=self.config["STAGES"], WAIT=wait, PARTS=parts, REPLICAS=REPLICAS,
-                                     num_warps=warps, launch_pdl=True,
+                                     NORM=with_norm, num_warps=warps, launch_pdl=True,
                                      maxnreg=min(255, 65536 // (32 * (warps + 4) * self.config["CTAS"]) // 8 * 8))
 
 
@@ -423,10 +485,14 @@ def main(argv=None) -> int:
             if entry["rel_err"] <= 1e-2 and entry["gave_up_waits"] == 0 and entry["counters_left"] == 0:
                 copies = list(range(COPIES))
                 entry["us"] = round(chained_us(lambda c, block=block: block.launch(c, h, norm, y), copies), 2)
-                for name, wait, parts in (("no_wait", False, 3), ("gate_up_only", False, 1), ("down_only", False, 2)):
+                for name, wait, parts, with_norm in (("packed_counters", 1, 3, True), ("relaxed_counts", 2, 3, True),
+                                                     ("end_sync_only", 3, 3, True),
+                                                     ("no_wait", 0, 3, True), ("gate_up_only", 0, 1, True),
+                                                     ("gate_up_only_no_norm", 0, 1, False),
+                                                     ("down_only", 0, 2, True)):
                     entry[f"{name}_us"] = round(chained_us(
-                        lambda c, block=block, wait=wait, parts=parts: block.launch(c, h, norm, y, wait, parts),
-                        copies), 2)
+                        lambda c, block=block, wait=wait, parts=parts, with_norm=with_norm: block.launch(
+                            c, h, norm, y, wait, parts, with_norm), copies), 2)
                 entry["over_engine_pick"] = round(entry["us"] / result["engine_pick_us"], 3)
                 entry["over_floor"] = round(entry["us"] / result["floor_us"], 3)
                 entry["gave_up_waits_after_timing"] = int(block.sync[1].item())
@@ -472,7 +538,7 @@ def profile(spec: str) -> int:
     h = torch.randn(HIDDEN, device="cuda", generator=gen).bfloat16()
     y = torch.zeros(HIDDEN, device="cuda", dtype=torch.float32)
     for _ in range(3):
-        block.launch(0, h, torch.ones_like(h), y, parts == 3, parts)
+        block.launch(0, h, torch.ones_like(h), y, WAIT if parts == 3 else 0, parts)
     torch.cuda.synchronize()
     return 0
 
