@@ -537,13 +537,16 @@ def main(argv=None) -> int:
             block = Block(gate_ups, downs, parse_config(spec))
             block.reset()
             block.launch(0, h, norm, y)
+            torch.cuda.synchronize()
+            entry["rel_err_first_launch"] = float((((y - h.float()) - delta).norm() / delta.norm()).item())
             block.act.zero_()                            # a down step that read act too early would now miss
             block.launch(0, h, norm, y)                  # the second launch checks the counters' epochs
             torch.cuda.synchronize()
             got = y - h.float()
             entry["rel_err"] = float(((got - delta).norm() / delta.norm()).item())
             entry["gave_up_waits"], entry["counts_as_expected"] = int(block.sync[1].item()), block.counts_as_expected(2)
-            if entry["rel_err"] <= 1e-2 and entry["gave_up_waits"] == 0 and entry["counts_as_expected"]:
+            if (max(entry["rel_err"], entry["rel_err_first_launch"]) <= 1e-2 and entry["gave_up_waits"] == 0
+                    and entry["counts_as_expected"]):
                 copies = list(range(COPIES))
                 block.reset()
                 entry["us"] = round(chained_us(lambda c, block=block: block.launch(c, h, norm, y), copies), 2)
@@ -568,9 +571,11 @@ def main(argv=None) -> int:
         best = min(timed, key=lambda e: e["us"])
         result["best"], result["best_us"] = best["config"], best["us"]
         result["best_over_engine_pick"] = best["over_engine_pick"]
-    checks = [{"name": f"{e['config']}: within 1e-2 of the fp32 reference, no wait gave up, counts as expected",
-               "value": e["rel_err"], "op": "<=", "target": 1e-2,
-               "passed": e["rel_err"] <= 1e-2 and e["gave_up_waits"] == 0 and e["counts_as_expected"]}
+    checks = [{"name": f"{e['config']}: both check launches within 1e-2 of the fp32 reference, no wait gave up, "
+                       "counts as expected",
+               "value": max(e["rel_err"], e["rel_err_first_launch"]), "op": "<=", "target": 1e-2,
+               "passed": max(e["rel_err"], e["rel_err_first_launch"]) <= 1e-2 and e["gave_up_waits"] == 0
+               and e["counts_as_expected"]}
               for e in entries if "rel_err" in e]
     write_result(args.out, "int4-mlp-block-probe", torch.device("cuda"),
                  {"hbm_copy_GBps(read+write)": round(copy_GBps, 1),
