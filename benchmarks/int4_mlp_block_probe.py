@@ -9,35 +9,36 @@ down's K step c needs only gate/up's channels 2048c .. 2048c + 2047. So each CTA
 gate/up tiles and then its down tiles through one TMA ring without a break, and the consumers wait, before each of
 down's K steps, on a counter of that chunk's finished gate/up tiles, which by then is normally complete.
 
-Per CTA (CTAS per SM, all resident): WARPS consumer warps (warps over a slot's BN = WARPS * R rows, lanes over its
-32 groups; the products are XHALF's, int4_tma_ring_probe._step_dot) and one producer warp issuing every slot's TMA.
-The consumers:
-- compute the RMS norm of the residual h and x's half layout for gate/up themselves (no preparing kernel): h and
-  the norm's weight fetched once per CTA, coalesced, into shared memory, then each lane one group's 64 values and
-  every warp all of x, held in registers for both K steps;
-- per gate/up tile (each warp's R rows R/2 gate rows then the same channels' up rows: the probe reads the weights
-  as stored in blocks that way, a permutation a loader would apply) write SiLU(gate) * up to an fp32 buffer (in
-  REPLICAS copies) and count the tile on its chunk's counter after the next tile's products (release, after the
-  partition's barrier), when its stores are done;
-- per down K step, wait on the chunk's counter (acquire), compute that step's half layout from the buffer (fetched
-  past L1 during the step before, through shared memory as h is), and take the step of each of the CTA's down
-  tiles (at most 2, step-major, so x is built once a step);
-- write y = h + down(act) in fp32; the last CTA to finish zeroes the counters for the next launch.
+Per CTA (CTAS per SM, all resident), four partitions:
+- WARPS consumer warps (warps over a slot's BN = WARPS * R rows, lanes over its 32 groups; the products are XHALF's,
+  int4_tma_ring_probe._step_dot). They build gate/up's x themselves (no preparing kernel): h times the norm's
+  weight, fetched once per CTA, coalesced, staged through shared memory, then each lane one group's 64 values and
+  every warp all of x, held in registers for both K steps; the norm's rstd, a scalar, multiplies gate/up's outputs.
+  Per gate/up tile (each warp's R rows R/2 gate rows then the same channels' up rows: the probe reads the weights
+  as stored in blocks that way, a permutation a loader would apply) they write SiLU(gate) * up to an fp32 buffer
+  (REPLICAS copies) and hand the tile to the counter warp (a CTA mbarrier). Per down K step they take that step's
+  x from the act loader and the step of each of the CTA's down tiles (at most 2, step-major); y = h + down(act).
+- one producer warp issuing every slot's TMA: the CTA's gate/up tiles, then its down tiles, without a break.
+- one counter warp: counts each handed-over tile on its chunk's counter (release). Its fence, a round trip under
+  load, stalls only that warp (with the consumers counting, the fences cost 8.5 us).
+- one act loader warp: computes rstd, then per down step waits for the chunk's counter (acquire), fetches the chunk
+  of act, computes its half layout once for the CTA and hands it over in shared memory (two steps in flight).
+Counters are never zeroed: each CTA counts one arrival as it starts, so a launch's index is the arrivals before it
+over the programs, and a chunk's target is that index + 1 times its tiles.
 Down tiles go to CTAs in reverse order, so the CTAs with one gate/up tile fewer take the extra down tile.
 
 Timed in the same run, each chained COPIES times in a CUDA graph with PDL over copies that miss L2: this kernel
-(configs R:STAGES[:WARPS[:CTAS]]); as diagnostics the same with its counters skipped (what the dependency costs;
-outputs then race), and only its gate/up part or only its down part (also without counters); and the engine's chain
-(HELD's gate/up at its batch-1 pick or XHALF, each with its preparing kernel, then XHALF's down with its preparing
-kernel, adding into a residual). The floor is the two weights' bytes at the copy rate.
-Every config is checked against an fp32 reference (dequantized weights) before it is timed.
+(configs R:STAGES[:WARPS[:CTAS]]); as diagnostics the same with the counters packed into one line, with relaxed
+counts, with no counters at all (outputs then race), only its gate/up part (with and without the norm) and only
+its down part; and the engine's chain (HELD's gate/up at its batch-1 pick or XHALF, each with its preparing
+kernel, then XHALF's down with its preparing kernel, adding into a residual). The floor is the two weights' bytes
+at the copy rate. Every config is checked against an fp32 reference (dequantized weights) on two launches (act
+zeroed between them, so a step that read act too early would miss) before it is timed.
 
-Measured on an H200 (benchmarks/notes/gpu-decode.md, session 47): correct everywhere (2.0e-3), but slower than the
-engine's chain: at best 35.1 us against 27.5 (floor 17.8). The consumers are the limit, not the dependency: without
-the counters the block takes 28-29 us, gate/up alone 18.3-19.6 (its bytes 11.9), down alone 14.3-16.1 (6.0); Nsight
-Compute puts ~2.3 of the ~5.2 cycles between a warp's instructions at barriers. 8 consumer warps or 2 CTAs per SM
-were slower still. The first form, with every warp loading x's inputs itself, took 63-68 us (down alone 52): all
-CTAs reading the same lines at once.
+Measured on an H200 (benchmarks/notes/gpu-decode.md, sessions 47-48): session 47's form (the consumers counting
+and polling) took 35.1 us at best against 27.5 for the engine's chain (floor 17.8). This form takes 26.5-26.8 us
+against 26.8-27.2 in the same runs (0.986-0.999): the first dataflow block at the engine's level. Without counters
+it takes 24.7-25.0, gate/up alone 16.4 (its bytes 11.9) and down alone 13.2 (6.0): the consumers remain the limit.
 
     python benchmarks/int4_mlp_block_probe.py [--configs R:STAGES[:WARPS[:CTAS]],...] [--out PATH]
 """
