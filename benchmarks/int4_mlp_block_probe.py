@@ -175,12 +175,18 @@ if HAS_GLUON:
     @gluon.jit
     def _take_slot(ring, s_ring, ready, empty, item, STAGES: gl.constexpr, BN: gl.constexpr, L4: gl.constexpr,
                    LS: gl.constexpr):
-        """Wait for item's slot, read its codes [BN, 32, 2, 4] and (scale, min) words [BN, 32], release it."""
-        plain4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
+        """Wait for item's slot, read its codes [BN, 32, 2, 4] and (scale, min) words [BN, 32], release it. The codes
+        are stored with the runs of every group g with (g >> 2) & 1 swapped (swapped_runs): the shared layout's
+        swizzle (16-byte vectors XORed by (g // 4) % 2) reads each lane's run 0 first all the same, and each 16-byte
+        load's lanes then cover every bank once per wavefront."""
+        GROUP_ROWS: gl.constexpr = gl.BlockedLayout([L4.size_per_thread[0], 1, 8], [1, 32, 1],
+                                                    [L4.warps_per_cta[0], 1, 1], [2, 1, 0])
+        swapped: gl.constexpr = gl.SwizzledSharedLayout(4, 4, 2, order=[2, 1, 0])
         plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         slot = item % STAGES
         mbarrier.wait(ready.index(slot), (item // STAGES) & 1)
-        words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 2, 4], plain4).load(L4)
+        words = ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS, 8], swapped).load(GROUP_ROWS)
+        words = gl.convert_layout(gl.reshape(words, [BN, _STEP_GROUPS, 2, 4]), L4)
         pair = s_ring.index(slot)._reinterpret(gl.int32, [BN, _STEP_GROUPS], plain2).load(LS)
         mbarrier.arrive(empty.index(slot))
         return words, pair
@@ -443,10 +449,30 @@ def block_inputs(gate_up: dict, down: dict, gen: torch.Generator) -> dict:
     return {"h": h, "norm": norm, "delta": delta}
 
 
+def swapped_runs(words: torch.Tensor) -> torch.Tensor:
+    """int32 codes [N, G * 8] as the kernel reads them: the two runs (words 0-3 and 4-7) of every group g with
+    (g >> 2) & 1 swapped. A lane reads its group's 32 bytes of a slot's row as two 16-byte loads; stored plainly, the
+    first load's addresses are 32 bytes apart across the lanes, so each 128-byte wavefront serves 4 lanes (2-way bank
+    conflicts, Nsight Compute on session 48's form); swapped, lanes 4-7 of every 8 take their second half first and
+    each load's 8 lanes of a wavefront cover all 32 banks. The kernel swaps x's runs to match (_swap_runs)."""
+    n, width = words.shape
+    groups = words.view(n, width // 8, 2, 4)
+    swap = ((torch.arange(width // 8, device=words.device) >> 2) & 1).bool()
+    out = groups.clone()
+    out[:, swap] = groups[:, swap].flip(2)
+    return out.view(n, width)
+
+
 def stored_gate_up(w: dict, half: int) -> dict:
-    """One gate/up copy's probe views with its rows stored blockwise (interleaved_rows)."""
+    """One gate/up copy's probe views with its rows stored blockwise (interleaved_rows) and its runs swapped
+    (swapped_runs)."""
     order = interleaved_rows(INTERMEDIATE, half).to(w["words"].device)
-    return {"words": w["words"][order].contiguous(), "pairs": w["pairs"][order].contiguous()}
+    return {"words": swapped_runs(w["words"][order].contiguous()), "pairs": w["pairs"][order].contiguous()}
+
+
+def stored_down(w: dict) -> dict:
+    """One down copy's probe views with its runs swapped (swapped_runs)."""
+    return {"words": swapped_runs(w["words"]), "pairs": w["pairs"]}
 
 
 class Block:
@@ -455,7 +481,7 @@ class Block:
 
     def __init__(self, gate_ups: list, downs: list, config: dict):
         self.config, bn = config, config["WARPS"] * config["R"]
-        self.descs = [descriptors(stored_gate_up(gu, config["R"] // 2), bn) + descriptors(dn, bn)
+        self.descs = [descriptors(stored_gate_up(gu, config["R"] // 2), bn) + descriptors(stored_down(dn), bn)
                       for gu, dn in zip(gate_ups, downs, strict=True)]
         self.act = torch.zeros(REPLICAS, INTERMEDIATE, device="cuda", dtype=torch.float32)
         self.counts = torch.zeros(8 * 32, device="cuda", dtype=torch.int32)     # 8 lines of 128 B (WAIT 4)
