@@ -66,6 +66,7 @@ SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an er
 REPLICAS = 4                     # copies of SiLU(gate) * up that the CTAs read down's x from
 WAIT = 4                         # counters on lines of their own, polls backing off (_counted's modes)
 CONFIGS = ["4:8", "8:5", "4:10", "4:6"]
+STRESS_COPIES = 4                # weight copies the stress run's launches take in turn
 HELD_GATE_UP = (1, 1, 16)        # HELD's batch-1 pick for gate/up on an H200 (sessions 45-46)
 
 if HAS_GLUON:
@@ -532,6 +533,9 @@ def engine_chain(gate_up: dict, down: dict, x: torch.Tensor, act: torch.Tensor, 
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-mlp-block-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="R:STAGES[:WARPS[:CTAS]], comma-separated")
+    parser.add_argument("--stress", type=int, default=0, metavar="LAUNCHES",
+                        help="instead of timing: chain LAUNCHES launches per config in one CUDA graph, each on its own "
+                             "h (so a step that read the launch before's act would miss), and check every output")
     parser.add_argument("--profile", default="", metavar="R:STAGES:WARPS:CTAS:PARTS",
                         help="only launch that config three times on one copy (for a profiler), then stop")
     args = parser.parse_args(argv)
@@ -539,6 +543,8 @@ def main(argv=None) -> int:
         return 2
     if args.profile:
         return profile(args.profile)
+    if args.stress:
+        return stress(args.configs, args.stress, args.out)
     from tierllm.bench.probe import hbm_copy_GBps
 
     copy_GBps = hbm_copy_GBps()
@@ -614,6 +620,49 @@ def main(argv=None) -> int:
                           "preparing kernel (engine_pick_us: the faster)"},
                  result, checks, {"copies": COPIES, "group": GROUP, "pdl": True, "eps": EPS})
     print(f"wrote {args.out}")
+    return 0
+
+
+def stress(specs: str, launches: int, out: Path) -> int:
+    """Chain `launches` launches of each config in one CUDA graph with PDL, as decode would, over STRESS_COPIES weight
+    copies and a fresh h per launch, replay it twice, and check every output against its fp32 reference: the
+    counters' synchronization under back-to-back launches, which the timed runs do not check."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    weights, _, _ = layer_weights(gen, STRESS_COPIES)
+    gate_ups, downs = weights["gate_up"], weights["down"]
+    inputs = [block_inputs(gate_ups[i % STRESS_COPIES], downs[i % STRESS_COPIES], gen) for i in range(launches)]
+    ys = torch.zeros(launches, HIDDEN, device="cuda", dtype=torch.float32)
+    entries, checks = [], []
+    for spec in specs.split(","):
+        block = Block(gate_ups, downs, parse_config(spec))
+        block.reset()
+
+        def chain(block=block) -> None:
+            for i, x in enumerate(inputs):
+                block.launch(i % STRESS_COPIES, x["h"], x["norm"], ys[i])
+
+        chain()                                      # compile, then the graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            chain()
+        worst, misses = 0.0, 0
+        for _ in range(2):
+            ys.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            for i, x in enumerate(inputs):
+                err = float((((ys[i] - x["h"].float()) - x["delta"]).norm() / x["delta"].norm()).item())
+                worst, misses = max(worst, err), misses + (err > 1e-2)
+        entry = {"config": spec, "launches_checked": 2 * launches, "worst_rel_err": worst, "misses": misses,
+                 "gave_up_waits": int(block.sync[1].item())}
+        entries.append(entry)
+        checks.append({"name": f"{spec}: every one of {2 * launches} chained launches within 1e-2, no wait gave up",
+                       "value": worst, "op": "<=", "target": 1e-2,
+                       "passed": misses == 0 and entry["gave_up_waits"] == 0})
+        print(entry, flush=True)
+    write_result(out, "int4-mlp-block-probe-stress", torch.device("cuda"), {}, {"note": "no peer: a correctness run"},
+                 {"configs": entries}, checks, {"copies": STRESS_COPIES, "group": GROUP, "pdl": True, "eps": EPS})
+    print(f"wrote {out}")
     return 0
 
 
