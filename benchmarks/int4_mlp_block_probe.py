@@ -40,9 +40,9 @@ and polling) took 35.1 us at best against 27.5 for the engine's chain (floor 17.
 (4:5), takes 26.5-26.8 us against 26.8-27.2 in the same runs (0.986-0.989): the first dataflow block at the
 engine's level. Without counters it takes 24.7-25.0, gate/up alone 16.4-16.7 (its bytes 11.9) and down alone
 13.1-13.2 (6.0): the consumers remain the limit. Reading the slots without bank conflicts (swapped_runs) changed
-nothing measurable.
+nothing measurable. --stress checked 384 launches chained with PDL, each on its own h: all correct.
 
-    python benchmarks/int4_mlp_block_probe.py [--configs R:STAGES[:WARPS[:CTAS]],...] [--out PATH]
+    python benchmarks/int4_mlp_block_probe.py [--configs R:STAGES[:WARPS[:CTAS]],...] [--stress LAUNCHES] [--out PATH]
 """
 from __future__ import annotations
 
