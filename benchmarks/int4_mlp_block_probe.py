@@ -451,6 +451,11 @@ def block_inputs(gate_up: dict, down: dict, gen: torch.Generator) -> dict:
     return {"h": h, "norm": norm, "delta": delta}
 
 
+def block_error(y: torch.Tensor, h: torch.Tensor, delta: torch.Tensor) -> float:
+    """The block's output y (h + its delta, fp32) against the reference delta: relative error of the delta."""
+    return float((((y - h.float()) - delta).norm() / delta.norm()).item())
+
+
 def swapped_runs(words: torch.Tensor) -> torch.Tensor:
     """int32 codes [N, G * 8] as the kernel reads them: the two runs (words 0-3 and 4-7) of every group g with
     (g >> 2) & 1 swapped. A lane reads its group's 32 bytes of a slot's row as two 16-byte loads; stored plainly, the
@@ -573,12 +578,11 @@ def main(argv=None) -> int:
             block.reset()
             block.launch(0, h, norm, y)
             torch.cuda.synchronize()
-            entry["rel_err_first_launch"] = float((((y - h.float()) - delta).norm() / delta.norm()).item())
+            entry["rel_err_first_launch"] = block_error(y, h, delta)
             block.act.zero_()                            # a down step that read act too early would now miss
             block.launch(0, h, norm, y)                  # the second launch checks the counters' epochs
             torch.cuda.synchronize()
-            got = y - h.float()
-            entry["rel_err"] = float(((got - delta).norm() / delta.norm()).item())
+            entry["rel_err"] = block_error(y, h, delta)
             entry["gave_up_waits"], entry["counts_as_expected"] = int(block.sync[1].item()), block.counts_as_expected(2)
             if (max(entry["rel_err"], entry["rel_err_first_launch"]) <= 1e-2 and entry["gave_up_waits"] == 0
                     and entry["counts_as_expected"]):
@@ -651,7 +655,7 @@ def stress(specs: str, launches: int, out: Path) -> int:
             graph.replay()
             torch.cuda.synchronize()
             for i, x in enumerate(inputs):
-                err = float((((ys[i] - x["h"].float()) - x["delta"]).norm() / x["delta"].norm()).item())
+                err = block_error(ys[i], x["h"], x["delta"])
                 worst, misses = max(worst, err), misses + (err > 1e-2)
         entry = {"config": spec, "launches_checked": 2 * launches, "worst_rel_err": worst, "misses": misses,
                  "gave_up_waits": int(block.sync[1].item())}
