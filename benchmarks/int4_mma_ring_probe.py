@@ -47,7 +47,7 @@ GROUP = 64
 TILE = 16                        # weight rows per MMA tile
 MAGIC = 1024.0                   # the fp16 whose bits a code is ORed into (its last mantissa unit is 1)
 CG = 4                           # groups a lane computes at once from a slot (its registers)
-CONFIGS = ["8:4:8", "8:6:8", "8:3:10", "16:3:6", "8:4:6", "16:4:4"]
+CONFIGS = ["8:4:8", "r8:4:8", "r8:3:10", "r8:6:6", "16:3:6", "r16:3:6", "r16:4:4", "r8:5:8"]
 XHALF_RING = "4:1:4:8"           # int4_tma_ring_probe's fastest one-warp config (sessions 44-48)
 
 try:
@@ -93,13 +93,13 @@ if HAS_GLUON:
     _PLAIN3 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
 
     @gluon.jit
-    def _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, j, n, start,
+    def _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, j, n, start, step,
                KSL: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, WEIGHTS: gl.constexpr, X: gl.constexpr):
-        """Ask TMA for item start + j (tile item // KSL, groups KS * (item % KSL) ..) into slot j % STAGES: with
+        """Ask TMA for item start + j * step (tile item // KSL, groups KS * (item % KSL) ..) into slot j % STAGES: with
         WEIGHTS the slot's expect (all four copies' bytes) and its codes and pairs; with X x's fragments and sums
         (nothing past the program's n items)."""
         live = j < n
-        item = start + j
+        item = start + j * step
         tile = item // KSL
         g0 = (item % KSL) * KS
         slot = j % STAGES
@@ -172,11 +172,12 @@ if HAS_GLUON:
 
     @gluon.jit
     def _w4_mma_ring_gemv(w_desc, s_desc, x_desc, xs_desc, y_ptr, items, programs, KSL: gl.constexpr,
-                          KS: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr = 0, PDL: gl.constexpr = True):
+                          KS: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr = 0, ORDER: gl.constexpr = 0,
+                          PDL: gl.constexpr = True):
         """y[n] += sum_k W[n, k] x[k] (fp32 atomics) over items (tile, KS groups), program p taking items
-        p * items // programs .. (p + 1) * items // programs - 1. Descriptors: codes int32 [tiles, G, 128] (boxes
-        [1, KS, 128]), pairs int32 [tiles, G, 16] ([1, KS, 16]), x's fragments int32 [G, 32] ([KS, 32]) and sums
-        fp32 [G, 4] ([KS, 4]); one warp. MODE: _chunk_dots's."""
+        p * items // programs .. (p + 1) * items // programs - 1 (ORDER 0) or p, p + programs, .. (ORDER 1).
+        Descriptors: codes int32 [tiles, G, 128] (boxes [1, KS, 128]), pairs int32 [tiles, G, 16] ([1, KS, 16]),
+        x's fragments int32 [G, 32] ([KS, 32]) and sums fp32 [G, 4] ([KS, 4]); one warp. MODE: _chunk_dots's."""
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, 1, KS, 128], w_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 1, KS, 16], s_desc.layout)
         x_ring = gl.allocate_shared_memory(gl.int32, [STAGES, KS, 32], x_desc.layout)
@@ -186,16 +187,22 @@ if HAS_GLUON:
             mbarrier.init(bars.index(i), count=1)
         fence_async_shared()
         pid = gl.program_id(0)
-        start = pid * items // programs
-        n = (pid + 1) * items // programs - start
+        if ORDER == 0:                                   # a contiguous run of items (stream-K): tiles flushed once
+            start = pid * items // programs
+            n = (pid + 1) * items // programs - start
+            step = 1
+        else:                                            # round robin: the grid sweeps the weights together
+            start = pid
+            n = gl.cdiv(items - pid, programs)
+            step = programs
         for i in gl.static_range(STAGES):               # the weights do not depend on x: asked before the wait
-            _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, i, n, start, KSL, KS,
+            _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, i, n, start, step, KSL, KS,
                    STAGES, True, False)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
         for i in gl.static_range(STAGES):
-            _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, i, n, start, KSL, KS,
+            _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, i, n, start, step, KSL, KS,
                    STAGES, False, True)
         acc_lo = gl.zeros([_CG, 8, 4], gl.float32, _P3)
         acc_hi = gl.zeros([_CG, 8, 4], gl.float32, _P3)
@@ -207,10 +214,10 @@ if HAS_GLUON:
                 acc_lo += lo
                 acc_hi += hi
             gl.thread_barrier()                          # every lane has read the slot before it is asked again
-            _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, j + STAGES, n, start, KSL,
-                   KS, STAGES, True, True)
-            item = start + j
-            if (item % KSL == KSL - 1) | (j == n - 1):
+            _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, j + STAGES, n, start, step,
+                   KSL, KS, STAGES, True, True)
+            item = start + j * step
+            if (item % KSL == KSL - 1) | (j == n - 1) | (step > 1):
                 _flush(y_ptr, item // KSL, acc_lo, acc_hi)
                 acc_lo = gl.zeros([_CG, 8, 4], gl.float32, _P3)
                 acc_hi = gl.zeros([_CG, 8, 4], gl.float32, _P3)
@@ -269,11 +276,11 @@ def emulated(codes: torch.Tensor, pairs: torch.Tensor, frags: torch.Tensor, sums
 
 
 def parse_config(spec: str) -> dict:
-    """KS:STAGES:PER_SM (groups per item, ring slots, programs per SM)."""
-    ks, stages, per_sm = map(int, spec.split(":"))
+    """[r]KS:STAGES:PER_SM (groups per item, ring slots, programs per SM; a leading "r": items round robin)."""
+    ks, stages, per_sm = map(int, spec.lstrip("r").split(":"))
     if ks % 8:                                   # x's sums' slots (16 B a group) 128-byte aligned, as TMA needs
         raise ValueError(f"KS={ks}: a multiple of 8")
-    return {"KS": ks, "STAGES": stages, "per_sm": per_sm}
+    return {"KS": ks, "STAGES": stages, "per_sm": per_sm, "ORDER": int(spec.startswith("r"))}
 
 
 def descriptors(packed: dict, xf: dict, ks: int) -> tuple:
@@ -297,8 +304,8 @@ def mma_launch(packed: dict, xf: dict, y: torch.Tensor, config: dict, mode: int 
     items = tiles * ksl
     programs = min(items, config["per_sm"] * torch.cuda.get_device_properties(y.device).multi_processor_count)
     return _w4_mma_ring_gemv[(programs,)](*packed["descs"], y, items, programs, KSL=ksl, KS=config["KS"],
-                                          STAGES=config["STAGES"], MODE=mode, PDL=True, num_warps=1,
-                                          launch_pdl=True)
+                                          STAGES=config["STAGES"], MODE=mode, ORDER=config["ORDER"], PDL=True,
+                                          num_warps=1, launch_pdl=True)
 
 
 def shape_row(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor, specs: list, copy_GBps: float) -> dict:
