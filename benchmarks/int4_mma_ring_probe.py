@@ -47,7 +47,7 @@ GROUP = 64
 TILE = 16                        # weight rows per MMA tile
 MAGIC = 1024.0                   # the fp16 whose bits a code is ORed into (its last mantissa unit is 1)
 CG = 4                           # groups a lane computes at once from a slot (its registers)
-CONFIGS = ["8:4:8", "r8:4:8", "r8:3:10", "r8:6:6", "16:3:6", "r16:3:6", "r16:4:4", "r8:5:8"]
+CONFIGS = ["8:4:8", "x8:4:8", "x8:3:10", "x8:6:6", "16:3:6", "x16:3:6", "x16:4:6", "x8:5:8"]
 XHALF_RING = "4:1:4:8"           # int4_tma_ring_probe's fastest one-warp config (sessions 44-48)
 
 try:
@@ -94,10 +94,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, j, n, start, step,
-               KSL: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, WEIGHTS: gl.constexpr, X: gl.constexpr):
+               KSL: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, WEIGHTS: gl.constexpr, X: gl.constexpr,
+               X_ONCE: gl.constexpr):
         """Ask TMA for item start + j * step (tile item // KSL, groups KS * (item % KSL) ..) into slot j % STAGES: with
-        WEIGHTS the slot's expect (all four copies' bytes) and its codes and pairs; with X x's fragments and sums
-        (nothing past the program's n items)."""
+        WEIGHTS the slot's expect (its copies' bytes: x's too unless X_ONCE) and its codes and pairs; with X x's
+        fragments and sums (nothing past the program's n items)."""
         live = j < n
         item = start + j * step
         tile = item // KSL
@@ -105,7 +106,7 @@ if HAS_GLUON:
         slot = j % STAGES
         bar = bars.index(slot)
         if WEIGHTS:
-            mbarrier.expect(bar, KS * (128 + 16 + 32 + 4) * 4, pred=live)
+            mbarrier.expect(bar, KS * (128 + 16 + (0 if X_ONCE else 32 + 4)) * 4, pred=live)
             tma.async_copy_global_to_shared(w_desc, [tile, g0, 0], bar, ring.index(slot), pred=live)
             tma.async_copy_global_to_shared(s_desc, [tile, g0, 0], bar, s_ring.index(slot), pred=live)
         if X:
@@ -124,19 +125,20 @@ if HAS_GLUON:
         return _p3(a), _p3(b)
 
     @gluon.jit
-    def _chunk_dots(ring, s_ring, x_ring, xs_ring, slot, c: gl.constexpr, KS: gl.constexpr, MODE: gl.constexpr):
-        """Groups c * CG .. of the slot's tile: each (row gid or gid + 8, group) term scale * (C - X1) + min * X0,
+    def _chunk_dots(codes, pairs, frags, sums, c: gl.constexpr, KS: gl.constexpr, MODE: gl.constexpr):
+        """Groups c * CG .. of a slot's tile (its views: codes [1, KS, 128], pairs [1, KS, 16], x's fragments
+        [KS, 32] and sums [KS, 4]): each (row gid or gid + 8, group) term scale * (C - X1) + min * X0,
         as two [CG, 8, 4] fp32 in _P3 (every lane t of a gid holds the same). MODE 1: the slot's words summed (READ);
         2: the MMAs' sums C without the scales (a diagnostic of the epilogue's cost)."""
-        words = ring.index(slot)._reinterpret(gl.int32, [KS, 8, 4, 4], _PLAIN4).slice(c * _CG, _CG).load(_P4)
-        pairs = s_ring.index(slot)._reinterpret(gl.int32, [KS, 8, 2], _PLAIN3).slice(c * _CG, _CG).load(
+        words = codes._reinterpret(gl.int32, [KS, 8, 4, 4], _PLAIN4).slice(c * _CG, _CG).load(_P4)
+        pairs = pairs._reinterpret(gl.int32, [KS, 8, 2], _PLAIN3).slice(c * _CG, _CG).load(
             gl.SliceLayout(2, _P2))
         pair_lo, pair_hi = _halves(gl.broadcast(gl.expand_dims(pairs, 2),
                                                 gl.full([_CG, 8, 4, 2], 0, gl.int32, _P2))[0])   # rows gid, gid + 8
-        xb = x_ring.index(slot)._reinterpret(gl.int32, [KS, 4, 8], _PLAIN3).slice(c * _CG, _CG).load(
+        xb = frags._reinterpret(gl.int32, [KS, 4, 8], _PLAIN3).slice(c * _CG, _CG).load(
             gl.SliceLayout(1, _P8))
         xb = gl.broadcast(gl.expand_dims(xb, 1), gl.full([_CG, 8, 4, 8], 0, gl.int32, _P8))[0]   # lane t's pairs
-        xs = xs_ring.index(slot)._reinterpret(gl.float32, [KS, 1, 1, 4], _PLAIN4).slice(c * _CG, _CG).load(_P4)
+        xs = sums._reinterpret(gl.float32, [KS, 1, 1, 4], _PLAIN4).slice(c * _CG, _CG).load(_P4)
         xs = gl.broadcast(xs, gl.full([_CG, 8, 4, 4], 0.0, gl.float32, _P4))[0]
         x_even, x_odd = gl.split(gl.reshape(xs, [_CG, 8, 4, 2, 2]))           # (X0, 0), (X1, 0)
         x0, _ = _halves(x_even)                                                  # each group's X0
@@ -177,13 +179,17 @@ if HAS_GLUON:
         """y[n] += sum_k W[n, k] x[k] (fp32 atomics) over items (tile, KS groups), program p taking items
         p * items // programs .. (p + 1) * items // programs - 1 (ORDER 0) or p, p + programs, .. (ORDER 1).
         Descriptors: codes int32 [tiles, G, 128] (boxes [1, KS, 128]), pairs int32 [tiles, G, 16] ([1, KS, 16]),
-        x's fragments int32 [G, 32] ([KS, 32]) and sums fp32 [G, 4] ([KS, 4]); one warp. MODE: _chunk_dots's."""
+        x's fragments int32 [G, 32] ([KS, 32]) and sums fp32 [G, 4] ([KS, 4]); one warp. MODE: _chunk_dots's.
+        ORDER 2: round robin with programs a multiple of KSL, so that a program's items share one K slice: x's part
+        loaded once, after the PDL wait."""
+        X_ONCE: gl.constexpr = ORDER == 2
+        X_SLOTS: gl.constexpr = 1 if X_ONCE else STAGES
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, 1, KS, 128], w_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 1, KS, 16], s_desc.layout)
-        x_ring = gl.allocate_shared_memory(gl.int32, [STAGES, KS, 32], x_desc.layout)
-        xs_ring = gl.allocate_shared_memory(gl.float32, [STAGES, KS, 4], xs_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
+        x_ring = gl.allocate_shared_memory(gl.int32, [X_SLOTS, KS, 32], x_desc.layout)
+        xs_ring = gl.allocate_shared_memory(gl.float32, [X_SLOTS, KS, 4], xs_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())     # + x's, once
+        for i in gl.static_range(STAGES + 1):
             mbarrier.init(bars.index(i), count=1)
         fence_async_shared()
         pid = gl.program_id(0)
@@ -197,31 +203,40 @@ if HAS_GLUON:
             step = programs
         for i in gl.static_range(STAGES):               # the weights do not depend on x: asked before the wait
             _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, i, n, start, step, KSL, KS,
-                   STAGES, True, False)
+                   STAGES, True, False, X_ONCE)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        for i in gl.static_range(STAGES):
-            _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, i, n, start, step, KSL, KS,
-                   STAGES, False, True)
+        if X_ONCE:
+            x_bar = bars.index(STAGES)
+            mbarrier.expect(x_bar, KS * (32 + 4) * 4)
+            tma.async_copy_global_to_shared(x_desc, [(pid % KSL) * KS, 0], x_bar, x_ring.index(0))
+            tma.async_copy_global_to_shared(xs_desc, [(pid % KSL) * KS, 0], x_bar, xs_ring.index(0))
+            mbarrier.wait(x_bar, 0)
+        else:
+            for i in gl.static_range(STAGES):
+                _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, i, n, start, step, KSL,
+                       KS, STAGES, False, True, X_ONCE)
         acc_lo = gl.zeros([_CG, 8, 4], gl.float32, _P3)
         acc_hi = gl.zeros([_CG, 8, 4], gl.float32, _P3)
         for j in range(n):
             slot = j % STAGES
             mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
             for c in gl.static_range(KS // _CG):
-                lo, hi = _chunk_dots(ring, s_ring, x_ring, xs_ring, slot, c, KS, MODE)
+                x_slot = 0 if X_ONCE else slot
+                lo, hi = _chunk_dots(ring.index(slot), s_ring.index(slot), x_ring.index(x_slot),
+                                     xs_ring.index(x_slot), c, KS, MODE)
                 acc_lo += lo
                 acc_hi += hi
             gl.thread_barrier()                          # every lane has read the slot before it is asked again
             _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, j + STAGES, n, start, step,
-                   KSL, KS, STAGES, True, True)
+                   KSL, KS, STAGES, True, not X_ONCE, X_ONCE)
             item = start + j * step
             if (item % KSL == KSL - 1) | (j == n - 1) | (step > 1):
                 _flush(y_ptr, item // KSL, acc_lo, acc_hi)
                 acc_lo = gl.zeros([_CG, 8, 4], gl.float32, _P3)
                 acc_hi = gl.zeros([_CG, 8, 4], gl.float32, _P3)
-        for i in gl.static_range(STAGES):
+        for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))
 
 
@@ -276,11 +291,12 @@ def emulated(codes: torch.Tensor, pairs: torch.Tensor, frags: torch.Tensor, sums
 
 
 def parse_config(spec: str) -> dict:
-    """[r]KS:STAGES:PER_SM (groups per item, ring slots, programs per SM; a leading "r": items round robin)."""
-    ks, stages, per_sm = map(int, spec.lstrip("r").split(":"))
+    """[r|x]KS:STAGES:PER_SM (groups per item, ring slots, programs per SM; a leading "r": items round robin, "x":
+    round robin with each program's K slice fixed and its x loaded once)."""
+    ks, stages, per_sm = map(int, spec.lstrip("rx").split(":"))
     if ks % 8:                                   # x's sums' slots (16 B a group) 128-byte aligned, as TMA needs
         raise ValueError(f"KS={ks}: a multiple of 8")
-    return {"KS": ks, "STAGES": stages, "per_sm": per_sm, "ORDER": int(spec.startswith("r"))}
+    return {"KS": ks, "STAGES": stages, "per_sm": per_sm, "ORDER": {"r": 1, "x": 2}.get(spec[0], 0)}
 
 
 def descriptors(packed: dict, xf: dict, ks: int) -> tuple:
@@ -303,6 +319,8 @@ def mma_launch(packed: dict, xf: dict, y: torch.Tensor, config: dict, mode: int 
     ksl = -(-groups // config["KS"])
     items = tiles * ksl
     programs = min(items, config["per_sm"] * torch.cuda.get_device_properties(y.device).multi_processor_count)
+    if config["ORDER"] == 2:                       # a multiple of the K slices: each program keeps one
+        programs -= programs % ksl
     return _w4_mma_ring_gemv[(programs,)](*packed["descs"], y, items, programs, KSL=ksl, KS=config["KS"],
                                           STAGES=config["STAGES"], MODE=mode, ORDER=config["ORDER"], PDL=True,
                                           num_warps=1, launch_pdl=True)
