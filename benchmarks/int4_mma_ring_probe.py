@@ -89,6 +89,10 @@ if HAS_GLUON:
     _P8 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 8], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
     _P2 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 2], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
     _P3 = gl.constexpr(gl.BlockedLayout([CG, 1, 1], [1, 8, 4], [1, 1, 1], [2, 1, 0]))
+    _L2 = gl.constexpr(gl.SliceLayout(0, _P3))                                    # [gid, t]: one value a lane
+    _PP = gl.constexpr(gl.BlockedLayout([1, 1, 2], [8, 4, 1], [1, 1, 1], [2, 1, 0]))   # [gid, t, 2]: group t's pair
+    _PS = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [1, 1], [0, 1]))              # [t, 4]: group t's sums
+    _PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     _PLAIN4 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0]))
     _PLAIN3 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
 
@@ -125,26 +129,42 @@ if HAS_GLUON:
         return _p3(a), _p3(b)
 
     @gluon.jit
+    def _l2(t):
+        """A [8, 4] tensor in the lane layout _L2 (lane 4 gid + t holds [gid, t]; asserted not to move data)."""
+        return gl.convert_layout(t, _L2, assert_trivial=True)
+
+    @gluon.jit
+    def _group_of_lane(c, t):
+        """c [CG, 8, 4] in _P3 (each lane all CG groups' values) -> [8, 4] in _L2: lane t's group t's value."""
+        even, odd = gl.split(gl.reshape(gl.permute(c, [1, 2, 0]), [8, 4, 2, 2]))
+        c0, c2 = gl.split(even)
+        c1, c3 = gl.split(odd)
+        return gl.where(t == 0, _l2(c0), gl.where(t == 1, _l2(c1), gl.where(t == 2, _l2(c2), _l2(c3))))
+
+    @gluon.jit
     def _chunk_dots(codes, pairs, frags, sums, c: gl.constexpr, KS: gl.constexpr, MODE: gl.constexpr):
         """Groups c * CG .. of a slot's tile (its views: codes [1, KS, 128], pairs [1, KS, 16], x's fragments
-        [KS, 32] and sums [KS, 4]): each (row gid or gid + 8, group) term scale * (C - X1) + min * X0,
-        as two [CG, 8, 4] fp32 in _P3 (every lane t of a gid holds the same). MODE 1: the slot's words summed (READ);
-        2: the MMAs' sums C without the scales (a diagnostic of the epilogue's cost)."""
+        [KS, 32] and sums [KS, 4]). The MMAs give every lane each group's C for its rows gid and gid + 8; lane t
+        then takes group t's and adds scale * (C - X1) + min * X0 for it (the four lanes of a gid share the
+        epilogue's work). Returns two [8, 4] fp32 in _L2 (rows gid, gid + 8). MODE 1: the slot's words summed
+        (READ); 2: the MMAs' sums C without the epilogue (a diagnostic of its cost)."""
+        t = gl.arange(0, 4, layout=gl.SliceLayout(0, _L2))[None, :]
         words = codes._reinterpret(gl.int32, [KS, 8, 4, 4], _PLAIN4).slice(c * _CG, _CG).load(_P4)
-        pairs = pairs._reinterpret(gl.int32, [KS, 8, 2], _PLAIN3).slice(c * _CG, _CG).load(
-            gl.SliceLayout(2, _P2))
-        pair_lo, pair_hi = _halves(gl.broadcast(gl.expand_dims(pairs, 2),
-                                                gl.full([_CG, 8, 4, 2], 0, gl.int32, _P2))[0])   # rows gid, gid + 8
+        pair_lo, pair_hi = gl.split(pairs._reinterpret(gl.int32, [KS, 8, 2], _PLAIN3).slice(c * _CG, _CG)
+                                    .permute((1, 0, 2)).load(_PP))              # lane (gid, t): group t's
+        pair_lo, pair_hi = _l2(pair_lo), _l2(pair_hi)
+        x01, _ = gl.split(gl.reshape(sums._reinterpret(gl.float32, [KS, 4], _PLAIN2).slice(c * _CG, _CG).load(_PS),
+                                     [_CG, 2, 2]))                               # lane t: group t's (X0, X1)
+        x0, x1 = gl.split(x01)
+        x0 = gl.convert_layout(x0, gl.SliceLayout(0, _L2), assert_trivial=True)[None, :]
+        x1 = gl.convert_layout(x1, gl.SliceLayout(0, _L2), assert_trivial=True)[None, :]
         xb = frags._reinterpret(gl.int32, [KS, 4, 8], _PLAIN3).slice(c * _CG, _CG).load(
             gl.SliceLayout(1, _P8))
         xb = gl.broadcast(gl.expand_dims(xb, 1), gl.full([_CG, 8, 4, 8], 0, gl.int32, _P8))[0]   # lane t's pairs
-        xs = sums._reinterpret(gl.float32, [KS, 1, 1, 4], _PLAIN4).slice(c * _CG, _CG).load(_P4)
-        xs = gl.broadcast(xs, gl.full([_CG, 8, 4, 4], 0.0, gl.float32, _P4))[0]
-        x_even, x_odd = gl.split(gl.reshape(xs, [_CG, 8, 4, 2, 2]))           # (X0, 0), (X1, 0)
-        x0, _ = _halves(x_even)                                                  # each group's X0
-        x1, _ = _halves(x_odd)                                                   # and X1
         if MODE == 1:
-            lo = (_p3(gl.sum(words, axis=3)) + pair_lo + pair_hi + _p3(gl.sum(xb, axis=3))).to(gl.float32) + x0 + x1
+            total = (gl.convert_layout(gl.sum(gl.sum(words, axis=3), axis=0), _L2)
+                     + gl.convert_layout(gl.sum(gl.sum(xb, axis=3), axis=0), _L2))
+            lo = (total + pair_lo + pair_hi).to(gl.float32) + x0 + x1
             return lo, lo
         b0, b1 = gl.split(gl.permute(gl.reshape(xb, [_CG, 8, 4, 2, 4]), [0, 1, 2, 4, 3]))    # h 0, h 1: [CG, 8, 4, 4]
         b0 = gl.convert_layout(b0, _P4, assert_trivial=True)
@@ -152,23 +172,27 @@ if HAS_GLUON:
         out = gl.inline_asm_elementwise(asm=_MMA_ASM, constraints="=r,=r,=r,=r," + "r," * 11 + "r",
                                         args=[words, b0, b1], dtype=gl.float32, is_pure=True, pack=4)
         col0, _ = gl.split(gl.reshape(out, [_CG, 8, 4, 2, 2]))                 # [CG, 8, 4, row half]
-        c_lo, c_hi = _halves(col0)
+        c_lo, c_hi = gl.split(col0)
+        c_lo = gl.convert_layout(c_lo, _P3, assert_trivial=True)
+        c_hi = gl.convert_layout(c_hi, _P3, assert_trivial=True)
         if MODE == 2:                                    # a diagnostic: the products without the epilogue
-            return c_lo, c_hi
+            return gl.convert_layout(gl.sum(c_lo, axis=0), _L2), gl.convert_layout(gl.sum(c_hi, axis=0), _L2)
         s_lo = (pair_lo & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
         m_lo = ((pair_lo >> 16) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
         s_hi = (pair_hi & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
         m_hi = ((pair_hi >> 16) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
-        return s_lo * (c_lo - x1) + m_lo * x0, s_hi * (c_hi - x1) + m_hi * x0
+        return (s_lo * (_group_of_lane(c_lo, t) - x1) + m_lo * x0,
+                s_hi * (_group_of_lane(c_hi, t) - x1) + m_hi * x0)
 
     @gluon.jit
     def _flush(y_ptr, tile, acc_lo, acc_hi):
-        """A tile's partial sums [CG, 8, 4] into y by fp32 atomics, from lanes t == 0 (rows 16 tile + gid, + 8)."""
-        lo = gl.sum(acc_lo, axis=0)
-        hi = gl.sum(acc_hi, axis=0)
-        gid = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(0, _P3)))[:, None]
-        t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, _P3)))[None, :]
+        """A tile's partial sums [8, 4] (lane t: its groups') summed over t and added into y by fp32 atomics from
+        lanes t == 0 (rows 16 tile + gid, + 8)."""
+        gid = gl.arange(0, 8, layout=gl.SliceLayout(1, _L2))[:, None]
+        t = gl.arange(0, 4, layout=gl.SliceLayout(0, _L2))[None, :]
         rows = tile * _TILE + gid + t * 0
+        lo = gl.sum(acc_lo, axis=1)[:, None] + gl.zeros([8, 4], gl.float32, _L2)
+        hi = gl.sum(acc_hi, axis=1)[:, None] + gl.zeros([8, 4], gl.float32, _L2)
         gl.atomic_add(y_ptr + rows, lo, mask=t == 0, sem="relaxed")
         gl.atomic_add(y_ptr + rows + 8, hi, mask=t == 0, sem="relaxed")
 
@@ -217,8 +241,8 @@ if HAS_GLUON:
             for i in gl.static_range(STAGES):
                 _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, i, n, start, step, KSL,
                        KS, STAGES, False, True, X_ONCE)
-        acc_lo = gl.zeros([_CG, 8, 4], gl.float32, _P3)
-        acc_hi = gl.zeros([_CG, 8, 4], gl.float32, _P3)
+        acc_lo = gl.zeros([8, 4], gl.float32, _L2)
+        acc_hi = gl.zeros([8, 4], gl.float32, _L2)
         for j in range(n):
             slot = j % STAGES
             mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
@@ -234,8 +258,8 @@ if HAS_GLUON:
             item = start + j * step
             if (item % KSL == KSL - 1) | (j == n - 1) | (step > 1):
                 _flush(y_ptr, item // KSL, acc_lo, acc_hi)
-                acc_lo = gl.zeros([_CG, 8, 4], gl.float32, _P3)
-                acc_hi = gl.zeros([_CG, 8, 4], gl.float32, _P3)
+                acc_lo = gl.zeros([8, 4], gl.float32, _L2)
+                acc_hi = gl.zeros([8, 4], gl.float32, _L2)
         for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))
 
