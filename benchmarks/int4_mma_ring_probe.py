@@ -153,9 +153,10 @@ if HAS_GLUON:
         pair_lo, pair_hi = gl.split(pairs._reinterpret(gl.int32, [KS, 8, 2], _PLAIN3).slice(c * _CG, _CG)
                                     .permute((1, 0, 2)).load(_PP))              # lane (gid, t): group t's
         pair_lo, pair_hi = _l2(pair_lo), _l2(pair_hi)
-        x01, _ = gl.split(gl.reshape(sums._reinterpret(gl.float32, [KS, 4], _PLAIN2).slice(c * _CG, _CG).load(_PS),
-                                     [_CG, 2, 2]))                               # lane t: group t's (X0, X1)
-        x0, x1 = gl.split(x01)
+        even, odd = gl.split(gl.reshape(sums._reinterpret(gl.float32, [KS, 4], _PLAIN2).slice(c * _CG, _CG).load(
+            _PS), [_CG, 2, 2]))                                                  # lane t: group t's (X0, 0), (X1, 0)
+        x0, _ = gl.split(even)
+        x1, _ = gl.split(odd)
         x0 = gl.convert_layout(x0, gl.SliceLayout(0, _L2), assert_trivial=True)[None, :]
         x1 = gl.convert_layout(x1, gl.SliceLayout(0, _L2), assert_trivial=True)[None, :]
         xb = frags._reinterpret(gl.int32, [KS, 4, 8], _PLAIN3).slice(c * _CG, _CG).load(
