@@ -47,8 +47,9 @@ GROUP = 64
 TILE = 16                        # weight rows per MMA tile
 MAGIC = 1024.0                   # the fp16 whose bits a code is ORed into (its last mantissa unit is 1)
 CG = 4                           # groups a lane computes at once from a slot (its registers)
-CONFIGS = ["8:4:8", "x8:4:8", "x8:3:10", "x8:6:6", "16:3:6", "x16:3:6", "x16:4:6", "x8:5:8"]
+CONFIGS = ["8:4:8", "x8:4:8", "x8:6:6", "x16:3:6", "x8:5:8", "x16:2:8", "x8:4:7", "x16:2:10"]
 XHALF_RING = "4:1:4:8"           # int4_tma_ring_probe's fastest one-warp config (sessions 44-48)
+HELD = (1, 1, 16)                # the engine's batch-1 pick for gate/up and qkv on an H200 (sessions 45-48)
 
 try:
     from triton.experimental import gluon
@@ -59,6 +60,8 @@ try:
     HAS_GLUON = True
 except ImportError:                              # a Triton without Gluon: the probe says so and stops
     HAS_GLUON = False
+
+from tierllm.kernels._dispatch import HAS_TRITON  # noqa: E402
 
 
 def group_mma_asm() -> str:
@@ -265,6 +268,43 @@ if HAS_GLUON:
             mbarrier.invalidate(bars.index(i))
 
 
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from tierllm.kernels._dispatch import pdl_launch, pdl_start
+
+    @triton.jit
+    def _x_fragments_kernel(x_ptr, frags_ptr, sums_ptr, MAGIC_: tl.constexpr, PDL: tl.constexpr):
+        """One group of x (bf16 [K]) -> its B pairs (int32 [32]: pair 4w + j = (x[8w + j], x[8w + j + 4]) / m_j, m_j
+        16 for odd j, as fp16 bits) and (X0, X1, 0, 0): x_fragments' arithmetic, as a PDL-chained kernel."""
+        pdl_start(PDL)
+        g = tl.program_id(0)
+        w = tl.arange(0, 8)[:, None]
+        j = tl.arange(0, 4)[None, :]
+        at = g * 64 + w * 8 + j                                                          # [8, 4]: e = 0
+        m = tl.where(j % 2 == 1, 16.0, 1.0)
+        a = tl.load(x_ptr + at).to(tl.float32)
+        b = tl.load(x_ptr + at + 4).to(tl.float32)
+        a16 = (a / m).to(tl.float16)
+        b16 = (b / m).to(tl.float16)
+        bits = (a16.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (b16.to(tl.int16, bitcast=True).to(tl.int32)
+                                                                          << 16)
+        tl.store(frags_ptr + g * 32 + w * 4 + j, bits)
+        k = tl.arange(0, 4)
+        x0 = tl.sum(tl.sum(a + b, axis=1), axis=0)
+        x1 = MAGIC_ * tl.sum(tl.sum(a16.to(tl.float32) + b16.to(tl.float32), axis=1), axis=0)
+        tl.store(sums_ptr + g * 4 + k, tl.where(k == 0, x0, tl.where(k == 1, x1, 0.0)))
+
+
+def prepare_fragments(x: torch.Tensor, xf: dict) -> None:
+    """x (bf16 [K]) into xf's fragments and sums by _x_fragments_kernel, launched with PDL where it applies."""
+    pdl = pdl_launch(x)
+    _x_fragments_kernel[(x.numel() // GROUP,)](x, xf["frags"], xf["sums"], MAGIC_=MAGIC, PDL=pdl, num_warps=1,
+                                               launch_pdl=pdl)
+
+
+
 def repacked(w: dict) -> dict:
     """One copy (quant/formats.py's int4: codes uint8 [N, K / 2], fp16 scales and mins [N, G]) in the probe's
     layout: codes int32 [N / 16, G, 128] (per (tile, group) lane 4 gid + t's words: row gid's 2t, 2t + 1, then row
@@ -410,6 +450,44 @@ def shape_row(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor, specs
     return row
 
 
+def layer_chains(weights: dict, inputs: dict, best: dict) -> dict:
+    """Microseconds per decode layer of the four GEMVs (o, gate/up, down, qkv), each after its preparing kernel,
+    chained over LAYERS copies in one CUDA graph: this kernel at each shape's best config (best: spec per shape), the
+    engine's picks and XHALF alone (int4_tma_ring_probe's steps, same run). Also whether the preparing kernel's bits
+    are x_fragments'."""
+    from int4_stream_probe import graph_us
+    from int4_tma_ring_probe import LAYER_ORDER, LAYERS, SHAPES, held_step, xhalf_layer_us, xhalf_step
+
+    configs = {name: parse_config(spec) for name, spec in best.items()}
+    xfs = {name: x_fragments(inputs[name][0]) for name in LAYER_ORDER}
+    equal = True
+    for name in LAYER_ORDER:
+        got = {"frags": torch.zeros_like(xfs[name]["frags"]), "sums": torch.zeros_like(xfs[name]["sums"])}
+        prepare_fragments(inputs[name][0], got)
+        equal &= bool(torch.equal(got["frags"], xfs[name]["frags"]))
+    packs = {name: [repacked(w) for w in weights[name][:LAYERS]] for name in LAYER_ORDER}
+    outs = {name: torch.zeros(SHAPES[name][0], device="cuda", dtype=torch.float32) for name in LAYER_ORDER}
+
+    def mma_layers() -> None:
+        for i in range(LAYERS):
+            for name in LAYER_ORDER:
+                prepare_fragments(inputs[name][0], xfs[name])
+                mma_launch(packs[name][i], xfs[name], outs[name], configs[name])
+
+    def engine_layers() -> None:
+        for i in range(LAYERS):
+            for name in LAYER_ORDER:
+                if name in ("gate_up", "qkv"):
+                    held_step(name, weights[name][i], inputs[name], HELD)
+                else:
+                    xhalf_step(name, weights[name][i], inputs[name])
+
+    return {"fragments_equal": equal, "mma_configs": best,
+            "mma_chained_layer": round(graph_us(mma_layers) / LAYERS, 2),
+            "engine_picks_chained_layer": round(graph_us(engine_layers) / LAYERS, 2),
+            "xhalf_chained_layer": xhalf_layer_us(weights, inputs)}
+
+
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-mma-ring-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="KS:STAGES:PER_SM, comma-separated")
@@ -430,16 +508,26 @@ def main(argv=None) -> int:
                if all(key in r for r in rows_out)}
     summary["xhalf_ring_us"] = round(sum(r["xhalf_ring"]["gemv_on_ready_x_us"] for r in rows_out), 2)
     print("sums over the shapes:", summary)
+    best = {r["shape"]: r["best"] for r in rows_out if "best" in r}
+    layer = layer_chains(weights, inputs, best) if len(best) == len(rows_out) == 4 else {}
+    print("us per layer:", layer)
     checks = [{"name": f"{r['shape']} {c['config']}: within 1e-2 of the dequantized reference", "value": c["rel_err"],
                "op": "<=", "target": 1e-2, "passed": c["rel_err"] <= 1e-2}
               for r in rows_out for c in r["configs"] if "rel_err" in c]
+    if layer:
+        checks.append({"name": "the preparing kernel's fragments equal x_fragments' (every shape's x)",
+                       "value": layer["fragments_equal"], "op": "==", "target": True,
+                       "passed": layer["fragments_equal"]})
     checks += [{"name": f"{r['shape']} XHALF ring: within 1e-2", "value": r["xhalf_ring"]["rel_err"], "op": "<=",
                 "target": 1e-2, "passed": r["xhalf_ring"]["rel_err"] <= 1e-2} for r in rows_out]
     write_result(args.out, "int4-mma-ring-probe", torch.device("cuda"),
                  {"hbm_copy_GBps(read+write)": round(copy_GBps, 1),
                   "note": "int4_floor_us: codes, scales and mins at the copy rate"},
-                 {"note": f"int4_tma_ring_probe's XHALF ring GEMV at {XHALF_RING} on the same prepared x, same run"},
-                 {"shapes": rows_out, "sums": summary}, checks, {"copies": COPIES, "group": GROUP, "pdl": True})
+                 {"note": f"int4_tma_ring_probe's XHALF ring GEMV at {XHALF_RING} on the same prepared x, and as a "
+                          f"layer the engine's picks (HELD {HELD} on gate/up and qkv, XHALF on o and down) and XHALF "
+                          "alone, each GEMV after its preparing kernel, same run"},
+                 {"shapes": rows_out, "sums": summary, "per_layer_us": layer}, checks,
+                 {"copies": COPIES, "group": GROUP, "pdl": True})
     print(f"wrote {args.out}")
     return 0
 

@@ -43,3 +43,21 @@ def test_a_misplaced_word_is_caught():
     packed["codes"][:, :, [0, 4]] = packed["codes"][:, :, [4, 0]]     # lane 0's first word <-> lane 1's
     y = emulated(packed["codes"], packed["pairs"], xf["frags"], xf["sums"])
     assert ((y - ref).norm() / ref.norm()).item() > 1e-3
+
+
+@pytest.mark.parametrize("k", [64, 704])
+def test_fragments_kernel_gives_the_reference_bits(k):
+    """The probe's preparing kernel (Triton; the interpreter on CPU) writes x_fragments' bits and sums."""
+    from int4_mma_ring_probe import prepare_fragments, x_fragments
+
+    from tierllm.kernels._dispatch import HAS_TRITON
+
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = (torch.randn(k, generator=torch.Generator().manual_seed(k)) * 3).bfloat16().to(device)
+    want = x_fragments(x)
+    got = {"frags": torch.full_like(want["frags"], -1), "sums": torch.full_like(want["sums"], float("nan"))}
+    prepare_fragments(x, got)
+    assert torch.equal(got["frags"], want["frags"])
+    torch.testing.assert_close(got["sums"], want["sums"], rtol=1e-6, atol=1e-3)
