@@ -47,7 +47,7 @@ GROUP = 64
 TILE = 16                        # weight rows per MMA tile
 MAGIC = 1024.0                   # the fp16 whose bits a code is ORed into (its last mantissa unit is 1)
 CG = 4                           # groups a lane computes at once from a slot (its registers)
-CONFIGS = ["8:4:8", "x8:4:8", "x8:6:6", "x16:3:6", "x8:5:8", "x16:2:8", "x8:4:7", "x16:2:10"]
+CONFIGS = ["x8:4:8", "x8:6:6", "x16:3:6", "x16:2:8", "x16:2:10", "w8:4:8", "w8:6:6", "w8:3:8", "w8:5:7"]
 XHALF_RING = "4:1:4:8"           # int4_tma_ring_probe's fastest one-warp config (sessions 44-48)
 HELD = (1, 1, 16)                # the engine's batch-1 pick for gate/up and qkv on an H200 (sessions 45-48)
 
@@ -91,6 +91,8 @@ if HAS_GLUON:
     _P4 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 4], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
     _P8 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 8], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
     _P2 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 2], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
+    _P16 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 16], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
+    MAGIC_ = gl.constexpr(MAGIC)
     _P3 = gl.constexpr(gl.BlockedLayout([CG, 1, 1], [1, 8, 4], [1, 1, 1], [2, 1, 0]))
     _L2 = gl.constexpr(gl.SliceLayout(0, _P3))                                    # [gid, t]: one value a lane
     _PP = gl.constexpr(gl.BlockedLayout([1, 1, 2], [8, 4, 1], [1, 1, 1], [2, 1, 0]))   # [gid, t, 2]: group t's pair
@@ -145,17 +147,9 @@ if HAS_GLUON:
         return gl.where(t == 0, _l2(c0), gl.where(t == 1, _l2(c1), gl.where(t == 2, _l2(c2), _l2(c3))))
 
     @gluon.jit
-    def _chunk_dots(codes, pairs, frags, sums, c: gl.constexpr, KS: gl.constexpr, MODE: gl.constexpr):
-        """Groups c * CG .. of a slot's tile (its views: codes [1, KS, 128], pairs [1, KS, 16], x's fragments
-        [KS, 32] and sums [KS, 4]). The MMAs give every lane each group's C for its rows gid and gid + 8; lane t
-        then takes group t's and adds scale * (C - X1) + min * X0 for it (the four lanes of a gid share the
-        epilogue's work). Returns two [8, 4] fp32 in _L2 (rows gid, gid + 8). MODE 1: the slot's words summed
-        (READ); 2: the MMAs' sums C without the epilogue (a diagnostic of its cost)."""
-        t = gl.arange(0, 4, layout=gl.SliceLayout(0, _L2))[None, :]
-        words = codes._reinterpret(gl.int32, [KS, 8, 4, 4], _PLAIN4).slice(c * _CG, _CG).load(_P4)
-        pair_lo, pair_hi = gl.split(pairs._reinterpret(gl.int32, [KS, 8, 2], _PLAIN3).slice(c * _CG, _CG)
-                                    .permute((1, 0, 2)).load(_PP))              # lane (gid, t): group t's
-        pair_lo, pair_hi = _l2(pair_lo), _l2(pair_hi)
+    def _x_chunk(frags, sums, c: gl.constexpr, KS: gl.constexpr):
+        """x's part for groups c * CG .. of a slot (views: fragments [KS, 32], sums [KS, 4]): lane t's B pairs
+        [CG, 8, 4, 8] in _P8, and X0 and X1 of group t (lane t's epilogue group) as [1, 4] in _L2."""
         even, odd = gl.split(gl.reshape(sums._reinterpret(gl.float32, [KS, 4], _PLAIN2).slice(c * _CG, _CG).load(
             _PS), [_CG, 2, 2]))                                                  # lane t: group t's (X0, 0), (X1, 0)
         x0, _ = gl.split(even)
@@ -165,6 +159,43 @@ if HAS_GLUON:
         xb = frags._reinterpret(gl.int32, [KS, 4, 8], _PLAIN3).slice(c * _CG, _CG).load(
             gl.SliceLayout(1, _P8))
         xb = gl.broadcast(gl.expand_dims(xb, 1), gl.full([_CG, 8, 4, 8], 0, gl.int32, _P8))[0]   # lane t's pairs
+        return xb, x0, x1
+
+    @gluon.jit
+    def _raw_x_chunk(x_ptr, g0):
+        """_x_chunk's values computed from x itself (bf16 [K]) for groups g0 .. g0 + CG - 1: lane t loads its 16
+        values of each group (x[64 g + 16 t + 8 h + 4 e + j]), makes its B pairs (x_fragments' arithmetic), and
+        the groups' X0 and X1 are summed over the four lanes t (shuffles)."""
+        gi = gl.arange(0, _CG, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, _P16))))
+        ti = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, _P16))))
+        qi = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, _P16))))
+        qi = qi[None, None, None, :]
+        v = gl.load(x_ptr + (g0 + gi[:, None, None, None]) * 64 + ti[None, None, :, None] * 16 + qi).to(gl.float32)
+        halves = (v * gl.where((qi % 4) % 2 == 1, 0.0625, 1.0)).to(gl.float16)            # [CG, 1, 4, 16]
+        bits = halves.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        lo, hi = gl.split(gl.permute(gl.reshape(bits, [_CG, 1, 4, 2, 2, 4]), [0, 1, 2, 3, 5, 4]))   # e 0, e 1
+        xb = gl.convert_layout(gl.reshape(lo | (hi << 16), [_CG, 1, 4, 8]), _P8)              # pair 4h + j
+        xb = gl.broadcast(xb, gl.full([_CG, 8, 4, 8], 0, gl.int32, _P8))[0]
+        x0 = gl.sum(gl.sum(v, axis=3), axis=2)                                                # [CG, 1]
+        x1 = MAGIC_ * gl.sum(gl.sum(halves.to(gl.float32), axis=3), axis=2)
+        full = gl.full([_CG, 8, 4], 0.0, gl.float32, gl.SliceLayout(3, _P16))
+        t = gl.arange(0, 4, layout=gl.SliceLayout(0, _L2))[None, :]
+        x0 = _group_of_lane(_p3(gl.broadcast(gl.expand_dims(x0, 2), full)[0]), t)
+        x1 = _group_of_lane(_p3(gl.broadcast(gl.expand_dims(x1, 2), full)[0]), t)
+        return xb, x0, x1
+
+    @gluon.jit
+    def _chunk_dots(codes, pairs, xb, x0, x1, c: gl.constexpr, KS: gl.constexpr, MODE: gl.constexpr):
+        """Groups c * CG .. of a slot's tile (its views: codes [1, KS, 128], pairs [1, KS, 16]; x's part from
+        _x_chunk or _raw_x_chunk). The MMAs give every lane each group's C for its rows gid and gid + 8; lane t
+        then takes group t's and adds scale * (C - X1) + min * X0 for it (the four lanes of a gid share the
+        epilogue's work). Returns two [8, 4] fp32 in _L2 (rows gid, gid + 8). MODE 1: the slot's words summed
+        (READ); 2: the MMAs' sums C without the epilogue (a diagnostic of its cost)."""
+        t = gl.arange(0, 4, layout=gl.SliceLayout(0, _L2))[None, :]
+        words = codes._reinterpret(gl.int32, [KS, 8, 4, 4], _PLAIN4).slice(c * _CG, _CG).load(_P4)
+        pair_lo, pair_hi = gl.split(pairs._reinterpret(gl.int32, [KS, 8, 2], _PLAIN3).slice(c * _CG, _CG)
+                                    .permute((1, 0, 2)).load(_PP))              # lane (gid, t): group t's
+        pair_lo, pair_hi = _l2(pair_lo), _l2(pair_hi)
         if MODE == 1:
             total = (gl.convert_layout(gl.sum(gl.sum(words, axis=3), axis=0), _L2)
                      + gl.convert_layout(gl.sum(gl.sum(xb, axis=3), axis=0), _L2))
@@ -201,7 +232,7 @@ if HAS_GLUON:
         gl.atomic_add(y_ptr + rows + 8, hi, mask=t == 0, sem="relaxed")
 
     @gluon.jit
-    def _w4_mma_ring_gemv(w_desc, s_desc, x_desc, xs_desc, y_ptr, items, programs, KSL: gl.constexpr,
+    def _w4_mma_ring_gemv(w_desc, s_desc, x_desc, xs_desc, x_ptr, y_ptr, items, programs, KSL: gl.constexpr,
                           KS: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr = 0, ORDER: gl.constexpr = 0,
                           PDL: gl.constexpr = True):
         """y[n] += sum_k W[n, k] x[k] (fp32 atomics) over items (tile, KS groups), program p taking items
@@ -209,8 +240,10 @@ if HAS_GLUON:
         Descriptors: codes int32 [tiles, G, 128] (boxes [1, KS, 128]), pairs int32 [tiles, G, 16] ([1, KS, 16]),
         x's fragments int32 [G, 32] ([KS, 32]) and sums fp32 [G, 4] ([KS, 4]); one warp. MODE: _chunk_dots's.
         ORDER 2: round robin with programs a multiple of KSL, so that a program's items share one K slice: x's part
-        loaded once, after the PDL wait."""
-        X_ONCE: gl.constexpr = ORDER == 2
+        loaded once, after the PDL wait; ORDER 3: the same with x's part computed from x itself (x_ptr, bf16 [K];
+        KS 8), no preparing kernel."""
+        X_ONCE: gl.constexpr = ORDER >= 2
+        RAW: gl.constexpr = ORDER == 3
         X_SLOTS: gl.constexpr = 1 if X_ONCE else STAGES
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, 1, KS, 128], w_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 1, KS, 16], s_desc.layout)
@@ -235,7 +268,10 @@ if HAS_GLUON:
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        if X_ONCE:
+        if RAW:                                          # x's part for the program's K slice, in registers
+            xb0, x00, x10 = _raw_x_chunk(x_ptr, (pid % KSL) * KS)
+            xb1, x01, x11 = _raw_x_chunk(x_ptr, (pid % KSL) * KS + _CG)
+        elif X_ONCE:
             x_bar = bars.index(STAGES)
             mbarrier.expect(x_bar, KS * (32 + 4) * 4)
             tma.async_copy_global_to_shared(x_desc, [(pid % KSL) * KS, 0], x_bar, x_ring.index(0))
@@ -251,9 +287,15 @@ if HAS_GLUON:
             slot = j % STAGES
             mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
             for c in gl.static_range(KS // _CG):
-                x_slot = 0 if X_ONCE else slot
-                lo, hi = _chunk_dots(ring.index(slot), s_ring.index(slot), x_ring.index(x_slot),
-                                     xs_ring.index(x_slot), c, KS, MODE)
+                if RAW:
+                    if c == 0:
+                        xb, x0, x1 = xb0, x00, x10
+                    else:
+                        xb, x0, x1 = xb1, x01, x11
+                else:
+                    x_slot = 0 if X_ONCE else slot
+                    xb, x0, x1 = _x_chunk(x_ring.index(x_slot), xs_ring.index(x_slot), c, KS)
+                lo, hi = _chunk_dots(ring.index(slot), s_ring.index(slot), xb, x0, x1, c, KS, MODE)
                 acc_lo += lo
                 acc_hi += hi
             gl.thread_barrier()                          # every lane has read the slot before it is asked again
@@ -356,12 +398,15 @@ def emulated(codes: torch.Tensor, pairs: torch.Tensor, frags: torch.Tensor, sums
 
 
 def parse_config(spec: str) -> dict:
-    """[r|x]KS:STAGES:PER_SM (groups per item, ring slots, programs per SM; a leading "r": items round robin, "x":
-    round robin with each program's K slice fixed and its x loaded once)."""
-    ks, stages, per_sm = map(int, spec.lstrip("rx").split(":"))
+    """[r|x|w]KS:STAGES:PER_SM (groups per item, ring slots, programs per SM; a leading "r": items round robin, "x":
+    round robin with each program's K slice fixed and its x loaded once, "w": the same from x itself, no preparing
+    kernel)."""
+    ks, stages, per_sm = map(int, spec.lstrip("rxw").split(":"))
     if ks % 8:                                   # x's sums' slots (16 B a group) 128-byte aligned, as TMA needs
         raise ValueError(f"KS={ks}: a multiple of 8")
-    return {"KS": ks, "STAGES": stages, "per_sm": per_sm, "ORDER": {"r": 1, "x": 2}.get(spec[0], 0)}
+    if spec[0] == "w" and ks != 2 * CG:
+        raise ValueError(f"{spec}: x from itself holds two chunks of groups, KS={2 * CG}")
+    return {"KS": ks, "STAGES": stages, "per_sm": per_sm, "ORDER": {"r": 1, "x": 2, "w": 3}.get(spec[0], 0)}
 
 
 def descriptors(packed: dict, xf: dict, ks: int) -> tuple:
@@ -375,8 +420,9 @@ def descriptors(packed: dict, xf: dict, ks: int) -> tuple:
             desc(xf["sums"], [ks, 4]))
 
 
-def mma_launch(packed: dict, xf: dict, y: torch.Tensor, config: dict, mode: int = 0):
-    """The kernel on one repacked copy into y (fp32 [N], added to); mode: _chunk_dots's (1 read, 2 no epilogue)."""
+def mma_launch(packed: dict, xf: dict, y: torch.Tensor, config: dict, mode: int = 0, x: torch.Tensor | None = None):
+    """The kernel on one repacked copy into y (fp32 [N], added to); mode: _chunk_dots's (1 read, 2 no epilogue); x
+    (bf16 [K]) for the "w" configs, which compute x's part from it (xf's descriptors are then only passed)."""
     tiles, groups, _ = packed["codes"].shape
     key = (config["KS"], id(xf["frags"]))
     if packed.get("desc_key") != key:              # descriptors built once per copy, item size and x
@@ -384,11 +430,11 @@ def mma_launch(packed: dict, xf: dict, y: torch.Tensor, config: dict, mode: int 
     ksl = -(-groups // config["KS"])
     items = tiles * ksl
     programs = min(items, config["per_sm"] * torch.cuda.get_device_properties(y.device).multi_processor_count)
-    if config["ORDER"] == 2:                       # a multiple of the K slices: each program keeps one
+    if config["ORDER"] >= 2:                       # a multiple of the K slices: each program keeps one
         programs -= programs % ksl
-    return _w4_mma_ring_gemv[(programs,)](*packed["descs"], y, items, programs, KSL=ksl, KS=config["KS"],
-                                          STAGES=config["STAGES"], MODE=mode, ORDER=config["ORDER"], PDL=True,
-                                          num_warps=1, launch_pdl=True)
+    return _w4_mma_ring_gemv[(programs,)](*packed["descs"], xf["frags"] if x is None else x, y, items, programs,
+                                          KSL=ksl, KS=config["KS"], STAGES=config["STAGES"], MODE=mode,
+                                          ORDER=config["ORDER"], PDL=True, num_warps=1, launch_pdl=True)
 
 
 def shape_row(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor, specs: list, copy_GBps: float) -> dict:
@@ -426,15 +472,16 @@ def shape_row(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor, specs
         try:
             config = parse_config(spec)
             out.zero_()
-            kernel = mma_launch(packs[0], xf, out, config)
+            raw = x[0] if config["ORDER"] == 3 else None         # "w": x's part from x itself
+            kernel = mma_launch(packs[0], xf, out, config, x=raw)
             torch.cuda.synchronize()
             entry["rel_err"] = float(((out - ref).norm() / ref.norm()).item())
             entry.update(residency(kernel, {"WARPS": 1, "per_sm": config["per_sm"]}))
             for key, mode in (("read_us", 1), ("gemv_on_ready_x_us", 0), ("no_epilogue_us", 2)):
                 if mode != 1 and entry["rel_err"] > 1e-2:
                     continue
-                entry[key] = round(chained_us(lambda p, config=config, mode=mode: mma_launch(p, xf, out, config, mode),
-                                              packs), 2)
+                entry[key] = round(chained_us(lambda p, config=config, mode=mode, raw=raw: mma_launch(
+                    p, xf, out, config, mode, raw), packs), 2)
             if "gemv_on_ready_x_us" in entry:
                 entry["over_xhalf_ring"] = round(entry["gemv_on_ready_x_us"] / row["xhalf_ring"]["gemv_on_ready_x_us"],
                                                  3)
@@ -442,23 +489,24 @@ def shape_row(name: str, copies: list, x: torch.Tensor, ref: torch.Tensor, specs
             entry["error"] = f"{type(error).__name__}: {error}"[:400]
         row["configs"].append(entry)
         print(name, entry, flush=True)
-    timed = [c for c in row["configs"] if "gemv_on_ready_x_us" in c]
-    if timed:
-        best = min(timed, key=lambda c: c["gemv_on_ready_x_us"])
-        row["best"], row["best_us"], row["best_over_xhalf_ring"] = (best["config"], best["gemv_on_ready_x_us"],
-                                                                     best["over_xhalf_ring"])
+    for label, from_x in (("best", False), ("best_raw_x", True)):     # "w" configs need no preparing kernel
+        timed = [c for c in row["configs"] if "gemv_on_ready_x_us" in c and c["config"].startswith("w") == from_x]
+        if timed:
+            best = min(timed, key=lambda c: c["gemv_on_ready_x_us"])
+            row[label], row[f"{label}_us"] = best["config"], best["gemv_on_ready_x_us"]
     return row
 
 
-def layer_chains(weights: dict, inputs: dict, best: dict) -> dict:
+def layer_chains(weights: dict, inputs: dict, best: dict, best_raw: dict) -> dict:
     """Microseconds per decode layer of the four GEMVs (o, gate/up, down, qkv), each after its preparing kernel,
     chained over LAYERS copies in one CUDA graph: this kernel at each shape's best config (best: spec per shape), the
-    engine's picks and XHALF alone (int4_tma_ring_probe's steps, same run). Also whether the preparing kernel's bits
-    are x_fragments'."""
+    same at each shape's best "w" config without preparing kernels (best_raw), the engine's picks and XHALF alone
+    (int4_tma_ring_probe's steps, same run). Also whether the preparing kernel's bits are x_fragments'."""
     from int4_stream_probe import graph_us
     from int4_tma_ring_probe import LAYER_ORDER, LAYERS, SHAPES, held_step, xhalf_layer_us, xhalf_step
 
     configs = {name: parse_config(spec) for name, spec in best.items()}
+    raw_configs = {name: parse_config(spec) for name, spec in best_raw.items()}
     xfs = {name: x_fragments(inputs[name][0]) for name in LAYER_ORDER}
     equal = True
     for name in LAYER_ORDER:
@@ -474,6 +522,11 @@ def layer_chains(weights: dict, inputs: dict, best: dict) -> dict:
                 prepare_fragments(inputs[name][0], xfs[name])
                 mma_launch(packs[name][i], xfs[name], outs[name], configs[name])
 
+    def raw_layers() -> None:
+        for i in range(LAYERS):
+            for name in LAYER_ORDER:
+                mma_launch(packs[name][i], xfs[name], outs[name], raw_configs[name], x=inputs[name][0])
+
     def engine_layers() -> None:
         for i in range(LAYERS):
             for name in LAYER_ORDER:
@@ -483,7 +536,8 @@ def layer_chains(weights: dict, inputs: dict, best: dict) -> dict:
                     xhalf_step(name, weights[name][i], inputs[name])
 
     return {"fragments_equal": equal, "mma_configs": best,
-            "mma_chained_layer": round(graph_us(mma_layers) / LAYERS, 2),
+            "mma_chained_layer": round(graph_us(mma_layers) / LAYERS, 2), "mma_raw_x_configs": best_raw,
+            "mma_raw_x_chained_layer": round(graph_us(raw_layers) / LAYERS, 2),
             "engine_picks_chained_layer": round(graph_us(engine_layers) / LAYERS, 2),
             "xhalf_chained_layer": xhalf_layer_us(weights, inputs)}
 
@@ -509,7 +563,8 @@ def main(argv=None) -> int:
     summary["xhalf_ring_us"] = round(sum(r["xhalf_ring"]["gemv_on_ready_x_us"] for r in rows_out), 2)
     print("sums over the shapes:", summary)
     best = {r["shape"]: r["best"] for r in rows_out if "best" in r}
-    layer = layer_chains(weights, inputs, best) if len(best) == len(rows_out) == 4 else {}
+    best_raw = {r["shape"]: r["best_raw_x"] for r in rows_out if "best_raw_x" in r}
+    layer = layer_chains(weights, inputs, best, best_raw) if len(best) == len(best_raw) == len(rows_out) == 4 else {}
     print("us per layer:", layer)
     checks = [{"name": f"{r['shape']} {c['config']}: within 1e-2 of the dequantized reference", "value": c["rel_err"],
                "op": "<=", "target": 1e-2, "passed": c["rel_err"] <= 1e-2}
