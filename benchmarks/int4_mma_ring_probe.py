@@ -18,17 +18,28 @@ row gid + 8]. x per group as each lane t's eight fp16 pairs (B fragments): pair 
 / m_j for word w = 2t + h, m_j = 16 for odd j; and (X0, X1, 0, 0) per group. The MMA's k order within a group is
 thereby: mma s (h = s // 2, j = 2 (s % 2) + half) takes nibbles j and j + 4 of words 2t + h.
 
-Programs are one warp, PER_SM per SM, each with a TMA ring of STAGES slots; an item is one tile's KS groups (codes,
-pairs, x's fragments and sums: four bulk copies, one mbarrier), items taken in contiguous runs per program (stream-K)
-so that the tail is even; a tile's partial sums go out by fp32 atomics (y zeroed before a checked launch). The
-codes and pairs of the first STAGES items are asked before the PDL wait, x's after it.
+Programs are one warp, PER_SM per SM, each with a TMA ring of STAGES slots; an item is one tile's KS groups (codes
+and pairs, and x's fragments and sums unless x is loaded once: bulk copies on one mbarrier). Items go in contiguous
+runs per program (stream-K), round robin ("r"), or round robin over a grid that is a multiple of the K slices, so
+that each program keeps one K slice and loads its x once after the PDL wait ("x"), or computes it from x itself
+("w", no preparing kernel). A tile's partial sums go out by fp32 atomics (y zeroed before a checked launch). The
+codes and pairs of the first STAGES items are asked before the PDL wait, x's after it. Lane t applies only group t's
+scale and min of every four (the MMA gives all four lanes of a row the same C).
 
 Timed, each chained COPIES times in a CUDA graph with PDL over weight copies that miss L2, on x prepared once
-before the graph (the "GEMV, x given" column of session 44): this kernel per config (KS:STAGES:PER_SM), its READ
-form (the slots' words summed: the data path's ceiling), and the XHALF ring GEMV of int4_tma_ring_probe at its
-fastest one-warp config with its read, in the same run.
+before the graph (the "GEMV, x given" column of session 44): this kernel per config, its READ form (the slots' words
+summed: the data path's ceiling) and the same without the epilogue, and the XHALF ring GEMV of int4_tma_ring_probe at
+its fastest one-warp config with its read, in the same run. Then the four GEMVs chained as a decode layer over
+LAYERS copies: this kernel's best per shape (after _x_fragments_kernel, or "w"), fixed sets, the engine's picks
+and XHALF alone, each after its preparing kernel.
 
-    python benchmarks/int4_mma_ring_probe.py [--configs KS:STAGES:PER_SM,...] [--out PATH]
+Measured on an H200 (benchmarks/notes/gpu-decode.md, session 49): with x loaded once per program (x configs) and
+lane t taking group t's epilogue, each GEMV runs within 0.1-1.2 us of its read (down 8.4 us against the XHALF ring's
+12.2; the four 35.5 against 40.3), outputs within 1.5e-5 of the fp32 reference. Chained as a layer (--layer-sets),
+the four take 43.9 us after preparing kernels and 42.6 computing x themselves (w configs), against 45.1 for the
+engine's picks in the same run.
+
+    python benchmarks/int4_mma_ring_probe.py [--configs [r|x|w]KS:STAGES:PER_SM,...] [--layer-sets ...] [--out PATH]
 """
 from __future__ import annotations
 
