@@ -56,7 +56,7 @@ from tierllm.bench.results import write_result  # noqa: E402
 
 KS = 16                          # groups per item (a CTA's K slice of either weight)
 SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
-CONFIGS = ["4:4", "3:4", "5:4", "2:8"]
+CONFIGS = ["2:8", "3:8", "4:4", "5:4"]
 GU_SLICES = HIDDEN // GROUP // KS                                   # 4
 DN_SLICES = -(-INTERMEDIATE // GROUP // KS)                         # 11
 CHUNK_ITEMS = [min(KS * GROUP, INTERMEDIATE - c * KS * GROUP) // 8 for c in range(DN_SLICES)]   # tiles per chunk
@@ -155,6 +155,10 @@ if HAS_GLUON:
         gdc_wait()
         launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
         parity = launch % 2
+        # gate/up's x first (the consumers wait for it): h times the norm's weight over this CTA's slice
+        at_x = (pid % (K // (64 * _KS))) * (64 * _KS) + _value_offsets(_KS)
+        _fragments(gl.load(h_ptr + at_x).to(gl.float32) * gl.load(norm_ptr + at_x).to(gl.float32), _KS, gx, gs)
+        mbarrier.arrive(bars.index(0))
         # the other parity's sums and y are zeroed for the next launch (which waits for this one: PDL)
         Z: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
         zeros = gl.zeros([256], gl.float32, Z)
@@ -164,16 +168,13 @@ if HAS_GLUON:
             gl.store(sums_ptr + (1 - parity) * 2 * INTER + offs, zeros, mask=offs < 2 * INTER)
             in_y = (offs >= 2 * INTER) & (offs < 2 * INTER + K)
             gl.store(y_ptr + (1 - parity) * K + offs - 2 * INTER, zeros, mask=in_y)
-        # rstd over all of h; gate/up's x for this CTA's slice: h times the norm's weight
+        # the norm's rstd over all of h, applied to gate and up in act
         HL: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
         squares = gl.zeros([128], gl.float32, HL)
         for piece in gl.static_range(K // 128):
             hv = gl.load(h_ptr + piece * 128 + gl.arange(0, 128, layout=HL)).to(gl.float32)
             squares += hv * hv
         rstd = gl.rsqrt(gl.sum(squares, axis=0) / K + eps)
-        offs = (pid % (K // (64 * _KS))) * (64 * _KS) + _value_offsets(_KS)
-        _fragments(gl.load(h_ptr + offs).to(gl.float32) * gl.load(norm_ptr + offs).to(gl.float32), _KS, gx, gs)
-        mbarrier.arrive(bars.index(0))
         if PARTS >= 2:
             chunk = pid % ((INTER // 64 + _KS - 1) // _KS)
             tiles = gl.minimum(64 * _KS, INTER - chunk * 64 * _KS) // 8
