@@ -32,6 +32,7 @@ before it is timed.
 """
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -54,12 +55,20 @@ from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser 
 
 from tierllm.bench.results import write_result  # noqa: E402
 
-KS = 16                          # groups per item (a CTA's K slice of either weight)
+KS = 16                          # gate/up's groups per item (a CTA's K slice of it); down's: the config's KS_DN
 SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
-CONFIGS = ["2:8", "3:8", "4:4", "5:4"]
+CONFIGS = ["2:8", "4:4:8", "5:4:8", "6:4:8", "3:8:8"]
 GU_SLICES = HIDDEN // GROUP // KS                                   # 4
-DN_SLICES = -(-INTERMEDIATE // GROUP // KS)                         # 11
-CHUNK_ITEMS = [min(KS * GROUP, INTERMEDIATE - c * KS * GROUP) // 8 for c in range(DN_SLICES)]   # tiles per chunk
+
+
+def down_slices(ks_dn: int) -> int:
+    """down's K slices (chunks of the intermediate) at ks_dn groups each: 11 at 16, 22 at 8."""
+    return -(-INTERMEDIATE // GROUP // ks_dn)
+
+
+def chunk_tiles(ks_dn: int) -> list[int]:
+    """gate/up tiles (8 channels each) per chunk of down's K."""
+    return [min(ks_dn * GROUP, INTERMEDIATE - c * ks_dn * GROUP) // 8 for c in range(down_slices(ks_dn))]
 
 if HAS_GLUON:
     from int4_mma_ring_probe import _MMA_ASM, _PLAIN2, _PLAIN3
@@ -149,7 +158,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _loader(h_ptr, norm_ptr, sums_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, dx, ds, bars, programs, eps,
-                K: gl.constexpr, INTER: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr):
+                K: gl.constexpr, INTER: gl.constexpr, KS_DN: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr):
         """The x loader warp (see the module docstring). bars: 0 gate/up's x ready, 1 down's x ready."""
         pid = gl.program_id(0)
         gdc_wait()
@@ -176,22 +185,22 @@ if HAS_GLUON:
             squares += hv * hv
         rstd = gl.rsqrt(gl.sum(squares, axis=0) / K + eps)
         if PARTS >= 2:
-            chunk = pid % ((INTER // 64 + _KS - 1) // _KS)
-            tiles = gl.minimum(64 * _KS, INTER - chunk * 64 * _KS) // 8
+            chunk = pid % ((INTER // 64 + KS_DN - 1) // KS_DN)
+            tiles = gl.minimum(64 * KS_DN, INTER - chunk * 64 * KS_DN) // 8
             if WAIT:
                 _wait_count(counts_ptr, sync_ptr + 1, chunk, (launch + 1) * tiles * (K // (64 * _KS)))
-            channel = chunk * (64 * _KS) + _value_offsets(_KS)
+            channel = chunk * (64 * KS_DN) + _value_offsets(KS_DN)
             live = channel < INTER
             gate_at = (channel // 8) * 16 + channel % 8
             base = sums_ptr + parity * 2 * INTER
             gate = gl.load(base + gate_at, mask=live, other=0.0, cache_modifier=".cg") * rstd
             up = gl.load(base + gate_at + 8, mask=live, other=0.0, cache_modifier=".cg") * rstd
-            _fragments(gate / (1.0 + gl.exp(-gate)) * up, _KS, dx, ds)
+            _fragments(gate / (1.0 + gl.exp(-gate)) * up, KS_DN, dx, ds)
             mbarrier.arrive(bars.index(1))
 
     @gluon.jit
     def _counter(counts_ptr, tile_done, tile_free, programs, K: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr,
-                 WAIT: gl.constexpr, PARTS: gl.constexpr):
+                 KS_DN: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr):
         """The counter warp: counts each handed-over gate/up item (W tiles) on its chunk's counter (release), then
         gives the handoff's barrier back."""
         pid = gl.program_id(0)
@@ -201,16 +210,17 @@ if HAS_GLUON:
             for j in range(gl.cdiv(quads - pid // slices, programs // slices)):
                 mbarrier.wait(tile_done.index(j % _HANDOFFS), (j // _HANDOFFS) & 1)
                 quad = pid // slices + j * (programs // slices)
-                gl.atomic_add(counts_ptr + (quad * W * 8 // (64 * _KS)) * 32, W, sem="release", scope="gpu")
+                gl.atomic_add(counts_ptr + (quad * W * 8 // (64 * KS_DN)) * 32, W, sem="release", scope="gpu")
                 mbarrier.arrive(tile_free.index(j % _HANDOFFS))
 
     @gluon.jit
     def _producer(gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty, programs, K: gl.constexpr,
-                  INTER: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr):
+                  INTER: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, KS_DN: gl.constexpr,
+                  PARTS: gl.constexpr):
         """The producer warp: the CTA's gate/up items, then its down items, into the ring without a break."""
         pid = gl.program_id(0)
         gu_slices: gl.constexpr = K // (64 * _KS)
-        dn_slices: gl.constexpr = (INTER // 64 + _KS - 1) // _KS
+        dn_slices: gl.constexpr = (INTER // 64 + KS_DN - 1) // KS_DN
         gu_items = gl.cdiv(2 * INTER // 16 // W - pid // gu_slices, programs // gu_slices) * (PARTS & 1)
         dn_items = gl.cdiv(K // 16 // W - pid // dn_slices, programs // dn_slices) * (PARTS >> 1)
         for j in range(gu_items + dn_items):
@@ -218,20 +228,25 @@ if HAS_GLUON:
             if j >= STAGES:
                 mbarrier.wait(empty.index(slot), ((j // STAGES) - 1) & 1)
             bar = ready.index(slot)
-            mbarrier.expect(bar, W * _KS * (128 + 16) * 4)
             if j < gu_items:
+                mbarrier.expect(bar, W * _KS * (128 + 16) * 4)
                 quad = pid // gu_slices + j * (programs // gu_slices)
                 g0 = (pid % gu_slices) * _KS
                 tma.async_copy_global_to_shared(gu_desc, [quad * W, g0, 0], bar, ring.index(slot))
                 tma.async_copy_global_to_shared(gu_s_desc, [quad * W, g0, 0], bar, s_ring.index(slot))
-            else:
+            else:                                        # down's items fill the first KS_DN groups of a slot
+                mbarrier.expect(bar, W * KS_DN * (128 + 16) * 4)
                 quad = pid // dn_slices + (j - gu_items) * (programs // dn_slices)
-                g0 = (pid % dn_slices) * _KS
-                tma.async_copy_global_to_shared(dn_desc, [quad * W, g0, 0], bar, ring.index(slot))
-                tma.async_copy_global_to_shared(dn_s_desc, [quad * W, g0, 0], bar, s_ring.index(slot))
+                g0 = (pid % dn_slices) * KS_DN
+                tma.async_copy_global_to_shared(dn_desc, [quad * W, g0, 0], bar,
+                                                ring.index(slot)._reinterpret(gl.int32, [W, KS_DN, 128],
+                                                                              dn_desc.layout))
+                tma.async_copy_global_to_shared(dn_s_desc, [quad * W, g0, 0], bar,
+                                                s_ring.index(slot)._reinterpret(gl.int32, [W, KS_DN, 16],
+                                                                                dn_s_desc.layout))
 
     @gluon.jit
-    def _item_dots(codes, pairs, xf, xs, W: gl.constexpr):
+    def _item_dots(codes, pairs, xf, xs, W: gl.constexpr, KS: gl.constexpr):
         """One item's sums [W, 8, 4] (rows gid, gid + 8 of warp w's tile; lane t: its groups'), its KS groups in
         chunks of CG: the tensor-core products and lane t's epilogue of group t, as int4_mma_ring_probe's."""
         Q4: gl.constexpr = _Q4_4 if W == 4 else _Q4_8
@@ -243,9 +258,9 @@ if HAS_GLUON:
         t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, M2)))[None, None, :]
         lo = gl.zeros([W, 8, 4], gl.float32, M2)
         hi = gl.zeros([W, 8, 4], gl.float32, M2)
-        for c in gl.static_range(_KS // _CGC):
-            words = codes._reinterpret(gl.int32, [W, _KS, 8, 4, 4], _PLAIN5).slice(c * _CGC, _CGC, dim=1).load(Q4)
-            pair = pairs._reinterpret(gl.int32, [W, _KS, 8, 2], _PLAIN4).slice(c * _CGC, _CGC, dim=1).permute(
+        for c in gl.static_range(KS // _CGC):
+            words = codes._reinterpret(gl.int32, [W, KS, 8, 4, 4], _PLAIN5).slice(c * _CGC, _CGC, dim=1).load(Q4)
+            pair = pairs._reinterpret(gl.int32, [W, KS, 8, 2], _PLAIN4).slice(c * _CGC, _CGC, dim=1).permute(
                 (0, 2, 1, 3)).load(QP)                                             # lane (gid, t): group t's pair
             pair_lo, pair_hi = gl.split(pair)
             pair_lo = gl.convert_layout(pair_lo, M2, assert_trivial=True)
@@ -255,7 +270,7 @@ if HAS_GLUON:
             x1, _ = gl.split(odd)
             x0 = gl.convert_layout(x0, gl.SliceLayout(0, gl.SliceLayout(1, M2)), assert_trivial=True)[None, None, :]
             x1 = gl.convert_layout(x1, gl.SliceLayout(0, gl.SliceLayout(1, M2)), assert_trivial=True)[None, None, :]
-            xb = xf._reinterpret(gl.int32, [_KS, 4, 8], _PLAIN3).slice(c * _CGC, _CGC).load(
+            xb = xf._reinterpret(gl.int32, [KS, 4, 8], _PLAIN3).slice(c * _CGC, _CGC).load(
                 gl.SliceLayout(0, gl.SliceLayout(2, Q8)))
             xb = gl.broadcast(gl.expand_dims(gl.expand_dims(xb, 0), 2), gl.full([W, _CGC, 8, 4, 8], 0, gl.int32, Q8))[0]
             b0, b1 = gl.split(gl.permute(gl.reshape(xb, [W, _CGC, 8, 4, 2, 4]), [0, 1, 2, 3, 5, 4]))
@@ -293,7 +308,7 @@ if HAS_GLUON:
     @gluon.jit
     def _consumer(h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, dx, ds, bars, tile_done,
                   tile_free, programs, K: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr,
-                  WAIT: gl.constexpr, PARTS: gl.constexpr):
+                  KS_DN: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr):
         """The W consumer warps: gate/up items (x from gx/gs), each handed to the counter warp once its sums are
         added; then down items (x from dx/ds) into y."""
         M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
@@ -301,7 +316,7 @@ if HAS_GLUON:
         gdc_launch_dependents()
         gdc_wait()
         gu_slices: gl.constexpr = K // (64 * _KS)
-        dn_slices: gl.constexpr = (INTER // 64 + _KS - 1) // _KS
+        dn_slices: gl.constexpr = (INTER // 64 + KS_DN - 1) // KS_DN
         gu_items = gl.cdiv(2 * INTER // 16 // W - pid // gu_slices, programs // gu_slices) * (PARTS & 1)
         dn_items = gl.cdiv(K // 16 // W - pid // dn_slices, programs // dn_slices) * (PARTS >> 1)
         # the launch's parity, as the loader counts it (this CTA's arrival is counted by then: x is ready after it)
@@ -312,7 +327,7 @@ if HAS_GLUON:
         for j in range(gu_items):
             slot = j % STAGES
             mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), gx, gs, W)
+            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), gx, gs, W, _KS)
             mbarrier.arrive(empty.index(slot))
             quad = pid // gu_slices + j * (programs // gu_slices)
             _flush(sums, quad * W, lo, hi, M2, W, h_ptr, False)
@@ -326,7 +341,7 @@ if HAS_GLUON:
             j = gu_items + jd
             slot = j % STAGES
             mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), dx, ds, W)
+            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), dx, ds, W, KS_DN)
             mbarrier.arrive(empty.index(slot))
             quad = pid // dn_slices + jd * (programs // dn_slices)
             _flush(y, quad * W, lo, hi, M2, W, h_ptr, pid % dn_slices == 0)
@@ -334,19 +349,19 @@ if HAS_GLUON:
     @gluon.jit
     def _mma_mlp_block(gu_desc, gu_s_desc, dn_desc, dn_s_desc, h_ptr, norm_ptr, sums_ptr, counts_ptr, sync_ptr, y_ptr,
                        programs, eps, K: gl.constexpr, INTER: gl.constexpr, STAGES: gl.constexpr,
-                       WAIT: gl.constexpr = True, PARTS: gl.constexpr = 3):
+                       KS_DN: gl.constexpr = 16, WAIT: gl.constexpr = True, PARTS: gl.constexpr = 3):
         """y[parity] += h + down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm weight (fp32 [K]; zeroed by the launch
         before), by CTAs all resident (programs a multiple of 44); descriptors over the repacked codes (int32 [tiles,
         G, 128], boxes [W, KS, 128]) and pairs (int32 [tiles, G, 16], boxes [W, KS, 16]); sums fp32 [2, 2 INTER],
-        counts int32 [DN_SLICES * 32], sync int32 [2] (arrivals, waits that gave up). WAIT False: no counters
+        counts int32 [down_slices(KS_DN) * 32], sync int32 [2] (arrivals, waits that gave up). WAIT False: no counters
         (outputs race); PARTS 1 gate/up only, 2 down only. The consumers are the launch's num_warps (W)."""
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], gu_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], gu_s_desc.layout)
         gx = gl.allocate_shared_memory(gl.int32, [_KS, 32], _PLAIN2)
         gs = gl.allocate_shared_memory(gl.float32, [_KS, 4], _PLAIN2)
-        dx = gl.allocate_shared_memory(gl.int32, [_KS, 32], _PLAIN2)
-        ds = gl.allocate_shared_memory(gl.float32, [_KS, 4], _PLAIN2)
+        dx = gl.allocate_shared_memory(gl.int32, [KS_DN, 32], _PLAIN2)
+        ds = gl.allocate_shared_memory(gl.float32, [KS_DN, 4], _PLAIN2)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -362,19 +377,21 @@ if HAS_GLUON:
             mbarrier.init(tile_free.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, dx, ds,
-                                         bars, tile_done, tile_free, programs, K, INTER, W, STAGES, WAIT, PARTS)),
+                                         bars, tile_done, tile_free, programs, K, INTER, W, STAGES, KS_DN, WAIT,
+                                         PARTS)),
                             (_producer, (gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty, programs,
-                                         K, INTER, W, STAGES, PARTS)),
+                                         K, INTER, W, STAGES, KS_DN, PARTS)),
                             (_loader, (h_ptr, norm_ptr, sums_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, dx, ds, bars,
-                                       programs, eps, K, INTER, WAIT, PARTS)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, K, INTER, W, WAIT, PARTS))],
+                                       programs, eps, K, INTER, KS_DN, WAIT, PARTS)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, K, INTER, W, KS_DN, WAIT,
+                                        PARTS))],
                            [1, 1, 1], [40, 128, 40])
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W (ring slots, consumer warps: tiles of 16 rows per slot)."""
-    stages, warps = map(int, spec.split(":"))
-    return {"STAGES": stages, "W": warps}
+    """STAGES:W[:KS_DN] (ring slots, consumer warps: tiles of 16 rows per item, down's groups per item: 16 or 8)."""
+    stages, warps, *ks_dn = map(int, spec.split(":"))
+    return {"STAGES": stages, "W": warps, "KS_DN": ks_dn[0] if ks_dn else KS}
 
 
 def stored_gate_up(w: dict) -> dict:
@@ -392,18 +409,21 @@ class Block:
         warps = config["W"]
         layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
 
-        def descs(packed: dict) -> tuple:
-            return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [warps, KS, t.shape[2]], layout)
+        def descs(packed: dict, ks: int) -> tuple:
+            return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [warps, ks, t.shape[2]], layout)
                          for t in (packed["codes"], packed["pairs"]))
 
-        self.descs = [descs(stored_gate_up(gu)) + descs(repacked(dn)) for gu, dn in zip(gate_ups, downs, strict=True)]
+        self.descs = [descs(stored_gate_up(gu), KS) + descs(repacked(dn), config["KS_DN"])
+                      for gu, dn in zip(gate_ups, downs, strict=True)]
+        self.chunk_tiles = chunk_tiles(config["KS_DN"])
         self.sums = torch.zeros(2, 2 * INTERMEDIATE, device="cuda", dtype=torch.float32)
         self.y = torch.zeros(2, HIDDEN, device="cuda", dtype=torch.float32)
-        self.counts = torch.zeros(DN_SLICES * 32, device="cuda", dtype=torch.int32)
+        self.counts = torch.zeros(len(self.chunk_tiles) * 32, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)
         self.programs = torch.cuda.get_device_properties(0).multi_processor_count
-        if self.programs % (GU_SLICES * DN_SLICES):
-            raise ValueError(f"{self.programs} SMs: the kernel needs a multiple of {GU_SLICES * DN_SLICES} CTAs")
+        slices = math.lcm(GU_SLICES, len(self.chunk_tiles))
+        if self.programs % slices:
+            raise ValueError(f"{self.programs} SMs: the kernel needs a multiple of {slices} CTAs")
         self.launches = 0
 
     def reset(self) -> None:
@@ -421,13 +441,14 @@ class Block:
     def counts_as_expected(self) -> bool:
         """Each chunk's counter at its items times the launches since the reset, every CTA's arrival counted."""
         counted = self.counts.view(-1, 32)[:, 0].tolist()
-        return (counted == [n * GU_SLICES * self.launches for n in CHUNK_ITEMS]
+        return (counted == [n * GU_SLICES * self.launches for n in self.chunk_tiles]
                 and int(self.sync[0].item()) == self.launches * self.programs)
 
     def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True, parts: int = 3) -> None:
         _mma_mlp_block[(self.programs,)](*self.descs[copy], h, norm, self.sums, self.counts, self.sync, self.y,
                                          self.programs, EPS, K=HIDDEN, INTER=INTERMEDIATE,
-                                         STAGES=self.config["STAGES"], WAIT=wait, PARTS=parts,
+                                         STAGES=self.config["STAGES"], KS_DN=self.config["KS_DN"], WAIT=wait,
+                                         PARTS=parts,
                                          num_warps=self.config["W"], launch_pdl=True)
         self.launches += 1
 
