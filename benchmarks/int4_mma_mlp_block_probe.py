@@ -57,6 +57,7 @@ from tierllm.bench.results import write_result  # noqa: E402
 
 KS = 16                          # gate/up's groups per item (a CTA's K slice of it); down's: the config's KS_DN
 SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
+STRESS_COPIES = 4                # weight copies the stress run's launches take in turn
 CONFIGS = ["2:8", "4:4:8", "5:4:8", "6:4:8", "3:8:8"]
 GU_SLICES = HIDDEN // GROUP // KS                                   # 4
 
@@ -444,21 +445,78 @@ class Block:
         return (counted == [n * GU_SLICES * self.launches for n in self.chunk_tiles]
                 and int(self.sync[0].item()) == self.launches * self.programs)
 
-    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True, parts: int = 3) -> None:
-        _mma_mlp_block[(self.programs,)](*self.descs[copy], h, norm, self.sums, self.counts, self.sync, self.y,
-                                         self.programs, EPS, K=HIDDEN, INTER=INTERMEDIATE,
-                                         STAGES=self.config["STAGES"], KS_DN=self.config["KS_DN"], WAIT=wait,
-                                         PARTS=parts,
+    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True, parts: int = 3,
+               buffers: tuple | None = None) -> None:
+        """One launch on copy's weights. Diagnostics: wait False skips the counters (outputs then race), parts 1 or
+        2 runs only gate/up or only down. buffers: (sums, y) of this launch's own (the stress run's), zero before."""
+        sums, y = buffers or (self.sums, self.y)
+        _mma_mlp_block[(self.programs,)](*self.descs[copy], h, norm, sums, self.counts, self.sync, y, self.programs,
+                                         EPS, K=HIDDEN, INTER=INTERMEDIATE, STAGES=self.config["STAGES"],
+                                         KS_DN=self.config["KS_DN"], WAIT=wait, PARTS=parts,
                                          num_warps=self.config["W"], launch_pdl=True)
         self.launches += 1
 
 
+def stress(specs: str, launches: int, out: Path) -> int:
+    """Chain `launches` launches of each config in one CUDA graph with PDL, as decode would, each on its own h and
+    its own output buffers (the kernel zeroes a launch's other parity for the next, so shared buffers would not keep
+    the outputs), over STRESS_COPIES weight copies; replay it twice (buffers zeroed before each) and check every
+    output against its fp32 reference: the counters' epochs and the parities under back-to-back launches."""
+    from int4_tma_ring_probe import layer_weights
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    weights, _, _ = layer_weights(gen, STRESS_COPIES)
+    gate_ups, downs = weights["gate_up"], weights["down"]
+    inputs = [block_inputs(gate_ups[i % STRESS_COPIES], downs[i % STRESS_COPIES], gen) for i in range(launches)]
+    sums = torch.zeros(launches, 2, 2 * INTERMEDIATE, device="cuda", dtype=torch.float32)
+    ys = torch.zeros(launches, 2, HIDDEN, device="cuda", dtype=torch.float32)
+    entries, checks = [], []
+    for spec in specs.split(","):
+        block = Block(gate_ups, downs, parse_config(spec))
+
+        def chain(block=block) -> None:
+            for i, x in enumerate(inputs):
+                block.launch(i % STRESS_COPIES, x["h"], x["norm"], buffers=(sums[i], ys[i]))
+
+        block.reset()
+        chain()                                      # compile, then the graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            chain()
+        worst, misses = 0.0, 0
+        for replay in (1, 2):                        # the eager chain was launches 0 .. launches - 1
+            sums.zero_()
+            ys.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            for i, x in enumerate(inputs):           # launch i's parity: its index since the reset
+                err = block_error(ys[i, (replay * launches + i) % 2], x["h"], x["delta"])
+                worst, misses = max(worst, err), misses + (not err <= 1e-2)
+        entry = {"config": spec, "launches_checked": 2 * launches, "worst_rel_err": worst, "misses": misses,
+                 "gave_up_waits": int(block.sync[1].item())}
+        entries.append(entry)
+        checks.append({"name": f"{spec}: every one of {2 * launches} chained launches within 1e-2, no wait gave up",
+                       "value": worst, "op": "<=", "target": 1e-2,
+                       "passed": misses == 0 and entry["gave_up_waits"] == 0})
+        print(entry, flush=True)
+    write_result(out, "int4-mma-mlp-block-probe-stress", torch.device("cuda"), {},
+                 {"note": "no peer: a correctness run"}, {"configs": entries}, checks,
+                 {"copies": STRESS_COPIES, "group": GROUP, "ks": KS, "pdl": True, "eps": EPS})
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-mma-mlp-block-probe-h200.json")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="STAGES:W, comma-separated")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="STAGES:W[:KS_DN], comma-separated")
+    parser.add_argument("--stress", type=int, default=0, metavar="LAUNCHES",
+                        help="instead of timing: chain LAUNCHES launches per config in one CUDA graph, each on its own "
+                             "h and output buffers, and check every output")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
+    if args.stress:
+        return stress(args.configs, args.stress, args.out)
     from int4_tma_ring_probe import COPIES, layer_weights
 
     from tierllm.bench.probe import hbm_copy_GBps
