@@ -8,27 +8,33 @@ bytes, down alone 13.2 against 6.0). Session 49's tensor-core products (int4_mma
 0.1-1.2 us of its read time. Here they are the block's consumers.
 
 Per CTA (one per SM, all resident; 132 on an H200), four partitions:
-- W consumer warps. An item is W tiles of 16 rows (warp w takes tile w) times KS = 16 groups; each CTA keeps one
-  K slice of each weight (gate/up: 4 slices, 33 CTAs each; down: 11 slices, 12 CTAs each; the grid must be a
-  multiple of 44), so its x fragments come once per phase. gate/up is stored in tiles of 8 gate rows then the same
-  channels' 8 up rows (interleaved_rows), repacked as int4_mma_ring_probe.repacked. A tile's partial sums over the
-  slice go to an fp32 buffer of gate/up sums by atomics (rows gid, gid + 8: a channel's gate and up), and each item
-  is handed to the counter warp. down's items add into y, fp32, by atomics (the CTAs of slice 0 add h).
+- W consumer warps. An item is W tiles of 16 rows (warp w takes tile w) times KS = 16 groups (down: KS_DN, 16 or
+  8); each CTA keeps one K slice of each weight (gate/up: 4 slices, 33 CTAs each; down: 11 slices of 12 CTAs, or
+  22 of 6; the grid must be a multiple of 44), so its x fragments come once per phase. gate/up is stored in tiles
+  of 8 gate rows then the same channels' 8 up rows (interleaved_rows), repacked as int4_mma_ring_probe.repacked. A
+  tile's partial sums over the slice go to an fp32 buffer of gate/up sums by atomics (rows gid, gid + 8: a
+  channel's gate and up), and each item is handed to the counter warp. down's items add into y, fp32, by atomics
+  (the CTAs of slice 0 add h).
 - one producer warp issuing every slot's TMA: the CTA's gate/up items, then its down items, without a break.
 - one counter warp: counts each handed-over gate/up item on its chunk's counter (release; a chunk is down's K slice,
-  1024 channels, 32 gate/up items per gate/up slice).
+  1024 or 512 channels).
 - one x loader warp: gate/up's x fragments for the CTA's slice from h times the norm's weight (x_fragments'
   arithmetic) and the norm's rstd from all of h; then waits for its down slice's chunk (acquire), reads that chunk's
   gate and up sums, and writes act = SiLU(rstd gate) * (rstd up) as down's x fragments.
 Counters are never zeroed (launch epochs, as in int4_mlp_block_probe); the sums and y are double-buffered by the
 launch's parity, and each launch zeroes the other parity's for the next.
 
-Timed as int4_mlp_block_probe times its kernel, in the same run: this kernel (configs STAGES:W), its diagnostics
+Timed as int4_mlp_block_probe times its kernel, in the same run: this kernel (configs STAGES:W[:KS_DN]), its diagnostics
 (no counters: outputs race; gate/up only; down only), and the engine's chain (HELD's gate/up at its pick and
 XHALF's down, each with its preparing kernel). Every config is checked against the fp32 reference on two launches
 before it is timed.
 
-    python benchmarks/int4_mma_mlp_block_probe.py [--configs STAGES:W,...] [--out PATH]
+Measured on an H200 (benchmarks/notes/gpu-decode.md, session 49): 24.5-24.7 us at 2:8 against 27.0 for the
+engine's chain in the same runs (0.909-0.915; session 48's XHALF block: 26.5); without counters 21.5-22.4, gate/up
+alone 15.1-16.0 (bytes 11.9), down alone 10.3-12.7 (bytes 6.0). --stress 64 checked 384 chained launches, each on
+its own h: all within 3.2e-3.
+
+    python benchmarks/int4_mma_mlp_block_probe.py [--configs STAGES:W[:KS_DN],...] [--stress LAUNCHES] [--out PATH]
 """
 from __future__ import annotations
 
