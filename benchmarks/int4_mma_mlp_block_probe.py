@@ -401,11 +401,17 @@ def parse_config(spec: str) -> dict:
     return {"STAGES": stages, "W": warps, "KS_DN": ks_dn[0] if ks_dn else KS}
 
 
-def stored_gate_up(w: dict) -> dict:
-    """One gate/up copy (rows [gate; up]) repacked with its rows in tiles of 8 gate rows then the same channels' up
-    rows (interleaved_rows), so that a tile's rows gid and gid + 8 are one channel's gate and up."""
-    order = interleaved_rows(INTERMEDIATE, TILE // 2).to(w["qweight"].device)
+def stored_gate_up(w: dict, inter: int = INTERMEDIATE) -> dict:
+    """One gate/up copy (rows [gate; up], inter channels) repacked with its rows in tiles of 8 gate rows then the
+    same channels' up rows (interleaved_rows), so that a tile's rows gid and gid + 8 are one channel's gate and up:
+    channel c's gate sum lands at gate_row(c), its up sum 8 rows further."""
+    order = interleaved_rows(inter, TILE // 2).to(w["qweight"].device)
     return repacked({"qweight": w["qweight"][order], "scales": w["scales"][order], "mins": w["mins"][order]})
+
+
+def gate_row(channel: torch.Tensor) -> torch.Tensor:
+    """The stored row of a channel's gate (the x loader's addressing of the gate/up sums)."""
+    return channel // 8 * 16 + channel % 8
 
 
 class Block:
