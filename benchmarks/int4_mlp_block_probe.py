@@ -550,16 +550,10 @@ def main(argv=None) -> int:
         return profile(args.profile)
     if args.stress:
         return stress(args.configs, args.stress, args.out)
-    from tierllm.bench.probe import hbm_copy_GBps
-
-    copy_GBps = hbm_copy_GBps()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    weights, _, _ = layer_weights(gen, COPIES)
-    gate_ups, downs = weights["gate_up"], weights["down"]
-    inputs = block_inputs(gate_ups[0], downs[0], gen)
+    copy_GBps, gate_ups, downs, inputs, floor_us = block_setup(gen)
     h, norm, delta = inputs["h"], inputs["norm"], inputs["delta"]
-    bytes_ = sum(w[key].nbytes for w in (gate_ups[0], downs[0]) for key in ("qweight", "scales", "mins"))
-    result = {"floor_us": round(bytes_ / (copy_GBps * 1e9) * 1e6, 2)}
+    result = {"floor_us": floor_us}
 
     act = torch.randn(1, INTERMEDIATE, device="cuda", generator=gen).bfloat16()
     pairs = list(zip(gate_ups, downs, strict=True))
@@ -570,36 +564,65 @@ def main(argv=None) -> int:
     print(result, flush=True)
 
     y = torch.zeros(HIDDEN, device="cuda", dtype=torch.float32)
+    def measure(spec: str, entry: dict) -> None:
+        block = Block(gate_ups, downs, parse_config(spec))
+        block.reset()
+        block.launch(0, h, norm, y)
+        torch.cuda.synchronize()
+        entry["rel_err_first_launch"] = block_error(y, h, delta)
+        block.act.zero_()                                # a down step that read act too early would now miss
+        block.launch(0, h, norm, y)                      # the second launch checks the counters' epochs
+        torch.cuda.synchronize()
+        entry["rel_err"] = block_error(y, h, delta)
+        entry["gave_up_waits"], entry["counts_as_expected"] = int(block.sync[1].item()), block.counts_as_expected(2)
+        if not block_checks([entry])[0]["passed"]:
+            return
+        copies = list(range(COPIES))
+        block.reset()
+        entry["us"] = round(chained_us(lambda c: block.launch(c, h, norm, y), copies), 2)
+        for name, wait, parts, with_norm in (("packed_counters", 1, 3, True), ("relaxed_counts", 2, 3, True),
+                                             ("no_wait", 0, 3, True), ("gate_up_only", 0, 1, True),
+                                             ("gate_up_only_no_norm", 0, 1, False), ("down_only", 0, 2, True)):
+            block.reset()
+            entry[f"{name}_us"] = round(chained_us(lambda c, wait=wait, parts=parts, with_norm=with_norm: block.launch(
+                c, h, norm, y, wait, parts, with_norm), copies), 2)
+        entry["over_engine_pick"] = round(entry["us"] / result["engine_pick_us"], 3)
+        entry["over_floor"] = round(entry["us"] / result["floor_us"], 3)
+        entry["gave_up_waits_after_timing"] = int(block.sync[1].item())
+
+    entries = measured_configs(args.configs.split(","), measure, result, "over_engine_pick")
+    write_result(args.out, "int4-mlp-block-probe", torch.device("cuda"),
+                 {"hbm_copy_GBps(read+write)": round(copy_GBps, 1),
+                  "note": "floor_us: gate/up's and down's int4 bytes (codes, scales, mins) at the copy rate"},
+                 {"note": "the engine's chain in the same run: gate/up by HELD at its batch-1 pick "
+                          f"{HELD_GATE_UP} or by XHALF, then down by XHALF adding into a residual, each after its "
+                          "preparing kernel (engine_pick_us: the faster)"},
+                 result, block_checks(entries), {"copies": COPIES, "group": GROUP, "pdl": True, "eps": EPS})
+    print(f"wrote {args.out}")
+    return 0
+
+
+def block_setup(gen: torch.Generator) -> tuple:
+    """A timed run's inputs: the copy rate, COPIES random copies of gate/up and down, h and the norm's weight with
+    the reference (block_inputs), and the floor (the two weights' int4 bytes at the copy rate, us)."""
+    from tierllm.bench.probe import hbm_copy_GBps
+
+    copy_GBps = hbm_copy_GBps()
+    weights, _, _ = layer_weights(gen, COPIES)
+    gate_ups, downs = weights["gate_up"], weights["down"]
+    inputs = block_inputs(gate_ups[0], downs[0], gen)
+    bytes_ = sum(w[key].nbytes for w in (gate_ups[0], downs[0]) for key in ("qweight", "scales", "mins"))
+    return copy_GBps, gate_ups, downs, inputs, round(bytes_ / (copy_GBps * 1e9) * 1e6, 2)
+
+
+def measured_configs(specs: list, measure, result: dict, ratio_key: str) -> list:
+    """measure(spec, entry) per config, an error recorded in its entry and the others going on; result takes the
+    entries and the fastest timed one (its "us" and ratio_key)."""
     entries = []
-    for spec in args.configs.split(","):
+    for spec in specs:
         entry = {"config": spec}
         try:
-            block = Block(gate_ups, downs, parse_config(spec))
-            block.reset()
-            block.launch(0, h, norm, y)
-            torch.cuda.synchronize()
-            entry["rel_err_first_launch"] = block_error(y, h, delta)
-            block.act.zero_()                            # a down step that read act too early would now miss
-            block.launch(0, h, norm, y)                  # the second launch checks the counters' epochs
-            torch.cuda.synchronize()
-            entry["rel_err"] = block_error(y, h, delta)
-            entry["gave_up_waits"], entry["counts_as_expected"] = int(block.sync[1].item()), block.counts_as_expected(2)
-            if (max(entry["rel_err"], entry["rel_err_first_launch"]) <= 1e-2 and entry["gave_up_waits"] == 0
-                    and entry["counts_as_expected"]):
-                copies = list(range(COPIES))
-                block.reset()
-                entry["us"] = round(chained_us(lambda c, block=block: block.launch(c, h, norm, y), copies), 2)
-                for name, wait, parts, with_norm in (("packed_counters", 1, 3, True), ("relaxed_counts", 2, 3, True),
-                                                     ("no_wait", 0, 3, True), ("gate_up_only", 0, 1, True),
-                                                     ("gate_up_only_no_norm", 0, 1, False),
-                                                     ("down_only", 0, 2, True)):
-                    block.reset()
-                    entry[f"{name}_us"] = round(chained_us(
-                        lambda c, block=block, wait=wait, parts=parts, with_norm=with_norm: block.launch(
-                            c, h, norm, y, wait, parts, with_norm), copies), 2)
-                entry["over_engine_pick"] = round(entry["us"] / result["engine_pick_us"], 3)
-                entry["over_floor"] = round(entry["us"] / result["floor_us"], 3)
-                entry["gave_up_waits_after_timing"] = int(block.sync[1].item())
+            measure(spec, entry)
         except Exception as error:                      # a config that does not compile or fit: recorded, go on
             entry["error"] = f"{type(error).__name__}: {error}"[:400]
         entries.append(entry)
@@ -608,33 +631,34 @@ def main(argv=None) -> int:
     timed = [e for e in entries if "us" in e]
     if timed:
         best = min(timed, key=lambda e: e["us"])
-        result["best"], result["best_us"] = best["config"], best["us"]
-        result["best_over_engine_pick"] = best["over_engine_pick"]
-    checks = [{"name": f"{e['config']}: both check launches within 1e-2 of the fp32 reference, no wait gave up, "
-                       "counts as expected",
-               "value": max(e["rel_err"], e["rel_err_first_launch"]), "op": "<=", "target": 1e-2,
-               "passed": max(e["rel_err"], e["rel_err_first_launch"]) <= 1e-2 and e["gave_up_waits"] == 0
-               and e["counts_as_expected"]}
-              for e in entries if "rel_err" in e]
-    write_result(args.out, "int4-mlp-block-probe", torch.device("cuda"),
-                 {"hbm_copy_GBps(read+write)": round(copy_GBps, 1),
-                  "note": "floor_us: gate/up's and down's int4 bytes (codes, scales, mins) at the copy rate"},
-                 {"note": "the engine's chain in the same run: gate/up by HELD at its batch-1 pick "
-                          f"{HELD_GATE_UP} or by XHALF, then down by XHALF adding into a residual, each after its "
-                          "preparing kernel (engine_pick_us: the faster)"},
-                 result, checks, {"copies": COPIES, "group": GROUP, "pdl": True, "eps": EPS})
-    print(f"wrote {args.out}")
-    return 0
+        result["best"], result["best_us"], result[f"best_{ratio_key}"] = best["config"], best["us"], best[ratio_key]
+    return entries
+
+
+def block_checks(entries: list) -> list:
+    """The result's checks: per checked config, both check launches within 1e-2, no wait given up, counts right."""
+    return [{"name": f"{e['config']}: both check launches within 1e-2 of the fp32 reference, no wait gave up, "
+                     "counts as expected",
+             "value": max(e["rel_err"], e["rel_err_first_launch"]), "op": "<=", "target": 1e-2,
+             "passed": max(e["rel_err"], e["rel_err_first_launch"]) <= 1e-2 and e["gave_up_waits"] == 0
+             and e["counts_as_expected"]}
+            for e in entries if "rel_err" in e]
+
+
+def stress_inputs(launches: int) -> tuple:
+    """A stress run's inputs: STRESS_COPIES copies of each weight and launches distinct (h, norm, reference)."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    weights, _, _ = layer_weights(gen, STRESS_COPIES)
+    gate_ups, downs = weights["gate_up"], weights["down"]
+    return gate_ups, downs, [block_inputs(gate_ups[i % STRESS_COPIES], downs[i % STRESS_COPIES], gen)
+                             for i in range(launches)]
 
 
 def stress(specs: str, launches: int, out: Path) -> int:
     """Chain `launches` launches of each config in one CUDA graph with PDL, as decode would, over STRESS_COPIES weight
     copies and a fresh h per launch, replay it twice, and check every output against its fp32 reference: the
     counters' synchronization under back-to-back launches, which the timed runs do not check."""
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    weights, _, _ = layer_weights(gen, STRESS_COPIES)
-    gate_ups, downs = weights["gate_up"], weights["down"]
-    inputs = [block_inputs(gate_ups[i % STRESS_COPIES], downs[i % STRESS_COPIES], gen) for i in range(launches)]
+    gate_ups, downs, inputs = stress_inputs(launches)
     ys = torch.zeros(launches, HIDDEN, device="cuda", dtype=torch.float32)
     entries, checks = [], []
     for spec in specs.split(","):

@@ -51,10 +51,14 @@ from int4_mlp_block_probe import (  # noqa: E402
     HELD_GATE_UP,
     HIDDEN,
     INTERMEDIATE,
+    STRESS_COPIES,
+    block_checks,
     block_error,
-    block_inputs,
+    block_setup,
     engine_chain,
     interleaved_rows,
+    measured_configs,
+    stress_inputs,
 )
 from int4_mma_ring_probe import CG, GROUP, HAS_GLUON, MAGIC, TILE, repacked  # noqa: E402
 from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
@@ -63,7 +67,6 @@ from tierllm.bench.results import write_result  # noqa: E402
 
 KS = 16                          # gate/up's groups per item (a CTA's K slice of it); down's: the config's KS_DN
 SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
-STRESS_COPIES = 4                # weight copies the stress run's launches take in turn
 CONFIGS = ["2:8", "4:4:8", "5:4:8", "6:4:8", "3:8:8"]
 GU_SLICES = HIDDEN // GROUP // KS                                   # 4
 
@@ -474,12 +477,7 @@ def stress(specs: str, launches: int, out: Path) -> int:
     its own output buffers (the kernel zeroes a launch's other parity for the next, so shared buffers would not keep
     the outputs), over STRESS_COPIES weight copies; replay it twice (buffers zeroed before each) and check every
     output against its fp32 reference: the counters' epochs and the parities under back-to-back launches."""
-    from int4_tma_ring_probe import layer_weights
-
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    weights, _, _ = layer_weights(gen, STRESS_COPIES)
-    gate_ups, downs = weights["gate_up"], weights["down"]
-    inputs = [block_inputs(gate_ups[i % STRESS_COPIES], downs[i % STRESS_COPIES], gen) for i in range(launches)]
+    gate_ups, downs, inputs = stress_inputs(launches)
     sums = torch.zeros(launches, 2, 2 * INTERMEDIATE, device="cuda", dtype=torch.float32)
     ys = torch.zeros(launches, 2, HIDDEN, device="cuda", dtype=torch.float32)
     entries, checks = [], []
@@ -529,68 +527,46 @@ def main(argv=None) -> int:
         return 2
     if args.stress:
         return stress(args.configs, args.stress, args.out)
-    from int4_tma_ring_probe import COPIES, layer_weights
+    from int4_tma_ring_probe import COPIES
 
-    from tierllm.bench.probe import hbm_copy_GBps
-
-    copy_GBps = hbm_copy_GBps()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    weights, _, _ = layer_weights(gen, COPIES)
-    gate_ups, downs = weights["gate_up"], weights["down"]
-    inputs = block_inputs(gate_ups[0], downs[0], gen)
+    copy_GBps, gate_ups, downs, inputs, floor_us = block_setup(gen)
     h, norm, delta = inputs["h"], inputs["norm"], inputs["delta"]
-    bytes_ = sum(w[key].nbytes for w in (gate_ups[0], downs[0]) for key in ("qweight", "scales", "mins"))
-    result = {"floor_us": round(bytes_ / (copy_GBps * 1e9) * 1e6, 2)}
+    result = {"floor_us": floor_us}
     act = torch.randn(1, INTERMEDIATE, device="cuda", generator=gen).bfloat16()
     pairs = list(zip(gate_ups, downs, strict=True))
     result["engine_us"] = round(chained_us(lambda pair: engine_chain(*pair, h.view(1, -1), act, "held"), pairs), 2)
     print(result, flush=True)
-    entries = []
-    for spec in args.configs.split(","):
-        entry = {"config": spec}
-        try:
-            block = Block(gate_ups, downs, parse_config(spec))
+
+    def measure(spec: str, entry: dict) -> None:
+        block = Block(gate_ups, downs, parse_config(spec))
+        block.reset()
+        block.launch(0, h, norm)
+        torch.cuda.synchronize()
+        entry["rel_err_first_launch"] = block_error(block.output(), h, delta)
+        block.launch(0, h, norm)                         # the second launch checks the epochs and the parity
+        torch.cuda.synchronize()
+        entry["rel_err"] = block_error(block.output(), h, delta)
+        entry["gave_up_waits"], entry["counts_as_expected"] = int(block.sync[1].item()), block.counts_as_expected()
+        if not block_checks([entry])[0]["passed"]:
+            return
+        copies = list(range(COPIES))
+        for name, wait, parts in (("", True, 3), ("no_wait_", False, 3), ("gate_up_only_", False, 1),
+                                  ("down_only_", False, 2)):
             block.reset()
-            block.launch(0, h, norm)
-            torch.cuda.synchronize()
-            entry["rel_err_first_launch"] = block_error(block.output(), h, delta)
-            block.launch(0, h, norm)                     # the second launch checks the epochs and the parity
-            torch.cuda.synchronize()
-            entry["rel_err"] = block_error(block.output(), h, delta)
-            entry["gave_up_waits"], entry["counts_as_expected"] = int(block.sync[1].item()), block.counts_as_expected()
-            if (max(entry["rel_err"], entry["rel_err_first_launch"]) <= 1e-2 and entry["gave_up_waits"] == 0
-                    and entry["counts_as_expected"]):
-                copies = list(range(COPIES))
-                for name, wait, parts in (("", True, 3), ("no_wait_", False, 3), ("gate_up_only_", False, 1),
-                                          ("down_only_", False, 2)):
-                    block.reset()
-                    entry[f"{name}us"] = round(chained_us(
-                        lambda c, block=block, wait=wait, parts=parts: block.launch(c, h, norm, wait, parts),
-                        copies), 2)
-                entry["over_engine"] = round(entry["us"] / result["engine_us"], 3)
-                entry["over_floor"] = round(entry["us"] / result["floor_us"], 3)
-                entry["gave_up_waits_after_timing"] = int(block.sync[1].item())
-        except Exception as error:                      # a config that does not compile or fit: recorded, go on
-            entry["error"] = f"{type(error).__name__}: {error}"[:400]
-        entries.append(entry)
-        print(entry, flush=True)
-    result["configs"] = entries
-    timed = [e for e in entries if "us" in e]
-    if timed:
-        best = min(timed, key=lambda e: e["us"])
-        result["best"], result["best_us"], result["best_over_engine"] = best["config"], best["us"], best["over_engine"]
-    checks = [{"name": f"{e['config']}: both check launches within 1e-2 of the fp32 reference, no wait gave up, "
-                       "counts as expected",
-               "value": max(e["rel_err"], e["rel_err_first_launch"]), "op": "<=", "target": 1e-2,
-               "passed": max(e["rel_err"], e["rel_err_first_launch"]) <= 1e-2 and e["gave_up_waits"] == 0
-               and e["counts_as_expected"]}
-              for e in entries if "rel_err" in e]
+            entry[f"{name}us"] = round(chained_us(lambda c, wait=wait, parts=parts: block.launch(c, h, norm, wait,
+                                                                                               parts), copies), 2)
+        entry["over_engine"] = round(entry["us"] / result["engine_us"], 3)
+        entry["over_floor"] = round(entry["us"] / result["floor_us"], 3)
+        entry["gave_up_waits_after_timing"] = int(block.sync[1].item())
+
+    entries = measured_configs(args.configs.split(","), measure, result, "over_engine")
     write_result(args.out, "int4-mma-mlp-block-probe", torch.device("cuda"),
                  {"hbm_copy_GBps(read+write)": round(copy_GBps, 1),
                   "note": "floor_us: gate/up's and down's int4 bytes (codes, scales, mins) at the copy rate"},
                  {"note": f"the engine's chain in the same run: gate/up by HELD at its batch-1 pick {HELD_GATE_UP}, "
                           "then down by XHALF adding into a residual, each after its preparing kernel"},
-                 result, checks, {"copies": COPIES, "group": GROUP, "ks": KS, "pdl": True, "eps": EPS})
+                 result, block_checks(entries), {"copies": COPIES, "group": GROUP, "ks": KS, "pdl": True, "eps": EPS})
     print(f"wrote {args.out}")
     return 0
 
