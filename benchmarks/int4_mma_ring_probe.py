@@ -102,7 +102,6 @@ if HAS_GLUON:
     # a lane's registers: [groups, gid, t, 4] (lane 4 gid + t), one warp
     _P4 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 4], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
     _P8 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 8], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
-    _P2 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 2], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
     _P16 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 16], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
     MAGIC_ = gl.constexpr(MAGIC)
     _P3 = gl.constexpr(gl.BlockedLayout([CG, 1, 1], [1, 8, 4], [1, 1, 1], [2, 1, 0]))
@@ -138,12 +137,6 @@ if HAS_GLUON:
     def _p3(t):
         """A [CG, 8, 4] tensor in the lane layout _P3 (no data moves: asserted at compile time)."""
         return gl.convert_layout(t, _P3, assert_trivial=True)
-
-    @gluon.jit
-    def _halves(t):
-        """The last dim (2) of a [CG, 8, 4, 2] tensor split into two [CG, 8, 4] in _P3."""
-        a, b = gl.split(t)
-        return _p3(a), _p3(b)
 
     @gluon.jit
     def _l2(t):
