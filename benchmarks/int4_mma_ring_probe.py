@@ -8,8 +8,8 @@ Here `mma.sync.m16n8k16` (fp16 in, fp32 out) does the multiply-adds: a lane turn
 four fp16 pairs with one shift and four LOP3s (code | 1024.0's bits: 1024 + code, or 1024 + 16 code for the odd
 nibbles, exact), and the MMA sums them against x, whose 8 columns are all the same x (batch 1), so every lane ends
 with its rows' dots. Per (row, group) then: scale * (C - X1) + min * X0, with X1 = 1024 * sum(x / m) the bias of the
-1024s and X0 = sum(x), both per group. That is ~5 instructions per 8 codes for the codes, one MMA per 8 codes a
-lane, and ~14 per group and lane for the rest: ~1.2 per code.
+1024s and X0 = sum(x), both per group. Offline (Triton 3.6, sm90) the loop is 346 SASS instructions per item of 8
+groups, 1.35 per code (131 LOP3, 33 SHF, 32 HMMA, 28 LDS), against XHALF's ~1.8-2.1.
 
 Layout (a load-time repack, as Marlin's): weights in tiles of 16 rows; per (tile, group) 512 bytes, lane
 l = 4 gid + t holding [row gid: words 2t, 2t+1; row gid + 8: words 2t, 2t+1] of the group, so that a lane's four
