@@ -239,9 +239,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _w4_mma_ring_gemv(w_desc, s_desc, x_desc, xs_desc, x_ptr, y_ptr, items, programs, G: gl.constexpr,
-                          KSL: gl.constexpr,
-                          KS: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr = 0, ORDER: gl.constexpr = 0,
-                          PDL: gl.constexpr = True):
+                          KSL: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr = 0,
+                          ORDER: gl.constexpr = 0, PDL: gl.constexpr = True):
         """y[n] += sum_k W[n, k] x[k] (fp32 atomics) over items (tile, KS groups), program p taking items
         p * items // programs .. (p + 1) * items // programs - 1 (ORDER 0) or p, p + programs, .. (ORDER 1).
         Descriptors: codes int32 [tiles, G, 128] (boxes [1, KS, 128]), pairs int32 [tiles, G, 16] ([1, KS, 16]),
