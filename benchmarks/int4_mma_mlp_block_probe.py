@@ -80,6 +80,7 @@ def chunk_tiles(ks_dn: int) -> list[int]:
     """gate/up tiles (8 channels each) per chunk of down's K."""
     return [min(ks_dn * GROUP, INTERMEDIATE - c * ks_dn * GROUP) // 8 for c in range(down_slices(ks_dn))]
 
+
 if HAS_GLUON:
     from int4_mma_ring_probe import _MMA_ASM, _PLAIN2, _PLAIN3
     from triton.experimental import gluon
