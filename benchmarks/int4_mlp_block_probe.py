@@ -564,6 +564,7 @@ def main(argv=None) -> int:
     print(result, flush=True)
 
     y = torch.zeros(HIDDEN, device="cuda", dtype=torch.float32)
+
     def measure(spec: str, entry: dict) -> None:
         block = Block(gate_ups, downs, parse_config(spec))
         block.reset()
