@@ -67,7 +67,7 @@ from tierllm.bench.results import write_result  # noqa: E402
 
 KS = 16                          # gate/up's groups per item (a CTA's K slice of it); down's: the config's KS_DN
 SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
-CONFIGS = ["2:8", "4:4:8", "5:4:8", "6:4:8", "3:8:8"]
+CONFIGS = ["2:8", "s2:8", "3:8:8", "s3:8:8", "5:4:8", "s5:4:8"]
 GU_SLICES = HIDDEN // GROUP // KS                                   # 4
 
 
@@ -168,7 +168,7 @@ if HAS_GLUON:
             gl.atomic_add(errors_ptr, 1, sem="relaxed", scope="gpu")
 
     @gluon.jit
-    def _loader(h_ptr, norm_ptr, sums_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, dx, ds, bars, programs, eps,
+    def _loader(h_ptr, norm_ptr, sums_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, dx, ds, bars, programs, dn_shift, eps,
                 K: gl.constexpr, INTER: gl.constexpr, KS_DN: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr):
         """The x loader warp (see the module docstring). bars: 0 gate/up's x ready, 1 down's x ready."""
         pid = gl.program_id(0)
@@ -196,7 +196,7 @@ if HAS_GLUON:
             squares += hv * hv
         rstd = gl.rsqrt(gl.sum(squares, axis=0) / K + eps)
         if PARTS >= 2:
-            chunk = pid % ((INTER // 64 + KS_DN - 1) // KS_DN)
+            chunk = (pid + dn_shift) % programs % ((INTER // 64 + KS_DN - 1) // KS_DN)
             tiles = gl.minimum(64 * KS_DN, INTER - chunk * 64 * KS_DN) // 8
             if WAIT:
                 _wait_count(counts_ptr, sync_ptr + 1, chunk, (launch + 1) * tiles * (K // (64 * _KS)))
@@ -225,7 +225,8 @@ if HAS_GLUON:
                 mbarrier.arrive(tile_free.index(j % _HANDOFFS))
 
     @gluon.jit
-    def _producer(gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty, programs, K: gl.constexpr,
+    def _producer(gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty, programs, dn_shift,
+                  K: gl.constexpr,
                   INTER: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, KS_DN: gl.constexpr,
                   PARTS: gl.constexpr):
         """The producer warp: the CTA's gate/up items, then its down items, into the ring without a break."""
@@ -233,7 +234,8 @@ if HAS_GLUON:
         gu_slices: gl.constexpr = K // (64 * _KS)
         dn_slices: gl.constexpr = (INTER // 64 + KS_DN - 1) // KS_DN
         gu_items = gl.cdiv(2 * INTER // 16 // W - pid // gu_slices, programs // gu_slices) * (PARTS & 1)
-        dn_items = gl.cdiv(K // 16 // W - pid // dn_slices, programs // dn_slices) * (PARTS >> 1)
+        pd = (pid + dn_shift) % programs                 # the CTA's place in down's phase
+        dn_items = gl.cdiv(K // 16 // W - pd // dn_slices, programs // dn_slices) * (PARTS >> 1)
         for j in range(gu_items + dn_items):
             slot = j % STAGES
             if j >= STAGES:
@@ -247,8 +249,8 @@ if HAS_GLUON:
                 tma.async_copy_global_to_shared(gu_s_desc, [quad * W, g0, 0], bar, s_ring.index(slot))
             else:                                        # down's items fill the first KS_DN groups of a slot
                 mbarrier.expect(bar, W * KS_DN * (128 + 16) * 4)
-                quad = pid // dn_slices + (j - gu_items) * (programs // dn_slices)
-                g0 = (pid % dn_slices) * KS_DN
+                quad = pd // dn_slices + (j - gu_items) * (programs // dn_slices)
+                g0 = (pd % dn_slices) * KS_DN
                 tma.async_copy_global_to_shared(dn_desc, [quad * W, g0, 0], bar,
                                                 ring.index(slot)._reinterpret(gl.int32, [W, KS_DN, 128],
                                                                               dn_desc.layout))
@@ -318,7 +320,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer(h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, dx, ds, bars, tile_done,
-                  tile_free, programs, K: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr,
+                  tile_free, programs, dn_shift, K: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr,
+                  STAGES: gl.constexpr,
                   KS_DN: gl.constexpr, WAIT: gl.constexpr, PARTS: gl.constexpr):
         """The W consumer warps: gate/up items (x from gx/gs), each handed to the counter warp once its sums are
         added; then down items (x from dx/ds) into y."""
@@ -329,7 +332,8 @@ if HAS_GLUON:
         gu_slices: gl.constexpr = K // (64 * _KS)
         dn_slices: gl.constexpr = (INTER // 64 + KS_DN - 1) // KS_DN
         gu_items = gl.cdiv(2 * INTER // 16 // W - pid // gu_slices, programs // gu_slices) * (PARTS & 1)
-        dn_items = gl.cdiv(K // 16 // W - pid // dn_slices, programs // dn_slices) * (PARTS >> 1)
+        pd = (pid + dn_shift) % programs                 # the CTA's place in down's phase
+        dn_items = gl.cdiv(K // 16 // W - pd // dn_slices, programs // dn_slices) * (PARTS >> 1)
         # the launch's parity, as the loader counts it (this CTA's arrival is counted by then: x is ready after it)
         mbarrier.wait(bars.index(0), 0)
         parity = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs % 2
@@ -354,12 +358,12 @@ if HAS_GLUON:
             mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
             lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), dx, ds, W, KS_DN)
             mbarrier.arrive(empty.index(slot))
-            quad = pid // dn_slices + jd * (programs // dn_slices)
-            _flush(y, quad * W, lo, hi, M2, W, h_ptr, pid % dn_slices == 0)
+            quad = pd // dn_slices + jd * (programs // dn_slices)
+            _flush(y, quad * W, lo, hi, M2, W, h_ptr, pd % dn_slices == 0)
 
     @gluon.jit
     def _mma_mlp_block(gu_desc, gu_s_desc, dn_desc, dn_s_desc, h_ptr, norm_ptr, sums_ptr, counts_ptr, sync_ptr, y_ptr,
-                       programs, eps, K: gl.constexpr, INTER: gl.constexpr, STAGES: gl.constexpr,
+                       programs, dn_shift, eps, K: gl.constexpr, INTER: gl.constexpr, STAGES: gl.constexpr,
                        KS_DN: gl.constexpr = 16, WAIT: gl.constexpr = True, PARTS: gl.constexpr = 3):
         """y[parity] += h + down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm weight (fp32 [K]; zeroed by the launch
         before), by CTAs all resident (programs a multiple of 44); descriptors over the repacked codes (int32 [tiles,
@@ -388,21 +392,22 @@ if HAS_GLUON:
             mbarrier.init(tile_free.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, dx, ds,
-                                         bars, tile_done, tile_free, programs, K, INTER, W, STAGES, KS_DN, WAIT,
-                                         PARTS)),
+                                         bars, tile_done, tile_free, programs, dn_shift, K, INTER, W, STAGES, KS_DN,
+                                         WAIT, PARTS)),
                             (_producer, (gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready, empty, programs,
-                                         K, INTER, W, STAGES, KS_DN, PARTS)),
+                                         dn_shift, K, INTER, W, STAGES, KS_DN, PARTS)),
                             (_loader, (h_ptr, norm_ptr, sums_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, dx, ds, bars,
-                                       programs, eps, K, INTER, KS_DN, WAIT, PARTS)),
+                                       programs, dn_shift, eps, K, INTER, KS_DN, WAIT, PARTS)),
                             (_counter, (counts_ptr, tile_done, tile_free, programs, K, INTER, W, KS_DN, WAIT,
                                         PARTS))],
                            [1, 1, 1], [40, 128, 40])
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W[:KS_DN] (ring slots, consumer warps: tiles of 16 rows per item, down's groups per item: 16 or 8)."""
-    stages, warps, *ks_dn = map(int, spec.split(":"))
-    return {"STAGES": stages, "W": warps, "KS_DN": ks_dn[0] if ks_dn else KS}
+    """[s]STAGES:W[:KS_DN] (ring slots, consumer warps: tiles of 16 rows per item, down's groups per item: 16 or 8;
+    a leading "s": down's places shifted, Block.dn_shift)."""
+    stages, warps, *ks_dn = map(int, spec.lstrip("s").split(":"))
+    return {"STAGES": stages, "W": warps, "KS_DN": ks_dn[0] if ks_dn else KS, "SHIFT": spec.startswith("s")}
 
 
 def stored_gate_up(w: dict, inter: int = INTERMEDIATE) -> dict:
@@ -442,6 +447,10 @@ class Block:
         if self.programs % slices:
             raise ValueError(f"{self.programs} SMs: the kernel needs a multiple of {slices} CTAs")
         self.launches = 0
+        # down's places shifted so that the CTAs with an extra gate/up item are not also the ones with an extra
+        # down item: CTA p takes down's place (p + dn_shift) % programs
+        per_dn_slice = self.programs // len(self.chunk_tiles)
+        self.dn_shift = len(self.chunk_tiles) * (HIDDEN // TILE // warps % per_dn_slice)
 
     def reset(self) -> None:
         """Counters, arrivals and buffers to zero before a series of launches (the waits that gave up stay)."""
@@ -467,7 +476,8 @@ class Block:
         2 runs only gate/up or only down. buffers: (sums, y) of this launch's own (the stress run's), zero before."""
         sums, y = buffers or (self.sums, self.y)
         _mma_mlp_block[(self.programs,)](*self.descs[copy], h, norm, sums, self.counts, self.sync, y, self.programs,
-                                         EPS, K=HIDDEN, INTER=INTERMEDIATE, STAGES=self.config["STAGES"],
+                                         self.dn_shift if self.config["SHIFT"] else 0, EPS, K=HIDDEN,
+                                         INTER=INTERMEDIATE, STAGES=self.config["STAGES"],
                                          KS_DN=self.config["KS_DN"], WAIT=wait, PARTS=parts,
                                          num_warps=self.config["W"], launch_pdl=True)
         self.launches += 1
