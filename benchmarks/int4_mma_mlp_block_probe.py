@@ -24,7 +24,8 @@ Per CTA (one per SM, all resident; 132 on an H200), four partitions:
 Counters are never zeroed (launch epochs, as in int4_mlp_block_probe); the sums and y are double-buffered by the
 launch's parity, and each launch zeroes the other parity's for the next.
 
-Timed as int4_mlp_block_probe times its kernel, in the same run: this kernel (configs STAGES:W[:KS_DN]), its diagnostics
+Timed as int4_mlp_block_probe times its kernel, in the same run: this kernel (configs [s]STAGES:W[:KS_DN]; "s":
+down's places shifted so that the CTAs with an extra gate/up item do not take an extra down item), its diagnostics
 (no counters: outputs race; gate/up only; down only), and the engine's chain (HELD's gate/up at its pick and
 XHALF's down, each with its preparing kernel). Every config is checked against the fp32 reference on two launches
 before it is timed.
@@ -32,9 +33,9 @@ before it is timed.
 Measured on an H200 (benchmarks/notes/gpu-decode.md, session 49): 24.5-24.7 us at 2:8 against 27.0 for the
 engine's chain in the same runs (0.909-0.915; session 48's XHALF block: 26.5); without counters 21.5-22.4, gate/up
 alone 15.1-16.0 (bytes 11.9), down alone 10.3-12.7 (bytes 6.0). --stress 64 checked 384 chained launches, each on
-its own h: all within 3.2e-3.
+its own h: all within 3.2e-3. Shifting down's places ("s") gained nothing beyond the runs' noise.
 
-    python benchmarks/int4_mma_mlp_block_probe.py [--configs STAGES:W[:KS_DN],...] [--stress LAUNCHES] [--out PATH]
+    python benchmarks/int4_mma_mlp_block_probe.py [--configs [s]STAGES:W[:KS_DN],...] [--stress LAUNCHES] [--out PATH]
 """
 from __future__ import annotations
 
@@ -529,7 +530,7 @@ def stress(specs: str, launches: int, out: Path) -> int:
 
 def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-mma-mlp-block-probe-h200.json")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="STAGES:W[:KS_DN], comma-separated")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="[s]STAGES:W[:KS_DN], comma-separated")
     parser.add_argument("--stress", type=int, default=0, metavar="LAUNCHES",
                         help="instead of timing: chain LAUNCHES launches per config in one CUDA graph, each on its own "
                              "h and output buffers, and check every output")
