@@ -534,9 +534,13 @@ def main(argv=None) -> int:
     parser.add_argument("--stress", type=int, default=0, metavar="LAUNCHES",
                         help="instead of timing: chain LAUNCHES launches per config in one CUDA graph, each on its own "
                              "h and output buffers, and check every output")
+    parser.add_argument("--profile", default="", metavar="[s]STAGES:W[:KS_DN]:PARTS",
+                        help="only launch that config three times on one copy (for a profiler), then stop")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
+    if args.profile:
+        return profile(args.profile)
     if args.stress:
         return stress(args.configs, args.stress, args.out)
     from int4_tma_ring_probe import COPIES
@@ -580,6 +584,19 @@ def main(argv=None) -> int:
                           "then down by XHALF adding into a residual, each after its preparing kernel"},
                  result, block_checks(entries), {"copies": COPIES, "group": GROUP, "ks": KS, "pdl": True, "eps": EPS})
     print(f"wrote {args.out}")
+    return 0
+
+
+def profile(spec: str) -> int:
+    """Launch one config ([s]STAGES:W[:KS_DN]:PARTS) three times on one weight copy, for a profiler; the counters
+    only where PARTS is 3."""
+    *config, parts = spec.split(":")
+    gate_ups, downs, inputs = stress_inputs(1)
+    block = Block(gate_ups[:1], downs[:1], parse_config(":".join(config)))
+    block.reset()
+    for _ in range(3):
+        block.launch(0, inputs[0]["h"], inputs[0]["norm"], int(parts) == 3, int(parts))
+    torch.cuda.synchronize()
     return 0
 
 
