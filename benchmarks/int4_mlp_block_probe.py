@@ -550,16 +550,11 @@ def main(argv=None) -> int:
         return profile(args.profile)
     if args.stress:
         return stress(args.configs, args.stress, args.out)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    copy_GBps, gate_ups, downs, inputs, floor_us = block_setup(gen)
+    copy_GBps, gate_ups, downs, inputs, floor_us = block_setup()
     h, norm, delta = inputs["h"], inputs["norm"], inputs["delta"]
     result = {"floor_us": floor_us}
-
-    act = torch.randn(1, INTERMEDIATE, device="cuda", generator=gen).bfloat16()
-    pairs = list(zip(gate_ups, downs, strict=True))
     for kernel in ("held", "xhalf"):
-        result[f"engine_{kernel}_gate_up_us"] = round(chained_us(
-            lambda pair, kernel=kernel: engine_chain(*pair, h.view(1, -1), act, kernel), pairs), 2)
+        result[f"engine_{kernel}_gate_up_us"] = engine_chain_us(gate_ups, downs, inputs, kernel)
     result["engine_pick_us"] = min(result["engine_held_gate_up_us"], result["engine_xhalf_gate_up_us"])
     print(result, flush=True)
 
@@ -603,17 +598,26 @@ def main(argv=None) -> int:
     return 0
 
 
-def block_setup(gen: torch.Generator) -> tuple:
+def block_setup() -> tuple:
     """A timed run's inputs: the copy rate, COPIES random copies of gate/up and down, h and the norm's weight with
-    the reference (block_inputs), and the floor (the two weights' int4 bytes at the copy rate, us)."""
+    the reference (block_inputs) and a random act for the engine chain's down, and the floor (the two weights' int4
+    bytes at the copy rate, us)."""
     from tierllm.bench.probe import hbm_copy_GBps
 
     copy_GBps = hbm_copy_GBps()
+    gen = torch.Generator(device="cuda").manual_seed(0)
     weights, _, _ = layer_weights(gen, COPIES)
     gate_ups, downs = weights["gate_up"], weights["down"]
     inputs = block_inputs(gate_ups[0], downs[0], gen)
+    inputs["act"] = torch.randn(1, INTERMEDIATE, device="cuda", generator=gen).bfloat16()
     bytes_ = sum(w[key].nbytes for w in (gate_ups[0], downs[0]) for key in ("qweight", "scales", "mins"))
     return copy_GBps, gate_ups, downs, inputs, round(bytes_ / (copy_GBps * 1e9) * 1e6, 2)
+
+
+def engine_chain_us(gate_ups: list, downs: list, inputs: dict, gate_up_kernel: str) -> float:
+    """Microseconds per launch of the engine's chain (engine_chain) over the copies, chained in one CUDA graph."""
+    return round(chained_us(lambda pair: engine_chain(*pair, inputs["h"].view(1, -1), inputs["act"], gate_up_kernel),
+                            list(zip(gate_ups, downs, strict=True))), 2)
 
 
 def measured_configs(specs: list, measure, result: dict, ratio_key: str) -> list:
@@ -646,6 +650,29 @@ def block_checks(entries: list) -> list:
             for e in entries if "rel_err" in e]
 
 
+def replayed_checks(spec: str, chain, inputs: list, zero, output, sync: torch.Tensor) -> tuple[dict, dict]:
+    """chain() once (compiling), then captured in a CUDA graph and replayed twice, zero() before each replay; every
+    launch i's output(replay, i) checked against inputs[i]'s reference (a NaN is a miss). The stress entry and its
+    check; sync[1] counts the waits that gave up."""
+    chain()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    worst, misses = 0.0, 0
+    for replay in (1, 2):
+        zero()
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, x in enumerate(inputs):
+            err = block_error(output(replay, i), x["h"], x["delta"])
+            worst, misses = max(worst, err), misses + (not err <= 1e-2)
+    entry = {"config": spec, "launches_checked": 2 * len(inputs), "worst_rel_err": worst, "misses": misses,
+             "gave_up_waits": int(sync[1].item())}
+    print(entry, flush=True)
+    return entry, {"name": f"{spec}: every one of {2 * len(inputs)} chained launches within 1e-2, no wait gave up",
+                   "value": worst, "op": "<=", "target": 1e-2, "passed": misses == 0 and entry["gave_up_waits"] == 0}
+
+
 def stress_inputs(launches: int) -> tuple:
     """A stress run's inputs: STRESS_COPIES copies of each weight and launches distinct (h, norm, reference)."""
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -670,25 +697,9 @@ def stress(specs: str, launches: int, out: Path) -> int:
             for i, x in enumerate(inputs):
                 block.launch(i % STRESS_COPIES, x["h"], x["norm"], ys[i])
 
-        chain()                                      # compile, then the graph
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            chain()
-        worst, misses = 0.0, 0
-        for _ in range(2):
-            ys.zero_()
-            graph.replay()
-            torch.cuda.synchronize()
-            for i, x in enumerate(inputs):
-                err = block_error(ys[i], x["h"], x["delta"])
-                worst, misses = max(worst, err), misses + (err > 1e-2)
-        entry = {"config": spec, "launches_checked": 2 * launches, "worst_rel_err": worst, "misses": misses,
-                 "gave_up_waits": int(block.sync[1].item())}
+        entry, check = replayed_checks(spec, chain, inputs, ys.zero_, lambda replay, i: ys[i], block.sync)
         entries.append(entry)
-        checks.append({"name": f"{spec}: every one of {2 * launches} chained launches within 1e-2, no wait gave up",
-                       "value": worst, "op": "<=", "target": 1e-2,
-                       "passed": misses == 0 and entry["gave_up_waits"] == 0})
-        print(entry, flush=True)
+        checks.append(check)
     write_result(out, "int4-mlp-block-probe-stress", torch.device("cuda"), {}, {"note": "no peer: a correctness run"},
                  {"configs": entries}, checks, {"copies": STRESS_COPIES, "group": GROUP, "pdl": True, "eps": EPS})
     print(f"wrote {out}")

@@ -56,12 +56,13 @@ from int4_mlp_block_probe import (  # noqa: E402
     block_checks,
     block_error,
     block_setup,
-    engine_chain,
+    engine_chain_us,
     interleaved_rows,
     measured_configs,
+    replayed_checks,
     stress_inputs,
 )
-from int4_mma_ring_probe import CG, GROUP, HAS_GLUON, MAGIC, TILE, repacked  # noqa: E402
+from int4_mma_ring_probe import CG, GROUP, HAS_GLUON, TILE, repacked  # noqa: E402
 from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
@@ -83,7 +84,7 @@ def chunk_tiles(ks_dn: int) -> list[int]:
 
 
 if HAS_GLUON:
-    from int4_mma_ring_probe import _MMA_ASM, _PLAIN2, _PLAIN3
+    from int4_mma_ring_probe import _CG, _MMA_ASM, _PLAIN2, _PLAIN3, _PLAIN4, MAGIC_
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
@@ -91,12 +92,9 @@ if HAS_GLUON:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     _KS = gl.constexpr(KS)
-    _CGC = gl.constexpr(CG)
     _SPIN = gl.constexpr(SPIN_LIMIT)
-    _MAGIC = gl.constexpr(MAGIC)
     _HANDOFFS = gl.constexpr(4)
     _PLAIN5 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0]))
-    _PLAIN4 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0]))
 
     def _warp_layouts(w: int) -> tuple:
         """The consumers' register layouts over [W (warp: tile), CG (group), 8 (gid), 4 (t), ...] for W = w warps,
@@ -136,7 +134,7 @@ if HAS_GLUON:
         FL: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0])
         frags.store(gl.convert_layout(gl.reshape(lo | (hi << 16), [G_, 32]), FL))
         x0 = gl.sum(gl.sum(gl.sum(v, axis=3), axis=2), axis=1)
-        x1 = _MAGIC * gl.sum(gl.sum(gl.sum(halves.to(gl.float32), axis=3), axis=2), axis=1)
+        x1 = MAGIC_ * gl.sum(gl.sum(gl.sum(halves.to(gl.float32), axis=3), axis=2), axis=1)
         SL: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [1, 1], [1, 0])
         k = gl.arange(0, 4, layout=gl.SliceLayout(0, SL))[None, :]
         x0 = gl.convert_layout(x0, gl.SliceLayout(1, SL))[:, None]
@@ -272,27 +270,27 @@ if HAS_GLUON:
         t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, M2)))[None, None, :]
         lo = gl.zeros([W, 8, 4], gl.float32, M2)
         hi = gl.zeros([W, 8, 4], gl.float32, M2)
-        for c in gl.static_range(KS // _CGC):
-            words = codes._reinterpret(gl.int32, [W, KS, 8, 4, 4], _PLAIN5).slice(c * _CGC, _CGC, dim=1).load(Q4)
-            pair = pairs._reinterpret(gl.int32, [W, KS, 8, 2], _PLAIN4).slice(c * _CGC, _CGC, dim=1).permute(
+        for c in gl.static_range(KS // _CG):
+            words = codes._reinterpret(gl.int32, [W, KS, 8, 4, 4], _PLAIN5).slice(c * _CG, _CG, dim=1).load(Q4)
+            pair = pairs._reinterpret(gl.int32, [W, KS, 8, 2], _PLAIN4).slice(c * _CG, _CG, dim=1).permute(
                 (0, 2, 1, 3)).load(QP)                                             # lane (gid, t): group t's pair
             pair_lo, pair_hi = gl.split(pair)
             pair_lo = gl.convert_layout(pair_lo, M2, assert_trivial=True)
             pair_hi = gl.convert_layout(pair_hi, M2, assert_trivial=True)
-            even, odd = gl.split(gl.reshape(xs.slice(c * _CGC, _CGC).load(gl.SliceLayout(0, QS)), [_CGC, 2, 2]))
+            even, odd = gl.split(gl.reshape(xs.slice(c * _CG, _CG).load(gl.SliceLayout(0, QS)), [_CG, 2, 2]))
             x0, _ = gl.split(even)
             x1, _ = gl.split(odd)
             x0 = gl.convert_layout(x0, gl.SliceLayout(0, gl.SliceLayout(1, M2)), assert_trivial=True)[None, None, :]
             x1 = gl.convert_layout(x1, gl.SliceLayout(0, gl.SliceLayout(1, M2)), assert_trivial=True)[None, None, :]
-            xb = xf._reinterpret(gl.int32, [KS, 4, 8], _PLAIN3).slice(c * _CGC, _CGC).load(
+            xb = xf._reinterpret(gl.int32, [KS, 4, 8], _PLAIN3).slice(c * _CG, _CG).load(
                 gl.SliceLayout(0, gl.SliceLayout(2, Q8)))
-            xb = gl.broadcast(gl.expand_dims(gl.expand_dims(xb, 0), 2), gl.full([W, _CGC, 8, 4, 8], 0, gl.int32, Q8))[0]
-            b0, b1 = gl.split(gl.permute(gl.reshape(xb, [W, _CGC, 8, 4, 2, 4]), [0, 1, 2, 3, 5, 4]))
+            xb = gl.broadcast(gl.expand_dims(gl.expand_dims(xb, 0), 2), gl.full([W, _CG, 8, 4, 8], 0, gl.int32, Q8))[0]
+            b0, b1 = gl.split(gl.permute(gl.reshape(xb, [W, _CG, 8, 4, 2, 4]), [0, 1, 2, 3, 5, 4]))
             b0 = gl.convert_layout(b0, Q4, assert_trivial=True)
             b1 = gl.convert_layout(b1, Q4, assert_trivial=True)
             out = gl.inline_asm_elementwise(asm=_MMA_ASM, constraints="=r,=r,=r,=r," + "r," * 11 + "r",
                                             args=[words, b0, b1], dtype=gl.float32, is_pure=True, pack=4)
-            col0, _ = gl.split(gl.reshape(out, [W, _CGC, 8, 4, 2, 2]))
+            col0, _ = gl.split(gl.reshape(out, [W, _CG, 8, 4, 2, 2]))
             c_lo, c_hi = gl.split(col0)
             s_lo = (pair_lo & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
             m_lo = ((pair_lo >> 16) & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
@@ -500,27 +498,16 @@ def stress(specs: str, launches: int, out: Path) -> int:
             for i, x in enumerate(inputs):
                 block.launch(i % STRESS_COPIES, x["h"], x["norm"], buffers=(sums[i], ys[i]))
 
-        block.reset()
-        chain()                                      # compile, then the graph
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            chain()
-        worst, misses = 0.0, 0
-        for replay in (1, 2):                        # the eager chain was launches 0 .. launches - 1
+        def zero() -> None:
             sums.zero_()
             ys.zero_()
-            graph.replay()
-            torch.cuda.synchronize()
-            for i, x in enumerate(inputs):           # launch i's parity: its index since the reset
-                err = block_error(ys[i, (replay * launches + i) % 2], x["h"], x["delta"])
-                worst, misses = max(worst, err), misses + (not err <= 1e-2)
-        entry = {"config": spec, "launches_checked": 2 * launches, "worst_rel_err": worst, "misses": misses,
-                 "gave_up_waits": int(block.sync[1].item())}
+
+        block.reset()
+        # launch i's parity: its index since the reset (the eager chain was launches 0 .. launches - 1)
+        entry, check = replayed_checks(spec, chain, inputs, zero,
+                                       lambda replay, i: ys[i, (replay * launches + i) % 2], block.sync)
         entries.append(entry)
-        checks.append({"name": f"{spec}: every one of {2 * launches} chained launches within 1e-2, no wait gave up",
-                       "value": worst, "op": "<=", "target": 1e-2,
-                       "passed": misses == 0 and entry["gave_up_waits"] == 0})
-        print(entry, flush=True)
+        checks.append(check)
     write_result(out, "int4-mma-mlp-block-probe-stress", torch.device("cuda"), {},
                  {"note": "no peer: a correctness run"}, {"configs": entries}, checks,
                  {"copies": STRESS_COPIES, "group": GROUP, "ks": KS, "pdl": True, "eps": EPS})
@@ -545,13 +532,9 @@ def main(argv=None) -> int:
         return stress(args.configs, args.stress, args.out)
     from int4_tma_ring_probe import COPIES
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    copy_GBps, gate_ups, downs, inputs, floor_us = block_setup(gen)
+    copy_GBps, gate_ups, downs, inputs, floor_us = block_setup()
     h, norm, delta = inputs["h"], inputs["norm"], inputs["delta"]
-    result = {"floor_us": floor_us}
-    act = torch.randn(1, INTERMEDIATE, device="cuda", generator=gen).bfloat16()
-    pairs = list(zip(gate_ups, downs, strict=True))
-    result["engine_us"] = round(chained_us(lambda pair: engine_chain(*pair, h.view(1, -1), act, "held"), pairs), 2)
+    result = {"floor_us": floor_us, "engine_us": engine_chain_us(gate_ups, downs, inputs, "held")}
     print(result, flush=True)
 
     def measure(spec: str, entry: dict) -> None:
