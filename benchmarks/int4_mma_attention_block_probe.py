@@ -1,0 +1,555 @@
+"""Does a decode layer's attention block in one persistent kernel, with tensor-core consumers and per-head counters,
+beat the engine's chain? A Gluon probe on llama-7b's shapes at batch 1, int4 weights.
+
+Why: 2.8x bf16 at batch 1 asks ~41 us per int4 layer (benchmarks/notes/gpu-decode.md, session 48's bound); the
+MLP block kernel of session 49 (int4_mma_mlp_block_probe.py) takes 24.5 us of it at 1.37x its bytes, so the
+attention block has ~16 us, against ~24 for the engine's chain (qkv's preparing kernel and GEMV with its rotary
+epilogue, the split attention and its merge, o's preparing kernel and GEMV) and ~11 us of bytes. Session 45's
+Triton block lost (56-87 us): one loop holding every item kind left too few weight bytes in flight. Here each
+kind of work has its own warps, as in the MLP block:
+- W consumer warps: qkv items (W tiles of 16 rows times KS = 16 groups; the CTA keeps one of qkv's 4 K slices),
+  their sums added into an fp32 buffer by atomics and each item handed to the counter warp; then o items (KS_O
+  groups of o's K, i.e. KS_O / 2 heads' outputs) into y (fp32, by atomics; the CTAs of o's slice 0 add h).
+  qkv is stored head by head (head h's q, k and v rows: 24 tiles), so an item's rows belong to one head.
+- one producer warp: TMA for the CTA's qkv items, then its o items, into a ring without a break (o's weights
+  stream while the attention runs).
+- one counter warp: counts each handed-over qkv item on its head's counter (release).
+- one x loader warp: qkv's x fragments from h times the norm's weight for the CTA's K slice; then it waits for the
+  heads of its o slice (their merge counters: every split done), merges their splits' partial sums and writes
+  them as o's x fragments.
+- AW attention warps: the CTA's (head, split) items (head-major, S splits of the cached tokens). Each asks TMA for
+  its split's K and V blocks (the engine's paged cache, through the block table) as the launch starts, waits for
+  its head's counter, takes q, k and v of the new token from the sums (times the norm's rstd; q and k rotated),
+  writes k and v into the cache (the last split), runs the split's online softmax (the last split with the new
+  token), writes its partial sums and counts them on the head's merge counter (release).
+The counters are never zeroed (launch epochs) and the sums and y are double-buffered by the launch's parity, as in
+the MLP block. Against: the engine's chain at batch 1 in the same run (HELD's qkv at its pick with the norm and the
+rotary epilogue after its preparing kernel, paged_decode_attention, XHALF's o after its preparing kernel into the
+residual), both over COPIES copies of the weights and KV caches so that they miss L2.
+
+    python benchmarks/int4_mma_attention_block_probe.py [--configs STAGES:W:S:AW[:KS_O],...] [--out PATH]
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from int4_attention_block_probe import BLOCK_SIZE, CONTEXT, HEAD_DIM, block_reference, layer_state  # noqa: E402
+from int4_mma_ring_probe import GROUP, HAS_GLUON, TILE, repacked  # noqa: E402
+from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
+
+from tierllm.bench.results import write_result  # noqa: E402
+
+HEADS, HIDDEN = 32, 4096
+EPS = 1e-5
+KS = 16                          # qkv's groups per item (a CTA's K slice of it)
+QKV_SLICES = HIDDEN // GROUP // KS                                  # 4
+HEAD_TILES = 3 * HEAD_DIM // TILE                                   # 24: a head's q, k and v rows
+COPIES = 8
+SPIN_LIMIT = 1 << 20
+CONFIGS = ["2:8:8:4", "2:8:8:4:8", "3:4:8:4", "2:8:4:4", "2:8:8:2"]
+HELD_QKV = [(1, 1, 16), (2, 1, 12), (2, 1, 16)]    # (BLOCK_N, warps, per SM): the engine's batch-1 pick first
+
+if HAS_GLUON:
+    from int4_mma_mlp_block_probe import _HANDOFFS, _Q3_4, _Q3_8, _flush, _fragments, _item_dots, _value_offsets
+    from int4_mma_mlp_block_probe import _wait_count as _wait_count_1
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _KS = gl.constexpr(KS)
+    _QS = gl.constexpr(QKV_SLICES)
+    _HT = gl.constexpr(HEAD_TILES)
+    _PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+
+    @gluon.jit
+    def _share(pid, programs, slices: gl.constexpr, quads: gl.constexpr):
+        """A CTA's part of a phase whose items are (quad, K slice): its slice pid % slices, its index r among that
+        slice's CTAs, their count n, and its items (quads r, r + n, ..)."""
+        s = pid % slices
+        r = pid // slices
+        n = (programs - s + slices - 1) // slices
+        return s, r, n, gl.cdiv(quads - r, n)
+
+    @gluon.jit
+    def _loader(h_ptr, norm_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, ox, os, bars, programs,
+                K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, W: gl.constexpr, S: gl.constexpr,
+                KS_O: gl.constexpr, WAIT: gl.constexpr):
+        """The x loader warp (module docstring). bars: 0 qkv's x ready, 1 o's x ready."""
+        pid = gl.program_id(0)
+        gdc_wait()
+        launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
+        parity = launch % 2
+        at_x = (pid % _QS) * (64 * _KS) + _value_offsets(_KS)
+        _fragments(gl.load(h_ptr + at_x).to(gl.float32) * gl.load(norm_ptr + at_x).to(gl.float32), _KS, gx, gs)
+        mbarrier.arrive(bars.index(0))
+        # the other parity's sums and y zeroed for the next launch (which waits for this one: PDL)
+        Z: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+        zeros = gl.zeros([256], gl.float32, Z)
+        at = gl.arange(0, 256, layout=Z)
+        for piece in range(pid, (3 * H * HD + K + 255) // 256, programs):
+            offs = piece * 256 + at
+            gl.store(sums_ptr + (1 - parity) * 3 * H * HD + offs, zeros, mask=offs < 3 * H * HD)
+            in_y = (offs >= 3 * H * HD) & (offs < 3 * H * HD + K)
+            gl.store(y_ptr + (1 - parity) * K + offs - 3 * H * HD, zeros, mask=in_y)
+        o_slice, _, _, o_items = _share(pid, programs, K // 64 // KS_O, K // 16 // W)
+        if o_items > 0:
+            per: gl.constexpr = KS_O * 64 // HD                          # heads per o slice
+            head0 = o_slice * per
+            if WAIT:
+                for hh in range(per):
+                    _wait_count_1(counts_ptr, sync_ptr + 1, H + head0 + hh, (launch + 1) * S)
+            offs = _value_offsets(KS_O)                                  # [KS_O, 8, 2, 4]: 64 g + 8 w + 4 e + j
+            rec = part_ptr + (head0 + offs // HD) * (S * (HD + 2))       # the head's S records (acc [HD], m, l)
+            top = gl.load(rec + HD, cache_modifier=".cg")
+            for s in gl.static_range(1, S):
+                top = gl.maximum(top, gl.load(rec + s * (HD + 2) + HD, cache_modifier=".cg"))
+            num = gl.zeros_like(top)
+            den = gl.zeros_like(top)
+            for s in gl.static_range(S):
+                weight = gl.exp(gl.load(rec + s * (HD + 2) + HD, cache_modifier=".cg") - top)
+                num += weight * gl.load(rec + s * (HD + 2) + offs % HD, cache_modifier=".cg")
+                den += weight * gl.load(rec + s * (HD + 2) + HD + 1, cache_modifier=".cg")
+            _fragments(num / den, KS_O, ox, os)
+            mbarrier.arrive(bars.index(1))
+
+    @gluon.jit
+    def _counter(counts_ptr, tile_done, tile_free, programs, W: gl.constexpr, H: gl.constexpr, WAIT: gl.constexpr):
+        """The counter warp: counts each handed-over qkv item (W tiles) on its head's counter (release), then gives
+        the handoff's barrier back."""
+        _, r, n, items = _share(gl.program_id(0), programs, _QS, H * _HT // W)
+        if WAIT:
+            for j in range(items):
+                mbarrier.wait(tile_done.index(j % _HANDOFFS), (j // _HANDOFFS) & 1)
+                quad = r + j * n
+                gl.atomic_add(counts_ptr + (quad * W // _HT) * 32, W, sem="release", scope="gpu")
+                mbarrier.arrive(tile_free.index(j % _HANDOFFS))
+
+    @gluon.jit
+    def _producer(qkv_desc, qkv_s_desc, o_desc, o_s_desc, ring, s_ring, ready, empty, programs, K: gl.constexpr,
+                  H: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, KS_O: gl.constexpr):
+        """The producer warp: the CTA's qkv items, then its o items, into the ring without a break."""
+        pid = gl.program_id(0)
+        q_slice, q_r, q_n, q_items = _share(pid, programs, _QS, H * _HT // W)
+        o_slice, o_r, o_n, o_items = _share(pid, programs, K // 64 // KS_O, K // 16 // W)
+        for j in range(q_items + o_items):
+            slot = j % STAGES
+            if j >= STAGES:
+                mbarrier.wait(empty.index(slot), ((j // STAGES) - 1) & 1)
+            bar = ready.index(slot)
+            if j < q_items:
+                mbarrier.expect(bar, W * _KS * (128 + 16) * 4)
+                tma.async_copy_global_to_shared(qkv_desc, [(q_r + j * q_n) * W, q_slice * _KS, 0], bar,
+                                                ring.index(slot))
+                tma.async_copy_global_to_shared(qkv_s_desc, [(q_r + j * q_n) * W, q_slice * _KS, 0], bar,
+                                                s_ring.index(slot))
+            else:                                        # o's items fill the first KS_O groups of a slot
+                mbarrier.expect(bar, W * KS_O * (128 + 16) * 4)
+                quad = o_r + (j - q_items) * o_n
+                tma.async_copy_global_to_shared(o_desc, [quad * W, o_slice * KS_O, 0], bar,
+                                                ring.index(slot)._reinterpret(gl.int32, [W, KS_O, 128],
+                                                                              o_desc.layout))
+                tma.async_copy_global_to_shared(o_s_desc, [quad * W, o_slice * KS_O, 0], bar,
+                                                s_ring.index(slot)._reinterpret(gl.int32, [W, KS_O, 16],
+                                                                                o_s_desc.layout))
+
+    @gluon.jit
+    def _consumer(h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, ox, os, bars, tile_done,
+                  tile_free, programs, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, W: gl.constexpr,
+                  STAGES: gl.constexpr, KS_O: gl.constexpr, WAIT: gl.constexpr):
+        """The W consumer warps: qkv items (x from gx/gs), each handed to the counter warp once its sums are added;
+        then o items (x from ox/os) into y."""
+        M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
+        pid = gl.program_id(0)
+        gdc_launch_dependents()
+        gdc_wait()
+        _, q_r, q_n, q_items = _share(pid, programs, _QS, H * _HT // W)
+        o_slice, o_r, o_n, o_items = _share(pid, programs, K // 64 // KS_O, K // 16 // W)
+        mbarrier.wait(bars.index(0), 0)
+        parity = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs % 2
+        sums = sums_ptr + parity * 3 * H * HD
+        y = y_ptr + parity * K
+        for j in range(q_items):
+            slot = j % STAGES
+            mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), gx, gs, W, _KS)
+            mbarrier.arrive(empty.index(slot))
+            _flush(sums, (q_r + j * q_n) * W, lo, hi, M2, W, h_ptr, False)
+            if WAIT:
+                if j >= _HANDOFFS:
+                    mbarrier.wait(tile_free.index(j % _HANDOFFS), (j // _HANDOFFS - 1) & 1)
+                mbarrier.arrive(tile_done.index(j % _HANDOFFS))
+        if o_items > 0:
+            mbarrier.wait(bars.index(1), 0)
+        for jo in range(o_items):
+            j = q_items + jo
+            slot = j % STAGES
+            mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), ox, os, W, KS_O)
+            mbarrier.arrive(empty.index(slot))
+            _flush(y, (o_r + jo * o_n) * W, lo, hi, M2, W, h_ptr, o_slice == 0)
+
+    @gluon.jit
+    def _attention(h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr, slot_ptr,
+                   kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, programs, eps, scale, K: gl.constexpr,
+                   H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr,
+                   AW: gl.constexpr, WAIT: gl.constexpr):
+        """The attention warps (module docstring): items pid, pid + programs, .. of (head, split), head-major."""
+        pid = gl.program_id(0)
+        kv_bar = bars.index(2)
+        KL: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [AW, 1], [1, 0])       # a block's [BS, HD]
+        DL: gl.constexpr = gl.SliceLayout(0, KL)
+        RL: gl.constexpr = gl.SliceLayout(1, KL)
+        HL: gl.constexpr = gl.BlockedLayout([4], [32], [AW], [0])
+        gdc_wait()
+        cached = gl.load(ctx_ptr) - 1                    # tokens in the cache before this one
+        slot = gl.load(slot_ptr)
+        blocks = (cached + BS - 1) // BS
+        items = gl.cdiv(H * S - pid, programs)
+        # the first item's K and V blocks asked at once: they do not depend on this launch's work
+        d = gl.arange(0, HD, layout=DL)
+        rows = gl.arange(0, BS, layout=RL)
+        squares = gl.zeros([128 * AW], gl.float32, HL)
+        for piece in gl.static_range(K // (128 * AW)):
+            hv = gl.load(h_ptr + piece * 128 * AW + gl.arange(0, 128 * AW, layout=HL)).to(gl.float32)
+            squares += hv * hv
+        rstd = gl.rsqrt(gl.sum(squares, axis=0) / K + eps)
+        cos = gl.load(cos_ptr + d).to(gl.float32)
+        sin = gl.load(sin_ptr + d).to(gl.float32) * gl.where(d < HD // 2, -1.0, 1.0)
+        partner = (d + HD // 2) % HD
+        mbarrier.wait(bars.index(0), 0)
+        launch = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs
+        sums = sums_ptr + (launch % 2) * 3 * H * HD
+        for i in range(items):
+            a = pid + i * programs
+            head = a // S
+            split = a % S
+            b0 = split * blocks // S
+            b1 = (split + 1) * blocks // S
+            # MAXB blocks always (the barrier's bytes are a constant): past the split's end its last block again,
+            # which L2 then serves
+            mbarrier.expect(kv_bar, MAXB * 2 * BS * HD * 2)
+            for j in gl.static_range(MAXB):
+                block = gl.load(table_ptr + gl.minimum(b0 + j, b1 - 1))
+                tma.async_copy_global_to_shared(k_desc, [block, 0, head, 0], kv_bar, kbuf.index(j))
+                tma.async_copy_global_to_shared(v_desc, [block, 0, head, 0], kv_bar, vbuf.index(j))
+            if WAIT:
+                _wait_count_1(counts_ptr, sync_ptr + 1, head, (launch + 1) * (_HT * _QS))
+            row = sums + head * 3 * HD
+            q = (gl.load(row + d, cache_modifier=".cg") * cos
+                 + gl.load(row + partner, cache_modifier=".cg") * sin) * rstd
+            k_new = ((gl.load(row + HD + d, cache_modifier=".cg") * cos
+                      + gl.load(row + HD + partner, cache_modifier=".cg") * sin) * rstd).to(gl.bfloat16)
+            v_new = (gl.load(row + 2 * HD + d, cache_modifier=".cg") * rstd).to(gl.bfloat16)
+            last = split == S - 1
+            if last:                                     # the new token's k and v into the cache
+                gl.store(kc_ptr + slot * (H * HD) + head * HD + d, k_new)
+                gl.store(vc_ptr + slot * (H * HD) + head * HD + d, v_new)
+            mbarrier.wait(kv_bar, i & 1)
+            top = gl.max(gl.full([BS], -float("inf"), gl.float32, RL), axis=0)
+            total = gl.sum(gl.zeros([BS], gl.float32, RL), axis=0)
+            acc = gl.zeros([HD], gl.float32, DL)
+            for b in range(b0, b1):
+                kt = kbuf.index(b - b0)._reinterpret(gl.bfloat16, [BS, HD], _PLAIN2).load(KL).to(gl.float32)
+                score = gl.sum(kt * q[None, :], axis=1) * scale
+                score = gl.where(b * BS + rows < cached, score, -float("inf"))
+                new_top = gl.maximum(top, gl.max(score, axis=0))
+                fade = gl.exp(top - new_top)
+                p = gl.exp(score - new_top)
+                vt = vbuf.index(b - b0)._reinterpret(gl.bfloat16, [BS, HD], _PLAIN2).load(KL).to(gl.float32)
+                acc = acc * fade + gl.sum(vt * p[:, None], axis=0)
+                total = total * fade + gl.sum(p, axis=0)
+                top = new_top
+            if last:
+                score = gl.sum(q * k_new.to(gl.float32), axis=0) * scale
+                new_top = gl.maximum(top, score)
+                fade = gl.exp(top - new_top)
+                p = gl.exp(score - new_top)
+                acc = acc * fade + p * v_new.to(gl.float32)
+                total = total * fade + p
+                top = new_top
+            rec = part_ptr + (head * S + split) * (HD + 2)
+            gl.store(rec + d, acc)
+            two = gl.arange(0, 2, layout=HL)
+            gl.store(rec + HD + two, gl.where(two == 0, top, total))
+            gl.thread_barrier()                          # every warp's stores issued before the release
+            gl.atomic_add(counts_ptr + (H + head) * 32, 1, sem="release", scope="gpu")
+            gl.thread_barrier()                          # the blocks read before the next item's copies
+
+    @gluon.jit
+    def _mma_attention_block(qkv_desc, qkv_s_desc, o_desc, o_s_desc, k_desc, v_desc, h_ptr, norm_ptr, cos_ptr,
+                             sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, sums_ptr, part_ptr, counts_ptr,
+                             sync_ptr, y_ptr, programs, eps, scale, K: gl.constexpr, H: gl.constexpr,
+                             HD: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr,
+                             MAXB: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr, WAIT: gl.constexpr = True):
+        """y[parity] += h + o(attention(rotary(qkv(RMSNorm(h) * norm)))), the new token's k and v into the paged
+        caches, by CTAs all resident. Descriptors: qkv's codes and pairs (repacked, rows head by head: stored_qkv;
+        boxes [W, KS, ..]) and o's (boxes [W, KS_O, ..]), the caches [blocks, BS, H, HD] (boxes [1, BS, 1, HD]).
+        sums fp32 [2, 3 H HD], part fp32 [H, S, HD + 2], counts int32 [2 H * 32] (per head: qkv's tiles, then the
+        splits done), sync int32 [2] (arrivals, waits that gave up). WAIT False: no counters (outputs race). The
+        consumers are the launch's num_warps (W)."""
+        W: gl.constexpr = gl.num_warps()
+        ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
+        kbuf = gl.allocate_shared_memory(gl.bfloat16, [MAXB, 1, BS, 1, HD], k_desc.layout)
+        vbuf = gl.allocate_shared_memory(gl.bfloat16, [MAXB, 1, BS, 1, HD], v_desc.layout)
+        gx = gl.allocate_shared_memory(gl.int32, [_KS, 32], _PLAIN2)
+        gs = gl.allocate_shared_memory(gl.float32, [_KS, 4], _PLAIN2)
+        ox = gl.allocate_shared_memory(gl.int32, [KS_O, 32], _PLAIN2)
+        os = gl.allocate_shared_memory(gl.float32, [KS_O, 4], _PLAIN2)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())       # qkv x, o x, KV
+        tile_done = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
+        tile_free = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(3):
+            mbarrier.init(bars.index(i), count=1)
+        for i in gl.static_range(_HANDOFFS):
+            mbarrier.init(tile_done.index(i), count=1)
+            mbarrier.init(tile_free.index(i), count=1)
+        fence_async_shared()
+        gl.warp_specialize([(_consumer, (h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, ox, os,
+                                         bars, tile_done, tile_free, programs, K, H, HD, W, STAGES, KS_O, WAIT)),
+                            (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, ring, s_ring, ready, empty, programs,
+                                         K, H, W, STAGES, KS_O)),
+                            (_loader, (h_ptr, norm_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, ox,
+                                       os, bars, programs, K, H, HD, W, S, KS_O, WAIT)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, W, H, WAIT)),
+                            (_attention, (h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, cos_ptr, sin_ptr, table_ptr,
+                                          ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf,
+                                          bars, programs, eps, scale, K, H, HD, BS, S, MAXB, AW,
+                                          WAIT))],
+                           [1, 1, 1, AW], [40, 128, 40, 128])
+
+
+def parse_config(spec: str) -> dict:
+    """STAGES:W:S:AW[:KS_O] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per
+    head, attention warps, o's groups per item: 16 (8 heads' outputs) or 8)."""
+    stages, warps, splits, attention_warps, *ks_o = map(int, spec.split(":"))
+    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "KS_O": ks_o[0] if ks_o else KS}
+
+
+def head_major_rows(heads: int = HEADS) -> torch.Tensor:
+    """qkv's stored row order: head h's q rows, then its k rows, then its v rows ([q; k; v] as the engine stacks
+    them, heads * HEAD_DIM rows each)."""
+    rows = heads * HEAD_DIM
+    within = torch.arange(HEAD_DIM)
+    return torch.cat([torch.cat([part * rows + h * HEAD_DIM + within for part in range(3)]) for h in range(heads)])
+
+
+def stored_qkv(w: dict, heads: int = HEADS) -> dict:
+    """One stacked [q; k; v; o] copy's qkv rows, head by head (head_major_rows), repacked as the consumers read."""
+    order = head_major_rows(heads).to(w["qweight"].device)
+    return repacked({key: w[key][order] for key in ("qweight", "scales", "mins")})
+
+
+def stored_o(w: dict, heads: int = HEADS) -> dict:
+    """One stacked copy's o rows, repacked."""
+    rows = 3 * heads * HEAD_DIM
+    return repacked({key: w[key][rows:] for key in ("qweight", "scales", "mins")})
+
+
+class Block:
+    """The kernel's launches over one config: descriptors per copy, the buffers and counters."""
+
+    def __init__(self, weights: list, state: dict, config: dict):
+        self.config, self.state = config, state
+        warps = config["W"]
+        words = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+        halves = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)
+
+        def descs(packed: dict, ks: int) -> tuple:
+            return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [warps, ks, t.shape[2]], words)
+                         for t in (packed["codes"], packed["pairs"]))
+
+        def cache_desc(cache: torch.Tensor):
+            return TensorDescriptor(cache, list(cache.shape), list(cache.stride()), [1, BLOCK_SIZE, 1, HEAD_DIM],
+                                    halves)
+
+        self.descs = [descs(stored_qkv(w), KS) + descs(stored_o(w), config["KS_O"])
+                      + (cache_desc(layer["k_cache"]), cache_desc(layer["v_cache"]))
+                      for w, layer in zip(weights, state["layers"], strict=True)]
+        blocks = -(-(int(state["context_len"].max()) - 1) // BLOCK_SIZE)
+        self.max_blocks = -(-blocks // config["S"])
+        self.sums = torch.zeros(2, 3 * HEADS * HEAD_DIM, device="cuda", dtype=torch.float32)
+        self.part = torch.zeros(HEADS, config["S"], HEAD_DIM + 2, device="cuda", dtype=torch.float32)
+        self.y = torch.zeros(2, HIDDEN, device="cuda", dtype=torch.float32)
+        self.counts = torch.zeros(2 * HEADS * 32, device="cuda", dtype=torch.int32)
+        self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)
+        self.programs = torch.cuda.get_device_properties(0).multi_processor_count
+        if HEADS * config["S"] > 2 * self.programs:
+            raise ValueError(f"S={config['S']}: more than two attention items per CTA")
+        self.launches = 0
+
+    def reset(self) -> None:
+        """Counters, arrivals and buffers to zero before a series of launches (the waits that gave up stay)."""
+        self.counts.zero_()
+        self.sync[0].zero_()
+        self.sums.zero_()
+        self.y.zero_()
+        self.launches = 0
+
+    def output(self) -> torch.Tensor:
+        """The last launch's y (its parity's buffer)."""
+        return self.y[(self.launches - 1) % 2]
+
+    def counts_as_expected(self) -> bool:
+        """Each head's counters at its tiles (times the K slices) and its splits, times the launches since the
+        reset; every CTA's arrival counted."""
+        counted = self.counts.view(-1, 32)[:, 0].tolist()
+        want = [HEAD_TILES * QKV_SLICES * self.launches] * HEADS + [self.config["S"] * self.launches] * HEADS
+        return counted == want and int(self.sync[0].item()) == self.launches * self.programs
+
+    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True) -> None:
+        """One launch on copy's weights and caches (wait False: no counters, outputs race)."""
+        state, layer, config = self.state, self.state["layers"][copy], self.config
+        _mma_attention_block[(self.programs,)](
+            *self.descs[copy], h, norm, state["cos"], state["sin"], state["table"], state["context_len"],
+            state["slot"], layer["k_cache"], layer["v_cache"], self.sums, self.part, self.counts, self.sync, self.y,
+            self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM), K=HIDDEN, H=HEADS, HD=HEAD_DIM, BS=BLOCK_SIZE,
+            STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, KS_O=config["KS_O"], AW=config["AW"],
+            WAIT=wait, num_warps=config["W"], launch_pdl=True)
+        self.launches += 1
+
+
+def block_inputs(weights: list, state: dict, gen: torch.Generator) -> dict:
+    """h, the norm's weight, and copy 0's reference (block_reference on RMSNorm(h) * norm in fp32): o's output and
+    the k and v rows the token caches."""
+    h = torch.randn(HIDDEN, device="cuda", generator=gen).bfloat16()
+    norm = (1 + 0.1 * torch.randn(HIDDEN, device="cuda", generator=gen)).bfloat16()
+    normed = h.float() * torch.rsqrt(h.float().pow(2).mean() + EPS) * norm.float()
+    o, k_row, v_row = block_reference(normed.view(1, -1), weights[0], state, state["layers"][0], HEADS)
+    return {"h": h, "norm": norm, "o": o.view(-1), "k": k_row, "v": v_row}
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float(((got.float() - want.float()).norm() / want.float().norm()).item())
+
+
+def engine_chain(w: dict, layer: dict, state: dict, h: torch.Tensor, norm: torch.Tensor, held: tuple,
+                 y: torch.Tensor) -> None:
+    """The engine's attention block at batch 1: qkv's preparing kernel (with the norm's weight) and HELD (the norm's
+    rstd and the rotary epilogue with the cache write), paged_decode_attention (split and merge), and XHALF's o after
+    its preparing kernel, adding into y (bf16), all with PDL."""
+    from xhalf_epilogue_probe import SHAPES as XHALF_SHAPES
+    from xhalf_epilogue_probe import launch as xhalf_launch
+
+    from tierllm.kernels.decode_attention import paged_decode_attention_triton
+    from tierllm.kernels.int4_held_x import launch_held
+    from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+
+    rows = HEADS * HEAD_DIM
+    qkv_w = {key: t[:3 * rows] for key, t in w.items()}
+    o_w = {key: t[3 * rows:] for key, t in w.items()}
+    qkv = layer["qkv"]
+    bn, warps, per_sm = held
+    launch_held((prepare_x_half_triton(h.view(1, -1), norm, pdl=True), qkv_w["qweight"], qkv_w["scales"],
+                 qkv_w["mins"], qkv_w["scales"], qkv, 3 * rows, HIDDEN, qkv_w["qweight"].stride(0),
+                 qkv_w["scales"].stride(0), EPS, state["cos"], state["sin"], layer["k_cache"], layer["v_cache"],
+                 state["slot"], rows, rows),
+                {"GROUP": GROUP, "HAS_MINS": True, "HAS_BIAS": False, "NORM": True, "GATED": False,
+                 "RESIDUAL": False, "BLOCK_N": bn, "GROUPS_PER_BLOCK": HIDDEN // GROUP, "PERSIST": per_sm,
+                 "EVEN": True, "ROTARY": HEAD_DIM // 2, "PDL": True, "EMULATE": False, "launch_pdl": True,
+                 "num_warps": warps, "num_stages": 1}, 3 * rows // bn, h.device)
+    attn = paged_decode_attention_triton(qkv.view(1, 3, HEADS, HEAD_DIM)[:, 0], layer["k_cache"], layer["v_cache"],
+                                         state["table"], state["context_len"], 1.0 / math.sqrt(HEAD_DIM))
+    _, _, _, o_config, o_warps = XHALF_SHAPES["o"]
+    xhalf_launch(attn.view(1, rows), o_w, y, False, o_config, o_warps, True, False, False)
+
+
+def block_checks(entries: list) -> list:
+    """Per checked config: both check launches' o output and cached k and v within 1e-2 of the fp32 reference, no
+    wait given up, counts as expected."""
+    return [{"name": f"{e['config']}: both check launches (o, cached k and v) within 1e-2 of the fp32 reference, "
+                     "no wait gave up, counts as expected",
+             "value": max(e["rel_err"].values()), "op": "<=", "target": 1e-2,
+             "passed": max(e["rel_err"].values()) <= 1e-2 and e["gave_up_waits"] == 0 and e["counts_as_expected"]}
+            for e in entries if "rel_err" in e]
+
+
+def main(argv=None) -> int:
+    from int4_attention_block_probe import stacked_weights
+    from int4_mlp_block_probe import measured_configs
+
+    from tierllm.bench.probe import hbm_copy_GBps
+
+    parser = probe_parser(__doc__, "int4-mma-attention-block-probe-h200.json")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="STAGES:W:S:AW[:KS_O], comma-separated")
+    args = parser.parse_args(argv)
+    if lacks_cuda() or lacks_gluon(HAS_GLUON):
+        return 2
+    copy_GBps = hbm_copy_GBps()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weights = stacked_weights(HEADS, HIDDEN, COPIES, gen, "cuda")
+    state = layer_state(HEADS, COPIES, CONTEXT, gen, "cuda")
+    inputs = block_inputs(weights, state, gen)
+    h, norm = inputs["h"], inputs["norm"]
+    rows = HEADS * HEAD_DIM
+    slot = int(state["slot"])
+    weight_bytes = sum(t.nbytes for t in weights[0].values())
+    kv_bytes = 2 * (CONTEXT - 1) * rows * 2
+    result = {"floor_us": round((weight_bytes + kv_bytes) / (copy_GBps * 1e9) * 1e6, 2), "engine": []}
+    for held in HELD_QKV:
+        ys = [torch.zeros(1, HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        result["engine"].append({"held_qkv": ":".join(map(str, held)), "us": round(chained_us(
+            lambda c, held=held, ys=ys: engine_chain(weights[c], state["layers"][c], state, h, norm, held, ys[c]),
+            list(range(COPIES))), 2)})
+        print(result["engine"][-1], flush=True)
+    y = torch.zeros(1, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    engine_chain(weights[0], state["layers"][0], state, h, norm, HELD_QKV[0], y)
+    torch.cuda.synchronize()
+    result["engine_rel_err"] = relative_error(y.view(-1), inputs["o"])
+    result["engine_us"] = min(e["us"] for e in result["engine"])
+
+    def measure(spec: str, entry: dict) -> None:
+        block = Block(weights, state, parse_config(spec))
+        block.reset()
+        for launch in ("first_launch", "second_launch"):   # the second checks the epochs and the parity
+            block.launch(0, h, norm)
+            torch.cuda.synchronize()
+            cache_k = state["layers"][0]["k_cache"].view(-1, rows)[slot]
+            cache_v = state["layers"][0]["v_cache"].view(-1, rows)[slot]
+            entry[f"rel_err_{launch}"] = {"o": relative_error(block.output() - h.float(), inputs["o"]),
+                                          "k_cached": relative_error(cache_k, inputs["k"]),
+                                          "v_cached": relative_error(cache_v, inputs["v"])}
+        entry["rel_err"] = {f"{key} ({launch})": value for launch in ("first_launch", "second_launch")
+                            for key, value in entry.pop(f"rel_err_{launch}").items()}
+        entry["gave_up_waits"], entry["counts_as_expected"] = int(block.sync[1].item()), block.counts_as_expected()
+        if not block_checks([entry])[0]["passed"]:
+            return
+        copies = list(range(COPIES))
+        for name, wait in (("", True), ("no_wait_", False)):
+            block.reset()
+            entry[f"{name}us"] = round(chained_us(lambda c, wait=wait: block.launch(c, h, norm, wait), copies), 2)
+        entry["over_engine"] = round(entry["us"] / result["engine_us"], 3)
+        entry["over_floor"] = round(entry["us"] / result["floor_us"], 3)
+        entry["gave_up_waits_after_timing"] = int(block.sync[1].item())
+
+    entries = measured_configs(args.configs.split(","), measure, result, "over_engine")
+    checks = block_checks(entries) + [{"name": "the engine's chain within 1e-2 of the fp32 reference",
+                                       "value": result["engine_rel_err"], "op": "<=", "target": 1e-2,
+                                       "passed": result["engine_rel_err"] <= 1e-2}]
+    write_result(args.out, "int4-mma-attention-block-probe", torch.device("cuda"),
+                 {"hbm_copy_GBps(read+write)": round(copy_GBps, 1),
+                  "note": f"floor_us: qkv's and o's int4 bytes and a {CONTEXT - 1}-token KV cache at the copy rate"},
+                 {"note": "the engine's chain in the same run: qkv's preparing kernel and HELD (norm, rotary epilogue "
+                          "and cache write; its batch-1 pick and two more configs), paged_decode_attention, XHALF's "
+                          "o after its preparing kernel"},
+                 result, checks, {"copies": COPIES, "group": GROUP, "ks": KS, "context": CONTEXT, "pdl": True,
+                                  "eps": EPS})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
