@@ -15,13 +15,13 @@ kind of work has its own warps, as in the MLP block:
   stream while the attention runs).
 - one counter warp: counts each handed-over qkv item on its head's counter (release).
 - one x loader warp: qkv's x fragments from h times the norm's weight for the CTA's K slice; then it waits for the
-  heads of its o slice (their merge counters: every split done), merges their splits' partial sums and writes
-  them as o's x fragments.
+  heads of its o slice (merged) and writes their outputs as o's x fragments.
 - AW attention warps: the CTA's (head, split) items (head-major, S splits of the cached tokens). Each asks TMA for
   its split's K and V blocks (the engine's paged cache, through the block table) as the launch starts, waits for
   its head's counter, takes q, k and v of the new token from the sums (times the norm's rstd; q and k rotated),
   writes k and v into the cache (the last split), runs the split's online softmax (the last split with the new
-  token), writes its partial sums and counts them on the head's merge counter (release).
+  token), writes its partial sums and counts them on the head's split counter (acquire and release); the split
+  that counts last merges the head's S records and counts the head as merged (release).
 The counters are never zeroed (launch epochs) and the sums and y are double-buffered by the launch's parity, as in
 the MLP block. Against: the engine's chain at batch 1 in the same run (HELD's qkv at its pick with the norm and the
 rotary epilogue after its preparing kernel, paged_decode_attention, XHALF's o after its preparing kernel into the
@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -52,8 +53,8 @@ QKV_SLICES = HIDDEN // GROUP // KS                                  # 4
 HEAD_TILES = 3 * HEAD_DIM // TILE                                   # 24: a head's q, k and v rows
 COPIES = 8
 SPIN_LIMIT = 1 << 20
-CONFIGS = ["2:8:8:4", "2:8:8:4:8", "3:4:8:4", "2:8:4:4", "2:8:8:2"]
-HELD_QKV = [(1, 1, 16), (2, 1, 12), (2, 1, 16)]    # (BLOCK_N, warps, per SM): the engine's batch-1 pick first
+CONFIGS = ["2:8:8:4", "2:8:16:4", "2:8:8:4:8", "2:4:4:4", "3:4:8:4", "2:8:8:2"]
+HELD_QKV = [(2, 1, 16), (2, 1, 12), (4, 2, 4)]     # (BLOCK_N, warps, per SM) tried for the chain (rotary: even BN)
 
 if HAS_GLUON:
     from int4_mma_mlp_block_probe import _HANDOFFS, _Q3_4, _Q3_8, _flush, _fragments, _item_dots, _value_offsets
@@ -68,6 +69,7 @@ if HAS_GLUON:
     _QS = gl.constexpr(QKV_SLICES)
     _HT = gl.constexpr(HEAD_TILES)
     _PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    _PLAIN3 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
 
     @gluon.jit
     def _share(pid, programs, slices: gl.constexpr, quads: gl.constexpr):
@@ -81,7 +83,7 @@ if HAS_GLUON:
     @gluon.jit
     def _loader(h_ptr, norm_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, ox, os, bars, programs,
                 K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, W: gl.constexpr, S: gl.constexpr,
-                KS_O: gl.constexpr, WAIT: gl.constexpr):
+                KS_O: gl.constexpr, WAIT: gl.constexpr, parts):
         """The x loader warp (module docstring). bars: 0 qkv's x ready, 1 o's x ready."""
         pid = gl.program_id(0)
         gdc_wait()
@@ -100,33 +102,24 @@ if HAS_GLUON:
             in_y = (offs >= 3 * H * HD) & (offs < 3 * H * HD + K)
             gl.store(y_ptr + (1 - parity) * K + offs - 3 * H * HD, zeros, mask=in_y)
         o_slice, _, _, o_items = _share(pid, programs, K // 64 // KS_O, K // 16 // W)
-        if o_items > 0:
+        if (o_items > 0) & (parts // 4 == 1):
             per: gl.constexpr = KS_O * 64 // HD                          # heads per o slice
             head0 = o_slice * per
             if WAIT:
                 for hh in range(per):
-                    _wait_count_1(counts_ptr, sync_ptr + 1, H + head0 + hh, (launch + 1) * S)
-            offs = _value_offsets(KS_O)                                  # [KS_O, 8, 2, 4]: 64 g + 8 w + 4 e + j
-            rec = part_ptr + (head0 + offs // HD) * (S * (HD + 2))       # the head's S records (acc [HD], m, l)
-            top = gl.load(rec + HD, cache_modifier=".cg")
-            for s in gl.static_range(1, S):
-                top = gl.maximum(top, gl.load(rec + s * (HD + 2) + HD, cache_modifier=".cg"))
-            num = gl.zeros_like(top)
-            den = gl.zeros_like(top)
-            for s in gl.static_range(S):
-                weight = gl.exp(gl.load(rec + s * (HD + 2) + HD, cache_modifier=".cg") - top)
-                num += weight * gl.load(rec + s * (HD + 2) + offs % HD, cache_modifier=".cg")
-                den += weight * gl.load(rec + s * (HD + 2) + HD + 1, cache_modifier=".cg")
-            _fragments(num / den, KS_O, ox, os)
+                    _wait_count_1(counts_ptr, sync_ptr + 1, 2 * H + head0 + hh, launch + 1)
+            merged = part_ptr + H * S * (HD + 2) + head0 * HD             # the heads' outputs [per, HD]
+            _fragments(gl.load(merged + _value_offsets(KS_O), cache_modifier=".cg"), KS_O, ox, os)
             mbarrier.arrive(bars.index(1))
 
     @gluon.jit
-    def _counter(counts_ptr, tile_done, tile_free, programs, W: gl.constexpr, H: gl.constexpr, WAIT: gl.constexpr):
+    def _counter(counts_ptr, tile_done, tile_free, programs, W: gl.constexpr, H: gl.constexpr, WAIT: gl.constexpr,
+                 parts):
         """The counter warp: counts each handed-over qkv item (W tiles) on its head's counter (release), then gives
         the handoff's barrier back."""
         _, r, n, items = _share(gl.program_id(0), programs, _QS, H * _HT // W)
         if WAIT:
-            for j in range(items):
+            for j in range(items * (parts % 2)):
                 mbarrier.wait(tile_done.index(j % _HANDOFFS), (j // _HANDOFFS) & 1)
                 quad = r + j * n
                 gl.atomic_add(counts_ptr + (quad * W // _HT) * 32, W, sem="release", scope="gpu")
@@ -134,11 +127,13 @@ if HAS_GLUON:
 
     @gluon.jit
     def _producer(qkv_desc, qkv_s_desc, o_desc, o_s_desc, ring, s_ring, ready, empty, programs, K: gl.constexpr,
-                  H: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, KS_O: gl.constexpr):
+                  H: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, KS_O: gl.constexpr, parts):
         """The producer warp: the CTA's qkv items, then its o items, into the ring without a break."""
         pid = gl.program_id(0)
         q_slice, q_r, q_n, q_items = _share(pid, programs, _QS, H * _HT // W)
         o_slice, o_r, o_n, o_items = _share(pid, programs, K // 64 // KS_O, K // 16 // W)
+        q_items = q_items * (parts % 2)
+        o_items = o_items * (parts // 4)
         for j in range(q_items + o_items):
             slot = j % STAGES
             if j >= STAGES:
@@ -163,7 +158,7 @@ if HAS_GLUON:
     @gluon.jit
     def _consumer(h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, ox, os, bars, tile_done,
                   tile_free, programs, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, W: gl.constexpr,
-                  STAGES: gl.constexpr, KS_O: gl.constexpr, WAIT: gl.constexpr):
+                  STAGES: gl.constexpr, KS_O: gl.constexpr, WAIT: gl.constexpr, parts):
         """The W consumer warps: qkv items (x from gx/gs), each handed to the counter warp once its sums are added;
         then o items (x from ox/os) into y."""
         M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
@@ -172,6 +167,8 @@ if HAS_GLUON:
         gdc_wait()
         _, q_r, q_n, q_items = _share(pid, programs, _QS, H * _HT // W)
         o_slice, o_r, o_n, o_items = _share(pid, programs, K // 64 // KS_O, K // 16 // W)
+        q_items = q_items * (parts % 2)
+        o_items = o_items * (parts // 4)
         mbarrier.wait(bars.index(0), 0)
         parity = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs % 2
         sums = sums_ptr + parity * 3 * H * HD
@@ -200,22 +197,29 @@ if HAS_GLUON:
     def _attention(h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr, slot_ptr,
                    kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, programs, eps, scale, K: gl.constexpr,
                    H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr,
-                   AW: gl.constexpr, WAIT: gl.constexpr):
+                   AW: gl.constexpr, WAIT: gl.constexpr, parts):
         """The attention warps (module docstring): items pid, pid + programs, .. of (head, split), head-major."""
         pid = gl.program_id(0)
         kv_bar = bars.index(2)
-        KL: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [AW, 1], [1, 0])       # a block's [BS, HD]
-        DL: gl.constexpr = gl.SliceLayout(0, KL)
-        RL: gl.constexpr = gl.SliceLayout(1, KL)
+        # AW blocks at a time, warp w taking block w: [AW, BS, HD], lane (token pair, 8 dims); the reductions
+        # over a block's tokens and dims stay in the warp, its running max, sum and acc are the warp's own
+        L3: gl.constexpr = gl.BlockedLayout([1, 8, 8], [1, 2, 16], [AW, 1, 1], [2, 1, 0])
+        T2: gl.constexpr = gl.SliceLayout(2, L3)                                   # [AW, BS]: scores
+        A2: gl.constexpr = gl.SliceLayout(1, L3)                                   # [AW, HD]: a warp's acc
+        DL: gl.constexpr = gl.SliceLayout(0, A2)                                   # [HD]
+        WL: gl.constexpr = gl.SliceLayout(1, T2)                                   # [AW]: a warp's max and sum
         HL: gl.constexpr = gl.BlockedLayout([4], [32], [AW], [0])
         gdc_wait()
         cached = gl.load(ctx_ptr) - 1                    # tokens in the cache before this one
         slot = gl.load(slot_ptr)
         blocks = (cached + BS - 1) // BS
-        items = gl.cdiv(H * S - pid, programs)
+        items = gl.cdiv(H * S - pid, programs) * (parts // 2 % 2)
         # the first item's K and V blocks asked at once: they do not depend on this launch's work
         d = gl.arange(0, HD, layout=DL)
-        rows = gl.arange(0, BS, layout=RL)
+        wi = gl.arange(0, AW, layout=WL)
+        ri = gl.arange(0, BS, layout=gl.SliceLayout(0, T2))
+        kview = kbuf._reinterpret(gl.bfloat16, [MAXB, BS, HD], _PLAIN3)            # (MAXB a power of 2)
+        vview = vbuf._reinterpret(gl.bfloat16, [MAXB, BS, HD], _PLAIN3)
         squares = gl.zeros([128 * AW], gl.float32, HL)
         for piece in gl.static_range(K // (128 * AW)):
             hv = gl.load(h_ptr + piece * 128 * AW + gl.arange(0, 128 * AW, layout=HL)).to(gl.float32)
@@ -253,52 +257,75 @@ if HAS_GLUON:
                 gl.store(kc_ptr + slot * (H * HD) + head * HD + d, k_new)
                 gl.store(vc_ptr + slot * (H * HD) + head * HD + d, v_new)
             mbarrier.wait(kv_bar, i & 1)
-            top = gl.max(gl.full([BS], -float("inf"), gl.float32, RL), axis=0)
-            total = gl.sum(gl.zeros([BS], gl.float32, RL), axis=0)
-            acc = gl.zeros([HD], gl.float32, DL)
-            for b in range(b0, b1):
-                kt = kbuf.index(b - b0)._reinterpret(gl.bfloat16, [BS, HD], _PLAIN2).load(KL).to(gl.float32)
-                score = gl.sum(kt * q[None, :], axis=1) * scale
-                score = gl.where(b * BS + rows < cached, score, -float("inf"))
-                new_top = gl.maximum(top, gl.max(score, axis=0))
-                fade = gl.exp(top - new_top)
-                p = gl.exp(score - new_top)
-                vt = vbuf.index(b - b0)._reinterpret(gl.bfloat16, [BS, HD], _PLAIN2).load(KL).to(gl.float32)
-                acc = acc * fade + gl.sum(vt * p[:, None], axis=0)
-                total = total * fade + gl.sum(p, axis=0)
-                top = new_top
-            if last:
-                score = gl.sum(q * k_new.to(gl.float32), axis=0) * scale
-                new_top = gl.maximum(top, score)
-                fade = gl.exp(top - new_top)
-                p = gl.exp(score - new_top)
-                acc = acc * fade + p * v_new.to(gl.float32)
-                total = total * fade + p
+            tops = gl.full([AW], -1e30, gl.float32, WL)
+            totals = gl.zeros([AW], gl.float32, WL)
+            accs = gl.zeros([AW, HD], gl.float32, A2)
+            for c in gl.static_range(MAXB // AW):
+                local = c * AW + wi                                                # the warps' blocks in the split
+                valid = (local < b1 - b0)[:, None] & ((b0 + local)[:, None] * BS + ri[None, :] < cached)
+                kt = kview.slice(c * AW, AW).load(L3).to(gl.float32)
+                score = gl.where(valid, gl.sum(kt * q[None, None, :], axis=2) * scale, -1e30)    # [AW, BS]
+                new_tops = gl.maximum(tops, gl.max(score, axis=1))
+                fade = gl.exp(tops - new_tops)
+                p = gl.where(valid, gl.exp(score - new_tops[:, None]), 0.0)
+                vt = gl.where(valid[:, :, None], vview.slice(c * AW, AW).load(L3).to(gl.float32), 0.0)
+                accs = (accs * gl.convert_layout(fade, gl.SliceLayout(1, A2), assert_trivial=True)[:, None]
+                        + gl.sum(vt * p[:, :, None], axis=1))
+                totals = totals * fade + gl.sum(p, axis=1)
+                tops = new_tops
+            top = gl.max(tops, axis=0)                   # the warps' states combined
+            weights = gl.exp(tops - top)
+            total = gl.sum(totals * weights, axis=0)
+            acc = gl.sum(accs * gl.convert_layout(weights, gl.SliceLayout(1, A2), assert_trivial=True)[:, None],
+                         axis=0)
+            if last:                                     # the new token
+                new_score = gl.sum(q * k_new.to(gl.float32), axis=0) * scale
+                new_top = gl.maximum(top, new_score)
+                new_fade = gl.exp(top - new_top)
+                new_p = gl.exp(new_score - new_top)
+                acc = acc * new_fade + new_p * v_new.to(gl.float32)
+                total = total * new_fade + new_p
                 top = new_top
             rec = part_ptr + (head * S + split) * (HD + 2)
             gl.store(rec + d, acc)
             two = gl.arange(0, 2, layout=HL)
             gl.store(rec + HD + two, gl.where(two == 0, top, total))
             gl.thread_barrier()                          # every warp's stores issued before the release
-            gl.atomic_add(counts_ptr + (H + head) * 32, 1, sem="release", scope="gpu")
+            done = gl.atomic_add(counts_ptr + (H + head) * 32, 1, sem="acq_rel", scope="gpu")
+            if done == (launch + 1) * S - 1:             # the head's last split: merges its S records
+                recs = part_ptr + head * S * (HD + 2)
+                top = gl.load(recs + HD, cache_modifier=".cg")
+                for s in gl.static_range(1, S):
+                    top = gl.maximum(top, gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg"))
+                num = gl.zeros([HD], gl.float32, DL)
+                den = 0.0
+                for s in gl.static_range(S):
+                    weight = gl.exp(gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg") - top)
+                    num += weight * gl.load(recs + s * (HD + 2) + d, cache_modifier=".cg")
+                    den += weight * gl.load(recs + s * (HD + 2) + HD + 1, cache_modifier=".cg")
+                gl.store(part_ptr + H * S * (HD + 2) + head * HD + d, num / den)
+                gl.thread_barrier()
+                gl.atomic_add(counts_ptr + (2 * H + head) * 32, 1, sem="release", scope="gpu")
             gl.thread_barrier()                          # the blocks read before the next item's copies
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["parts"])         # parts 1 made a constant breaks the compiler (Triton 3.6)
     def _mma_attention_block(qkv_desc, qkv_s_desc, o_desc, o_s_desc, k_desc, v_desc, h_ptr, norm_ptr, cos_ptr,
                              sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, sums_ptr, part_ptr, counts_ptr,
                              sync_ptr, y_ptr, programs, eps, scale, K: gl.constexpr, H: gl.constexpr,
                              HD: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr,
-                             MAXB: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr, WAIT: gl.constexpr = True):
+                             MAXB: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr, WAIT: gl.constexpr = True,
+                             parts=7):
         """y[parity] += h + o(attention(rotary(qkv(RMSNorm(h) * norm)))), the new token's k and v into the paged
         caches, by CTAs all resident. Descriptors: qkv's codes and pairs (repacked, rows head by head: stored_qkv;
         boxes [W, KS, ..]) and o's (boxes [W, KS_O, ..]), the caches [blocks, BS, H, HD] (boxes [1, BS, 1, HD]).
-        sums fp32 [2, 3 H HD], part fp32 [H, S, HD + 2], counts int32 [2 H * 32] (per head: qkv's tiles, then the
-        splits done), sync int32 [2] (arrivals, waits that gave up). WAIT False: no counters (outputs race). The
-        consumers are the launch's num_warps (W)."""
+        sums fp32 [2, 3 H HD], part fp32 [H S (HD + 2) + H HD] (the splits' records (acc [HD], max, sum), then
+        the merged heads), counts int32 [3 H * 32] (per head: qkv's tiles, its splits done, merged), sync int32 [2]
+        (arrivals, waits that gave up). WAIT False: no waits (outputs race); parts: 1 qkv's items, 2 the attention's,
+        4 o's (diagnostics: the others left out). The consumers are the launch's num_warps (W)."""
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
-        kbuf = gl.allocate_shared_memory(gl.bfloat16, [MAXB, 1, BS, 1, HD], k_desc.layout)
+        kbuf = gl.allocate_shared_memory(gl.bfloat16, [MAXB, 1, BS, 1, HD], k_desc.layout)     # a TMA box a block
         vbuf = gl.allocate_shared_memory(gl.bfloat16, [MAXB, 1, BS, 1, HD], v_desc.layout)
         gx = gl.allocate_shared_memory(gl.int32, [_KS, 32], _PLAIN2)
         gs = gl.allocate_shared_memory(gl.float32, [_KS, 4], _PLAIN2)
@@ -319,16 +346,16 @@ if HAS_GLUON:
             mbarrier.init(tile_free.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, ox, os,
-                                         bars, tile_done, tile_free, programs, K, H, HD, W, STAGES, KS_O, WAIT)),
+                                         bars, tile_done, tile_free, programs, K, H, HD, W, STAGES, KS_O, WAIT, parts)),
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, ring, s_ring, ready, empty, programs,
-                                         K, H, W, STAGES, KS_O)),
+                                         K, H, W, STAGES, KS_O, parts)),
                             (_loader, (h_ptr, norm_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, ox,
-                                       os, bars, programs, K, H, HD, W, S, KS_O, WAIT)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, W, H, WAIT)),
+                                       os, bars, programs, K, H, HD, W, S, KS_O, WAIT, parts)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, W, H, WAIT, parts)),
                             (_attention, (h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, cos_ptr, sin_ptr, table_ptr,
                                           ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf,
                                           bars, programs, eps, scale, K, H, HD, BS, S, MAXB, AW,
-                                          WAIT))],
+                                          WAIT, parts))],
                            [1, 1, 1, AW], [40, 128, 40, 128])
 
 
@@ -380,11 +407,13 @@ class Block:
                       + (cache_desc(layer["k_cache"]), cache_desc(layer["v_cache"]))
                       for w, layer in zip(weights, state["layers"], strict=True)]
         blocks = -(-(int(state["context_len"].max()) - 1) // BLOCK_SIZE)
-        self.max_blocks = -(-blocks // config["S"])
+        # whole chunks of AW blocks, a power of 2 (the shared buffers' shapes)
+        self.max_blocks = max(triton.next_power_of_2(-(-blocks // config["S"])), config["AW"])
         self.sums = torch.zeros(2, 3 * HEADS * HEAD_DIM, device="cuda", dtype=torch.float32)
-        self.part = torch.zeros(HEADS, config["S"], HEAD_DIM + 2, device="cuda", dtype=torch.float32)
+        self.part = torch.zeros(HEADS * (config["S"] * (HEAD_DIM + 2) + HEAD_DIM), device="cuda",
+                                dtype=torch.float32)
         self.y = torch.zeros(2, HIDDEN, device="cuda", dtype=torch.float32)
-        self.counts = torch.zeros(2 * HEADS * 32, device="cuda", dtype=torch.int32)
+        self.counts = torch.zeros(3 * HEADS * 32, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)
         self.programs = torch.cuda.get_device_properties(0).multi_processor_count
         if HEADS * config["S"] > 2 * self.programs:
@@ -404,21 +433,23 @@ class Block:
         return self.y[(self.launches - 1) % 2]
 
     def counts_as_expected(self) -> bool:
-        """Each head's counters at its tiles (times the K slices) and its splits, times the launches since the
+        """Each head's counters at its tiles (times the K slices), its splits and 1, times the launches since the
         reset; every CTA's arrival counted."""
         counted = self.counts.view(-1, 32)[:, 0].tolist()
-        want = [HEAD_TILES * QKV_SLICES * self.launches] * HEADS + [self.config["S"] * self.launches] * HEADS
+        want = ([HEAD_TILES * QKV_SLICES * self.launches] * HEADS + [self.config["S"] * self.launches] * HEADS
+                + [self.launches] * HEADS)
         return counted == want and int(self.sync[0].item()) == self.launches * self.programs
 
-    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True) -> None:
-        """One launch on copy's weights and caches (wait False: no counters, outputs race)."""
+    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True, parts: int = 7) -> None:
+        """One launch on copy's weights and caches (diagnostics: wait False skips the waits, outputs then race;
+        parts, the kernel's)."""
         state, layer, config = self.state, self.state["layers"][copy], self.config
         _mma_attention_block[(self.programs,)](
             *self.descs[copy], h, norm, state["cos"], state["sin"], state["table"], state["context_len"],
             state["slot"], layer["k_cache"], layer["v_cache"], self.sums, self.part, self.counts, self.sync, self.y,
             self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM), K=HIDDEN, H=HEADS, HD=HEAD_DIM, BS=BLOCK_SIZE,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, KS_O=config["KS_O"], AW=config["AW"],
-            WAIT=wait, num_warps=config["W"], launch_pdl=True)
+            WAIT=wait, parts=parts, num_warps=config["W"], launch_pdl=True)
         self.launches += 1
 
 
@@ -528,9 +559,11 @@ def main(argv=None) -> int:
         if not block_checks([entry])[0]["passed"]:
             return
         copies = list(range(COPIES))
-        for name, wait in (("", True), ("no_wait_", False)):
+        for name, wait, parts in (("", True, 7), ("no_wait_", False, 7), ("no_o_", True, 3), ("qkv_only_", False, 1),
+                                  ("attention_only_", False, 2), ("o_only_", False, 4)):
             block.reset()
-            entry[f"{name}us"] = round(chained_us(lambda c, wait=wait: block.launch(c, h, norm, wait), copies), 2)
+            entry[f"{name}us"] = round(chained_us(lambda c, wait=wait, parts=parts: block.launch(c, h, norm, wait,
+                                                                                               parts), copies), 2)
         entry["over_engine"] = round(entry["us"] / result["engine_us"], 3)
         entry["over_floor"] = round(entry["us"] / result["floor_us"], 3)
         entry["gave_up_waits_after_timing"] = int(block.sync[1].item())
