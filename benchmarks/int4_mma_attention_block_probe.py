@@ -72,6 +72,14 @@ if HAS_GLUON:
     _PLAIN3 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
 
     @gluon.jit
+    def _stamp(trace_ptr, at: gl.constexpr, TRACE: gl.constexpr, live=True):
+        """With TRACE, the global timer (ns) into the CTA's row of trace (int64 [programs, 16]) at column at."""
+        if TRACE:
+            now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                            pack=1)
+            gl.store(trace_ptr + gl.program_id(0) * 16 + at, now, mask=live)
+
+    @gluon.jit
     def _share(pid, programs, slices: gl.constexpr, quads: gl.constexpr):
         """A CTA's part of a phase whose items are (quad, K slice): its slice pid % slices, its index r among that
         slice's CTAs, their count n, and its items (quads r, r + n, ..)."""
@@ -81,17 +89,19 @@ if HAS_GLUON:
         return s, r, n, gl.cdiv(quads - r, n)
 
     @gluon.jit
-    def _loader(h_ptr, norm_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, ox, os, bars, programs,
-                K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, W: gl.constexpr, S: gl.constexpr,
-                KS_O: gl.constexpr, WAIT: gl.constexpr, parts):
+    def _loader(h_ptr, norm_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, y_ptr, trace_ptr, gx, gs, ox, os, bars,
+                programs, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, W: gl.constexpr, S: gl.constexpr,
+                KS_O: gl.constexpr, WAIT: gl.constexpr, TRACE: gl.constexpr, parts):
         """The x loader warp (module docstring). bars: 0 qkv's x ready, 1 o's x ready."""
         pid = gl.program_id(0)
         gdc_wait()
+        _stamp(trace_ptr, 0, TRACE)
         launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
         parity = launch % 2
         at_x = (pid % _QS) * (64 * _KS) + _value_offsets(_KS)
         _fragments(gl.load(h_ptr + at_x).to(gl.float32) * gl.load(norm_ptr + at_x).to(gl.float32), _KS, gx, gs)
         mbarrier.arrive(bars.index(0))
+        _stamp(trace_ptr, 1, TRACE)
         # the other parity's sums and y zeroed for the next launch (which waits for this one: PDL)
         Z: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
         zeros = gl.zeros([256], gl.float32, Z)
@@ -109,6 +119,7 @@ if HAS_GLUON:
                 for hh in range(per):
                     _wait_count_1(counts_ptr, sync_ptr + 1, 2 * H + head0 + hh, launch + 1)
             merged = part_ptr + H * S * (HD + 2) + head0 * HD             # the heads' outputs [per, HD]
+            _stamp(trace_ptr, 2, TRACE)
             _fragments(gl.load(merged + _value_offsets(KS_O), cache_modifier=".cg"), KS_O, ox, os)
             mbarrier.arrive(bars.index(1))
 
@@ -156,9 +167,9 @@ if HAS_GLUON:
                                                                                 o_s_desc.layout))
 
     @gluon.jit
-    def _consumer(h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, ox, os, bars, tile_done,
-                  tile_free, programs, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, W: gl.constexpr,
-                  STAGES: gl.constexpr, KS_O: gl.constexpr, WAIT: gl.constexpr, parts):
+    def _consumer(h_ptr, sums_ptr, y_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, gx, gs, ox, os, bars,
+                  tile_done, tile_free, programs, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, W: gl.constexpr,
+                  STAGES: gl.constexpr, KS_O: gl.constexpr, WAIT: gl.constexpr, TRACE: gl.constexpr, parts):
         """The W consumer warps: qkv items (x from gx/gs), each handed to the counter warp once its sums are added;
         then o items (x from ox/os) into y."""
         M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
@@ -176,6 +187,7 @@ if HAS_GLUON:
         for j in range(q_items):
             slot = j % STAGES
             mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+            _stamp(trace_ptr, 3, TRACE, j == 0)
             lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), gx, gs, W, _KS)
             mbarrier.arrive(empty.index(slot))
             _flush(sums, (q_r + j * q_n) * W, lo, hi, M2, W, h_ptr, False)
@@ -183,8 +195,10 @@ if HAS_GLUON:
                 if j >= _HANDOFFS:
                     mbarrier.wait(tile_free.index(j % _HANDOFFS), (j // _HANDOFFS - 1) & 1)
                 mbarrier.arrive(tile_done.index(j % _HANDOFFS))
+        _stamp(trace_ptr, 4, TRACE)
         if o_items > 0:
             mbarrier.wait(bars.index(1), 0)
+        _stamp(trace_ptr, 5, TRACE)
         for jo in range(o_items):
             j = q_items + jo
             slot = j % STAGES
@@ -192,12 +206,13 @@ if HAS_GLUON:
             lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), ox, os, W, KS_O)
             mbarrier.arrive(empty.index(slot))
             _flush(y, (o_r + jo * o_n) * W, lo, hi, M2, W, h_ptr, o_slice == 0)
+        _stamp(trace_ptr, 6, TRACE)
 
     @gluon.jit
-    def _attention(h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr, slot_ptr,
-                   kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, programs, eps, scale, K: gl.constexpr,
+    def _attention(h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr,
+                   slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, programs, eps, scale, K: gl.constexpr,
                    H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr,
-                   AW: gl.constexpr, WAIT: gl.constexpr, parts):
+                   AW: gl.constexpr, WAIT: gl.constexpr, TRACE: gl.constexpr, parts):
         """The attention warps (module docstring): items pid, pid + programs, .. of (head, split), head-major."""
         pid = gl.program_id(0)
         kv_bar = bars.index(2)
@@ -231,6 +246,7 @@ if HAS_GLUON:
         mbarrier.wait(bars.index(0), 0)
         launch = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs
         sums = sums_ptr + (launch % 2) * 3 * H * HD
+        _stamp(trace_ptr, 7, TRACE)
         for i in range(items):
             a = pid + i * programs
             head = a // S
@@ -244,8 +260,10 @@ if HAS_GLUON:
                 block = gl.load(table_ptr + gl.minimum(b0 + j, b1 - 1))
                 tma.async_copy_global_to_shared(k_desc, [block, 0, head, 0], kv_bar, kbuf.index(j))
                 tma.async_copy_global_to_shared(v_desc, [block, 0, head, 0], kv_bar, vbuf.index(j))
+            _stamp(trace_ptr, 8, TRACE, i == 0)
             if WAIT:
                 _wait_count_1(counts_ptr, sync_ptr + 1, head, (launch + 1) * (_HT * _QS))
+            _stamp(trace_ptr, 9, TRACE, i == 0)
             row = sums + head * 3 * HD
             q = (gl.load(row + d, cache_modifier=".cg") * cos
                  + gl.load(row + partner, cache_modifier=".cg") * sin) * rstd
@@ -256,7 +274,9 @@ if HAS_GLUON:
             if last:                                     # the new token's k and v into the cache
                 gl.store(kc_ptr + slot * (H * HD) + head * HD + d, k_new)
                 gl.store(vc_ptr + slot * (H * HD) + head * HD + d, v_new)
+            _stamp(trace_ptr, 10, TRACE, i == 0)
             mbarrier.wait(kv_bar, i & 1)
+            _stamp(trace_ptr, 11, TRACE, i == 0)
             tops = gl.full([AW], -1e30, gl.float32, WL)
             totals = gl.zeros([AW], gl.float32, WL)
             accs = gl.zeros([AW, HD], gl.float32, A2)
@@ -286,12 +306,14 @@ if HAS_GLUON:
                 acc = acc * new_fade + new_p * v_new.to(gl.float32)
                 total = total * new_fade + new_p
                 top = new_top
+            _stamp(trace_ptr, 12, TRACE, i == 0)
             rec = part_ptr + (head * S + split) * (HD + 2)
             gl.store(rec + d, acc)
             two = gl.arange(0, 2, layout=HL)
             gl.store(rec + HD + two, gl.where(two == 0, top, total))
             gl.thread_barrier()                          # every warp's stores issued before the release
             done = gl.atomic_add(counts_ptr + (H + head) * 32, 1, sem="acq_rel", scope="gpu")
+            _stamp(trace_ptr, 13, TRACE, i == 0)
             if done == (launch + 1) * S - 1:             # the head's last split: merges its S records
                 recs = part_ptr + head * S * (HD + 2)
                 top = gl.load(recs + HD, cache_modifier=".cg")
@@ -307,13 +329,15 @@ if HAS_GLUON:
                 gl.thread_barrier()
                 gl.atomic_add(counts_ptr + (2 * H + head) * 32, 1, sem="release", scope="gpu")
             gl.thread_barrier()                          # the blocks read before the next item's copies
+            _stamp(trace_ptr, 14 + i, TRACE, i < 2)
 
     @gluon.jit(do_not_specialize=["parts"])         # parts 1 made a constant breaks the compiler (Triton 3.6)
     def _mma_attention_block(qkv_desc, qkv_s_desc, o_desc, o_s_desc, k_desc, v_desc, h_ptr, norm_ptr, cos_ptr,
                              sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, sums_ptr, part_ptr, counts_ptr,
-                             sync_ptr, y_ptr, programs, eps, scale, K: gl.constexpr, H: gl.constexpr,
+                             sync_ptr, y_ptr, trace_ptr, programs, eps, scale, K: gl.constexpr, H: gl.constexpr,
                              HD: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr,
                              MAXB: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr, WAIT: gl.constexpr = True,
+                             TRACE: gl.constexpr = False,
                              parts=7):
         """y[parity] += h + o(attention(rotary(qkv(RMSNorm(h) * norm)))), the new token's k and v into the paged
         caches, by CTAs all resident. Descriptors: qkv's codes and pairs (repacked, rows head by head: stored_qkv;
@@ -345,17 +369,18 @@ if HAS_GLUON:
             mbarrier.init(tile_done.index(i), count=1)
             mbarrier.init(tile_free.index(i), count=1)
         fence_async_shared()
-        gl.warp_specialize([(_consumer, (h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, ox, os,
-                                         bars, tile_done, tile_free, programs, K, H, HD, W, STAGES, KS_O, WAIT, parts)),
+        gl.warp_specialize([(_consumer, (h_ptr, sums_ptr, y_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, gx,
+                                         gs, ox, os, bars, tile_done, tile_free, programs, K, H, HD, W, STAGES, KS_O,
+                                         WAIT, TRACE, parts)),
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, ring, s_ring, ready, empty, programs,
                                          K, H, W, STAGES, KS_O, parts)),
-                            (_loader, (h_ptr, norm_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, y_ptr, gx, gs, ox,
-                                       os, bars, programs, K, H, HD, W, S, KS_O, WAIT, parts)),
+                            (_loader, (h_ptr, norm_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, y_ptr, trace_ptr,
+                                       gx, gs, ox, os, bars, programs, K, H, HD, W, S, KS_O, WAIT, TRACE, parts)),
                             (_counter, (counts_ptr, tile_done, tile_free, programs, W, H, WAIT, parts)),
-                            (_attention, (h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, cos_ptr, sin_ptr, table_ptr,
-                                          ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf,
-                                          bars, programs, eps, scale, K, H, HD, BS, S, MAXB, AW,
-                                          WAIT, parts))],
+                            (_attention, (h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
+                                          sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
+                                          vbuf, bars, programs, eps, scale, K, H, HD, BS, S, MAXB, AW, WAIT, TRACE,
+                                          parts))],
                            [1, 1, 1, AW], [40, 128, 40, 128])
 
 
@@ -416,6 +441,7 @@ class Block:
         self.counts = torch.zeros(3 * HEADS * 32, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)
         self.programs = torch.cuda.get_device_properties(0).multi_processor_count
+        self.trace = torch.zeros(self.programs, 16, device="cuda", dtype=torch.int64)
         if HEADS * config["S"] > 2 * self.programs:
             raise ValueError(f"S={config['S']}: more than two attention items per CTA")
         self.launches = 0
@@ -440,17 +466,40 @@ class Block:
                 + [self.launches] * HEADS)
         return counted == want and int(self.sync[0].item()) == self.launches * self.programs
 
-    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True, parts: int = 7) -> None:
+    def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True, parts: int = 7,
+               trace: bool = False) -> None:
         """One launch on copy's weights and caches (diagnostics: wait False skips the waits, outputs then race;
-        parts, the kernel's)."""
+        parts, the kernel's; trace, its TRACE into self.trace)."""
         state, layer, config = self.state, self.state["layers"][copy], self.config
         _mma_attention_block[(self.programs,)](
             *self.descs[copy], h, norm, state["cos"], state["sin"], state["table"], state["context_len"],
             state["slot"], layer["k_cache"], layer["v_cache"], self.sums, self.part, self.counts, self.sync, self.y,
-            self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM), K=HIDDEN, H=HEADS, HD=HEAD_DIM, BS=BLOCK_SIZE,
+            self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM), K=HIDDEN, H=HEADS, HD=HEAD_DIM, BS=BLOCK_SIZE,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, KS_O=config["KS_O"], AW=config["AW"],
-            WAIT=wait, parts=parts, num_warps=config["W"], launch_pdl=True)
+            WAIT=wait, TRACE=trace, parts=parts, num_warps=config["W"], launch_pdl=True)
         self.launches += 1
+
+
+TRACE_POINTS = ["loader: PDL wait returned", "loader: qkv's x ready", "loader: its o heads merged",
+                "consumers: first qkv slot arrived", "consumers: qkv items done", "consumers: o's x ready",
+                "consumers: o items done", "attention: launch index known", "attention: first item's KV asked",
+                "attention: its head's qkv counted", "attention: q, k, v taken", "attention: KV arrived",
+                "attention: split computed", "attention: split counted", "attention: first item done",
+                "attention: second item done"]
+
+
+def trace_summary(trace: torch.Tensor) -> dict:
+    """Per trace point, us after the launch's first PDL return (the earliest loader stamp): the median and the
+    latest over the CTAs that stamped it."""
+    start = trace[:, 0][trace[:, 0] > 0].min()
+    summary = {}
+    for column, name in enumerate(TRACE_POINTS):
+        stamped = trace[:, column][trace[:, column] > 0]
+        if stamped.numel():
+            us = (stamped - start).double() / 1e3
+            summary[name] = {"median_us": round(float(us.median()), 2), "last_us": round(float(us.max()), 2),
+                             "ctas": int(stamped.numel())}
+    return summary
 
 
 def block_inputs(weights: list, state: dict, gen: torch.Generator) -> dict:
@@ -516,6 +565,8 @@ def main(argv=None) -> int:
 
     parser = probe_parser(__doc__, "int4-mma-attention-block-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="STAGES:W:S:AW[:KS_O], comma-separated")
+    parser.add_argument("--trace", action="store_true",
+                        help="also time each config's chain with TRACE and record where its last launch's time goes")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
@@ -567,6 +618,10 @@ def main(argv=None) -> int:
         entry["over_engine"] = round(entry["us"] / result["engine_us"], 3)
         entry["over_floor"] = round(entry["us"] / result["floor_us"], 3)
         entry["gave_up_waits_after_timing"] = int(block.sync[1].item())
+        if args.trace:                                   # the chain again with stamps: its last launch's
+            block.reset()
+            entry["traced_us"] = round(chained_us(lambda c: block.launch(c, h, norm, trace=True), copies), 2)
+            entry["trace"] = trace_summary(block.trace)
 
     entries = measured_configs(args.configs.split(","), measure, result, "over_engine")
     checks = block_checks(entries) + [{"name": "the engine's chain within 1e-2 of the fp32 reference",
