@@ -53,7 +53,7 @@ QKV_SLICES = HIDDEN // GROUP // KS                                  # 4
 HEAD_TILES = 3 * HEAD_DIM // TILE                                   # 24: a head's q, k and v rows
 COPIES = 8
 SPIN_LIMIT = 1 << 20
-CONFIGS = ["2:8:8:4", "2:8:16:4", "2:8:8:4:8", "2:4:4:4", "3:4:8:4", "2:8:8:2"]
+CONFIGS = ["2:4:16:4", "2:4:8:4", "2:4:4:4", "2:4:16:2", "2:4:8:4:8"]
 HELD_QKV = [(2, 1, 16), (2, 1, 12), (4, 2, 4)]     # (BLOCK_N, warps, per SM) tried for the chain (rotary: even BN)
 
 if HAS_GLUON:
@@ -210,12 +210,12 @@ if HAS_GLUON:
 
     @gluon.jit
     def _attention(h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr,
-                   slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, programs, eps, scale, K: gl.constexpr,
+                   slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
+                   K: gl.constexpr,
                    H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr,
-                   AW: gl.constexpr, WAIT: gl.constexpr, TRACE: gl.constexpr, parts):
+                   NI: gl.constexpr, AW: gl.constexpr, WAIT: gl.constexpr, TRACE: gl.constexpr, parts):
         """The attention warps (module docstring): items pid, pid + programs, .. of (head, split), head-major."""
         pid = gl.program_id(0)
-        kv_bar = bars.index(2)
         # AW blocks at a time, warp w taking block w: [AW, BS, HD], lane (token pair, 8 dims); the reductions
         # over a block's tokens and dims stay in the warp, its running max, sum and acc are the warp's own
         L3: gl.constexpr = gl.BlockedLayout([1, 8, 8], [1, 2, 16], [AW, 1, 1], [2, 1, 0])
@@ -229,12 +229,32 @@ if HAS_GLUON:
         slot = gl.load(slot_ptr)
         blocks = (cached + BS - 1) // BS
         items = gl.cdiv(H * S - pid, programs) * (parts // 2 % 2)
-        # the first item's K and V blocks asked at once: they do not depend on this launch's work
+        # every item's K and V blocks asked at once, each item on its own barrier: they do not depend on this
+        # launch's work. MAXB blocks an item (the barrier's bytes are a constant): past the split's end its last
+        # block again, which L2 then serves. The block table's entries come by one vector load, each picked out in
+        # registers (scalar loads, one per copy, were issued one after the other: ~7 us for 16 blocks)
+        TL: gl.constexpr = gl.BlockedLayout([MAXB], [32], [AW], [0])             # every thread all MAXB entries
+        jj = gl.arange(0, MAXB, layout=TL)
+        for i in gl.static_range(NI):
+            live = i < items
+            split = (pid + i * programs) % S
+            head = (pid + i * programs) // S
+            b0 = split * blocks // S
+            b1 = (split + 1) * blocks // S
+            table = gl.load(table_ptr + gl.minimum(b0 + jj, b1 - 1))
+            mbarrier.expect(kv_bars.index(i), MAXB * 2 * BS * HD * 2, pred=live)
+            for j in gl.static_range(MAXB):
+                block = gl.sum(gl.where(jj == j, table, 0), axis=0)
+                tma.async_copy_global_to_shared(k_desc, [block, 0, head, 0], kv_bars.index(i),
+                                                kbuf.index(i * MAXB + j), pred=live)
+                tma.async_copy_global_to_shared(v_desc, [block, 0, head, 0], kv_bars.index(i),
+                                                vbuf.index(i * MAXB + j), pred=live)
+        _stamp(trace_ptr, 8, TRACE)
         d = gl.arange(0, HD, layout=DL)
         wi = gl.arange(0, AW, layout=WL)
         ri = gl.arange(0, BS, layout=gl.SliceLayout(0, T2))
-        kview = kbuf._reinterpret(gl.bfloat16, [MAXB, BS, HD], _PLAIN3)            # (MAXB a power of 2)
-        vview = vbuf._reinterpret(gl.bfloat16, [MAXB, BS, HD], _PLAIN3)
+        kview = kbuf._reinterpret(gl.bfloat16, [NI * MAXB, BS, HD], _PLAIN3)       # (NI, MAXB powers of 2)
+        vview = vbuf._reinterpret(gl.bfloat16, [NI * MAXB, BS, HD], _PLAIN3)
         squares = gl.zeros([128 * AW], gl.float32, HL)
         for piece in gl.static_range(K // (128 * AW)):
             hv = gl.load(h_ptr + piece * 128 * AW + gl.arange(0, 128 * AW, layout=HL)).to(gl.float32)
@@ -247,96 +267,89 @@ if HAS_GLUON:
         launch = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs
         sums = sums_ptr + (launch % 2) * 3 * H * HD
         _stamp(trace_ptr, 7, TRACE)
-        for i in range(items):
-            a = pid + i * programs
-            head = a // S
-            split = a % S
-            b0 = split * blocks // S
-            b1 = (split + 1) * blocks // S
-            # MAXB blocks always (the barrier's bytes are a constant): past the split's end its last block again,
-            # which L2 then serves
-            mbarrier.expect(kv_bar, MAXB * 2 * BS * HD * 2)
-            for j in gl.static_range(MAXB):
-                block = gl.load(table_ptr + gl.minimum(b0 + j, b1 - 1))
-                tma.async_copy_global_to_shared(k_desc, [block, 0, head, 0], kv_bar, kbuf.index(j))
-                tma.async_copy_global_to_shared(v_desc, [block, 0, head, 0], kv_bar, vbuf.index(j))
-            _stamp(trace_ptr, 8, TRACE, i == 0)
-            if WAIT:
-                _wait_count_1(counts_ptr, sync_ptr + 1, head, (launch + 1) * (_HT * _QS))
-            _stamp(trace_ptr, 9, TRACE, i == 0)
-            row = sums + head * 3 * HD
-            q = (gl.load(row + d, cache_modifier=".cg") * cos
-                 + gl.load(row + partner, cache_modifier=".cg") * sin) * rstd
-            k_new = ((gl.load(row + HD + d, cache_modifier=".cg") * cos
-                      + gl.load(row + HD + partner, cache_modifier=".cg") * sin) * rstd).to(gl.bfloat16)
-            v_new = (gl.load(row + 2 * HD + d, cache_modifier=".cg") * rstd).to(gl.bfloat16)
-            last = split == S - 1
-            if last:                                     # the new token's k and v into the cache
-                gl.store(kc_ptr + slot * (H * HD) + head * HD + d, k_new)
-                gl.store(vc_ptr + slot * (H * HD) + head * HD + d, v_new)
-            _stamp(trace_ptr, 10, TRACE, i == 0)
-            mbarrier.wait(kv_bar, i & 1)
-            _stamp(trace_ptr, 11, TRACE, i == 0)
-            tops = gl.full([AW], -1e30, gl.float32, WL)
-            totals = gl.zeros([AW], gl.float32, WL)
-            accs = gl.zeros([AW, HD], gl.float32, A2)
-            for c in gl.static_range(MAXB // AW):
-                local = c * AW + wi                                                # the warps' blocks in the split
-                valid = (local < b1 - b0)[:, None] & ((b0 + local)[:, None] * BS + ri[None, :] < cached)
-                kt = kview.slice(c * AW, AW).load(L3).to(gl.float32)
-                score = gl.where(valid, gl.sum(kt * q[None, None, :], axis=2) * scale, -1e30)    # [AW, BS]
-                new_tops = gl.maximum(tops, gl.max(score, axis=1))
-                fade = gl.exp(tops - new_tops)
-                p = gl.where(valid, gl.exp(score - new_tops[:, None]), 0.0)
-                vt = gl.where(valid[:, :, None], vview.slice(c * AW, AW).load(L3).to(gl.float32), 0.0)
-                accs = (accs * gl.convert_layout(fade, gl.SliceLayout(1, A2), assert_trivial=True)[:, None]
-                        + gl.sum(vt * p[:, :, None], axis=1))
-                totals = totals * fade + gl.sum(p, axis=1)
-                tops = new_tops
-            top = gl.max(tops, axis=0)                   # the warps' states combined
-            weights = gl.exp(tops - top)
-            total = gl.sum(totals * weights, axis=0)
-            acc = gl.sum(accs * gl.convert_layout(weights, gl.SliceLayout(1, A2), assert_trivial=True)[:, None],
-                         axis=0)
-            if last:                                     # the new token
-                new_score = gl.sum(q * k_new.to(gl.float32), axis=0) * scale
-                new_top = gl.maximum(top, new_score)
-                new_fade = gl.exp(top - new_top)
-                new_p = gl.exp(new_score - new_top)
-                acc = acc * new_fade + new_p * v_new.to(gl.float32)
-                total = total * new_fade + new_p
-                top = new_top
-            _stamp(trace_ptr, 12, TRACE, i == 0)
-            rec = part_ptr + (head * S + split) * (HD + 2)
-            gl.store(rec + d, acc)
-            two = gl.arange(0, 2, layout=HL)
-            gl.store(rec + HD + two, gl.where(two == 0, top, total))
-            gl.thread_barrier()                          # every warp's stores issued before the release
-            done = gl.atomic_add(counts_ptr + (H + head) * 32, 1, sem="acq_rel", scope="gpu")
-            _stamp(trace_ptr, 13, TRACE, i == 0)
-            if done == (launch + 1) * S - 1:             # the head's last split: merges its S records
-                recs = part_ptr + head * S * (HD + 2)
-                top = gl.load(recs + HD, cache_modifier=".cg")
-                for s in gl.static_range(1, S):
-                    top = gl.maximum(top, gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg"))
-                num = gl.zeros([HD], gl.float32, DL)
-                den = 0.0
-                for s in gl.static_range(S):
-                    weight = gl.exp(gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg") - top)
-                    num += weight * gl.load(recs + s * (HD + 2) + d, cache_modifier=".cg")
-                    den += weight * gl.load(recs + s * (HD + 2) + HD + 1, cache_modifier=".cg")
-                gl.store(part_ptr + H * S * (HD + 2) + head * HD + d, num / den)
-                gl.thread_barrier()
-                gl.atomic_add(counts_ptr + (2 * H + head) * 32, 1, sem="release", scope="gpu")
-            gl.thread_barrier()                          # the blocks read before the next item's copies
-            _stamp(trace_ptr, 14 + i, TRACE, i < 2)
+        for i in gl.static_range(NI):
+            if i < items:
+                head = (pid + i * programs) // S
+                split = (pid + i * programs) % S
+                b0 = split * blocks // S
+                b1 = (split + 1) * blocks // S
+                if WAIT:
+                    _wait_count_1(counts_ptr, sync_ptr + 1, head, (launch + 1) * (_HT * _QS))
+                _stamp(trace_ptr, 9, TRACE, i == 0)
+                row = sums + head * 3 * HD
+                q = (gl.load(row + d, cache_modifier=".cg") * cos
+                     + gl.load(row + partner, cache_modifier=".cg") * sin) * rstd
+                k_new = ((gl.load(row + HD + d, cache_modifier=".cg") * cos
+                          + gl.load(row + HD + partner, cache_modifier=".cg") * sin) * rstd).to(gl.bfloat16)
+                v_new = (gl.load(row + 2 * HD + d, cache_modifier=".cg") * rstd).to(gl.bfloat16)
+                last = split == S - 1
+                if last:                                     # the new token's k and v into the cache
+                    gl.store(kc_ptr + slot * (H * HD) + head * HD + d, k_new)
+                    gl.store(vc_ptr + slot * (H * HD) + head * HD + d, v_new)
+                _stamp(trace_ptr, 10, TRACE, i == 0)
+                mbarrier.wait(kv_bars.index(i), 0)
+                _stamp(trace_ptr, 11, TRACE, i == 0)
+                tops = gl.full([AW], -1e30, gl.float32, WL)
+                totals = gl.zeros([AW], gl.float32, WL)
+                accs = gl.zeros([AW, HD], gl.float32, A2)
+                for c in gl.static_range(MAXB // AW):
+                    local = c * AW + wi                                                # the warps' blocks in the split
+                    valid = (local < b1 - b0)[:, None] & ((b0 + local)[:, None] * BS + ri[None, :] < cached)
+                    kt = kview.slice(i * MAXB + c * AW, AW).load(L3).to(gl.float32)
+                    score = gl.where(valid, gl.sum(kt * q[None, None, :], axis=2) * scale, -1e30)    # [AW, BS]
+                    new_tops = gl.maximum(tops, gl.max(score, axis=1))
+                    fade = gl.exp(tops - new_tops)
+                    p = gl.where(valid, gl.exp(score - new_tops[:, None]), 0.0)
+                    vt = gl.where(valid[:, :, None], vview.slice(i * MAXB + c * AW, AW).load(L3).to(gl.float32), 0.0)
+                    accs = (accs * gl.convert_layout(fade, gl.SliceLayout(1, A2), assert_trivial=True)[:, None]
+                            + gl.sum(vt * p[:, :, None], axis=1))
+                    totals = totals * fade + gl.sum(p, axis=1)
+                    tops = new_tops
+                top = gl.max(tops, axis=0)                   # the warps' states combined
+                weights = gl.exp(tops - top)
+                total = gl.sum(totals * weights, axis=0)
+                acc = gl.sum(accs * gl.convert_layout(weights, gl.SliceLayout(1, A2), assert_trivial=True)[:, None],
+                             axis=0)
+                if last:                                     # the new token
+                    new_score = gl.sum(q * k_new.to(gl.float32), axis=0) * scale
+                    new_top = gl.maximum(top, new_score)
+                    new_fade = gl.exp(top - new_top)
+                    new_p = gl.exp(new_score - new_top)
+                    acc = acc * new_fade + new_p * v_new.to(gl.float32)
+                    total = total * new_fade + new_p
+                    top = new_top
+                _stamp(trace_ptr, 12, TRACE, i == 0)
+                rec = part_ptr + (head * S + split) * (HD + 2)
+                gl.store(rec + d, acc)
+                two = gl.arange(0, 2, layout=HL)
+                gl.store(rec + HD + two, gl.where(two == 0, top, total))
+                gl.thread_barrier()                          # every warp's stores issued before the release
+                done = gl.atomic_add(counts_ptr + (H + head) * 32, 1, sem="acq_rel", scope="gpu")
+                _stamp(trace_ptr, 13, TRACE, i == 0)
+                if done == (launch + 1) * S - 1:             # the head's last split: merges its S records
+                    recs = part_ptr + head * S * (HD + 2)
+                    top = gl.load(recs + HD, cache_modifier=".cg")
+                    for s in gl.static_range(1, S):
+                        top = gl.maximum(top, gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg"))
+                    num = gl.zeros([HD], gl.float32, DL)
+                    den = 0.0
+                    for s in gl.static_range(S):
+                        weight = gl.exp(gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg") - top)
+                        num += weight * gl.load(recs + s * (HD + 2) + d, cache_modifier=".cg")
+                        den += weight * gl.load(recs + s * (HD + 2) + HD + 1, cache_modifier=".cg")
+                    gl.store(part_ptr + H * S * (HD + 2) + head * HD + d, num / den)
+                    gl.thread_barrier()
+                    gl.atomic_add(counts_ptr + (2 * H + head) * 32, 1, sem="release", scope="gpu")
+                gl.thread_barrier()                          # the blocks read before the next item's copies
+                _stamp(trace_ptr, 14 + i, TRACE, i < 2)
 
     @gluon.jit(do_not_specialize=["parts"])         # parts 1 made a constant breaks the compiler (Triton 3.6)
     def _mma_attention_block(qkv_desc, qkv_s_desc, o_desc, o_s_desc, k_desc, v_desc, h_ptr, norm_ptr, cos_ptr,
                              sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, sums_ptr, part_ptr, counts_ptr,
                              sync_ptr, y_ptr, trace_ptr, programs, eps, scale, K: gl.constexpr, H: gl.constexpr,
                              HD: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr,
-                             MAXB: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr, WAIT: gl.constexpr = True,
+                             MAXB: gl.constexpr, NI: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr,
+                             WAIT: gl.constexpr = True,
                              TRACE: gl.constexpr = False,
                              parts=7):
         """y[parity] += h + o(attention(rotary(qkv(RMSNorm(h) * norm)))), the new token's k and v into the paged
@@ -349,22 +362,25 @@ if HAS_GLUON:
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
-        kbuf = gl.allocate_shared_memory(gl.bfloat16, [MAXB, 1, BS, 1, HD], k_desc.layout)     # a TMA box a block
-        vbuf = gl.allocate_shared_memory(gl.bfloat16, [MAXB, 1, BS, 1, HD], v_desc.layout)
+        kbuf = gl.allocate_shared_memory(gl.bfloat16, [NI * MAXB, 1, BS, 1, HD], k_desc.layout)   # a TMA box a block
+        vbuf = gl.allocate_shared_memory(gl.bfloat16, [NI * MAXB, 1, BS, 1, HD], v_desc.layout)
         gx = gl.allocate_shared_memory(gl.int32, [_KS, 32], _PLAIN2)
         gs = gl.allocate_shared_memory(gl.float32, [_KS, 4], _PLAIN2)
         ox = gl.allocate_shared_memory(gl.int32, [KS_O, 32], _PLAIN2)
         os = gl.allocate_shared_memory(gl.float32, [KS_O, 4], _PLAIN2)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())       # qkv x, o x, KV
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())       # qkv's x, o's x
+        kv_bars = gl.allocate_shared_memory(gl.int64, [NI, 1], mbarrier.MBarrierLayout())
         tile_done = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         tile_free = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(3):
+        for i in gl.static_range(2):
             mbarrier.init(bars.index(i), count=1)
+        for i in gl.static_range(NI):
+            mbarrier.init(kv_bars.index(i), count=1)
         for i in gl.static_range(_HANDOFFS):
             mbarrier.init(tile_done.index(i), count=1)
             mbarrier.init(tile_free.index(i), count=1)
@@ -379,7 +395,8 @@ if HAS_GLUON:
                             (_counter, (counts_ptr, tile_done, tile_free, programs, W, H, WAIT, parts)),
                             (_attention, (h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
-                                          vbuf, bars, programs, eps, scale, K, H, HD, BS, S, MAXB, AW, WAIT, TRACE,
+                                          vbuf, bars, kv_bars, programs, eps, scale, K, H, HD, BS, S, MAXB, NI, AW,
+                                          WAIT, TRACE,
                                           parts))],
                            [1, 1, 1, AW], [40, 128, 40, 128])
 
@@ -434,16 +451,15 @@ class Block:
         blocks = -(-(int(state["context_len"].max()) - 1) // BLOCK_SIZE)
         # whole chunks of AW blocks, a power of 2 (the shared buffers' shapes)
         self.max_blocks = max(triton.next_power_of_2(-(-blocks // config["S"])), config["AW"])
+        self.programs = torch.cuda.get_device_properties(0).multi_processor_count
+        self.items = triton.next_power_of_2(-(-HEADS * config["S"] // self.programs))      # a CTA's, at most
         self.sums = torch.zeros(2, 3 * HEADS * HEAD_DIM, device="cuda", dtype=torch.float32)
         self.part = torch.zeros(HEADS * (config["S"] * (HEAD_DIM + 2) + HEAD_DIM), device="cuda",
                                 dtype=torch.float32)
         self.y = torch.zeros(2, HIDDEN, device="cuda", dtype=torch.float32)
         self.counts = torch.zeros(3 * HEADS * 32, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)
-        self.programs = torch.cuda.get_device_properties(0).multi_processor_count
         self.trace = torch.zeros(self.programs, 16, device="cuda", dtype=torch.int64)
-        if HEADS * config["S"] > 2 * self.programs:
-            raise ValueError(f"S={config['S']}: more than two attention items per CTA")
         self.launches = 0
 
     def reset(self) -> None:
@@ -475,14 +491,15 @@ class Block:
             *self.descs[copy], h, norm, state["cos"], state["sin"], state["table"], state["context_len"],
             state["slot"], layer["k_cache"], layer["v_cache"], self.sums, self.part, self.counts, self.sync, self.y,
             self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM), K=HIDDEN, H=HEADS, HD=HEAD_DIM, BS=BLOCK_SIZE,
-            STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, KS_O=config["KS_O"], AW=config["AW"],
+            STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, KS_O=config["KS_O"],
+            AW=config["AW"],
             WAIT=wait, TRACE=trace, parts=parts, num_warps=config["W"], launch_pdl=True)
         self.launches += 1
 
 
 TRACE_POINTS = ["loader: PDL wait returned", "loader: qkv's x ready", "loader: its o heads merged",
                 "consumers: first qkv slot arrived", "consumers: qkv items done", "consumers: o's x ready",
-                "consumers: o items done", "attention: launch index known", "attention: first item's KV asked",
+                "consumers: o items done", "attention: launch index known", "attention: every item's KV asked",
                 "attention: its head's qkv counted", "attention: q, k, v taken", "attention: KV arrived",
                 "attention: split computed", "attention: split counted", "attention: first item done",
                 "attention: second item done"]
