@@ -15,13 +15,13 @@ kind of work has its own warps, as in the MLP block:
   stream while the attention runs).
 - one counter warp: counts each handed-over qkv item on its head's counter (release).
 - one x loader warp: qkv's x fragments from h times the norm's weight for the CTA's K slice; then it waits for the
-  heads of its o slice (merged) and writes their outputs as o's x fragments.
+  heads of its o slice to be merged (one counter) and writes their outputs as o's x fragments.
 - AW attention warps: the CTA's (head, split) items (head-major, S splits of the cached tokens). Each asks TMA for
   its split's K and V blocks (the engine's paged cache, through the block table) as the launch starts, waits for
   its head's counter, takes q, k and v of the new token from the sums (times the norm's rstd; q and k rotated),
   writes k and v into the cache (the last split), runs the split's online softmax (the last split with the new
   token), writes its partial sums and counts them on the head's split counter (acquire and release); the split
-  that counts last merges the head's S records and counts the head as merged (release).
+  that counts last merges the head's S records and counts the head on its o slice's counter (release).
 The counters are never zeroed (launch epochs) and the sums and y are double-buffered by the launch's parity, as in
 the MLP block. Against: the engine's chain at batch 1 in the same run (HELD's qkv at its pick with the norm and the
 rotary epilogue after its preparing kernel, paged_decode_attention, XHALF's o after its preparing kernel into the
@@ -53,7 +53,7 @@ QKV_SLICES = HIDDEN // GROUP // KS                                  # 4
 HEAD_TILES = 3 * HEAD_DIM // TILE                                   # 24: a head's q, k and v rows
 COPIES = 8
 SPIN_LIMIT = 1 << 20
-CONFIGS = ["2:4:16:4", "2:4:8:4", "2:4:4:4", "2:4:16:2", "2:4:8:4:8"]
+CONFIGS = ["2:4:4:8", "2:4:8:8", "2:4:8:8:8", "2:4:4:4", "2:4:8:4"]
 HELD_QKV = [(2, 1, 16), (2, 1, 12), (4, 2, 4)]     # (BLOCK_N, warps, per SM) tried for the chain (rotary: even BN)
 
 if HAS_GLUON:
@@ -115,9 +115,8 @@ if HAS_GLUON:
         if (o_items > 0) & (parts // 4 == 1):
             per: gl.constexpr = KS_O * 64 // HD                          # heads per o slice
             head0 = o_slice * per
-            if WAIT:
-                for hh in range(per):
-                    _wait_count_1(counts_ptr, sync_ptr + 1, 2 * H + head0 + hh, launch + 1)
+            if WAIT:                                                     # one counter for the slice's heads
+                _wait_count_1(counts_ptr, sync_ptr + 1, 2 * H + o_slice, (launch + 1) * per)
             merged = part_ptr + H * S * (HD + 2) + head0 * HD             # the heads' outputs [per, HD]
             _stamp(trace_ptr, 2, TRACE)
             _fragments(gl.load(merged + _value_offsets(KS_O), cache_modifier=".cg"), KS_O, ox, os)
@@ -213,7 +212,8 @@ if HAS_GLUON:
                    slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
                    K: gl.constexpr,
                    H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr,
-                   NI: gl.constexpr, AW: gl.constexpr, WAIT: gl.constexpr, TRACE: gl.constexpr, parts):
+                   NI: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr, WAIT: gl.constexpr, TRACE: gl.constexpr,
+                   parts):
         """The attention warps (module docstring): items pid, pid + programs, .. of (head, split), head-major."""
         pid = gl.program_id(0)
         # AW blocks at a time, warp w taking block w: [AW, BS, HD], lane (token pair, 8 dims); the reductions
@@ -339,7 +339,8 @@ if HAS_GLUON:
                         den += weight * gl.load(recs + s * (HD + 2) + HD + 1, cache_modifier=".cg")
                     gl.store(part_ptr + H * S * (HD + 2) + head * HD + d, num / den)
                     gl.thread_barrier()
-                    gl.atomic_add(counts_ptr + (2 * H + head) * 32, 1, sem="release", scope="gpu")
+                    gl.atomic_add(counts_ptr + (2 * H + head // (KS_O * 64 // HD)) * 32, 1, sem="release",
+                                  scope="gpu")                   # on its o slice's counter
                 gl.thread_barrier()                          # the blocks read before the next item's copies
                 _stamp(trace_ptr, 14 + i, TRACE, i < 2)
 
@@ -356,9 +357,10 @@ if HAS_GLUON:
         caches, by CTAs all resident. Descriptors: qkv's codes and pairs (repacked, rows head by head: stored_qkv;
         boxes [W, KS, ..]) and o's (boxes [W, KS_O, ..]), the caches [blocks, BS, H, HD] (boxes [1, BS, 1, HD]).
         sums fp32 [2, 3 H HD], part fp32 [H S (HD + 2) + H HD] (the splits' records (acc [HD], max, sum), then
-        the merged heads), counts int32 [3 H * 32] (per head: qkv's tiles, its splits done, merged), sync int32 [2]
-        (arrivals, waits that gave up). WAIT False: no waits (outputs race); parts: 1 qkv's items, 2 the attention's,
-        4 o's (diagnostics: the others left out). The consumers are the launch's num_warps (W)."""
+        the merged heads), counts int32 [3 H * 32] (per head: qkv's tiles, its splits done; per o slice: its
+        heads merged), sync int32 [2] (arrivals, waits that gave up). WAIT False: no waits (outputs race); parts:
+        1 qkv's items, 2 the attention's, 4 o's (diagnostics: the others left out). The consumers are the launch's
+        num_warps (W)."""
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
@@ -395,9 +397,8 @@ if HAS_GLUON:
                             (_counter, (counts_ptr, tile_done, tile_free, programs, W, H, WAIT, parts)),
                             (_attention, (h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
-                                          vbuf, bars, kv_bars, programs, eps, scale, K, H, HD, BS, S, MAXB, NI, AW,
-                                          WAIT, TRACE,
-                                          parts))],
+                                          vbuf, bars, kv_bars, programs, eps, scale, K, H, HD, BS, S, MAXB, NI, KS_O,
+                                          AW, WAIT, TRACE, parts))],
                            [1, 1, 1, AW], [40, 128, 40, 128])
 
 
@@ -475,11 +476,12 @@ class Block:
         return self.y[(self.launches - 1) % 2]
 
     def counts_as_expected(self) -> bool:
-        """Each head's counters at its tiles (times the K slices), its splits and 1, times the launches since the
-        reset; every CTA's arrival counted."""
+        """Each head's counters at its tiles (times the K slices) and its splits, each o slice's at its heads, times
+        the launches since the reset; every CTA's arrival counted."""
         counted = self.counts.view(-1, 32)[:, 0].tolist()
+        o_slices, per = HIDDEN // GROUP // self.config["KS_O"], self.config["KS_O"] * GROUP // HEAD_DIM
         want = ([HEAD_TILES * QKV_SLICES * self.launches] * HEADS + [self.config["S"] * self.launches] * HEADS
-                + [self.launches] * HEADS)
+                + [per * self.launches] * o_slices + [0] * (HEADS - o_slices))
         return counted == want and int(self.sync[0].item()) == self.launches * self.programs
 
     def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True, parts: int = 7,
