@@ -53,7 +53,7 @@ QKV_SLICES = HIDDEN // GROUP // KS                                  # 4
 HEAD_TILES = 3 * HEAD_DIM // TILE                                   # 24: a head's q, k and v rows
 COPIES = 8
 SPIN_LIMIT = 1 << 20
-CONFIGS = ["2:4:4:8", "2:4:8:8", "2:4:8:8:8", "2:4:4:4", "2:4:8:4"]
+CONFIGS = ["2:4:4:4t", "2:4:8:4t", "2:4:4:8t", "2:4:8:8t", "2:4:4:4"]
 HELD_QKV = [(2, 1, 16), (2, 1, 12), (4, 2, 4)]     # (BLOCK_N, warps, per SM) tried for the chain (rotary: even BN)
 
 if HAS_GLUON:
@@ -61,6 +61,7 @@ if HAS_GLUON:
     from int4_mma_mlp_block_probe import _wait_count as _wait_count_1
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -208,21 +209,91 @@ if HAS_GLUON:
         _stamp(trace_ptr, 6, TRACE)
 
     @gluon.jit
+    def _split_on_cuda_cores(q, kbuf, vbuf, base: gl.constexpr, blocks, b0, cached, scale, SLOTS: gl.constexpr,
+                             MAXB: gl.constexpr, AW: gl.constexpr, BS: gl.constexpr, HD: gl.constexpr):
+        """One split's softmax over its blocks (shared slots base .. base + MAXB, the first `blocks` of them the
+        split's, from block b0; tokens past `cached` masked): its max, sum and acc (q's layout). AW blocks at a time,
+        warp w taking block w ([AW, BS, HD], a lane 8 tokens by 8 dims): the reductions over a block's tokens and
+        dims stay in the warp, each warp keeps its own running max, sum and acc, combined at the end."""
+        L3: gl.constexpr = gl.BlockedLayout([1, 8, 8], [1, 2, 16], [AW, 1, 1], [2, 1, 0])
+        T2: gl.constexpr = gl.SliceLayout(2, L3)                                   # [AW, BS]: scores
+        A2: gl.constexpr = gl.SliceLayout(1, L3)                                   # [AW, HD]: a warp's acc
+        WL: gl.constexpr = gl.SliceLayout(1, T2)                                   # [AW]: a warp's max and sum
+        kview = kbuf._reinterpret(gl.bfloat16, [SLOTS, BS, HD], _PLAIN3)
+        vview = vbuf._reinterpret(gl.bfloat16, [SLOTS, BS, HD], _PLAIN3)
+        wi = gl.arange(0, AW, layout=WL)
+        ri = gl.arange(0, BS, layout=gl.SliceLayout(0, T2))
+        tops = gl.full([AW], -1e30, gl.float32, WL)
+        totals = gl.zeros([AW], gl.float32, WL)
+        accs = gl.zeros([AW, HD], gl.float32, A2)
+        for c in gl.static_range(MAXB // AW):
+            local = c * AW + wi                                                    # the warps' blocks in the split
+            valid = (local < blocks)[:, None] & ((b0 + local)[:, None] * BS + ri[None, :] < cached)
+            kt = kview.slice(base + c * AW, AW).load(L3).to(gl.float32)
+            score = gl.where(valid, gl.sum(kt * q[None, None, :], axis=2) * scale, -1e30)          # [AW, BS]
+            new_tops = gl.maximum(tops, gl.max(score, axis=1))
+            fade = gl.exp(tops - new_tops)
+            p = gl.where(valid, gl.exp(score - new_tops[:, None]), 0.0)
+            vt = gl.where(valid[:, :, None], vview.slice(base + c * AW, AW).load(L3).to(gl.float32), 0.0)
+            accs = (accs * gl.convert_layout(fade, gl.SliceLayout(1, A2), assert_trivial=True)[:, None]
+                    + gl.sum(vt * p[:, :, None], axis=1))
+            totals = totals * fade + gl.sum(p, axis=1)
+            tops = new_tops
+        top = gl.max(tops, axis=0)                       # the warps' states combined
+        weights = gl.exp(tops - top)
+        total = gl.sum(totals * weights, axis=0)
+        acc = gl.sum(accs * gl.convert_layout(weights, gl.SliceLayout(1, A2), assert_trivial=True)[:, None], axis=0)
+        return top, total, acc
+
+    @gluon.jit
+    def _split_on_tensor_cores(q, kbuf, vbuf, base: gl.constexpr, blocks, b0, cached, scale, SLOTS: gl.constexpr,
+                               MAXB: gl.constexpr, AW: gl.constexpr, BS: gl.constexpr, HD: gl.constexpr,
+                               DL: gl.constexpr):
+        """_split_on_cuda_cores's result by mma.sync (bf16 in, fp32 out), AW blocks (ROWS tokens) at a time: the
+        scores as K [ROWS, HD] times q in all 8 columns, the acc as V^T [HD, ROWS] times p (bf16) in all 8 columns;
+        an online softmax over the chunks. The result in layout DL."""
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[AW, 1], instr_shape=[16, 8])
+        OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        COLS: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [AW, 1], [1, 0])
+        ROWS: gl.constexpr = AW * BS
+        RL: gl.constexpr = gl.SliceLayout(1, MMA)
+        k2 = kbuf._reinterpret(gl.bfloat16, [SLOTS * BS, HD], _PLAIN2)
+        v2 = vbuf._reinterpret(gl.bfloat16, [SLOTS * BS, HD], _PLAIN2)
+        q8 = gl.expand_dims(gl.convert_layout(q, gl.SliceLayout(1, COLS)), 1) + gl.zeros([HD, 8], gl.float32, COLS)
+        q8 = gl.convert_layout(q8.to(gl.bfloat16), OPB)                             # [HD, 8]
+        tok = gl.arange(0, ROWS, layout=RL)
+        top = gl.max(gl.full([ROWS], -1e30, gl.float32, RL), axis=0)
+        total = gl.sum(gl.zeros([ROWS], gl.float32, RL), axis=0)
+        acc = gl.zeros([HD, 8], gl.float32, MMA)
+        for c in gl.static_range(MAXB // AW):
+            kt = k2.slice((base + c * AW) * BS, ROWS).load(OPA)                    # [ROWS, HD]
+            score = gl.max(mma_v2(kt, q8, gl.zeros([ROWS, 8], gl.float32, MMA)), axis=1) * scale     # [ROWS]
+            local = c * AW + tok // BS
+            valid = (local < blocks) & ((b0 + local) * BS + tok % BS < cached)
+            score = gl.where(valid, score, -1e30)
+            new_top = gl.maximum(top, gl.max(score, axis=0))
+            fade = gl.exp(top - new_top)
+            p = gl.where(valid, gl.exp(score - new_top), 0.0)
+            total = total * fade + gl.sum(p, axis=0)
+            p8 = gl.convert_layout((gl.expand_dims(p, 1) + gl.zeros([ROWS, 8], gl.float32, MMA)).to(gl.bfloat16), OPB)
+            vt = v2.slice((base + c * AW) * BS, ROWS).permute((1, 0)).load(OPA)    # [HD, ROWS]
+            acc = mma_v2(vt, p8, acc * fade)
+            top = new_top
+        return top, total, gl.convert_layout(gl.max(acc, axis=1), DL)
+
+    @gluon.jit
     def _attention(h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr,
                    slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
                    K: gl.constexpr,
                    H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr,
-                   NI: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr, WAIT: gl.constexpr, TRACE: gl.constexpr,
-                   parts):
+                   NI: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr, TC: gl.constexpr, WAIT: gl.constexpr,
+                   TRACE: gl.constexpr, parts):
         """The attention warps (module docstring): items pid, pid + programs, .. of (head, split), head-major."""
         pid = gl.program_id(0)
-        # AW blocks at a time, warp w taking block w: [AW, BS, HD], lane (token pair, 8 dims); the reductions
-        # over a block's tokens and dims stay in the warp, its running max, sum and acc are the warp's own
+        # q, k and v of the new token [HD] as _split_on_cuda_cores's blocks take q
         L3: gl.constexpr = gl.BlockedLayout([1, 8, 8], [1, 2, 16], [AW, 1, 1], [2, 1, 0])
-        T2: gl.constexpr = gl.SliceLayout(2, L3)                                   # [AW, BS]: scores
-        A2: gl.constexpr = gl.SliceLayout(1, L3)                                   # [AW, HD]: a warp's acc
-        DL: gl.constexpr = gl.SliceLayout(0, A2)                                   # [HD]
-        WL: gl.constexpr = gl.SliceLayout(1, T2)                                   # [AW]: a warp's max and sum
+        DL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L3))
         HL: gl.constexpr = gl.BlockedLayout([4], [32], [AW], [0])
         gdc_wait()
         cached = gl.load(ctx_ptr) - 1                    # tokens in the cache before this one
@@ -251,10 +322,6 @@ if HAS_GLUON:
                                                 vbuf.index(i * MAXB + j), pred=live)
         _stamp(trace_ptr, 8, TRACE)
         d = gl.arange(0, HD, layout=DL)
-        wi = gl.arange(0, AW, layout=WL)
-        ri = gl.arange(0, BS, layout=gl.SliceLayout(0, T2))
-        kview = kbuf._reinterpret(gl.bfloat16, [NI * MAXB, BS, HD], _PLAIN3)       # (NI, MAXB powers of 2)
-        vview = vbuf._reinterpret(gl.bfloat16, [NI * MAXB, BS, HD], _PLAIN3)
         squares = gl.zeros([128 * AW], gl.float32, HL)
         for piece in gl.static_range(K // (128 * AW)):
             hv = gl.load(h_ptr + piece * 128 * AW + gl.arange(0, 128 * AW, layout=HL)).to(gl.float32)
@@ -289,27 +356,12 @@ if HAS_GLUON:
                 _stamp(trace_ptr, 10, TRACE, i == 0)
                 mbarrier.wait(kv_bars.index(i), 0)
                 _stamp(trace_ptr, 11, TRACE, i == 0)
-                tops = gl.full([AW], -1e30, gl.float32, WL)
-                totals = gl.zeros([AW], gl.float32, WL)
-                accs = gl.zeros([AW, HD], gl.float32, A2)
-                for c in gl.static_range(MAXB // AW):
-                    local = c * AW + wi                                                # the warps' blocks in the split
-                    valid = (local < b1 - b0)[:, None] & ((b0 + local)[:, None] * BS + ri[None, :] < cached)
-                    kt = kview.slice(i * MAXB + c * AW, AW).load(L3).to(gl.float32)
-                    score = gl.where(valid, gl.sum(kt * q[None, None, :], axis=2) * scale, -1e30)    # [AW, BS]
-                    new_tops = gl.maximum(tops, gl.max(score, axis=1))
-                    fade = gl.exp(tops - new_tops)
-                    p = gl.where(valid, gl.exp(score - new_tops[:, None]), 0.0)
-                    vt = gl.where(valid[:, :, None], vview.slice(i * MAXB + c * AW, AW).load(L3).to(gl.float32), 0.0)
-                    accs = (accs * gl.convert_layout(fade, gl.SliceLayout(1, A2), assert_trivial=True)[:, None]
-                            + gl.sum(vt * p[:, :, None], axis=1))
-                    totals = totals * fade + gl.sum(p, axis=1)
-                    tops = new_tops
-                top = gl.max(tops, axis=0)                   # the warps' states combined
-                weights = gl.exp(tops - top)
-                total = gl.sum(totals * weights, axis=0)
-                acc = gl.sum(accs * gl.convert_layout(weights, gl.SliceLayout(1, A2), assert_trivial=True)[:, None],
-                             axis=0)
+                if TC:
+                    top, total, acc = _split_on_tensor_cores(q, kbuf, vbuf, i * MAXB, b1 - b0, b0, cached, scale,
+                                                             NI * MAXB, MAXB, AW, BS, HD, DL)
+                else:
+                    top, total, acc = _split_on_cuda_cores(q, kbuf, vbuf, i * MAXB, b1 - b0, b0, cached, scale,
+                                                           NI * MAXB, MAXB, AW, BS, HD)
                 if last:                                     # the new token
                     new_score = gl.sum(q * k_new.to(gl.float32), axis=0) * scale
                     new_top = gl.maximum(top, new_score)
@@ -350,7 +402,7 @@ if HAS_GLUON:
                              sync_ptr, y_ptr, trace_ptr, programs, eps, scale, K: gl.constexpr, H: gl.constexpr,
                              HD: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr,
                              MAXB: gl.constexpr, NI: gl.constexpr, KS_O: gl.constexpr, AW: gl.constexpr,
-                             WAIT: gl.constexpr = True,
+                             TC: gl.constexpr = False, WAIT: gl.constexpr = True,
                              TRACE: gl.constexpr = False,
                              parts=7):
         """y[parity] += h + o(attention(rotary(qkv(RMSNorm(h) * norm)))), the new token's k and v into the paged
@@ -398,15 +450,17 @@ if HAS_GLUON:
                             (_attention, (h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, K, H, HD, BS, S, MAXB, NI, KS_O,
-                                          AW, WAIT, TRACE, parts))],
+                                          AW, TC, WAIT, TRACE, parts))],
                            [1, 1, 1, AW], [40, 128, 40, 128])
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW[:KS_O] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per
-    head, attention warps, o's groups per item: 16 (8 heads' outputs) or 8)."""
-    stages, warps, splits, attention_warps, *ks_o = map(int, spec.split(":"))
-    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "KS_O": ks_o[0] if ks_o else KS}
+    """STAGES:W:S:AW[:KS_O][t] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens
+    per head, attention warps, o's groups per item: 16 (8 heads' outputs) or 8; a trailing "t": the splits' products
+    on the tensor cores, _split_on_tensor_cores)."""
+    stages, warps, splits, attention_warps, *ks_o = map(int, spec.rstrip("t").split(":"))
+    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "KS_O": ks_o[0] if ks_o else KS,
+            "TC": spec.endswith("t")}
 
 
 def head_major_rows(heads: int = HEADS) -> torch.Tensor:
@@ -494,7 +548,7 @@ class Block:
             state["slot"], layer["k_cache"], layer["v_cache"], self.sums, self.part, self.counts, self.sync, self.y,
             self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM), K=HIDDEN, H=HEADS, HD=HEAD_DIM, BS=BLOCK_SIZE,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, KS_O=config["KS_O"],
-            AW=config["AW"],
+            AW=config["AW"], TC=config["TC"],
             WAIT=wait, TRACE=trace, parts=parts, num_warps=config["W"], launch_pdl=True)
         self.launches += 1
 
