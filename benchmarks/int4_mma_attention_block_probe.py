@@ -523,6 +523,7 @@ class Block:
         self.sync[0].zero_()
         self.sums.zero_()
         self.y.zero_()
+        self.trace.zero_()
         self.launches = 0
 
     def output(self) -> torch.Tensor:
@@ -539,13 +540,15 @@ class Block:
         return counted == want and int(self.sync[0].item()) == self.launches * self.programs
 
     def launch(self, copy: int, h: torch.Tensor, norm: torch.Tensor, wait: bool = True, parts: int = 7,
-               trace: bool = False) -> None:
+               trace: bool = False, buffers: tuple | None = None) -> None:
         """One launch on copy's weights and caches (diagnostics: wait False skips the waits, outputs then race;
-        parts, the kernel's; trace, its TRACE into self.trace)."""
+        parts, the kernel's; trace, its TRACE into self.trace). buffers: (sums, y) of this launch's own (the stress
+        run's), zero before."""
         state, layer, config = self.state, self.state["layers"][copy], self.config
+        sums, y = buffers or (self.sums, self.y)
         _mma_attention_block[(self.programs,)](
             *self.descs[copy], h, norm, state["cos"], state["sin"], state["table"], state["context_len"],
-            state["slot"], layer["k_cache"], layer["v_cache"], self.sums, self.part, self.counts, self.sync, self.y,
+            state["slot"], layer["k_cache"], layer["v_cache"], sums, self.part, self.counts, self.sync, y,
             self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM), K=HIDDEN, H=HEADS, HD=HEAD_DIM, BS=BLOCK_SIZE,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, KS_O=config["KS_O"],
             AW=config["AW"], TC=config["TC"],
@@ -575,14 +578,14 @@ def trace_summary(trace: torch.Tensor) -> dict:
     return summary
 
 
-def block_inputs(weights: list, state: dict, gen: torch.Generator) -> dict:
-    """h, the norm's weight, and copy 0's reference (block_reference on RMSNorm(h) * norm in fp32): o's output and
-    the k and v rows the token caches."""
+def block_inputs(weights: list, state: dict, gen: torch.Generator, copy: int = 0) -> dict:
+    """h, the norm's weight, and the reference on copy's weights and cache (block_reference on RMSNorm(h) * norm in
+    fp32): o's output ("delta", what the block adds to h) and the k and v rows the token caches."""
     h = torch.randn(HIDDEN, device="cuda", generator=gen).bfloat16()
     norm = (1 + 0.1 * torch.randn(HIDDEN, device="cuda", generator=gen)).bfloat16()
     normed = h.float() * torch.rsqrt(h.float().pow(2).mean() + EPS) * norm.float()
-    o, k_row, v_row = block_reference(normed.view(1, -1), weights[0], state, state["layers"][0], HEADS)
-    return {"h": h, "norm": norm, "o": o.view(-1), "k": k_row, "v": v_row}
+    o, k_row, v_row = block_reference(normed.view(1, -1), weights[copy], state, state["layers"][copy], HEADS)
+    return {"h": h, "norm": norm, "delta": o.view(-1), "k": k_row, "v": v_row}
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -630,6 +633,45 @@ def block_checks(entries: list) -> list:
             for e in entries if "rel_err" in e]
 
 
+def stress(specs: str, launches: int, out: Path) -> int:
+    """Chain `launches` launches of each config in one CUDA graph with PDL, as decode would, each on its own h and
+    its own sums and y (the kernel zeroes a launch's other parity for the next), over STRESS_COPIES copies of the
+    weights and caches; replay it twice (buffers zeroed before each) and check every o output against its fp32
+    reference: the counters' epochs and the parities under back-to-back launches, which the timed runs do not check."""
+    from int4_attention_block_probe import stacked_weights
+    from int4_mlp_block_probe import STRESS_COPIES, replayed_checks
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    weights = stacked_weights(HEADS, HIDDEN, STRESS_COPIES, gen, "cuda")
+    state = layer_state(HEADS, STRESS_COPIES, CONTEXT, gen, "cuda")
+    inputs = [block_inputs(weights, state, gen, i % STRESS_COPIES) for i in range(launches)]
+    sums = torch.zeros(launches, 2, 3 * HEADS * HEAD_DIM, device="cuda", dtype=torch.float32)
+    ys = torch.zeros(launches, 2, HIDDEN, device="cuda", dtype=torch.float32)
+    entries, checks = [], []
+    for spec in specs.split(","):
+        block = Block(weights, state, parse_config(spec))
+
+        def chain(block=block) -> None:
+            for i, x in enumerate(inputs):
+                block.launch(i % STRESS_COPIES, x["h"], x["norm"], buffers=(sums[i], ys[i]))
+
+        def zero() -> None:
+            sums.zero_()
+            ys.zero_()
+
+        block.reset()
+        # launch i's parity: its index since the reset (the eager chain was launches 0 .. launches - 1)
+        entry, check = replayed_checks(spec, chain, inputs, zero,
+                                       lambda replay, i: ys[i, (replay * launches + i) % 2], block.sync)
+        entries.append(entry)
+        checks.append(check)
+    write_result(out, "int4-mma-attention-block-probe-stress", torch.device("cuda"), {},
+                 {"note": "no peer: a correctness run"}, {"configs": entries}, checks,
+                 {"copies": STRESS_COPIES, "group": GROUP, "ks": KS, "context": CONTEXT, "pdl": True, "eps": EPS})
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     from int4_attention_block_probe import stacked_weights
     from int4_mlp_block_probe import measured_configs
@@ -640,9 +682,14 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS), help="STAGES:W:S:AW[:KS_O], comma-separated")
     parser.add_argument("--trace", action="store_true",
                         help="also time each config's chain with TRACE and record where its last launch's time goes")
+    parser.add_argument("--stress", type=int, default=0, metavar="LAUNCHES",
+                        help="instead of timing: chain LAUNCHES launches per config in one CUDA graph, each on its own "
+                             "h and output buffers, and check every output")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
+    if args.stress:
+        return stress(args.configs, args.stress, args.out)
     copy_GBps = hbm_copy_GBps()
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = stacked_weights(HEADS, HIDDEN, COPIES, gen, "cuda")
@@ -663,7 +710,7 @@ def main(argv=None) -> int:
     y = torch.zeros(1, HIDDEN, device="cuda", dtype=torch.bfloat16)
     engine_chain(weights[0], state["layers"][0], state, h, norm, HELD_QKV[0], y)
     torch.cuda.synchronize()
-    result["engine_rel_err"] = relative_error(y.view(-1), inputs["o"])
+    result["engine_rel_err"] = relative_error(y.view(-1), inputs["delta"])
     result["engine_us"] = min(e["us"] for e in result["engine"])
 
     def measure(spec: str, entry: dict) -> None:
@@ -674,7 +721,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             cache_k = state["layers"][0]["k_cache"].view(-1, rows)[slot]
             cache_v = state["layers"][0]["v_cache"].view(-1, rows)[slot]
-            entry[f"rel_err_{launch}"] = {"o": relative_error(block.output() - h.float(), inputs["o"]),
+            entry[f"rel_err_{launch}"] = {"o": relative_error(block.output() - h.float(), inputs["delta"]),
                                           "k_cached": relative_error(cache_k, inputs["k"]),
                                           "v_cached": relative_error(cache_v, inputs["v"])}
         entry["rel_err"] = {f"{key} ({launch})": value for launch in ("first_launch", "second_launch")
