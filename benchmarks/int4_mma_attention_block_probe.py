@@ -53,7 +53,7 @@ QKV_SLICES = HIDDEN // GROUP // KS                                  # 4
 HEAD_TILES = 3 * HEAD_DIM // TILE                                   # 24: a head's q, k and v rows
 COPIES = 8
 SPIN_LIMIT = 1 << 20
-CONFIGS = ["2:4:4:4", "2:4:4:4t", "2:4:8:4", "2:4:4:8"]
+CONFIGS = ["2:4:4:4t", "2:4:8:4t", "2:4:4:4", "2:4:4:8t"]
 HELD_QKV = [(2, 1, 16), (2, 1, 12), (4, 2, 4)]     # (BLOCK_N, warps, per SM) tried for the chain (rotary: even BN)
 
 if HAS_GLUON:
@@ -246,29 +246,48 @@ if HAS_GLUON:
         return top, total, acc
 
     @gluon.jit
-    def _split_on_tensor_cores(q, kbuf, vbuf, base: gl.constexpr, blocks, b0, cached, scale, SLOTS: gl.constexpr,
-                               MAXB: gl.constexpr, AW: gl.constexpr, BS: gl.constexpr, HD: gl.constexpr,
-                               DL: gl.constexpr):
+    def _rotated(row, cos_ptr, sin_ptr, d, rstd, HD: gl.constexpr):
+        """x[d] (fp32 at row) rotated as the rotary embedding pairs dims (d, d + HD / 2), times rstd; d in any
+        layout."""
+        partner = (d + HD // 2) % HD
+        sin = gl.load(sin_ptr + d).to(gl.float32) * gl.where(d < HD // 2, -1.0, 1.0)
+        return (gl.load(row + d, cache_modifier=".cg") * gl.load(cos_ptr + d).to(gl.float32)
+                + gl.load(row + partner, cache_modifier=".cg") * sin) * rstd
+
+    @gluon.jit
+    def _split_on_tensor_cores(row, cos_ptr, sin_ptr, rstd, kbuf, vbuf, base: gl.constexpr, blocks, b0, cached, scale,
+                               SLOTS: gl.constexpr, MAXB: gl.constexpr, AW: gl.constexpr, BS: gl.constexpr,
+                               HD: gl.constexpr, DL: gl.constexpr):
         """_split_on_cuda_cores's result by mma.sync (bf16 in, fp32 out), AW blocks (ROWS tokens) at a time: the
-        scores as K [ROWS, HD] times q in all 8 columns, the acc as V^T [HD, ROWS] times p (bf16) in all 8 columns;
-        an online softmax over the chunks. The result in layout DL."""
+        scores as K [ROWS, HD] times q (rotated from the sums' row, in bf16) in all 8 columns, the acc as V^T [HD,
+        ROWS] times p (bf16) in all 8 columns; an online softmax over the chunks. Each block's K and V are two boxes of HD / 2 dims (the slots' first and
+        second halves), stored with 128-byte swizzles so that ldmatrix reads them without bank conflicts (rows of
+        256 bytes unswizzled put a matrix's 8 rows on the same banks). The result in layout DL."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[AW, 1], instr_shape=[16, 8])
         OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         COLS: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [AW, 1], [1, 0])
         ROWS: gl.constexpr = AW * BS
         RL: gl.constexpr = gl.SliceLayout(1, MMA)
-        k2 = kbuf._reinterpret(gl.bfloat16, [SLOTS // AW, ROWS, HD], _PLAIN2)           # chunks of AW blocks
-        v2 = vbuf._reinterpret(gl.bfloat16, [SLOTS // AW, ROWS, HD], _PLAIN2)
-        q8 = gl.expand_dims(gl.convert_layout(q, gl.SliceLayout(1, COLS)), 1) + gl.zeros([HD, 8], gl.float32, COLS)
-        q8 = gl.convert_layout(q8.to(gl.bfloat16), OPB)                             # [HD, 8]
+        HB: gl.constexpr = HD // 2
+        CH: gl.constexpr = SLOTS // AW                                              # chunks in a half
+        SW: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        k2 = kbuf._reinterpret(gl.bfloat16, [2 * CH, ROWS, HB], SW)                # [half, chunk] of AW blocks
+        v2 = vbuf._reinterpret(gl.bfloat16, [2 * CH, ROWS, HB], SW)
+        dims = gl.arange(0, HB, layout=gl.SliceLayout(1, COLS))
+        q8_lo = gl.convert_layout((gl.expand_dims(_rotated(row, cos_ptr, sin_ptr, dims, rstd, HD), 1)
+                                   + gl.zeros([HB, 8], gl.float32, COLS)).to(gl.bfloat16), OPB)     # [HB, 8]
+        q8_hi = gl.convert_layout((gl.expand_dims(_rotated(row, cos_ptr, sin_ptr, dims + HB, rstd, HD), 1)
+                                   + gl.zeros([HB, 8], gl.float32, COLS)).to(gl.bfloat16), OPB)
         tok = gl.arange(0, ROWS, layout=RL)
         top = gl.max(gl.full([ROWS], -1e30, gl.float32, RL), axis=0)
         total = gl.sum(gl.zeros([ROWS], gl.float32, RL), axis=0)
-        acc = gl.zeros([HD, 8], gl.float32, MMA)
+        acc_lo = gl.zeros([HB, 8], gl.float32, MMA)
+        acc_hi = gl.zeros([HB, 8], gl.float32, MMA)
         for c in range(MAXB // AW):
-            kt = k2.index(base // AW + c).load(OPA)                                # [ROWS, HD]
-            score = gl.max(mma_v2(kt, q8, gl.zeros([ROWS, 8], gl.float32, MMA)), axis=1) * scale     # [ROWS]
+            chunk = base // AW + c
+            score = mma_v2(k2.index(chunk).load(OPA), q8_lo, gl.zeros([ROWS, 8], gl.float32, MMA))
+            score = gl.max(mma_v2(k2.index(CH + chunk).load(OPA), q8_hi, score), axis=1) * scale      # [ROWS]
             local = c * AW + tok // BS
             valid = (local < blocks) & ((b0 + local) * BS + tok % BS < cached)
             score = gl.where(valid, score, -1e30)
@@ -277,10 +296,11 @@ if HAS_GLUON:
             p = gl.where(valid, gl.exp(score - new_top), 0.0)
             total = total * fade + gl.sum(p, axis=0)
             p8 = gl.convert_layout((gl.expand_dims(p, 1) + gl.zeros([ROWS, 8], gl.float32, MMA)).to(gl.bfloat16), OPB)
-            vt = v2.index(base // AW + c).permute((1, 0)).load(OPA)               # [HD, ROWS]
-            acc = mma_v2(vt, p8, acc * fade)
+            acc_lo = mma_v2(v2.index(chunk).permute((1, 0)).load(OPA), p8, acc_lo * fade)       # V^T [HB, ROWS]
+            acc_hi = mma_v2(v2.index(CH + chunk).permute((1, 0)).load(OPA), p8, acc_hi * fade)
             top = new_top
-        return top, total, gl.convert_layout(gl.max(acc, axis=1), DL)
+        out = gl.reshape(gl.permute(gl.join(gl.max(acc_lo, axis=1), gl.max(acc_hi, axis=1)), (1, 0)), [HD])
+        return top, total, gl.convert_layout(out, DL)
 
     @gluon.jit
     def _attention(h_ptr, sums_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr,
@@ -291,6 +311,7 @@ if HAS_GLUON:
                    TRACE: gl.constexpr, parts):
         """The attention warps (module docstring): items pid, pid + programs, .. of (head, split), head-major."""
         pid = gl.program_id(0)
+        PIECES: gl.constexpr = 2 if TC else 1
         # q, k and v of the new token [HD] as _split_on_cuda_cores's blocks take q
         L3: gl.constexpr = gl.BlockedLayout([1, 8, 8], [1, 2, 16], [AW, 1, 1], [2, 1, 0])
         DL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L3))
@@ -316,10 +337,12 @@ if HAS_GLUON:
             mbarrier.expect(kv_bars.index(i), MAXB * 2 * BS * HD * 2, pred=live)
             for j in gl.static_range(MAXB):
                 block = gl.sum(gl.where(jj == j, table, 0), axis=0)
-                tma.async_copy_global_to_shared(k_desc, [block, 0, head, 0], kv_bars.index(i),
-                                                kbuf.index(i * MAXB + j), pred=live)
-                tma.async_copy_global_to_shared(v_desc, [block, 0, head, 0], kv_bars.index(i),
-                                                vbuf.index(i * MAXB + j), pred=live)
+                for piece in gl.static_range(PIECES):    # (TC: two boxes of HD / 2 dims, 128-byte swizzled)
+                    at = piece * NI * MAXB + i * MAXB + j
+                    tma.async_copy_global_to_shared(k_desc, [block, 0, head, piece * (HD // PIECES)],
+                                                    kv_bars.index(i), kbuf.index(at), pred=live)
+                    tma.async_copy_global_to_shared(v_desc, [block, 0, head, piece * (HD // PIECES)],
+                                                    kv_bars.index(i), vbuf.index(at), pred=live)
         _stamp(trace_ptr, 8, TRACE)
         d = gl.arange(0, HD, layout=DL)
         squares = gl.zeros([128 * AW], gl.float32, HL)
@@ -327,9 +350,6 @@ if HAS_GLUON:
             hv = gl.load(h_ptr + piece * 128 * AW + gl.arange(0, 128 * AW, layout=HL)).to(gl.float32)
             squares += hv * hv
         rstd = gl.rsqrt(gl.sum(squares, axis=0) / K + eps)
-        cos = gl.load(cos_ptr + d).to(gl.float32)
-        sin = gl.load(sin_ptr + d).to(gl.float32) * gl.where(d < HD // 2, -1.0, 1.0)
-        partner = (d + HD // 2) % HD
         mbarrier.wait(bars.index(0), 0)
         launch = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs
         sums = sums_ptr + (launch % 2) * 3 * H * HD
@@ -344,10 +364,8 @@ if HAS_GLUON:
                     _wait_count_1(counts_ptr, sync_ptr + 1, head, (launch + 1) * (_HT * _QS))
                 _stamp(trace_ptr, 9, TRACE, i == 0)
                 row = sums + head * 3 * HD
-                q = (gl.load(row + d, cache_modifier=".cg") * cos
-                     + gl.load(row + partner, cache_modifier=".cg") * sin) * rstd
-                k_new = ((gl.load(row + HD + d, cache_modifier=".cg") * cos
-                          + gl.load(row + HD + partner, cache_modifier=".cg") * sin) * rstd).to(gl.bfloat16)
+                q = _rotated(row, cos_ptr, sin_ptr, d, rstd, HD)
+                k_new = _rotated(row + HD, cos_ptr, sin_ptr, d, rstd, HD).to(gl.bfloat16)
                 v_new = (gl.load(row + 2 * HD + d, cache_modifier=".cg") * rstd).to(gl.bfloat16)
                 last = split == S - 1
                 if last:                                     # the new token's k and v into the cache
@@ -357,8 +375,9 @@ if HAS_GLUON:
                 mbarrier.wait(kv_bars.index(i), 0)
                 _stamp(trace_ptr, 11, TRACE, i == 0)
                 if TC:
-                    top, total, acc = _split_on_tensor_cores(q, kbuf, vbuf, i * MAXB, b1 - b0, b0, cached, scale,
-                                                             NI * MAXB, MAXB, AW, BS, HD, DL)
+                    top, total, acc = _split_on_tensor_cores(row, cos_ptr, sin_ptr, rstd, kbuf, vbuf, i * MAXB,
+                                                             b1 - b0, b0, cached, scale, NI * MAXB, MAXB, AW, BS, HD,
+                                                             DL)
                 else:
                     top, total, acc = _split_on_cuda_cores(q, kbuf, vbuf, i * MAXB, b1 - b0, b0, cached, scale,
                                                            NI * MAXB, MAXB, AW, BS, HD)
@@ -416,8 +435,9 @@ if HAS_GLUON:
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
-        kbuf = gl.allocate_shared_memory(gl.bfloat16, [NI * MAXB, 1, BS, 1, HD], k_desc.layout)   # a TMA box a block
-        vbuf = gl.allocate_shared_memory(gl.bfloat16, [NI * MAXB, 1, BS, 1, HD], v_desc.layout)
+        PIECES: gl.constexpr = 2 if TC else 1          # TMA boxes a block (TC: 128-byte swizzled halves)
+        kbuf = gl.allocate_shared_memory(gl.bfloat16, [PIECES * NI * MAXB, 1, BS, 1, HD // PIECES], k_desc.layout)
+        vbuf = gl.allocate_shared_memory(gl.bfloat16, [PIECES * NI * MAXB, 1, BS, 1, HD // PIECES], v_desc.layout)
         gx = gl.allocate_shared_memory(gl.int32, [_KS, 32], _PLAIN2)
         gs = gl.allocate_shared_memory(gl.float32, [_KS, 4], _PLAIN2)
         ox = gl.allocate_shared_memory(gl.int32, [KS_O, 32], _PLAIN2)
@@ -490,15 +510,16 @@ class Block:
         self.config, self.state = config, state
         warps = config["W"]
         words = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
-        halves = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=4)
+        pieces = 2 if config["TC"] else 1               # the kernel's PIECES: TC's boxes are 128-byte swizzled
+        halves = gl.NVMMASharedLayout(swizzle_byte_width=128 if config["TC"] else 0, element_bitwidth=16, rank=4)
 
         def descs(packed: dict, ks: int) -> tuple:
             return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [warps, ks, t.shape[2]], words)
                          for t in (packed["codes"], packed["pairs"]))
 
         def cache_desc(cache: torch.Tensor):
-            return TensorDescriptor(cache, list(cache.shape), list(cache.stride()), [1, BLOCK_SIZE, 1, HEAD_DIM],
-                                    halves)
+            return TensorDescriptor(cache, list(cache.shape), list(cache.stride()),
+                                    [1, BLOCK_SIZE, 1, HEAD_DIM // pieces], halves)
 
         self.descs = [descs(stored_qkv(w), KS) + descs(stored_o(w), config["KS_O"])
                       + (cache_desc(layer["k_cache"]), cache_desc(layer["v_cache"]))
