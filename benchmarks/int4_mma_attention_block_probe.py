@@ -260,9 +260,10 @@ if HAS_GLUON:
                                HD: gl.constexpr, DL: gl.constexpr):
         """_split_on_cuda_cores's result by mma.sync (bf16 in, fp32 out), AW blocks (ROWS tokens) at a time: the
         scores as K [ROWS, HD] times q (rotated from the sums' row, in bf16) in all 8 columns, the acc as V^T [HD,
-        ROWS] times p (bf16) in all 8 columns; an online softmax over the chunks. Each block's K and V are two boxes of HD / 2 dims (the slots' first and
-        second halves), stored with 128-byte swizzles so that ldmatrix reads them without bank conflicts (rows of
-        256 bytes unswizzled put a matrix's 8 rows on the same banks). The result in layout DL."""
+        ROWS] times p (bf16) in all 8 columns; an online softmax over the chunks. Each block's K and V are two boxes
+        of HD / 2 dims (the slots' first and second halves), stored with 128-byte swizzles so that ldmatrix reads them
+        without bank conflicts (rows of 256 bytes unswizzled put a matrix's 8 rows on the same banks). The result in
+        layout DL."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[AW, 1], instr_shape=[16, 8])
         OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
