@@ -53,7 +53,7 @@ QKV_SLICES = HIDDEN // GROUP // KS                                  # 4
 HEAD_TILES = 3 * HEAD_DIM // TILE                                   # 24: a head's q, k and v rows
 COPIES = 8
 SPIN_LIMIT = 1 << 20
-CONFIGS = ["2:4:4:4t", "2:4:8:4t", "2:4:4:4", "2:4:4:8t"]
+CONFIGS = ["2:4:4:4t", "2:4:8:4t", "2:4:4:8t", "2:4:4:4"]
 HELD_QKV = [(2, 1, 16), (2, 1, 12), (4, 2, 4)]     # (BLOCK_N, warps, per SM) tried for the chain (rotary: even BN)
 
 if HAS_GLUON:
@@ -255,12 +255,22 @@ if HAS_GLUON:
                 + gl.load(row + partner, cache_modifier=".cg") * sin) * rstd
 
     @gluon.jit
+    def _chunk_scores(k2, chunk, CH: gl.constexpr, q8_lo, q8_hi, scale, c, tok, blocks, b0, cached, AW: gl.constexpr,
+                      BS: gl.constexpr, MMA: gl.constexpr, OPA: gl.constexpr):
+        """A chunk's scores [ROWS] (K's two halves times q in all 8 columns; -1e30 for tokens past the split's blocks
+        or the cache)."""
+        score = mma_v2(k2.index(chunk).load(OPA), q8_lo, gl.zeros([AW * BS, 8], gl.float32, MMA))
+        score = gl.max(mma_v2(k2.index(CH + chunk).load(OPA), q8_hi, score), axis=1) * scale
+        local = c * AW + tok // BS
+        return gl.where((local < blocks) & ((b0 + local) * BS + tok % BS < cached), score, -1e30)
+
+    @gluon.jit
     def _split_on_tensor_cores(row, cos_ptr, sin_ptr, rstd, kbuf, vbuf, base: gl.constexpr, blocks, b0, cached, scale,
                                SLOTS: gl.constexpr, MAXB: gl.constexpr, AW: gl.constexpr, BS: gl.constexpr,
                                HD: gl.constexpr, DL: gl.constexpr):
         """_split_on_cuda_cores's result by mma.sync (bf16 in, fp32 out), AW blocks (ROWS tokens) at a time: the
         scores as K [ROWS, HD] times q (rotated from the sums' row, in bf16) in all 8 columns, the acc as V^T [HD,
-        ROWS] times p (bf16) in all 8 columns; an online softmax over the chunks. Each block's K and V are two boxes
+        ROWS] times p (bf16) in all 8 columns, in two passes over the chunks. Each block's K and V are two boxes
         of HD / 2 dims (the slots' first and second halves), stored with 128-byte swizzles so that ldmatrix reads them
         without bank conflicts (rows of 256 bytes unswizzled put a matrix's 8 rows on the same banks). The result in
         layout DL."""
@@ -281,25 +291,26 @@ if HAS_GLUON:
         q8_hi = gl.convert_layout((gl.expand_dims(_rotated(row, cos_ptr, sin_ptr, dims + HB, rstd, HD), 1)
                                    + gl.zeros([HB, 8], gl.float32, COLS)).to(gl.bfloat16), OPB)
         tok = gl.arange(0, ROWS, layout=RL)
-        top = gl.max(gl.full([ROWS], -1e30, gl.float32, RL), axis=0)
-        total = gl.sum(gl.zeros([ROWS], gl.float32, RL), axis=0)
+        # two passes, so that no chunk waits on the one before: the scores' max (elementwise over the chunks, one
+        # reduction across the warps at the end), then the scores again, their exps and the acc
+        tops = gl.full([ROWS], -1e30, gl.float32, RL)
+        for c in gl.static_range(MAXB // AW):           # unrolled: the chunks' loads and MMAs interleave
+            score = _chunk_scores(k2, base // AW + c, CH, q8_lo, q8_hi, scale, c, tok, blocks, b0, cached, AW, BS, MMA,
+                                  OPA)
+            tops = gl.maximum(tops, score)
+        top = gl.max(tops, axis=0)
+        totals = gl.zeros([ROWS], gl.float32, RL)
         acc_lo = gl.zeros([HB, 8], gl.float32, MMA)
         acc_hi = gl.zeros([HB, 8], gl.float32, MMA)
-        for c in range(MAXB // AW):
+        for c in gl.static_range(MAXB // AW):
             chunk = base // AW + c
-            score = mma_v2(k2.index(chunk).load(OPA), q8_lo, gl.zeros([ROWS, 8], gl.float32, MMA))
-            score = gl.max(mma_v2(k2.index(CH + chunk).load(OPA), q8_hi, score), axis=1) * scale      # [ROWS]
-            local = c * AW + tok // BS
-            valid = (local < blocks) & ((b0 + local) * BS + tok % BS < cached)
-            score = gl.where(valid, score, -1e30)
-            new_top = gl.maximum(top, gl.max(score, axis=0))
-            fade = gl.exp(top - new_top)
-            p = gl.where(valid, gl.exp(score - new_top), 0.0)
-            total = total * fade + gl.sum(p, axis=0)
+            score = _chunk_scores(k2, chunk, CH, q8_lo, q8_hi, scale, c, tok, blocks, b0, cached, AW, BS, MMA, OPA)
+            p = gl.where(score > -1e30, gl.exp(score - top), 0.0)
+            totals += p
             p8 = gl.convert_layout((gl.expand_dims(p, 1) + gl.zeros([ROWS, 8], gl.float32, MMA)).to(gl.bfloat16), OPB)
-            acc_lo = mma_v2(v2.index(chunk).permute((1, 0)).load(OPA), p8, acc_lo * fade)       # V^T [HB, ROWS]
-            acc_hi = mma_v2(v2.index(CH + chunk).permute((1, 0)).load(OPA), p8, acc_hi * fade)
-            top = new_top
+            acc_lo = mma_v2(v2.index(chunk).permute((1, 0)).load(OPA), p8, acc_lo)       # V^T [HB, ROWS]
+            acc_hi = mma_v2(v2.index(CH + chunk).permute((1, 0)).load(OPA), p8, acc_hi)
+        total = gl.sum(totals, axis=0)
         out = gl.reshape(gl.permute(gl.join(gl.max(acc_lo, axis=1), gl.max(acc_hi, axis=1)), (1, 0)), [HD])
         return top, total, gl.convert_layout(out, DL)
 
