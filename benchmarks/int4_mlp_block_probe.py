@@ -673,6 +673,34 @@ def replayed_checks(spec: str, chain, inputs: list, zero, output, sync: torch.Te
                    "value": worst, "op": "<=", "target": 1e-2, "passed": misses == 0 and entry["gave_up_waits"] == 0}
 
 
+def parity_stress(specs: str, make_block, inputs: list, sums_width: int) -> tuple[list, list]:
+    """The tensor-core block probes' stress runs: per config, make_block(spec)'s launches chained over inputs (launch
+    i on weight copy i % STRESS_COPIES with its own sums [2, sums_width] and y [2, HIDDEN], since the kernels zero a
+    launch's other parity for the next), checked by replayed_checks. The entries and the checks."""
+    launches = len(inputs)
+    sums = torch.zeros(launches, 2, sums_width, device="cuda", dtype=torch.float32)
+    ys = torch.zeros(launches, 2, HIDDEN, device="cuda", dtype=torch.float32)
+    entries, checks = [], []
+    for spec in specs.split(","):
+        block = make_block(spec)
+
+        def chain(block=block) -> None:
+            for i, x in enumerate(inputs):
+                block.launch(i % STRESS_COPIES, x["h"], x["norm"], buffers=(sums[i], ys[i]))
+
+        def zero() -> None:
+            sums.zero_()
+            ys.zero_()
+
+        block.reset()
+        # launch i's parity: its index since the reset (the eager chain was launches 0 .. launches - 1)
+        entry, check = replayed_checks(spec, chain, inputs, zero,
+                                       lambda replay, i: ys[i, (replay * launches + i) % 2], block.sync)
+        entries.append(entry)
+        checks.append(check)
+    return entries, checks
+
+
 def stress_inputs(launches: int) -> tuple:
     """A stress run's inputs: STRESS_COPIES copies of each weight and launches distinct (h, norm, reference)."""
     gen = torch.Generator(device="cuda").manual_seed(1)

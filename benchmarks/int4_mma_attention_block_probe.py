@@ -681,32 +681,14 @@ def stress(specs: str, launches: int, out: Path) -> int:
     weights and caches; replay it twice (buffers zeroed before each) and check every o output against its fp32
     reference: the counters' epochs and the parities under back-to-back launches, which the timed runs do not check."""
     from int4_attention_block_probe import stacked_weights
-    from int4_mlp_block_probe import STRESS_COPIES, replayed_checks
+    from int4_mlp_block_probe import STRESS_COPIES, parity_stress
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     weights = stacked_weights(HEADS, HIDDEN, STRESS_COPIES, gen, "cuda")
     state = layer_state(HEADS, STRESS_COPIES, CONTEXT, gen, "cuda")
     inputs = [block_inputs(weights, state, gen, i % STRESS_COPIES) for i in range(launches)]
-    sums = torch.zeros(launches, 2, 3 * HEADS * HEAD_DIM, device="cuda", dtype=torch.float32)
-    ys = torch.zeros(launches, 2, HIDDEN, device="cuda", dtype=torch.float32)
-    entries, checks = [], []
-    for spec in specs.split(","):
-        block = Block(weights, state, parse_config(spec))
-
-        def chain(block=block) -> None:
-            for i, x in enumerate(inputs):
-                block.launch(i % STRESS_COPIES, x["h"], x["norm"], buffers=(sums[i], ys[i]))
-
-        def zero() -> None:
-            sums.zero_()
-            ys.zero_()
-
-        block.reset()
-        # launch i's parity: its index since the reset (the eager chain was launches 0 .. launches - 1)
-        entry, check = replayed_checks(spec, chain, inputs, zero,
-                                       lambda replay, i: ys[i, (replay * launches + i) % 2], block.sync)
-        entries.append(entry)
-        checks.append(check)
+    entries, checks = parity_stress(specs, lambda spec: Block(weights, state, parse_config(spec)), inputs,
+                                    3 * HEADS * HEAD_DIM)
     write_result(out, "int4-mma-attention-block-probe-stress", torch.device("cuda"), {},
                  {"note": "no peer: a correctness run"}, {"configs": entries}, checks,
                  {"copies": STRESS_COPIES, "group": GROUP, "ks": KS, "context": CONTEXT, "pdl": True, "eps": EPS})

@@ -59,7 +59,7 @@ from int4_mlp_block_probe import (  # noqa: E402
     engine_chain_us,
     interleaved_rows,
     measured_configs,
-    replayed_checks,
+    parity_stress,
     stress_inputs,
 )
 from int4_mma_ring_probe import CG, GROUP, HAS_GLUON, TILE, repacked  # noqa: E402
@@ -488,26 +488,8 @@ def stress(specs: str, launches: int, out: Path) -> int:
     the outputs), over STRESS_COPIES weight copies; replay it twice (buffers zeroed before each) and check every
     output against its fp32 reference: the counters' epochs and the parities under back-to-back launches."""
     gate_ups, downs, inputs = stress_inputs(launches)
-    sums = torch.zeros(launches, 2, 2 * INTERMEDIATE, device="cuda", dtype=torch.float32)
-    ys = torch.zeros(launches, 2, HIDDEN, device="cuda", dtype=torch.float32)
-    entries, checks = [], []
-    for spec in specs.split(","):
-        block = Block(gate_ups, downs, parse_config(spec))
-
-        def chain(block=block) -> None:
-            for i, x in enumerate(inputs):
-                block.launch(i % STRESS_COPIES, x["h"], x["norm"], buffers=(sums[i], ys[i]))
-
-        def zero() -> None:
-            sums.zero_()
-            ys.zero_()
-
-        block.reset()
-        # launch i's parity: its index since the reset (the eager chain was launches 0 .. launches - 1)
-        entry, check = replayed_checks(spec, chain, inputs, zero,
-                                       lambda replay, i: ys[i, (replay * launches + i) % 2], block.sync)
-        entries.append(entry)
-        checks.append(check)
+    entries, checks = parity_stress(specs, lambda spec: Block(gate_ups, downs, parse_config(spec)), inputs,
+                                    2 * INTERMEDIATE)
     write_result(out, "int4-mma-mlp-block-probe-stress", torch.device("cuda"), {},
                  {"note": "no peer: a correctness run"}, {"configs": entries}, checks,
                  {"copies": STRESS_COPIES, "group": GROUP, "ks": KS, "pdl": True, "eps": EPS})
