@@ -61,13 +61,20 @@ KS = 16                          # qkv's groups per item (a CTA's K slice of it)
 QKV_SLICES = HIDDEN // GROUP // KS                                  # 4
 HEAD_TILES = 3 * HEAD_DIM // TILE                                   # 24: a head's q, k and v rows
 COPIES = 8
-SPIN_LIMIT = 1 << 20
 CONFIGS = ["2:4:4:4t", "2:4:8:4t", "2:4:4:8t", "2:4:4:4"]
 HELD_QKV = [(2, 1, 16), (2, 1, 12), (4, 2, 4)]     # (BLOCK_N, warps, per SM) tried for the chain (rotary: even BN)
 
 if HAS_GLUON:
-    from int4_mma_mlp_block_probe import _HANDOFFS, _Q3_4, _Q3_8, _flush, _fragments, _item_dots, _value_offsets
-    from int4_mma_mlp_block_probe import _wait_count as _wait_count_1
+    from int4_mma_mlp_block_probe import (
+        _HANDOFFS,
+        _Q3_4,
+        _Q3_8,
+        _flush,
+        _fragments,
+        _item_dots,
+        _value_offsets,
+        _wait_count,
+    )
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -126,7 +133,7 @@ if HAS_GLUON:
             per: gl.constexpr = KS_O * 64 // HD                          # heads per o slice
             head0 = o_slice * per
             if WAIT:                                                     # one counter for the slice's heads
-                _wait_count_1(counts_ptr, sync_ptr + 1, 2 * H + o_slice, (launch + 1) * per)
+                _wait_count(counts_ptr, sync_ptr + 1, 2 * H + o_slice, (launch + 1) * per)
             merged = part_ptr + H * S * (HD + 2) + head0 * HD             # the heads' outputs [per, HD]
             _stamp(trace_ptr, 2, TRACE)
             _fragments(gl.load(merged + _value_offsets(KS_O), cache_modifier=".cg"), KS_O, ox, os)
@@ -382,7 +389,7 @@ if HAS_GLUON:
                 b0 = split * blocks // S
                 b1 = (split + 1) * blocks // S
                 if WAIT:
-                    _wait_count_1(counts_ptr, sync_ptr + 1, head, (launch + 1) * (_HT * _QS))
+                    _wait_count(counts_ptr, sync_ptr + 1, head, (launch + 1) * (_HT * _QS))
                 _stamp(trace_ptr, 9, TRACE, i == 0)
                 row = sums + head * 3 * HD
                 q = _rotated(row, cos_ptr, sin_ptr, d, rstd, HD)
