@@ -15,7 +15,12 @@ Timed per layer over LAYERS copies of every weight and KV cache (chained in one 
 The chain's data flow is not the layer's (each block reads its own h), which the kernels' timing does not depend on;
 each block's outputs are checked in its own probe.
 
-    python benchmarks/int4_mma_layer_chain_probe.py [--attention STAGES:W:S:AW[:KS_O][t]] [--mlp STAGES:W] [--out PATH]
+--switch times what a change of kernel costs at these kernels' boundaries: the attention block chained with itself,
+with a second compilation of itself (its CUDA-core form), and with the MLP block, each pair per layer copy, against
+each kernel's chain alone.
+
+    python benchmarks/int4_mma_layer_chain_probe.py [--attention STAGES:W:S:AW[:KS_O][t]] [--mlp STAGES:W] [--switch]
+        [--out PATH]
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-mma-layer-chain-probe-h200.json")
     parser.add_argument("--attention", default="2:4:4:4t", help="the attention block's config")
     parser.add_argument("--mlp", default="2:8", help="the MLP block's config")
+    parser.add_argument("--switch", action="store_true", help="time kernel changes at the blocks' boundaries instead")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
@@ -69,6 +75,9 @@ def main(argv=None) -> int:
              "mlp_block": lambda i: mlp_block.launch(i, mh, mnorm),
              "engine_attention": engine_attention, "engine_mlp": engine_mlp}
     layers = list(range(LAYERS))
+    if args.switch:
+        return switch_costs(args, steps, attention.Block(weights, state, attention.parse_config(
+            args.attention.rstrip("t"))), h, norm, layers, copy_GBps)
     result = {name: round(chained_us(step, layers), 2) for name, step in steps.items()}
     att_block.reset()
     mlp_block.reset()
@@ -94,6 +103,31 @@ def main(argv=None) -> int:
                  result, [{"name": "no wait gave up in the blocks' chained launches", "value": result["gave_up_waits"],
                            "op": "==", "target": 0, "passed": result["gave_up_waits"] == 0}],
                  {"layers": LAYERS, "attention": args.attention, "mlp": args.mlp, "context": CONTEXT, "pdl": True})
+    print(f"wrote {args.out}")
+    return 0
+
+
+def switch_costs(args, steps: dict, other_form, h: torch.Tensor, norm: torch.Tensor, layers: list,
+                 copy_GBps: float) -> int:
+    """The --switch run: per layer copy two launches, the attention block then itself, then its CUDA-core form (the
+    same kernel compiled apart: another binary), then the MLP block, against each chain alone; twice."""
+    runs = []
+    attention_block, mlp_block = steps["attention_block"], steps["mlp_block"]
+    other = {"attention_block": attention_block, "attention_cuda_core_form": lambda i: other_form.launch(i, h, norm),
+             "mlp_block": mlp_block}
+    for _ in range(2):
+        run = {f"{name}_alone": round(chained_us(step, layers), 2) for name, step in other.items()}
+        for name, step in other.items():
+            run[f"attention_block_then_{name}"] = round(chained_us(lambda i, step=step: (attention_block(i), step(i)),
+                                                                   layers), 2)
+            run[f"switch_cost_{name}_us"] = round(run[f"attention_block_then_{name}"] - run["attention_block_alone"]
+                                                  - run[f"{name}_alone"], 2)
+        runs.append(run)
+        print(run)
+    write_result(args.out, "int4-mma-layer-chain-probe-switch", torch.device("cuda"),
+                 {"hbm_copy_GBps(read+write)": round(copy_GBps, 1)},
+                 {"note": "no peer: each kernel's chain alone in the same run is the reference"}, {"runs": runs}, [],
+                 {"layers": LAYERS, "attention": args.attention, "mlp": args.mlp, "pdl": True})
     print(f"wrote {args.out}")
     return 0
 
