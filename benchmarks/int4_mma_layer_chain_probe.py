@@ -16,8 +16,8 @@ The chain's data flow is not the layer's (each block reads its own h), which the
 each block's outputs are checked in its own probe.
 
 --switch times what a change of kernel costs at these kernels' boundaries: the attention block chained with itself,
-with a second compilation of itself (its CUDA-core form), and with the MLP block, each pair per layer copy, against
-each kernel's chain alone.
+with a second compilation of itself (its CUDA-core form), with the MLP block, and with an empty kernel (one CTA per
+SM that only lets its successor launch and waits), each pair per layer copy, against each kernel's chain alone.
 
     python benchmarks/int4_mma_layer_chain_probe.py [--attention STAGES:W:S:AW[:KS_O][t]] [--mlp STAGES:W] [--switch]
         [--out PATH]
@@ -35,8 +35,20 @@ from int4_mma_attention_block_probe import HAS_GLUON  # noqa: E402
 from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels._dispatch import HAS_TRITON  # noqa: E402
 
 LAYERS = 8
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from tierllm.kernels._dispatch import pdl_start
+
+    @triton.jit
+    def _empty_kernel(PDL: tl.constexpr):
+        """Nothing but the PDL handshake: a different binary of almost no code."""
+        pdl_start(PDL)
 
 
 def main(argv=None) -> int:
@@ -110,11 +122,14 @@ def main(argv=None) -> int:
 def switch_costs(args, steps: dict, other_form, h: torch.Tensor, norm: torch.Tensor, layers: list,
                  copy_GBps: float) -> int:
     """The --switch run: per layer copy two launches, the attention block then itself, then its CUDA-core form (the
-    same kernel compiled apart: another binary), then the MLP block, against each chain alone; twice."""
+    same kernel compiled apart: another binary), then the MLP block, then an empty kernel, against each chain alone;
+    twice."""
     runs = []
     attention_block, mlp_block = steps["attention_block"], steps["mlp_block"]
+    programs = torch.cuda.get_device_properties(0).multi_processor_count
     other = {"attention_block": attention_block, "attention_cuda_core_form": lambda i: other_form.launch(i, h, norm),
-             "mlp_block": mlp_block}
+             "mlp_block": mlp_block,
+             "empty_kernel": lambda i: _empty_kernel[(programs,)](PDL=True, num_warps=1, launch_pdl=True)}
     for _ in range(2):
         run = {f"{name}_alone": round(chained_us(step, layers), 2) for name, step in other.items()}
         for name, step in other.items():
