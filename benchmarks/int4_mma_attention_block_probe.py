@@ -361,7 +361,7 @@ if HAS_GLUON:
             head = (pid + i * programs) // S
             b0 = split * blocks // S
             b1 = (split + 1) * blocks // S
-            table = gl.load(table_ptr + gl.minimum(b0 + jj, b1 - 1))
+            table = gl.load(table_ptr + gl.maximum(gl.minimum(b0 + jj, b1 - 1), 0))     # (an empty split: block 0)
             mbarrier.expect(kv_bars.index(i), MAXB * 2 * BS * HD * 2, pred=live)
             for j in gl.static_range(MAXB):
                 block = gl.sum(gl.where(jj == j, table, 0), axis=0)
