@@ -49,7 +49,14 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_attention_block_probe import BLOCK_SIZE, CONTEXT, HEAD_DIM, block_reference, layer_state  # noqa: E402
+from int4_attention_block_probe import (  # noqa: E402
+    BLOCK_SIZE,
+    CONTEXT,
+    HEAD_DIM,
+    block_reference,
+    layer_state,
+    relative_error,
+)
 from int4_mma_ring_probe import GROUP, HAS_GLUON, TILE, repacked  # noqa: E402
 from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 
@@ -635,10 +642,6 @@ def block_inputs(weights: list, state: dict, gen: torch.Generator, copy: int = 0
     normed = h.float() * torch.rsqrt(h.float().pow(2).mean() + EPS) * norm.float()
     o, k_row, v_row = block_reference(normed.view(1, -1), weights[copy], state, state["layers"][copy], HEADS)
     return {"h": h, "norm": norm, "delta": o.view(-1), "k": k_row, "v": v_row}
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float(((got.float() - want.float()).norm() / want.float().norm()).item())
 
 
 def engine_chain(w: dict, layer: dict, state: dict, h: torch.Tensor, norm: torch.Tensor, held: tuple,
