@@ -443,12 +443,16 @@ def block_inputs(gate_up: dict, down: dict, gen: torch.Generator) -> dict:
     gate/up's rows as [gate; up]; the kernel reads them stored blockwise (interleaved_rows)."""
     h = torch.randn(HIDDEN, device="cuda", generator=gen).bfloat16()
     norm = (1 + 0.1 * torch.randn(HIDDEN, device="cuda", generator=gen)).bfloat16()
+    return {"h": h, "norm": norm, "delta": mlp_delta(gate_up, down, h, norm)}
+
+
+def mlp_delta(gate_up: dict, down: dict, h: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """down(SiLU(gate(n)) * up(n)), n = RMSNorm(h) * norm, in fp32 over the dequantized weights ([gate; up] rows)."""
     normed = h.float() * torch.rsqrt(h.float().pow(2).mean() + EPS) * norm.float()
     gu = normed @ dequantize_int4(gate_up["qweight"], gate_up["scales"], gate_up["mins"], GROUP, torch.float32).t()
     gate, up = gu[:INTERMEDIATE], gu[INTERMEDIATE:]
     act = torch.nn.functional.silu(gate) * up
-    delta = act @ dequantize_int4(down["qweight"], down["scales"], down["mins"], GROUP, torch.float32).t()
-    return {"h": h, "norm": norm, "delta": delta}
+    return act @ dequantize_int4(down["qweight"], down["scales"], down["mins"], GROUP, torch.float32).t()
 
 
 def block_error(y: torch.Tensor, h: torch.Tensor, delta: torch.Tensor) -> float:

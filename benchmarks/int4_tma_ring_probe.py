@@ -312,11 +312,12 @@ def residency(kernel, config: dict) -> dict:
             "successor_fits_beside": fit >= 2 * config["per_sm"]}
 
 
-def layer_weights(gen: torch.Generator, count: int) -> tuple[dict, dict, dict]:
-    """count random int4 copies of each llama-7b shape (with the probe's int32 views: codes [N, G * 8], (scale, min)
-    words [N, G]), a bf16 x per shape, and each shape's fp32 reference output on the first copy."""
+def layer_weights(gen: torch.Generator, count: int, names: tuple = tuple(SHAPES)) -> tuple[dict, dict, dict]:
+    """count random int4 copies of each llama-7b shape in names (with the probe's int32 views: codes [N, G * 8],
+    (scale, min) words [N, G]), a bf16 x per shape, and each shape's fp32 reference output on the first copy."""
     weights, inputs, refs = {}, {}, {}
-    for name, (n, k) in SHAPES.items():
+    for name in names:
+        n, k = SHAPES[name]
         copies = random_int4_copies(n, k, count, gen, GROUP, min_jitter=0.1)
         for w in copies:
             w["words"] = w["qweight"].view(torch.int32)                                   # [N, G * 8]

@@ -1,0 +1,744 @@
+"""Does a decode step's layers in one persistent kernel, launched once per token, reach the bytes where the blocks
+chained as kernels did not? A Gluon probe on llama-7b's shapes at batch 1, int4 weights, all 32 layers.
+
+Why: the attention block (int4_mma_attention_block_probe.py, 21.3 us) and the MLP block (int4_mma_mlp_block_probe.py,
+24.5 us) each beat their part of the engine's chain alone, but chained as a layer they save 1.1 us of 7
+(int4_mma_layer_chain_probe.py: a change between the two large binaries costs ~3-6 us a boundary), and each launch
+still starts with a cold ring (~3 us to the first slot: the launch before holds the shared memory) and ends with a
+drain. 2.8x bf16 asks ~42 us per layer (benchmarks/notes/gpu-decode.md, session 50) against the layer's 28.8 us of
+bytes. Here one binary runs every layer: the ring never drains between phases or layers, and no kernel boundary
+is left in the step.
+
+Per CTA (one per SM, all resident), five partitions, each a loop over the layers:
+- W consumer warps: per layer qkv's items, o's, gate/up's and down's, in one loop (one copy of the tensor-core
+  product code: the item's kind picks its x fragments, output region and added rows). An item is W tiles of 16 rows
+  times KS = 16 groups of one K slice; its sums go by fp32 atomics into the layer's region of the work buffer
+  (qkv sums, y = x + o(..), gate/up sums, z = y + down(..)); o's slice 0 adds the layer's input, down's slice 0 y.
+  Every item is handed to the counter warp.
+- one producer warp: TMA for every item of every layer into a ring, without a break.
+- one counter warp: counts each handed-over item (release): qkv's on its head's counter, o's on the layer's o
+  counter, gate/up's on its chunk's counter (down's K slice), down's on the layer's down counter.
+- one x loader warp, per layer: waits for the layer before's down items (all of them: the norm needs all of z),
+  writes qkv's x fragments from its input times the norm's weight; o's from its o slice's merged heads (one
+  counter); gate/up's from y once all o items are counted; down's act = SiLU(rstd gate) * (rstd up) once its chunk
+  is counted.
+- AW attention warps, per layer: the CTA's (head, split) items' K and V blocks asked by TMA as soon as the layer
+  before's items are done, then as int4_mma_attention_block_probe's tensor-core splits (q, k and v of the new
+  token from the sums times the norm's rstd, rotary, the cache write, the split's softmax in two passes, the last
+  split merging its head and counting it on its o slice's counter).
+Counters carry launch epochs (never zeroed); the work buffer is double-buffered by the launch's parity, each launch
+zeroing the other parity for the next.
+
+Timed in the same run: this kernel over the 32 layers (distinct weights and KV caches: 3.6 GB of int4 weights,
+no L2 reuse), and the engine's chain of the same 32 layers (qkv's preparing kernel and HELD with the norm and rotary
+epilogue, paged decode attention split and merge, XHALF's o; HELD's gate/up, XHALF's down; each after its preparing
+kernel). Every layer's two deltas (attention and MLP) and cached k and v are checked against the fp32 reference
+computed from the kernel's own input to that layer.
+
+    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW,...] [--layers N] [--trace] [--out PATH]
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from int4_attention_block_probe import BLOCK_SIZE, CONTEXT, HEAD_DIM, relative_error  # noqa: E402
+from int4_mlp_block_probe import INTERMEDIATE  # noqa: E402
+from int4_mma_ring_probe import GROUP, HAS_GLUON, TILE  # noqa: E402
+from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
+
+from tierllm.bench.results import write_result  # noqa: E402
+
+HEADS, HIDDEN = 32, 4096
+LAYERS = 32
+EPS = 1e-5
+KS = 16                          # groups per item, every kind: a CTA's K slice of each weight
+HEAD_TILES = 3 * HEAD_DIM // TILE                                   # 24: a head's q, k and v rows
+QKV_SLICES = O_SLICES = GU_SLICES = HIDDEN // GROUP // KS           # 4
+DN_SLICES = -(-INTERMEDIATE // GROUP // KS)                         # 11 (the last: 12 groups)
+# the work buffer's regions per (parity, layer): qkv sums, y, gate/up sums, z
+QKV_AT, Y_AT = 0, 3 * HEADS * HEAD_DIM
+GU_AT = Y_AT + HIDDEN
+Z_AT = GU_AT + 2 * INTERMEDIATE
+WIDTH = Z_AT + HIDDEN
+# a layer's counters (each on its own 128-byte line): per head its qkv tiles and its splits, per o slice its merged
+# heads, the o items, per down chunk its gate/up tiles, the down items
+SPLITS_AT, MERGED_AT = HEADS, 2 * HEADS
+O_DONE_AT = MERGED_AT + O_SLICES
+CHUNKS_AT = O_DONE_AT + 1
+DN_DONE_AT = CHUNKS_AT + DN_SLICES
+COUNTERS = DN_DONE_AT + 1
+TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up's x ready", "loader: down's x ready",
+                "consumers: qkv items done", "consumers: o items done", "consumers: gate/up items done",
+                "consumers: down items done", "attention: first head counted", "attention: first split counted",
+                "attention: KV asked", "loader: layer started"]
+CONFIGS = ["2:4:4:4", "2:4:8:4"]
+
+if HAS_GLUON:
+    from int4_mma_attention_block_probe import _rotated, _share, _split_on_tensor_cores
+    from int4_mma_mlp_block_probe import (
+        _HANDOFFS,
+        _Q3_4,
+        _Q3_8,
+        _fragments,
+        _item_dots,
+        _value_offsets,
+        _wait_count,
+    )
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _KS = gl.constexpr(KS)
+    _HT = gl.constexpr(HEAD_TILES)
+    _QS = gl.constexpr(QKV_SLICES)
+    _OS = gl.constexpr(O_SLICES)
+    _GS = gl.constexpr(GU_SLICES)
+    _DS = gl.constexpr(DN_SLICES)
+    _Y = gl.constexpr(Y_AT)
+    _GU = gl.constexpr(GU_AT)
+    _Z = gl.constexpr(Z_AT)
+    _WIDTH = gl.constexpr(WIDTH)
+    _SPLITS = gl.constexpr(SPLITS_AT)
+    _MERGED = gl.constexpr(MERGED_AT)
+    _O_DONE = gl.constexpr(O_DONE_AT)
+    _CHUNKS = gl.constexpr(CHUNKS_AT)
+    _DN_DONE = gl.constexpr(DN_DONE_AT)
+    _NC = gl.constexpr(COUNTERS)
+    _POINTS = gl.constexpr(len(TRACE_POINTS))
+    _PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+
+    @gluon.jit
+    def _stamp(trace_ptr, layer, at, L: gl.constexpr, TRACE: gl.constexpr, live=True):
+        """With TRACE, the global timer (ns) into trace (int64 [programs, L, _POINTS]) at (CTA, layer, at)."""
+        if TRACE:
+            now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                            pack=1)
+            gl.store(trace_ptr + (gl.program_id(0) * L + layer) * _POINTS + at, now, mask=live)
+
+    @gluon.jit
+    def _shares(pid, programs, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr):
+        """The CTA's items of each kind per layer: (slice, first quad, quad stride, count) for qkv, o, gate/up and
+        down (_share's)."""
+        return (_share(pid, programs, _QS, H * _HT // W), _share(pid, programs, _OS, K // 16 // W),
+                _share(pid, programs, _GS, 2 * INTER // 16 // W), _share(pid, programs, _DS, K // 16 // W))
+
+    @gluon.jit
+    def _kind_of(i, e0, e1, e2):
+        """An item's kind from its index in the layer: 0 qkv, 1 o, 2 gate/up, 3 down."""
+        return (i >= e0).to(gl.int32) + (i >= e1).to(gl.int32) + (i >= e2).to(gl.int32)
+
+    @gluon.jit
+    def _pick(kind, a, b, c, d):
+        return gl.where(kind == 0, a, gl.where(kind == 1, b, gl.where(kind == 2, c, d)))
+
+    @gluon.jit
+    def _producer(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready,
+                  empty, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
+                  W: gl.constexpr, STAGES: gl.constexpr):
+        """The producer warp: every layer's items, in the consumers' order, into the ring without a break."""
+        q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
+        e0 = q[3]
+        e1 = e0 + o[3]
+        e2 = e1 + g[3]
+        per_layer = e2 + d[3]
+        for j in range(L * per_layer):
+            layer = j // per_layer
+            i = j - layer * per_layer
+            slot = j % STAGES
+            if j >= STAGES:
+                mbarrier.wait(empty.index(slot), ((j // STAGES) - 1) & 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, W * _KS * (128 + 16) * 4)        # (down's last slice: zeros past the end count too)
+            codes, pairs = ring.index(slot), s_ring.index(slot)
+            if i < e0:
+                row = layer * (3 * H * _HT) + (q[1] + i * q[2]) * W
+                tma.async_copy_global_to_shared(qkv_desc, [row, q[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(qkv_s_desc, [row, q[0] * _KS, 0], bar, pairs)
+            elif i < e1:
+                row = layer * (K // 16) + (o[1] + (i - e0) * o[2]) * W
+                tma.async_copy_global_to_shared(o_desc, [row, o[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(o_s_desc, [row, o[0] * _KS, 0], bar, pairs)
+            elif i < e2:
+                row = layer * (2 * INTER // 16) + (g[1] + (i - e1) * g[2]) * W
+                tma.async_copy_global_to_shared(gu_desc, [row, g[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(gu_s_desc, [row, g[0] * _KS, 0], bar, pairs)
+            else:
+                row = layer * (K // 16) + (d[1] + (i - e2) * d[2]) * W
+                tma.async_copy_global_to_shared(dn_desc, [row, d[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(dn_s_desc, [row, d[0] * _KS, 0], bar, pairs)
+
+    @gluon.jit
+    def _add_rows(out_ptr, tile0, lo, hi, M2: gl.constexpr, W: gl.constexpr, add_ptr, ADD):
+        """Each warp's tile sums [W, 8, 4] (lane t: its groups') summed over t and added into out by fp32 atomics
+        from lanes t == 0, rows 16 (tile0 + w) + gid and + 8; plus add's rows (fp32, from L2) where ADD."""
+        wi = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, M2)))[:, None, None]
+        gid = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, M2)))[None, :, None]
+        t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, M2)))[None, None, :]
+        rows = (tile0 + wi) * 16 + gid + t * 0
+        first = (t == 0) & (wi >= 0) & (gid >= 0)
+        lo = gl.sum(lo, axis=2)[:, :, None] + gl.zeros([W, 8, 4], gl.float32, M2)
+        hi = gl.sum(hi, axis=2)[:, :, None] + gl.zeros([W, 8, 4], gl.float32, M2)
+        added = first & ADD
+        lo += gl.load(add_ptr + rows, mask=added, other=0.0, cache_modifier=".cg")
+        hi += gl.load(add_ptr + rows + 8, mask=added, other=0.0, cache_modifier=".cg")
+        gl.atomic_add(out_ptr + rows, lo, mask=first, sem="relaxed")
+        gl.atomic_add(out_ptr + rows + 8, hi, mask=first, sem="relaxed")
+
+    @gluon.jit
+    def _consumer(h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs, bars, tile_done,
+                  tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
+                  W: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr):
+        """The W consumer warps: every layer's items in one loop (module docstring)."""
+        M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
+        pid = gl.program_id(0)
+        gdc_launch_dependents()
+        gdc_wait()
+        q, o, g, d = _shares(pid, programs, K, H, INTER, W)
+        e0 = q[3]
+        e1 = e0 + o[3]
+        e2 = e1 + g[3]
+        per_layer = e2 + d[3]
+        mbarrier.wait(bars.index(0), 0)                  # the launch's index is known by then (the loader's arrival)
+        parity = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs % 2
+        for j in range(L * per_layer):
+            layer = j // per_layer
+            i = j - layer * per_layer
+            kind = _kind_of(i, e0, e1, e2)
+            if (i == 0) | (i == e0) | (i == e1) | (i == e2):
+                if i > 0:                                # the kind before done
+                    _stamp(trace_ptr, layer, 3 + kind, L, TRACE)
+                elif layer > 0:
+                    _stamp(trace_ptr, layer - 1, 7, L, TRACE)
+                mbarrier.wait(bars.index(kind), layer & 1)
+            slot = j % STAGES
+            mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), xf.index(kind), xs.index(kind), W, _KS)
+            mbarrier.arrive(empty.index(slot))
+            region = work_ptr + (parity * L + layer) * _WIDTH
+            first = _pick(kind, q[1], o[1], g[1], d[1])
+            stride = _pick(kind, q[2], o[2], g[2], d[2])
+            start = _pick(kind, 0, e0, e1, e2)
+            tile0 = (first + (i - start) * stride) * W
+            # o's slice 0 adds the layer's input (h, or z of the layer before), down's slice 0 adds y
+            if layer == 0:
+                layer_in = h_ptr
+            else:
+                layer_in = work_ptr + (parity * L + layer - 1) * _WIDTH + _Z
+            add_ptr = region + _Y
+            if kind == 1:
+                add_ptr = layer_in
+            adds = ((kind == 1) & (o[0] == 0)) | ((kind == 3) & (d[0] == 0))
+            _add_rows(region + _pick(kind, 0, _Y, _GU, _Z), tile0, lo, hi, M2, W, add_ptr, adds)
+            if j >= _HANDOFFS:                           # the counter warp's release fence stalls only that warp
+                mbarrier.wait(tile_free.index(j % _HANDOFFS), (j // _HANDOFFS - 1) & 1)
+            mbarrier.arrive(tile_done.index(j % _HANDOFFS))   # after the partition's barrier: atomics issued
+        _stamp(trace_ptr, L - 1, 7, L, TRACE)
+
+    @gluon.jit
+    def _counter(counts_ptr, tile_done, tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
+                 INTER: gl.constexpr, W: gl.constexpr):
+        """The counter warp: counts each handed-over item on its counter (release), then gives the handoff back."""
+        q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
+        e0 = q[3]
+        e1 = e0 + o[3]
+        e2 = e1 + g[3]
+        per_layer = e2 + d[3]
+        for j in range(L * per_layer):
+            layer = j // per_layer
+            i = j - layer * per_layer
+            mbarrier.wait(tile_done.index(j % _HANDOFFS), (j // _HANDOFFS) & 1)
+            head = (q[1] + i * q[2]) * W // _HT
+            chunk = (g[1] + (i - e1) * g[2]) * W * 8 // (64 * _KS)
+            kind = _kind_of(i, e0, e1, e2)
+            at = _pick(kind, head, _O_DONE, _CHUNKS + chunk, _DN_DONE)
+            gl.atomic_add(counts_ptr + (layer * _NC + at) * 32, gl.where((kind == 0) | (kind == 2), W, 1),
+                          sem="release", scope="gpu")
+            mbarrier.arrive(tile_free.index(j % _HANDOFFS))
+
+    @gluon.jit
+    def _rstd(x_ptr, eps, K: gl.constexpr, WARPS: gl.constexpr):
+        """RMSNorm's 1 / rms over x (fp32 [K], from L2) by WARPS warps."""
+        HL: gl.constexpr = gl.BlockedLayout([4], [32], [WARPS], [0])
+        squares = gl.zeros([128 * WARPS], gl.float32, HL)
+        for piece in gl.static_range(K // (128 * WARPS)):
+            v = gl.load(x_ptr + piece * 128 * WARPS + gl.arange(0, 128 * WARPS, layout=HL), cache_modifier=".cg")
+            squares += v * v
+        return gl.rsqrt(gl.sum(squares, axis=0) / K + eps)
+
+    @gluon.jit
+    def _loader(h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, xf, xs, bars,
+                programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
+                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, TRACE: gl.constexpr):
+        """The x loader warp (module docstring). bars k: kind k's x ready."""
+        pid = gl.program_id(0)
+        gdc_wait()
+        launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
+        parity = launch % 2
+        q, o, g, d = _shares(pid, programs, K, H, INTER, W)
+        errors = sync_ptr + 1
+        per: gl.constexpr = _KS * 64 // HD                              # heads per o slice
+        part_width: gl.constexpr = H * S * (HD + 2) + H * HD
+        for layer in range(L):
+            _stamp(trace_ptr, layer, 11, L, TRACE)
+            region = work_ptr + (parity * L + layer) * _WIDTH
+            counters = counts_ptr + layer * _NC * 32
+            if layer == 0:
+                layer_in = h_ptr
+            else:                                        # all of z: the norm needs it
+                _wait_count(counts_ptr + (layer - 1) * _NC * 32, errors, _DN_DONE, (launch + 1) * (K // 16 // W) * _DS)
+                layer_in = work_ptr + (parity * L + layer - 1) * _WIDTH + _Z
+            at_x = q[0] * (64 * _KS) + _value_offsets(_KS)
+            _fragments(gl.load(layer_in + at_x, cache_modifier=".cg")
+                       * gl.load(attn_norm_ptr + layer * K + at_x).to(gl.float32), _KS, xf.index(0), xs.index(0))
+            mbarrier.arrive(bars.index(0))
+            _stamp(trace_ptr, layer, 0, L, TRACE)
+            if layer == 0:                               # the other parity zeroed for the next launch (PDL waits)
+                Z: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+                zeros = gl.zeros([1024], gl.float32, Z)
+                at = gl.arange(0, 1024, layout=Z)
+                other = work_ptr + (1 - parity) * L * _WIDTH
+                for piece in range(pid, (L * _WIDTH + 1023) // 1024, programs):
+                    offs = piece * 1024 + at
+                    gl.store(other + offs, zeros, mask=offs < L * _WIDTH)
+            if o[3] > 0:                                 # o's x: the heads of its slice, merged
+                _wait_count(counters, errors, _MERGED + o[0], (launch + 1) * per)
+                merged = part_ptr + layer * part_width + H * S * (HD + 2) + o[0] * per * HD
+                _fragments(gl.load(merged + _value_offsets(_KS), cache_modifier=".cg"), _KS, xf.index(1),
+                           xs.index(1))
+            mbarrier.arrive(bars.index(1))
+            _stamp(trace_ptr, layer, 1, L, TRACE)
+            # gate/up's x: y (all of it, for the norm) times the norm's weight; the rstd goes into act
+            _wait_count(counters, errors, _O_DONE, (launch + 1) * (K // 16 // W) * _OS)
+            at_x = g[0] * (64 * _KS) + _value_offsets(_KS)
+            _fragments(gl.load(region + _Y + at_x, cache_modifier=".cg")
+                       * gl.load(mlp_norm_ptr + layer * K + at_x).to(gl.float32), _KS, xf.index(2), xs.index(2))
+            mbarrier.arrive(bars.index(2))
+            _stamp(trace_ptr, layer, 2, L, TRACE)
+            rstd = _rstd(region + _Y, eps, K, 1)
+            if d[3] > 0:                                 # down's x: act over its chunk of the channels
+                tiles = gl.minimum(64 * _KS, INTER - d[0] * 64 * _KS) // 8
+                _wait_count(counters, errors, _CHUNKS + d[0], (launch + 1) * tiles * _GS)
+                channel = d[0] * (64 * _KS) + _value_offsets(_KS)
+                live = channel < INTER
+                gate_at = (channel // 8) * 16 + channel % 8
+                gate = gl.load(region + _GU + gate_at, mask=live, other=0.0, cache_modifier=".cg") * rstd
+                up = gl.load(region + _GU + gate_at + 8, mask=live, other=0.0, cache_modifier=".cg") * rstd
+                _fragments(gate / (1.0 + gl.exp(-gate)) * up, _KS, xf.index(3), xs.index(3))
+            mbarrier.arrive(bars.index(3))
+            _stamp(trace_ptr, layer, 3, L, TRACE)
+
+    @gluon.jit
+    def _attention(h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr,
+                   slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
+                   L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr,
+                   NB: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr, AW: gl.constexpr,
+                   TRACE: gl.constexpr):
+        """The attention warps: per layer the CTA's items pid, pid + programs, .. of (head, split), head-major
+        (int4_mma_attention_block_probe's _attention with its tensor-core splits, over the layers)."""
+        pid = gl.program_id(0)
+        L3: gl.constexpr = gl.BlockedLayout([1, 8, 8], [1, 2, 16], [AW, 1, 1], [2, 1, 0])
+        DL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L3))
+        HL: gl.constexpr = gl.BlockedLayout([4], [32], [AW], [0])
+        TL: gl.constexpr = gl.BlockedLayout([MAXB], [32], [AW], [0])             # every thread all MAXB entries
+        per: gl.constexpr = _KS * 64 // HD
+        part_width: gl.constexpr = H * S * (HD + 2) + H * HD
+        gdc_wait()
+        cached = gl.load(ctx_ptr) - 1                    # tokens in the cache before this one
+        slot = gl.load(slot_ptr)
+        blocks = (cached + BS - 1) // BS
+        items = gl.cdiv(H * S - pid, programs)
+        jj = gl.arange(0, MAXB, layout=TL)
+        d = gl.arange(0, HD, layout=DL)
+        errors = sync_ptr + 1
+        if items > 0:
+            mbarrier.wait(bars.index(0), 0)
+            launch = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs
+            parity = launch % 2
+            for layer in range(L):
+                # the layer's K and V blocks for every item (the blocks of the layer before are read by now)
+                for i in gl.static_range(NI):
+                    live = i < items
+                    split = (pid + i * programs) % S
+                    head = (pid + i * programs) // S
+                    b0 = split * blocks // S
+                    b1 = (split + 1) * blocks // S
+                    table = gl.load(table_ptr + gl.maximum(gl.minimum(b0 + jj, b1 - 1), 0))
+                    mbarrier.expect(kv_bars.index(i), MAXB * 2 * BS * HD * 2, pred=live)
+                    for j in gl.static_range(MAXB):
+                        block = layer * NB + gl.sum(gl.where(jj == j, table, 0), axis=0)
+                        for piece in gl.static_range(2):         # two 128-byte swizzled boxes of HD / 2 dims
+                            at = piece * NI * MAXB + i * MAXB + j
+                            tma.async_copy_global_to_shared(k_desc, [block, 0, head, piece * (HD // 2)],
+                                                            kv_bars.index(i), kbuf.index(at), pred=live)
+                            tma.async_copy_global_to_shared(v_desc, [block, 0, head, piece * (HD // 2)],
+                                                            kv_bars.index(i), vbuf.index(at), pred=live)
+                _stamp(trace_ptr, layer, 10, L, TRACE)
+                mbarrier.wait(bars.index(0), layer & 1)
+                if layer == 0:
+                    layer_in = h_ptr
+                else:
+                    layer_in = work_ptr + (parity * L + layer - 1) * _WIDTH + _Z
+                rstd = _rstd(layer_in, eps, K, AW)
+                sums = work_ptr + (parity * L + layer) * _WIDTH
+                counters = counts_ptr + layer * _NC * 32
+                part = part_ptr + layer * part_width
+                kc = kc_ptr + layer * (NB * BS * H * HD)
+                vc = vc_ptr + layer * (NB * BS * H * HD)
+                for i in gl.static_range(NI):
+                    if i < items:
+                        head = (pid + i * programs) // S
+                        split = (pid + i * programs) % S
+                        b0 = split * blocks // S
+                        b1 = (split + 1) * blocks // S
+                        _wait_count(counters, errors, head, (launch + 1) * (_HT * _QS))
+                        _stamp(trace_ptr, layer, 8, L, TRACE, i == 0)
+                        row = sums + head * 3 * HD
+                        q = _rotated(row, cos_ptr, sin_ptr, d, rstd, HD)
+                        k_new = _rotated(row + HD, cos_ptr, sin_ptr, d, rstd, HD).to(gl.bfloat16)
+                        v_new = (gl.load(row + 2 * HD + d, cache_modifier=".cg") * rstd).to(gl.bfloat16)
+                        last = split == S - 1
+                        if last:                                 # the new token's k and v into the cache
+                            gl.store(kc + slot * (H * HD) + head * HD + d, k_new)
+                            gl.store(vc + slot * (H * HD) + head * HD + d, v_new)
+                        mbarrier.wait(kv_bars.index(i), layer & 1)
+                        top, total, acc = _split_on_tensor_cores(row, cos_ptr, sin_ptr, rstd, kbuf, vbuf, i * MAXB,
+                                                                 b1 - b0, b0, cached, scale, NI * MAXB, MAXB, AW, BS,
+                                                                 HD, DL)
+                        if last:                                 # the new token
+                            new_score = gl.sum(q * k_new.to(gl.float32), axis=0) * scale
+                            new_top = gl.maximum(top, new_score)
+                            new_fade = gl.exp(top - new_top)
+                            new_p = gl.exp(new_score - new_top)
+                            acc = acc * new_fade + new_p * v_new.to(gl.float32)
+                            total = total * new_fade + new_p
+                            top = new_top
+                        rec = part + (head * S + split) * (HD + 2)
+                        gl.store(rec + d, acc)
+                        two = gl.arange(0, 2, layout=HL)
+                        gl.store(rec + HD + two, gl.where(two == 0, top, total))
+                        gl.thread_barrier()                      # every warp's stores issued before the release
+                        done = gl.atomic_add(counters + (_SPLITS + head) * 32, 1, sem="acq_rel", scope="gpu")
+                        _stamp(trace_ptr, layer, 9, L, TRACE, i == 0)
+                        if done == (launch + 1) * S - 1:         # the head's last split: merges its S records
+                            recs = part + head * S * (HD + 2)
+                            top = gl.load(recs + HD, cache_modifier=".cg")
+                            for s in gl.static_range(1, S):
+                                top = gl.maximum(top, gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg"))
+                            num = gl.zeros([HD], gl.float32, DL)
+                            den = 0.0
+                            for s in gl.static_range(S):
+                                weight = gl.exp(gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg") - top)
+                                num += weight * gl.load(recs + s * (HD + 2) + d, cache_modifier=".cg")
+                                den += weight * gl.load(recs + s * (HD + 2) + HD + 1, cache_modifier=".cg")
+                            gl.store(part + H * S * (HD + 2) + head * HD + d, num / den)
+                            gl.thread_barrier()
+                            gl.atomic_add(counters + (_MERGED + head // per) * 32, 1, sem="release", scope="gpu")
+                        gl.thread_barrier()                      # the blocks read before the next copies
+        # (a CTA without attention items has nothing to wait for)
+
+    @gluon.jit
+    def _mma_step(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, k_desc, v_desc,
+                  h_ptr, attn_norm_ptr, mlp_norm_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr,
+                  work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
+                  K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
+                  NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
+                  AW: gl.constexpr, TRACE: gl.constexpr = False):
+        """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
+        attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
+        token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
+        (repacked codes and pairs: qkv head by head, gate/up in tiles of 8 gate rows then their up rows; boxes [W, KS,
+        ..]) and over the caches [L NB, BS, H, HD] (boxes [1, BS, 1, HD / 2], 128-byte swizzled). work fp32 [2, L,
+        WIDTH] (per parity and layer: qkv sums, y, gate/up sums, z; the other parity zeroed for the next launch),
+        part fp32 [L, H S (HD + 2) + H HD], counts int32 [L COUNTERS 32], sync int32 [2] (arrivals, waits that gave
+        up), trace int64 [programs, L, _POINTS]. The consumers are the launch's num_warps (W)."""
+        W: gl.constexpr = gl.num_warps()
+        ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
+        s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
+        kbuf = gl.allocate_shared_memory(gl.bfloat16, [2 * NI * MAXB, 1, BS, 1, HD // 2], k_desc.layout)
+        vbuf = gl.allocate_shared_memory(gl.bfloat16, [2 * NI * MAXB, 1, BS, 1, HD // 2], v_desc.layout)
+        xf = gl.allocate_shared_memory(gl.int32, [4, _KS, 32], _PLAIN2)      # x fragments per kind
+        xs = gl.allocate_shared_memory(gl.float32, [4, _KS, 4], _PLAIN2)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        kv_bars = gl.allocate_shared_memory(gl.int64, [NI, 1], mbarrier.MBarrierLayout())
+        tile_done = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
+        tile_free = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(4):
+            mbarrier.init(bars.index(i), count=1)
+        for i in gl.static_range(NI):
+            mbarrier.init(kv_bars.index(i), count=1)
+        for i in gl.static_range(_HANDOFFS):
+            mbarrier.init(tile_done.index(i), count=1)
+            mbarrier.init(tile_free.index(i), count=1)
+        fence_async_shared()
+        gl.warp_specialize([(_consumer, (h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs,
+                                         bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE)),
+                            (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
+                                         dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
+                            (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
+                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, TRACE)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W)),
+                            (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
+                                          sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
+                                          vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
+                                          NI, AW, TRACE))],
+                           [1, 1, 1, AW], [40, 128, 40, 208])
+
+
+def parse_config(spec: str) -> dict:
+    """STAGES:W:S:AW (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per head,
+    attention warps)."""
+    stages, warps, splits, attention_warps = map(int, spec.split(":"))
+    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps}
+
+
+def step_weights(layers: int, gen: torch.Generator) -> dict:
+    """layers random int4 layers: the attention's stacked [q; k; v; o] weights (int4_attention_block_probe's), gate/up
+    and down (int4_tma_ring_probe's, with their int32 views), and the two norms' weights per layer (bf16 [layers,
+    HIDDEN])."""
+    from int4_attention_block_probe import stacked_weights
+    from int4_tma_ring_probe import layer_weights
+
+    mlp, _, _ = layer_weights(gen, layers, ("gate_up", "down"))
+    return {"attention": stacked_weights(HEADS, HIDDEN, layers, gen, "cuda"), "gate_up": mlp["gate_up"],
+            "down": mlp["down"],
+            "attn_norm": (1 + 0.1 * torch.randn(layers, HIDDEN, device="cuda", generator=gen)).bfloat16(),
+            "mlp_norm": (1 + 0.1 * torch.randn(layers, HIDDEN, device="cuda", generator=gen)).bfloat16()}
+
+
+def stacked_state(layers: int, gen: torch.Generator) -> dict:
+    """int4_attention_block_probe's layer_state for layers layers, with every layer's K and V caches views of one
+    tensor each ([layers, blocks, BLOCK_SIZE, HEADS, HEAD_DIM]), as the kernel's descriptors take them."""
+    from int4_attention_block_probe import layer_state
+
+    state = layer_state(HEADS, layers, CONTEXT, gen, "cuda")
+    for name in ("k_cache", "v_cache"):
+        stacked = torch.stack([layer[name] for layer in state["layers"]])
+        state[name] = stacked
+        for index, layer in enumerate(state["layers"]):
+            layer[name] = stacked[index]
+    return state
+
+
+class Step:
+    """The kernel's launches over one config: descriptors over the stacked weights and caches, the buffers."""
+
+    def __init__(self, weights: dict, state: dict, config: dict):
+        from int4_mma_attention_block_probe import stored_o, stored_qkv
+        from int4_mma_mlp_block_probe import stored_gate_up
+        from int4_mma_ring_probe import repacked
+
+        self.config, self.state, self.weights = config, state, weights
+        self.layers = len(weights["attention"])
+        warps = config["W"]
+        words = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+        halves = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+
+        def descs(packed: list) -> tuple:
+            self.kept.extend(torch.cat([p[key] for p in packed]) for key in ("codes", "pairs"))
+            return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [warps, KS, t.shape[2]], words)
+                         for t in self.kept[-2:])
+
+        self.kept = []                                   # the stacked tensors the descriptors point into
+        self.descs = (descs([stored_qkv(w) for w in weights["attention"]])
+                      + descs([stored_o(w) for w in weights["attention"]])
+                      + descs([stored_gate_up(w) for w in weights["gate_up"]])
+                      + descs([repacked(w) for w in weights["down"]]))
+        for name in ("k_cache", "v_cache"):
+            cache = state[name].view(-1, *state[name].shape[2:])                          # [layers blocks, ..]
+            self.descs += (TensorDescriptor(cache, list(cache.shape), list(cache.stride()),
+                                            [1, BLOCK_SIZE, 1, HEAD_DIM // 2], halves),)
+        self.cache_blocks = state["k_cache"].shape[1]
+        blocks = -(-(int(state["context_len"].max()) - 1) // BLOCK_SIZE)
+        self.max_blocks = max(triton.next_power_of_2(-(-blocks // config["S"])), config["AW"])
+        self.programs = torch.cuda.get_device_properties(0).multi_processor_count
+        if self.programs % math.lcm(QKV_SLICES, DN_SLICES):
+            raise ValueError(f"{self.programs} SMs: the kernel needs a multiple of {math.lcm(QKV_SLICES, DN_SLICES)}")
+        self.items = triton.next_power_of_2(-(-HEADS * config["S"] // self.programs))      # a CTA's, at most
+        self.work = torch.zeros(2, self.layers, WIDTH, device="cuda", dtype=torch.float32)
+        self.part = torch.zeros(self.layers, HEADS * (config["S"] * (HEAD_DIM + 2) + HEAD_DIM), device="cuda",
+                                dtype=torch.float32)
+        self.counts = torch.zeros(self.layers * COUNTERS * 32, device="cuda", dtype=torch.int32)
+        self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)
+        self.trace = torch.zeros(self.programs, self.layers, len(TRACE_POINTS), device="cuda", dtype=torch.int64)
+        self.launches = 0
+
+    def reset(self) -> None:
+        """Counters, arrivals and buffers to zero before a series of launches (the waits that gave up stay)."""
+        self.counts.zero_()
+        self.sync[0].zero_()
+        self.work.zero_()
+        self.trace.zero_()
+        self.launches = 0
+
+    def region(self, layer: int) -> torch.Tensor:
+        """The last launch's work row of layer (its parity's)."""
+        return self.work[(self.launches - 1) % 2, layer]
+
+    def counts_as_expected(self) -> bool:
+        """Every layer's counters at their items per launch times the launches since the reset; every CTA's arrival
+        counted."""
+        chunk = [min(KS * GROUP, INTERMEDIATE - c * KS * GROUP) // 8 * GU_SLICES for c in range(DN_SLICES)]
+        per_launch = ([HEAD_TILES * QKV_SLICES] * HEADS + [self.config["S"]] * HEADS
+                      + [KS * GROUP // HEAD_DIM] * O_SLICES + [HIDDEN // TILE // self.config["W"] * O_SLICES] + chunk
+                      + [HIDDEN // TILE // self.config["W"] * DN_SLICES])
+        counted = self.counts.view(self.layers, COUNTERS, 32)[:, :, 0]
+        want = torch.tensor(per_launch, device="cuda", dtype=torch.int32) * self.launches
+        return bool((counted == want).all()) and int(self.sync[0].item()) == self.launches * self.programs
+
+    def launch(self, h: torch.Tensor, trace: bool = False) -> None:
+        """One step from h (fp32 [HIDDEN]) through every layer."""
+        state, config = self.state, self.config
+        _mma_step[(self.programs,)](
+            *self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
+            state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
+            self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
+            L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
+            STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
+            TRACE=trace, num_warps=config["W"], launch_pdl=True)
+        self.launches += 1
+
+
+def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:
+    """The last launch's layers against the fp32 reference, each layer from the kernel's own input to it: the worst
+    relative error over the layers of the attention's delta (y - x), the MLP's (z - y), and the cached k and v."""
+    from int4_attention_block_probe import block_reference
+    from int4_mlp_block_probe import mlp_delta
+
+    state, rows, slot = step.state, HEADS * HEAD_DIM, int(step.state["slot"])
+    worst = {"attention": 0.0, "mlp": 0.0, "k_cached": 0.0, "v_cached": 0.0}
+    x = h.float()
+    for layer in range(step.layers):
+        region = step.region(layer)
+        y, z = region[Y_AT:Y_AT + HIDDEN], region[Z_AT:Z_AT + HIDDEN]
+        normed = x * torch.rsqrt(x.pow(2).mean() + EPS) * weights["attn_norm"][layer].float()
+        o, k_row, v_row = block_reference(normed.view(1, -1), weights["attention"][layer], state,
+                                          state["layers"][layer], HEADS)
+        cache = {name: state["layers"][layer][name].view(-1, rows)[slot] for name in ("k_cache", "v_cache")}
+        mlp = mlp_delta(weights["gate_up"][layer], weights["down"][layer], y, weights["mlp_norm"][layer])
+        for key, value in (("attention", relative_error(y - x, o.view(-1))), ("mlp", relative_error(z - y, mlp)),
+                           ("k_cached", relative_error(cache["k_cache"], k_row)),
+                           ("v_cached", relative_error(cache["v_cache"], v_row))):
+            worst[key] = max(worst[key], value)
+        x = z
+    return worst
+
+
+def trace_summary(trace: torch.Tensor) -> dict:
+    """Per trace point: its median over the CTAs per layer, us after the launch's first stamp, for the first two
+    layers, a middle one and the last; and the median period between layers."""
+    start = trace[trace > 0].min()
+    layers = trace.shape[1]
+    summary = {}
+    for column, name in enumerate(TRACE_POINTS):
+        stamped = trace[:, :, column]
+        medians = [float(((stamped[:, layer][stamped[:, layer] > 0] - start).double() / 1e3).median())
+                   if (stamped[:, layer] > 0).any() else None for layer in range(layers)]
+        known = [m for m in medians if m is not None]
+        summary[name] = {"layers_0_1_mid_last_us": [None if m is None else round(m, 2) for m in
+                                                    (medians[0], medians[min(1, layers - 1)], medians[layers // 2],
+                                                     medians[-1])],
+                         "median_period_us": (round(float(torch.tensor(known).diff().median()), 2)
+                                              if len(known) > 2 else None)}
+    return summary
+
+
+def main(argv=None) -> int:
+    from int4_mlp_block_probe import engine_chain as mlp_engine_chain
+    from int4_mlp_block_probe import measured_configs
+    from int4_mma_attention_block_probe import HELD_QKV
+    from int4_mma_attention_block_probe import engine_chain as attention_engine_chain
+
+    from tierllm.bench.probe import hbm_copy_GBps
+
+    parser = probe_parser(__doc__, "int4-mma-step-probe-h200.json")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="STAGES:W:S:AW, comma-separated")
+    parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument("--trace", action="store_true", help="also record where each config's last launch's time goes")
+    args = parser.parse_args(argv)
+    if lacks_cuda() or lacks_gluon(HAS_GLUON):
+        return 2
+    copy_GBps = hbm_copy_GBps()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weights = step_weights(args.layers, gen)
+    state = stacked_state(args.layers, gen)
+    h = torch.randn(HIDDEN, device="cuda", generator=gen)
+    h_bf16 = h.bfloat16()
+    act = torch.randn(1, INTERMEDIATE, device="cuda", generator=gen).bfloat16()
+    ys = [torch.zeros(1, HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(args.layers)]
+
+    def engine_layer(layer: int) -> None:
+        attention_engine_chain(weights["attention"][layer], state["layers"][layer], state, h_bf16,
+                               weights["attn_norm"][layer], HELD_QKV[0], ys[layer])
+        mlp_engine_chain(weights["gate_up"][layer], weights["down"][layer], h_bf16.view(1, -1), act, "held")
+
+    layer_bytes = (sum(t.nbytes for t in weights["attention"][0].values())
+                   + sum(weights[name][0][key].nbytes for name in ("gate_up", "down")
+                         for key in ("qweight", "scales", "mins"))
+                   + 2 * (CONTEXT - 1) * HEADS * HEAD_DIM * 2)
+    result = {"layers": args.layers, "floor_us_per_layer": round(layer_bytes / (copy_GBps * 1e9) * 1e6, 2),
+              "engine_us_per_layer": round(chained_us(engine_layer, list(range(args.layers))), 2)}
+    print(result, flush=True)
+
+    def measure(spec: str, entry: dict) -> None:
+        step = Step(weights, state, parse_config(spec))
+        step.reset()
+        for launch in ("first_launch", "second_launch"):   # the second checks the epochs and the parity
+            step.launch(h)
+            torch.cuda.synchronize()
+            entry[f"rel_err_{launch}"] = layer_errors(step, weights, h)
+        entry["gave_up_waits"], entry["counts_as_expected"] = int(step.sync[1].item()), step.counts_as_expected()
+        if not step_checks([entry])[0]["passed"]:
+            return
+        step.reset()
+        entry["us_per_step"] = round(chained_us(lambda _: step.launch(h), list(range(4))), 2)
+        entry["us"] = round(entry["us_per_step"] / args.layers, 2)
+        entry["over_engine"] = round(entry["us"] / result["engine_us_per_layer"], 3)
+        entry["over_floor"] = round(entry["us"] / result["floor_us_per_layer"], 3)
+        entry["gave_up_waits_after_timing"] = int(step.sync[1].item())
+        if args.trace:
+            step.reset()
+            chained_us(lambda _: step.launch(h, trace=True), list(range(2)))
+            entry["trace"] = trace_summary(step.trace)
+
+    entries = measured_configs(args.configs.split(","), measure, result, "over_engine")
+    write_result(args.out, "int4-mma-step-probe", torch.device("cuda"),
+                 {"hbm_copy_GBps(read+write)": round(copy_GBps, 1),
+                  "note": "floor_us_per_layer: a layer's int4 weights (qkv, o, gate/up, down: codes, scales, mins) "
+                          f"and its {CONTEXT - 1}-token KV cache at the copy rate"},
+                 {"note": "the engine's chain of the same layers in the same run: qkv's preparing kernel and HELD "
+                          f"(norm, rotary epilogue, cache write) at {HELD_QKV[0]}, paged decode attention, XHALF's o; "
+                          "HELD's gate/up and XHALF's down, each after its preparing kernel; all with PDL"},
+                 result, step_checks(entries),
+                 {"layers": args.layers, "group": GROUP, "ks": KS, "context": CONTEXT, "pdl": True, "eps": EPS})
+    print(f"wrote {args.out}")
+    return 0
+
+
+def step_checks(entries: list) -> list:
+    """Per checked config: both check launches' layers within 1e-2 of the fp32 reference, no wait gave up, counts
+    as expected."""
+    return [{"name": f"{e['config']}: every layer's deltas and cached k and v within 1e-2 of the fp32 reference on "
+                     "both check launches, no wait gave up, counts as expected",
+             "value": max(max(e[f"rel_err_{launch}"].values()) for launch in ("first_launch", "second_launch")),
+             "op": "<=", "target": 1e-2,
+             "passed": max(max(e[f"rel_err_{launch}"].values()) for launch in ("first_launch", "second_launch"))
+             <= 1e-2 and e["gave_up_waits"] == 0 and e["counts_as_expected"]}
+            for e in entries if "rel_err_second_launch" in e]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
