@@ -160,7 +160,7 @@ if HAS_GLUON:
             mbarrier.expect(bar, W * _KS * (128 + 16) * 4)        # (down's last slice: zeros past the end count too)
             codes, pairs = ring.index(slot), s_ring.index(slot)
             if i < e0:
-                row = layer * (3 * H * _HT) + (q[1] + i * q[2]) * W
+                row = layer * (H * _HT) + (q[1] + i * q[2]) * W
                 tma.async_copy_global_to_shared(qkv_desc, [row, q[0] * _KS, 0], bar, codes)
                 tma.async_copy_global_to_shared(qkv_s_desc, [row, q[0] * _KS, 0], bar, pairs)
             elif i < e1:
