@@ -78,7 +78,7 @@ TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up
                 "consumers: qkv items done", "consumers: o items done", "consumers: gate/up items done",
                 "consumers: down items done", "attention: first head counted", "attention: first split counted",
                 "attention: KV asked", "loader: layer started"]
-CONFIGS = ["2:4:4:4", "2:4:4:4:2", "2:4:4:4:4", "2:4:4:4:8"]
+CONFIGS = ["2:4:4:4", "2:4:8:4"]
 
 if HAS_GLUON:
     from int4_mma_attention_block_probe import _rotated, _share, _split_on_tensor_cores
@@ -141,81 +141,40 @@ if HAS_GLUON:
         return gl.where(kind == 0, a, gl.where(kind == 1, b, gl.where(kind == 2, c, d)))
 
     @gluon.jit
-    def _item_at(j, per_layer, e0, e1, e2, q, o, g, d, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
-                 W: gl.constexpr):
-        """Item j of the CTA's sequence (every layer's qkv, o, gate/up and down items): its kind and the first
-        stored tile row and group of its box in that kind's weights stacked over the layers."""
-        layer = j // per_layer
-        i = j - layer * per_layer
-        kind = _kind_of(i, e0, e1, e2)
-        first = _pick(kind, q[1], o[1], g[1], d[1])
-        stride = _pick(kind, q[2], o[2], g[2], d[2])
-        start = _pick(kind, 0, e0, e1, e2)
-        tiles = _pick(kind, H * _HT, K // 16, 2 * INTER // 16, K // 16)             # a layer's stored tiles
-        row = layer * tiles + (first + (i - start) * stride) * W
-        return kind, row, _pick(kind, q[0], o[0], g[0], d[0]) * _KS
-
-    @gluon.jit
-    def _prefetch_item(kind, row, g0, qkv_at, o_at, gu_at, dn_at, qkv_s_at, o_s_at, gu_s_at, dn_s_at,
-                       K: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr):
-        """Asks L2 for an item's bytes (cp.async.bulk.prefetch.L2, sm90): lanes 0 .. W - 1 a tile's codes (KS
-        groups of 512 bytes, contiguous), lanes W .. 2 W - 1 its pairs (64 bytes a group); addresses as integers."""
-        LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        lane = gl.arange(0, 32, layout=LANES)
-        groups = gl.where(kind == 3, INTER // 64, K // 64)                          # G of the kind's weight
-        count = gl.minimum(groups - g0, _KS)                                         # (down's last slice: 12)
-        at = ((row + lane % W) * groups + g0).to(gl.int64)
-        codes = _pick(kind, qkv_at, o_at, gu_at, dn_at) + at * 512
-        pairs = _pick(kind, qkv_s_at, o_s_at, gu_s_at, dn_s_at) + at * 64
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r,r", [gl.where(lane < W, codes, pairs), gl.where(lane < W, 512, 64) * count,
-                         (lane < 2 * W).to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _producer(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready,
-                  empty, programs, qkv_at, o_at, gu_at, dn_at, qkv_s_at, o_s_at, gu_s_at, dn_s_at, L: gl.constexpr,
-                  K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr,
-                  AHEAD: gl.constexpr):
-        """The producer warp: every layer's items, in the consumers' order, into the ring without a break; with
-        AHEAD > 0, each item's copy also asks L2 for the item AHEAD further (so that the memory system keeps
-        streaming while the ring waits on a dependency)."""
+                  empty, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
+                  W: gl.constexpr, STAGES: gl.constexpr):
+        """The producer warp: every layer's items, in the consumers' order, into the ring without a break."""
         q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
         e0 = q[3]
         e1 = e0 + o[3]
         e2 = e1 + g[3]
         per_layer = e2 + d[3]
-        total = L * per_layer
-        if AHEAD > 0:                                    # the first items' prefetches
-            for j in range(STAGES, gl.minimum(STAGES + AHEAD, total)):
-                kind, row, g0 = _item_at(j, per_layer, e0, e1, e2, q, o, g, d, K, H, INTER, W)
-                _prefetch_item(kind, row, g0, qkv_at, o_at, gu_at, dn_at, qkv_s_at, o_s_at, gu_s_at, dn_s_at, K,
-                               INTER, W)
-        for j in range(total):
-            kind, row, g0 = _item_at(j, per_layer, e0, e1, e2, q, o, g, d, K, H, INTER, W)
+        for j in range(L * per_layer):
+            layer = j // per_layer
+            i = j - layer * per_layer
             slot = j % STAGES
             if j >= STAGES:
                 mbarrier.wait(empty.index(slot), ((j // STAGES) - 1) & 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, W * _KS * (128 + 16) * 4)        # (down's last slice: zeros past the end count too)
             codes, pairs = ring.index(slot), s_ring.index(slot)
-            if kind == 0:
-                tma.async_copy_global_to_shared(qkv_desc, [row, g0, 0], bar, codes)
-                tma.async_copy_global_to_shared(qkv_s_desc, [row, g0, 0], bar, pairs)
-            elif kind == 1:
-                tma.async_copy_global_to_shared(o_desc, [row, g0, 0], bar, codes)
-                tma.async_copy_global_to_shared(o_s_desc, [row, g0, 0], bar, pairs)
-            elif kind == 2:
-                tma.async_copy_global_to_shared(gu_desc, [row, g0, 0], bar, codes)
-                tma.async_copy_global_to_shared(gu_s_desc, [row, g0, 0], bar, pairs)
+            if i < e0:
+                row = layer * (H * _HT) + (q[1] + i * q[2]) * W
+                tma.async_copy_global_to_shared(qkv_desc, [row, q[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(qkv_s_desc, [row, q[0] * _KS, 0], bar, pairs)
+            elif i < e1:
+                row = layer * (K // 16) + (o[1] + (i - e0) * o[2]) * W
+                tma.async_copy_global_to_shared(o_desc, [row, o[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(o_s_desc, [row, o[0] * _KS, 0], bar, pairs)
+            elif i < e2:
+                row = layer * (2 * INTER // 16) + (g[1] + (i - e1) * g[2]) * W
+                tma.async_copy_global_to_shared(gu_desc, [row, g[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(gu_s_desc, [row, g[0] * _KS, 0], bar, pairs)
             else:
-                tma.async_copy_global_to_shared(dn_desc, [row, g0, 0], bar, codes)
-                tma.async_copy_global_to_shared(dn_s_desc, [row, g0, 0], bar, pairs)
-            ahead = j + STAGES + AHEAD                   # the slot after this one's next use, AHEAD further
-            if (AHEAD > 0) & (ahead < total):
-                kind, row, g0 = _item_at(ahead, per_layer, e0, e1, e2, q, o, g, d, K, H, INTER, W)
-                _prefetch_item(kind, row, g0, qkv_at, o_at, gu_at, dn_at, qkv_s_at, o_s_at, gu_s_at, dn_s_at, K,
-                               INTER, W)
+                row = layer * (K // 16) + (d[1] + (i - e2) * d[2]) * W
+                tma.async_copy_global_to_shared(dn_desc, [row, d[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(dn_s_desc, [row, d[0] * _KS, 0], bar, pairs)
 
     @gluon.jit
     def _add_rows(out_ptr, tile0, lo, hi, M2: gl.constexpr, W: gl.constexpr, add_ptr, ADD):
@@ -489,11 +448,10 @@ if HAS_GLUON:
     @gluon.jit
     def _mma_step(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, k_desc, v_desc,
                   h_ptr, attn_norm_ptr, mlp_norm_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr,
-                  work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, qkv_at, o_at, gu_at,
-                  dn_at, qkv_s_at, o_s_at, gu_s_at, dn_s_at, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
-                  HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr, NB: gl.constexpr, STAGES: gl.constexpr,
-                  S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr, AW: gl.constexpr, AHEAD: gl.constexpr = 0,
-                  TRACE: gl.constexpr = False):
+                  work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
+                  K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
+                  NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
+                  AW: gl.constexpr, TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -501,8 +459,7 @@ if HAS_GLUON:
         ..]) and over the caches [L NB, BS, H, HD] (boxes [1, BS, 1, HD / 2], 128-byte swizzled). work fp32 [2, L,
         WIDTH] (per parity and layer: qkv sums, y, gate/up sums, z; the other parity zeroed for the next launch),
         part fp32 [L, H S (HD + 2) + H HD], counts int32 [L COUNTERS 32], sync int32 [2] (arrivals, waits that gave
-        up), trace int64 [programs, L, _POINTS]; qkv_at .. dn_s_at: the stacked codes' and pairs' addresses (int64,
-        for the L2 prefetches AHEAD items ahead). The consumers are the launch's num_warps (W)."""
+        up), trace int64 [programs, L, _POINTS]. The consumers are the launch's num_warps (W)."""
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
@@ -530,8 +487,7 @@ if HAS_GLUON:
         gl.warp_specialize([(_consumer, (h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs,
                                          bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE)),
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
-                                         dn_s_desc, ring, s_ring, ready, empty, programs, qkv_at, o_at, gu_at, dn_at,
-                                         qkv_s_at, o_s_at, gu_s_at, dn_s_at, L, K, H, INTER, W, STAGES, AHEAD)),
+                                         dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
                             (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
                                        trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, TRACE)),
                             (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W)),
@@ -543,10 +499,10 @@ if HAS_GLUON:
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW[:AHEAD] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per
-    head, attention warps, items past the ring asked of L2 ahead: 0 none)."""
-    stages, warps, splits, attention_warps, *ahead = map(int, spec.split(":"))
-    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "AHEAD": ahead[0] if ahead else 0}
+    """STAGES:W:S:AW (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per head,
+    attention warps)."""
+    stages, warps, splits, attention_warps = map(int, spec.split(":"))
+    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -650,10 +606,9 @@ class Step:
             *self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
             state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
             self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
-            *(t.data_ptr() for t in self.kept[0::2] + self.kept[1::2]), L=self.layers, K=HIDDEN, H=HEADS,
-            HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
+            L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
-            AHEAD=config["AHEAD"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
+            TRACE=trace, num_warps=config["W"], launch_pdl=True)
         self.launches += 1
 
 
