@@ -68,16 +68,20 @@ GU_AT = Y_AT + HIDDEN
 Z_AT = GU_AT + 2 * INTERMEDIATE
 WIDTH = Z_AT + HIDDEN
 # a layer's counters (each on its own 128-byte line): per head its qkv tiles and its splits, per o slice its merged
-# heads, the o items, per down chunk its gate/up tiles, the down items
+# heads, the o items, per down chunk its gate/up tiles, the down items, and the o and down items per slice of their
+# rows (a K slice of the next weights: its x can be made before the other rows are done)
 SPLITS_AT, MERGED_AT = HEADS, 2 * HEADS
 O_DONE_AT = MERGED_AT + O_SLICES
 CHUNKS_AT = O_DONE_AT + 1
 DN_DONE_AT = CHUNKS_AT + DN_SLICES
-COUNTERS = DN_DONE_AT + 1
+Y_ROWS_AT = DN_DONE_AT + 1
+Z_ROWS_AT = Y_ROWS_AT + GU_SLICES
+COUNTERS = Z_ROWS_AT + QKV_SLICES
 TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up's x ready", "loader: down's x ready",
                 "consumers: qkv items done", "consumers: o items done", "consumers: gate/up items done",
                 "consumers: down items done", "attention: first head counted", "attention: first split counted",
-                "attention: KV asked", "loader: layer started"]
+                "attention: KV asked", "loader: layer started", "attention: rstd known", "attention: KV arrived",
+                "attention: first split computed", "attention: a head merged"]
 CONFIGS = ["2:4:4:4", "2:4:8:4"]
 
 if HAS_GLUON:
@@ -112,6 +116,8 @@ if HAS_GLUON:
     _O_DONE = gl.constexpr(O_DONE_AT)
     _CHUNKS = gl.constexpr(CHUNKS_AT)
     _DN_DONE = gl.constexpr(DN_DONE_AT)
+    _Y_ROWS = gl.constexpr(Y_ROWS_AT)
+    _Z_ROWS = gl.constexpr(Z_ROWS_AT)
     _NC = gl.constexpr(COUNTERS)
     _POINTS = gl.constexpr(len(TRACE_POINTS))
     _PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
@@ -260,8 +266,12 @@ if HAS_GLUON:
             chunk = (g[1] + (i - e1) * g[2]) * W * 8 // (64 * _KS)
             kind = _kind_of(i, e0, e1, e2)
             at = _pick(kind, head, _O_DONE, _CHUNKS + chunk, _DN_DONE)
-            gl.atomic_add(counts_ptr + (layer * _NC + at) * 32, gl.where((kind == 0) | (kind == 2), W, 1),
-                          sem="release", scope="gpu")
+            counters = counts_ptr + layer * _NC * 32
+            gl.atomic_add(counters + at * 32, gl.where((kind == 0) | (kind == 2), W, 1), sem="release", scope="gpu")
+            if (kind == 1) | (kind == 3):                # also on the slice of its rows
+                quad = gl.where(kind == 1, o[1] + (i - e0) * o[2], d[1] + (i - e2) * d[2])
+                rows_at = gl.where(kind == 1, _Y_ROWS, _Z_ROWS) + quad * W * 16 // (64 * _KS)
+                gl.atomic_add(counters + rows_at * 32, 1, sem="release", scope="gpu")
             mbarrier.arrive(tile_free.index(j % _HANDOFFS))
 
     @gluon.jit
@@ -291,10 +301,12 @@ if HAS_GLUON:
             _stamp(trace_ptr, layer, 11, L, TRACE)
             region = work_ptr + (parity * L + layer) * _WIDTH
             counters = counts_ptr + layer * _NC * 32
+            rows_items: gl.constexpr = 64 * _KS // 16 // W                 # o or down quads of a K slice's rows
             if layer == 0:
                 layer_in = h_ptr
-            else:                                        # all of z: the norm needs it
-                _wait_count(counts_ptr + (layer - 1) * _NC * 32, errors, _DN_DONE, (launch + 1) * (K // 16 // W) * _DS)
+            else:                                        # the rows of z of its K slice (the norm's rstd: later)
+                _wait_count(counts_ptr + (layer - 1) * _NC * 32, errors, _Z_ROWS + q[0],
+                            (launch + 1) * rows_items * _DS)
                 layer_in = work_ptr + (parity * L + layer - 1) * _WIDTH + _Z
             at_x = q[0] * (64 * _KS) + _value_offsets(_KS)
             _fragments(gl.load(layer_in + at_x, cache_modifier=".cg")
@@ -316,13 +328,14 @@ if HAS_GLUON:
                            xs.index(1))
             mbarrier.arrive(bars.index(1))
             _stamp(trace_ptr, layer, 1, L, TRACE)
-            # gate/up's x: y (all of it, for the norm) times the norm's weight; the rstd goes into act
-            _wait_count(counters, errors, _O_DONE, (launch + 1) * (K // 16 // W) * _OS)
+            # gate/up's x: its K slice's rows of y times the norm's weight; the rstd (all of y) goes into act
+            _wait_count(counters, errors, _Y_ROWS + g[0], (launch + 1) * rows_items * _OS)
             at_x = g[0] * (64 * _KS) + _value_offsets(_KS)
             _fragments(gl.load(region + _Y + at_x, cache_modifier=".cg")
                        * gl.load(mlp_norm_ptr + layer * K + at_x).to(gl.float32), _KS, xf.index(2), xs.index(2))
             mbarrier.arrive(bars.index(2))
             _stamp(trace_ptr, layer, 2, L, TRACE)
+            _wait_count(counters, errors, _O_DONE, (launch + 1) * (K // 16 // W) * _OS)
             rstd = _rstd(region + _Y, eps, K, 1)
             if d[3] > 0:                                 # down's x: act over its chunk of the channels
                 tiles = gl.minimum(64 * _KS, INTER - d[0] * 64 * _KS) // 8
@@ -341,9 +354,10 @@ if HAS_GLUON:
                    slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
                    L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr,
                    NB: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr, AW: gl.constexpr,
-                   TRACE: gl.constexpr):
+                   W_C: gl.constexpr, TRACE: gl.constexpr):
         """The attention warps: per layer the CTA's items pid, pid + programs, .. of (head, split), head-major
-        (int4_mma_attention_block_probe's _attention with its tensor-core splits, over the layers)."""
+        (int4_mma_attention_block_probe's _attention with its tensor-core splits, over the layers). W_C: the
+        consumer warps (the down items' count)."""
         pid = gl.program_id(0)
         L3: gl.constexpr = gl.BlockedLayout([1, 8, 8], [1, 2, 16], [AW, 1, 1], [2, 1, 0])
         DL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L3))
@@ -385,9 +399,12 @@ if HAS_GLUON:
                 mbarrier.wait(bars.index(0), layer & 1)
                 if layer == 0:
                     layer_in = h_ptr
-                else:
+                else:                                    # all of z for the norm's rstd
+                    _wait_count(counts_ptr + (layer - 1) * _NC * 32, errors, _DN_DONE,
+                                (launch + 1) * (K // 16 // W_C) * _DS)
                     layer_in = work_ptr + (parity * L + layer - 1) * _WIDTH + _Z
                 rstd = _rstd(layer_in, eps, K, AW)
+                _stamp(trace_ptr, layer, 12, L, TRACE)
                 sums = work_ptr + (parity * L + layer) * _WIDTH
                 counters = counts_ptr + layer * _NC * 32
                 part = part_ptr + layer * part_width
@@ -410,6 +427,7 @@ if HAS_GLUON:
                             gl.store(kc + slot * (H * HD) + head * HD + d, k_new)
                             gl.store(vc + slot * (H * HD) + head * HD + d, v_new)
                         mbarrier.wait(kv_bars.index(i), layer & 1)
+                        _stamp(trace_ptr, layer, 13, L, TRACE, i == 0)
                         top, total, acc = _split_on_tensor_cores(row, cos_ptr, sin_ptr, rstd, kbuf, vbuf, i * MAXB,
                                                                  b1 - b0, b0, cached, scale, NI * MAXB, MAXB, AW, BS,
                                                                  HD, DL)
@@ -421,6 +439,7 @@ if HAS_GLUON:
                             acc = acc * new_fade + new_p * v_new.to(gl.float32)
                             total = total * new_fade + new_p
                             top = new_top
+                        _stamp(trace_ptr, layer, 14, L, TRACE, i == 0)
                         rec = part + (head * S + split) * (HD + 2)
                         gl.store(rec + d, acc)
                         two = gl.arange(0, 2, layout=HL)
@@ -441,6 +460,7 @@ if HAS_GLUON:
                                 den += weight * gl.load(recs + s * (HD + 2) + HD + 1, cache_modifier=".cg")
                             gl.store(part + H * S * (HD + 2) + head * HD + d, num / den)
                             gl.thread_barrier()
+                            _stamp(trace_ptr, layer, 15, L, TRACE)
                             gl.atomic_add(counters + (_MERGED + head // per) * 32, 1, sem="release", scope="gpu")
                         gl.thread_barrier()                      # the blocks read before the next copies
         # (a CTA without attention items has nothing to wait for)
@@ -494,7 +514,7 @@ if HAS_GLUON:
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, TRACE))],
+                                          NI, AW, W, TRACE))],
                            [1, 1, 1, AW], [40, 128, 40, 208])
 
 
@@ -594,7 +614,9 @@ class Step:
         chunk = [min(KS * GROUP, INTERMEDIATE - c * KS * GROUP) // 8 * GU_SLICES for c in range(DN_SLICES)]
         per_launch = ([HEAD_TILES * QKV_SLICES] * HEADS + [self.config["S"]] * HEADS
                       + [KS * GROUP // HEAD_DIM] * O_SLICES + [HIDDEN // TILE // self.config["W"] * O_SLICES] + chunk
-                      + [HIDDEN // TILE // self.config["W"] * DN_SLICES])
+                      + [HIDDEN // TILE // self.config["W"] * DN_SLICES]
+                      + [KS * GROUP // TILE // self.config["W"] * O_SLICES] * GU_SLICES
+                      + [KS * GROUP // TILE // self.config["W"] * DN_SLICES] * QKV_SLICES)
         counted = self.counts.view(self.layers, COUNTERS, 32)[:, :, 0]
         want = torch.tensor(per_launch, device="cuda", dtype=torch.int32) * self.launches
         return bool((counted == want).all()) and int(self.sync[0].item()) == self.launches * self.programs
@@ -638,19 +660,21 @@ def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:
 
 
 def trace_summary(trace: torch.Tensor) -> dict:
-    """Per trace point: its median over the CTAs per layer, us after the launch's first stamp, for the first two
-    layers, a middle one and the last; and the median period between layers."""
+    """Per trace point, us after the launch's first stamp: the median over the CTAs per layer for the first two
+    layers, a middle one and the last; the middle layer's latest CTA; the median period between layers."""
     start = trace[trace > 0].min()
     layers = trace.shape[1]
     summary = {}
     for column, name in enumerate(TRACE_POINTS):
-        stamped = trace[:, :, column]
-        medians = [float(((stamped[:, layer][stamped[:, layer] > 0] - start).double() / 1e3).median())
-                   if (stamped[:, layer] > 0).any() else None for layer in range(layers)]
+        stamped = [(trace[:, layer, column][trace[:, layer, column] > 0] - start).double() / 1e3
+                   for layer in range(layers)]
+        medians = [float(us.median()) if us.numel() else None for us in stamped]
         known = [m for m in medians if m is not None]
+        middle = stamped[layers // 2]
         summary[name] = {"layers_0_1_mid_last_us": [None if m is None else round(m, 2) for m in
                                                     (medians[0], medians[min(1, layers - 1)], medians[layers // 2],
                                                      medians[-1])],
+                         "mid_latest_us": round(float(middle.max()), 2) if middle.numel() else None,
                          "median_period_us": (round(float(torch.tensor(known).diff().median()), 2)
                                               if len(known) > 2 else None)}
     return summary
