@@ -82,7 +82,7 @@ TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up
                 "consumers: down items done", "attention: first head counted", "attention: first split counted",
                 "attention: KV asked", "loader: layer started", "attention: rstd known", "attention: KV arrived",
                 "attention: first split computed", "attention: a head merged"]
-CONFIGS = ["2:4:4:4", "2:4:8:4"]
+CONFIGS = ["2:4:4:4", "2:4:4:4l", "2:4:4:4r", "2:4:4:4rl"]
 
 if HAS_GLUON:
     from int4_mma_attention_block_probe import _rotated, _share, _split_on_tensor_cores
@@ -90,6 +90,7 @@ if HAS_GLUON:
         _HANDOFFS,
         _Q3_4,
         _Q3_8,
+        _SPIN,
         _fragments,
         _item_dots,
         _value_offsets,
@@ -97,7 +98,11 @@ if HAS_GLUON:
     )
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+    )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -136,6 +141,25 @@ if HAS_GLUON:
         down (_share's)."""
         return (_share(pid, programs, _QS, H * _HT // W), _share(pid, programs, _OS, K // 16 // W),
                 _share(pid, programs, _GS, 2 * INTER // 16 // W), _share(pid, programs, _DS, K // 16 // W))
+
+    @gluon.jit
+    def _wait(counts_ptr, errors_ptr, at, target, LOADS: gl.constexpr):
+        """_wait_count's wait on counter at, polled by acquiring loads where LOADS (an atomic's read-modify-write on a
+        line that others count on waits behind their atomics, and theirs behind it)."""
+        if LOADS:
+            counter = counts_ptr + at * 32
+            seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [counter], dtype=gl.int32,
+                                             is_pure=False, pack=1)
+            polls = 0
+            while (seen < target) & (polls < _SPIN):
+                gl.inline_asm_elementwise("nanosleep.u32 128;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+                seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [counter],
+                                                 dtype=gl.int32, is_pure=False, pack=1)
+                polls += 1
+            if seen < target:
+                gl.atomic_add(errors_ptr, 1, sem="relaxed", scope="gpu")
+        else:
+            _wait_count(counts_ptr, errors_ptr, at, target)
 
     @gluon.jit
     def _kind_of(i, e0, e1, e2):
@@ -251,7 +275,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _counter(counts_ptr, tile_done, tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
-                 INTER: gl.constexpr, W: gl.constexpr):
+                 INTER: gl.constexpr, W: gl.constexpr, ROWS: gl.constexpr):
         """The counter warp: counts each handed-over item on its counter (release), then gives the handoff back."""
         q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
         e0 = q[3]
@@ -268,7 +292,7 @@ if HAS_GLUON:
             at = _pick(kind, head, _O_DONE, _CHUNKS + chunk, _DN_DONE)
             counters = counts_ptr + layer * _NC * 32
             gl.atomic_add(counters + at * 32, gl.where((kind == 0) | (kind == 2), W, 1), sem="release", scope="gpu")
-            if (kind == 1) | (kind == 3):                # also on the slice of its rows
+            if ROWS & ((kind == 1) | (kind == 3)):       # also on the slice of its rows
                 quad = gl.where(kind == 1, o[1] + (i - e0) * o[2], d[1] + (i - e2) * d[2])
                 rows_at = gl.where(kind == 1, _Y_ROWS, _Z_ROWS) + quad * W * 16 // (64 * _KS)
                 gl.atomic_add(counters + rows_at * 32, 1, sem="release", scope="gpu")
@@ -287,7 +311,8 @@ if HAS_GLUON:
     @gluon.jit
     def _loader(h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, xf, xs, bars,
                 programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
-                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, TRACE: gl.constexpr):
+                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, ROWS: gl.constexpr, LOADS: gl.constexpr,
+                TRACE: gl.constexpr):
         """The x loader warp (module docstring). bars k: kind k's x ready."""
         pid = gl.program_id(0)
         gdc_wait()
@@ -304,9 +329,13 @@ if HAS_GLUON:
             rows_items: gl.constexpr = 64 * _KS // 16 // W                 # o or down quads of a K slice's rows
             if layer == 0:
                 layer_in = h_ptr
-            else:                                        # the rows of z of its K slice (the norm's rstd: later)
-                _wait_count(counts_ptr + (layer - 1) * _NC * 32, errors, _Z_ROWS + q[0],
-                            (launch + 1) * rows_items * _DS)
+            else:                                        # ROWS: the rows of z of its K slice, else all of z
+                if ROWS:
+                    _wait(counts_ptr + (layer - 1) * _NC * 32, errors, _Z_ROWS + q[0],
+                          (launch + 1) * rows_items * _DS, LOADS)
+                else:
+                    _wait(counts_ptr + (layer - 1) * _NC * 32, errors, _DN_DONE, (launch + 1) * (K // 16 // W) * _DS,
+                          LOADS)
                 layer_in = work_ptr + (parity * L + layer - 1) * _WIDTH + _Z
             at_x = q[0] * (64 * _KS) + _value_offsets(_KS)
             _fragments(gl.load(layer_in + at_x, cache_modifier=".cg")
@@ -322,24 +351,28 @@ if HAS_GLUON:
                     offs = piece * 1024 + at
                     gl.store(other + offs, zeros, mask=offs < L * _WIDTH)
             if o[3] > 0:                                 # o's x: the heads of its slice, merged
-                _wait_count(counters, errors, _MERGED + o[0], (launch + 1) * per)
+                _wait(counters, errors, _MERGED + o[0], (launch + 1) * per, LOADS)
                 merged = part_ptr + layer * part_width + H * S * (HD + 2) + o[0] * per * HD
                 _fragments(gl.load(merged + _value_offsets(_KS), cache_modifier=".cg"), _KS, xf.index(1),
                            xs.index(1))
             mbarrier.arrive(bars.index(1))
             _stamp(trace_ptr, layer, 1, L, TRACE)
-            # gate/up's x: its K slice's rows of y times the norm's weight; the rstd (all of y) goes into act
-            _wait_count(counters, errors, _Y_ROWS + g[0], (launch + 1) * rows_items * _OS)
+            # gate/up's x: its K slice's rows of y (ROWS; else all of y) times the norm's weight; the rstd goes into act
+            if ROWS:
+                _wait(counters, errors, _Y_ROWS + g[0], (launch + 1) * rows_items * _OS, LOADS)
+            else:
+                _wait(counters, errors, _O_DONE, (launch + 1) * (K // 16 // W) * _OS, LOADS)
             at_x = g[0] * (64 * _KS) + _value_offsets(_KS)
             _fragments(gl.load(region + _Y + at_x, cache_modifier=".cg")
                        * gl.load(mlp_norm_ptr + layer * K + at_x).to(gl.float32), _KS, xf.index(2), xs.index(2))
             mbarrier.arrive(bars.index(2))
             _stamp(trace_ptr, layer, 2, L, TRACE)
-            _wait_count(counters, errors, _O_DONE, (launch + 1) * (K // 16 // W) * _OS)
+            if ROWS:
+                _wait(counters, errors, _O_DONE, (launch + 1) * (K // 16 // W) * _OS, LOADS)
             rstd = _rstd(region + _Y, eps, K, 1)
             if d[3] > 0:                                 # down's x: act over its chunk of the channels
                 tiles = gl.minimum(64 * _KS, INTER - d[0] * 64 * _KS) // 8
-                _wait_count(counters, errors, _CHUNKS + d[0], (launch + 1) * tiles * _GS)
+                _wait(counters, errors, _CHUNKS + d[0], (launch + 1) * tiles * _GS, LOADS)
                 channel = d[0] * (64 * _KS) + _value_offsets(_KS)
                 live = channel < INTER
                 gate_at = (channel // 8) * 16 + channel % 8
@@ -354,7 +387,7 @@ if HAS_GLUON:
                    slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
                    L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr,
                    NB: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr, AW: gl.constexpr,
-                   W_C: gl.constexpr, TRACE: gl.constexpr):
+                   W_C: gl.constexpr, ROWS: gl.constexpr, LOADS: gl.constexpr, TRACE: gl.constexpr):
         """The attention warps: per layer the CTA's items pid, pid + programs, .. of (head, split), head-major
         (int4_mma_attention_block_probe's _attention with its tensor-core splits, over the layers). W_C: the
         consumer warps (the down items' count)."""
@@ -399,9 +432,10 @@ if HAS_GLUON:
                 mbarrier.wait(bars.index(0), layer & 1)
                 if layer == 0:
                     layer_in = h_ptr
-                else:                                    # all of z for the norm's rstd
-                    _wait_count(counts_ptr + (layer - 1) * _NC * 32, errors, _DN_DONE,
-                                (launch + 1) * (K // 16 // W_C) * _DS)
+                else:                                    # all of z for the norm's rstd (without ROWS: the loader's)
+                    if ROWS:
+                        _wait(counts_ptr + (layer - 1) * _NC * 32, errors, _DN_DONE,
+                              (launch + 1) * (K // 16 // W_C) * _DS, LOADS)
                     layer_in = work_ptr + (parity * L + layer - 1) * _WIDTH + _Z
                 rstd = _rstd(layer_in, eps, K, AW)
                 _stamp(trace_ptr, layer, 12, L, TRACE)
@@ -416,7 +450,7 @@ if HAS_GLUON:
                         split = (pid + i * programs) % S
                         b0 = split * blocks // S
                         b1 = (split + 1) * blocks // S
-                        _wait_count(counters, errors, head, (launch + 1) * (_HT * _QS))
+                        _wait(counters, errors, head, (launch + 1) * (_HT * _QS), LOADS)
                         _stamp(trace_ptr, layer, 8, L, TRACE, i == 0)
                         row = sums + head * 3 * HD
                         q = _rotated(row, cos_ptr, sin_ptr, d, rstd, HD)
@@ -471,7 +505,8 @@ if HAS_GLUON:
                   work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
-                  AW: gl.constexpr, TRACE: gl.constexpr = False):
+                  AW: gl.constexpr, ROWS: gl.constexpr = False, LOADS: gl.constexpr = False,
+                  TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -509,20 +544,24 @@ if HAS_GLUON:
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
                                          dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
                             (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
-                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, TRACE)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W)),
+                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, ROWS, LOADS,
+                                       TRACE)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, ROWS)),
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, W, TRACE))],
+                                          NI, AW, W, ROWS, LOADS, TRACE))],
                            [1, 1, 1, AW], [40, 128, 40, 208])
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per head,
-    attention warps)."""
-    stages, warps, splits, attention_warps = map(int, spec.split(":"))
-    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps}
+    """STAGES:W:S:AW[r][l] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per
+    head, attention warps; "r": the next layer's qkv x and gate/up's x wait only for the rows of their K slice,
+    "l": counters polled by acquiring loads instead of atomics)."""
+    flags = spec.lstrip("0123456789:")
+    stages, warps, splits, attention_warps = map(int, spec[:len(spec) - len(flags)].split(":"))
+    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "ROWS": "r" in flags,
+            "LOADS": "l" in flags}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -630,7 +669,7 @@ class Step:
             self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
             L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
-            TRACE=trace, num_warps=config["W"], launch_pdl=True)
+            ROWS=config["ROWS"], LOADS=config["LOADS"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
         self.launches += 1
 
 
@@ -660,13 +699,14 @@ def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:
 
 
 def trace_summary(trace: torch.Tensor) -> dict:
-    """Per trace point, us after the launch's first stamp: the median over the CTAs per layer for the first two
+    """Per trace point, us after the launch's first loader stamp: the median over the CTAs per layer for the first two
     layers, a middle one and the last; the middle layer's latest CTA; the median period between layers."""
-    start = trace[trace > 0].min()
+    start = trace[:, 0, 11][trace[:, 0, 11] > 0].min()        # the loaders' first stamps
     layers = trace.shape[1]
     summary = {}
     for column, name in enumerate(TRACE_POINTS):
-        stamped = [(trace[:, layer, column][trace[:, layer, column] > 0] - start).double() / 1e3
+        # (a stamp from an earlier launch stays where this one's CTA did not stamp: a head's merge moves)
+        stamped = [(trace[:, layer, column][trace[:, layer, column] >= start] - start).double() / 1e3
                    for layer in range(layers)]
         medians = [float(us.median()) if us.numel() else None for us in stamped]
         known = [m for m in medians if m is not None]
