@@ -80,7 +80,7 @@ TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up
                 "consumers: down items done", "attention: first head counted", "attention: first split counted",
                 "attention: KV asked", "loader: layer started", "attention: rstd known", "attention: KV arrived",
                 "attention: first split computed", "attention: a head merged"]
-CONFIGS = ["2:4:4:4:99l", "2:4:4:4:1l", "2:4:4:4:2l", "2:4:4:4:3l"]
+CONFIGS = ["2:4:4:4:99:0l", "2:4:4:4:99:1l", "2:4:4:4:99:2l", "2:4:4:4:99:4l"]
 
 if HAS_GLUON:
     from int4_mma_attention_block_probe import _rotated, _share, _split_on_tensor_cores
@@ -232,6 +232,40 @@ if HAS_GLUON:
                 row = layer * (K // 16) + tile
                 tma.async_copy_global_to_shared(dn_desc, [row, g0, 0], bar, codes)
                 tma.async_copy_global_to_shared(dn_s_desc, [row, g0, 0], bar, pairs)
+
+    @gluon.jit
+    def _prefetcher(ring_empty, programs, qkv_at, o_at, gu_at, dn_at, qkv_s_at, o_s_at, gu_s_at, dn_s_at,
+                    L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr,
+                    STAGES: gl.constexpr, SLACK: gl.constexpr, MAXD: gl.constexpr, AHEAD: gl.constexpr):
+        """The prefetch warp (AHEAD > 0): asks L2 (cp.async.bulk.prefetch.L2, sm90) for each item once the consumers
+        have given back the slot of the item AHEAD before its slot's turn, so that the memory system keeps streaming
+        while the ring waits on a dependency; in a warp of its own, so that the producer's copies never wait on
+        it. Lanes 0 .. W - 1 take an item's tiles' codes (KS groups of 512 bytes, contiguous), lanes W .. 2 W - 1
+        their pairs (64 bytes a group); addresses as integers. Its pace is a hint: a wait that finds a later phase
+        of the slot passes, which only asks L2 earlier."""
+        pid = gl.program_id(0)
+        q, o, g, d_items = _shares(pid, programs, K, H, INTER, W)
+        e0 = q[3]
+        e1 = e0 + o[3]
+        per_layer = e1 + g[3] + d_items
+        LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        lane = gl.arange(0, 32, layout=LANES)
+        for j in range(STAGES, L * per_layer * (AHEAD > 0)):
+            given = j - STAGES - AHEAD                   # the item whose slot must be back first
+            if given >= 0:
+                mbarrier.wait(ring_empty.index(given % STAGES), (given // STAGES) & 1)
+            layer = j // per_layer
+            kind, _, tile, g0, _ = _item(j - layer * per_layer, pid, programs, q, o, g, e0, e1, d_items, SLACK, MAXD,
+                                         K, H, INTER, W)
+            groups = gl.where(kind == 3, INTER // 64, K // 64)                      # G of the kind's weight
+            rows = layer * _pick(kind, H * _HT, K // 16, 2 * INTER // 16, K // 16) + tile
+            at = ((rows + lane % W) * groups + g0).to(gl.int64)
+            address = gl.where(lane < W, _pick(kind, qkv_at, o_at, gu_at, dn_at) + at * 512,
+                               _pick(kind, qkv_s_at, o_s_at, gu_s_at, dn_s_at) + at * 64)
+            size = gl.where(lane < W, 512, 64) * gl.minimum(groups - g0, _KS)         # (down's last slice: 12)
+            gl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.u32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r,r", [address, size, (lane < 2 * W).to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _add_rows(out_ptr, tile0, lo, hi, M2: gl.constexpr, W: gl.constexpr, add_ptr, ADD):
@@ -515,11 +549,12 @@ if HAS_GLUON:
     @gluon.jit
     def _mma_step(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, k_desc, v_desc,
                   h_ptr, attn_norm_ptr, mlp_norm_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr,
-                  work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
+                  work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, qkv_at, o_at, gu_at,
+                  dn_at, qkv_s_at, o_s_at, gu_s_at, dn_s_at, L: gl.constexpr,
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
                   AW: gl.constexpr, SLACK: gl.constexpr, MAXD: gl.constexpr, LOADS: gl.constexpr = False,
-                  TRACE: gl.constexpr = False):
+                  AHEAD: gl.constexpr = 0, TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -527,7 +562,8 @@ if HAS_GLUON:
         ..]) and over the caches [L NB, BS, H, HD] (boxes [1, BS, 1, HD / 2], 128-byte swizzled). work fp32 [2, L,
         WIDTH] (per parity and layer: qkv sums, y, gate/up sums, z; the other parity zeroed for the next launch),
         part fp32 [L, H S (HD + 2) + H HD], counts int32 [L COUNTERS 32], sync int32 [2] (arrivals, waits that gave
-        up), trace int64 [programs, L, _POINTS]. The consumers are the launch's num_warps (W)."""
+        up), trace int64 [programs, L, _POINTS]; qkv_at .. dn_s_at: the stacked codes' and pairs' addresses (int64,
+        for the prefetch warp, AHEAD > 0). The consumers are the launch's num_warps (W)."""
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
@@ -568,19 +604,23 @@ if HAS_GLUON:
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, LOADS, TRACE))],
-                           [1, 1, 1, AW], [40, 128, 40, 208])
+                                          NI, AW, LOADS, TRACE)),
+                            (_prefetcher, (empty, programs, qkv_at, o_at, gu_at, dn_at, qkv_s_at, o_s_at, gu_s_at,
+                                           dn_s_at, L, K, H, INTER, W, STAGES, SLACK, MAXD, AHEAD))],
+                           [1, 1, 1, AW, 1], [40, 128, 40, 208, 48])
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW:SLACK[l] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens
-    per head, attention warps, gate/up items between a down item's chunk and the item (_down_place; past the CTA's
-    gate/up items: after them all); "l": counters polled by acquiring loads instead of atomics)."""
+    """STAGES:W:S:AW:SLACK:AHEAD[l] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached
+    tokens per head, attention warps, gate/up items between a down item's chunk and the item (_down_place; past
+    the CTA's gate/up items: after them all), items past the ring the prefetch warp asks L2 for (0: none); "l":
+    counters polled by acquiring loads instead of atomics)."""
     flags = spec.lstrip("0123456789:")
-    stages, warps, splits, attention_warps, slack = map(int, spec[:len(spec) - len(flags)].split(":"))
+    stages, warps, splits, attention_warps, slack, ahead = map(int, spec[:len(spec) - len(flags)].split(":"))
     if warps != 4:
         raise ValueError(f"{spec}: W = 4 (down's items are chunk-major over quads of 4 tiles)")
-    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "SLACK": slack, "LOADS": "l" in flags}
+    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "SLACK": slack, "AHEAD": ahead,
+            "LOADS": "l" in flags}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -684,10 +724,11 @@ class Step:
             *self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
             state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
             self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
+            *(t.data_ptr() for t in self.kept[0::2] + self.kept[1::2]),
             L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
             SLACK=config["SLACK"], MAXD=-(-DN_QUADS * DN_SLICES // self.programs), LOADS=config["LOADS"],
-            TRACE=trace, num_warps=config["W"], launch_pdl=True)
+            AHEAD=config["AHEAD"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
         self.launches += 1
 
 
