@@ -74,13 +74,12 @@ O_DONE_AT = MERGED_AT + O_SLICES
 CHUNKS_AT = O_DONE_AT + 1
 DN_DONE_AT = CHUNKS_AT + DN_SLICES
 COUNTERS = DN_DONE_AT + 1
-DN_QUADS = HIDDEN // TILE // 4                  # down's quads of W = 4 tiles per chunk (its items: chunk-major)
 TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up's x ready", "loader: down's x ready",
                 "consumers: qkv items done", "consumers: o items done", "consumers: gate/up items done",
                 "consumers: down items done", "attention: first head counted", "attention: first split counted",
                 "attention: KV asked", "loader: layer started", "attention: rstd known", "attention: KV arrived",
                 "attention: first split computed", "attention: a head merged"]
-CONFIGS = ["2:4:4:4:99:0l", "2:4:4:4:99:1l", "2:4:4:4:99:2l", "2:4:4:4:99:4l"]
+CONFIGS = ["2:4:4:4", "2:4:4:4l"]
 
 if HAS_GLUON:
     from int4_mma_attention_block_probe import _rotated, _share, _split_on_tensor_cores
@@ -133,45 +132,10 @@ if HAS_GLUON:
 
     @gluon.jit
     def _shares(pid, programs, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr):
-        """The CTA's items per layer: (slice, first quad, quad stride, count) for qkv, o and gate/up (_share's), and
-        its count of down items (items m = pid, pid + programs, .. of chunk-major (chunk, quad): down_item)."""
+        """The CTA's items of each kind per layer: (slice, first quad, quad stride, count) for qkv, o, gate/up and
+        down (_share's)."""
         return (_share(pid, programs, _QS, H * _HT // W), _share(pid, programs, _OS, K // 16 // W),
-                _share(pid, programs, _GS, 2 * INTER // 16 // W), gl.cdiv(K // 16 // W * _DS - pid, programs))
-
-    @gluon.jit
-    def _down_place(pid, programs, b, g_items, SLACK: gl.constexpr, K: gl.constexpr, W: gl.constexpr):
-        """Down item b's place among the CTA's gate/up and down items: after SLACK more gate/up items than its
-        chunk's index (a chunk's gate/up tiles are the CTAs' items ~chunk; all of them by ~chunk + 1), b places
-        after its predecessors."""
-        return gl.minimum((pid + programs * b) // (K // 16 // W) + SLACK, g_items) + b
-
-    @gluon.jit
-    def _mlp_item(t, pid, programs, g_items, d_items, SLACK: gl.constexpr, MAXD: gl.constexpr, K: gl.constexpr,
-                  W: gl.constexpr):
-        """Place t of the CTA's gate/up and down items: (is it down's, its index among its kind's items)."""
-        downs_before = t * 0
-        is_down = t != t
-        for b in gl.static_range(MAXD):
-            place = _down_place(pid, programs, b, g_items, SLACK, K, W)
-            live = b < d_items
-            downs_before += (live & (place < t)).to(gl.int32)
-            is_down = is_down | (live & (place == t))
-        return is_down, gl.where(is_down, downs_before, t - downs_before)
-
-    @gluon.jit
-    def _item(i, pid, programs, q, o, g, e0, e1, d_items, SLACK: gl.constexpr, MAXD: gl.constexpr, K: gl.constexpr,
-              H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr):
-        """Item i of a layer for the CTA: its kind (0 qkv, 1 o, 2 gate/up, 3 down), its index among its kind's
-        items, its box's first tile row (in the layer's stored tiles) and first group, its K slice (down: its
-        chunk)."""
-        is_down, index = _mlp_item(i - e1, pid, programs, g[3], d_items, SLACK, MAXD, K, W)
-        kind = gl.where(i < e0, 0, gl.where(i < e1, 1, gl.where(is_down, 3, 2)))
-        index = gl.where(i < e0, i, gl.where(i < e1, i - e0, index))
-        m = pid + programs * index                       # down's item: chunk-major
-        quad = gl.where(kind == 3, m % (K // 16 // W), _pick(kind, q[1], o[1], g[1], 0)
-                        + index * _pick(kind, q[2], o[2], g[2], 0))
-        slice = _pick(kind, q[0], o[0], g[0], m // (K // 16 // W))
-        return kind, index, quad * W, slice * _KS, slice
+                _share(pid, programs, _GS, 2 * INTER // 16 // W), _share(pid, programs, _DS, K // 16 // W))
 
     @gluon.jit
     def _wait(counts_ptr, errors_ptr, at, target, LOADS: gl.constexpr):
@@ -193,79 +157,49 @@ if HAS_GLUON:
             _wait_count(counts_ptr, errors_ptr, at, target)
 
     @gluon.jit
+    def _kind_of(i, e0, e1, e2):
+        """An item's kind from its index in the layer: 0 qkv, 1 o, 2 gate/up, 3 down."""
+        return (i >= e0).to(gl.int32) + (i >= e1).to(gl.int32) + (i >= e2).to(gl.int32)
+
+    @gluon.jit
     def _pick(kind, a, b, c, d):
         return gl.where(kind == 0, a, gl.where(kind == 1, b, gl.where(kind == 2, c, d)))
 
     @gluon.jit
     def _producer(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready,
                   empty, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
-                  W: gl.constexpr, STAGES: gl.constexpr, SLACK: gl.constexpr, MAXD: gl.constexpr):
+                  W: gl.constexpr, STAGES: gl.constexpr):
         """The producer warp: every layer's items, in the consumers' order, into the ring without a break."""
-        pid = gl.program_id(0)
-        q, o, g, d_items = _shares(pid, programs, K, H, INTER, W)
+        q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
         e0 = q[3]
         e1 = e0 + o[3]
-        per_layer = e1 + g[3] + d_items
+        e2 = e1 + g[3]
+        per_layer = e2 + d[3]
         for j in range(L * per_layer):
             layer = j // per_layer
-            kind, _, tile, g0, _ = _item(j - layer * per_layer, pid, programs, q, o, g, e0, e1, d_items, SLACK, MAXD,
-                                         K, H, INTER, W)
+            i = j - layer * per_layer
             slot = j % STAGES
             if j >= STAGES:
                 mbarrier.wait(empty.index(slot), ((j // STAGES) - 1) & 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, W * _KS * (128 + 16) * 4)        # (down's last slice: zeros past the end count too)
             codes, pairs = ring.index(slot), s_ring.index(slot)
-            if kind == 0:
-                row = layer * (H * _HT) + tile
-                tma.async_copy_global_to_shared(qkv_desc, [row, g0, 0], bar, codes)
-                tma.async_copy_global_to_shared(qkv_s_desc, [row, g0, 0], bar, pairs)
-            elif kind == 1:
-                row = layer * (K // 16) + tile
-                tma.async_copy_global_to_shared(o_desc, [row, g0, 0], bar, codes)
-                tma.async_copy_global_to_shared(o_s_desc, [row, g0, 0], bar, pairs)
-            elif kind == 2:
-                row = layer * (2 * INTER // 16) + tile
-                tma.async_copy_global_to_shared(gu_desc, [row, g0, 0], bar, codes)
-                tma.async_copy_global_to_shared(gu_s_desc, [row, g0, 0], bar, pairs)
+            if i < e0:
+                row = layer * (H * _HT) + (q[1] + i * q[2]) * W
+                tma.async_copy_global_to_shared(qkv_desc, [row, q[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(qkv_s_desc, [row, q[0] * _KS, 0], bar, pairs)
+            elif i < e1:
+                row = layer * (K // 16) + (o[1] + (i - e0) * o[2]) * W
+                tma.async_copy_global_to_shared(o_desc, [row, o[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(o_s_desc, [row, o[0] * _KS, 0], bar, pairs)
+            elif i < e2:
+                row = layer * (2 * INTER // 16) + (g[1] + (i - e1) * g[2]) * W
+                tma.async_copy_global_to_shared(gu_desc, [row, g[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(gu_s_desc, [row, g[0] * _KS, 0], bar, pairs)
             else:
-                row = layer * (K // 16) + tile
-                tma.async_copy_global_to_shared(dn_desc, [row, g0, 0], bar, codes)
-                tma.async_copy_global_to_shared(dn_s_desc, [row, g0, 0], bar, pairs)
-
-    @gluon.jit
-    def _prefetcher(ring_empty, programs, qkv_at, o_at, gu_at, dn_at, qkv_s_at, o_s_at, gu_s_at, dn_s_at,
-                    L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr,
-                    STAGES: gl.constexpr, SLACK: gl.constexpr, MAXD: gl.constexpr, AHEAD: gl.constexpr):
-        """The prefetch warp (AHEAD > 0): asks L2 (cp.async.bulk.prefetch.L2, sm90) for each item once the consumers
-        have given back the slot of the item AHEAD before its slot's turn, so that the memory system keeps streaming
-        while the ring waits on a dependency; in a warp of its own, so that the producer's copies never wait on
-        it. Lanes 0 .. W - 1 take an item's tiles' codes (KS groups of 512 bytes, contiguous), lanes W .. 2 W - 1
-        their pairs (64 bytes a group); addresses as integers. Its pace is a hint: a wait that finds a later phase
-        of the slot passes, which only asks L2 earlier."""
-        pid = gl.program_id(0)
-        q, o, g, d_items = _shares(pid, programs, K, H, INTER, W)
-        e0 = q[3]
-        e1 = e0 + o[3]
-        per_layer = e1 + g[3] + d_items
-        LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        lane = gl.arange(0, 32, layout=LANES)
-        for j in range(STAGES, L * per_layer * (AHEAD > 0)):
-            given = j - STAGES - AHEAD                   # the item whose slot must be back first
-            if given >= 0:
-                mbarrier.wait(ring_empty.index(given % STAGES), (given // STAGES) & 1)
-            layer = j // per_layer
-            kind, _, tile, g0, _ = _item(j - layer * per_layer, pid, programs, q, o, g, e0, e1, d_items, SLACK, MAXD,
-                                         K, H, INTER, W)
-            groups = gl.where(kind == 3, INTER // 64, K // 64)                      # G of the kind's weight
-            rows = layer * _pick(kind, H * _HT, K // 16, 2 * INTER // 16, K // 16) + tile
-            at = ((rows + lane % W) * groups + g0).to(gl.int64)
-            address = gl.where(lane < W, _pick(kind, qkv_at, o_at, gu_at, dn_at) + at * 512,
-                               _pick(kind, qkv_s_at, o_s_at, gu_s_at, dn_s_at) + at * 64)
-            size = gl.where(lane < W, 512, 64) * gl.minimum(groups - g0, _KS)         # (down's last slice: 12)
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.u32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r,r", [address, size, (lane < 2 * W).to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+                row = layer * (K // 16) + (d[1] + (i - e2) * d[2]) * W
+                tma.async_copy_global_to_shared(dn_desc, [row, d[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(dn_s_desc, [row, d[0] * _KS, 0], bar, pairs)
 
     @gluon.jit
     def _add_rows(out_ptr, tile0, lo, hi, M2: gl.constexpr, W: gl.constexpr, add_ptr, ADD):
@@ -285,41 +219,41 @@ if HAS_GLUON:
         gl.atomic_add(out_ptr + rows + 8, hi, mask=first, sem="relaxed")
 
     @gluon.jit
-    def _consumer(h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs, bars, x_free, tile_done,
+    def _consumer(h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs, bars, tile_done,
                   tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
-                  W: gl.constexpr, STAGES: gl.constexpr, SLACK: gl.constexpr, MAXD: gl.constexpr,
-                  TRACE: gl.constexpr):
-        """The W consumer warps: every layer's items in one loop (module docstring). x: bars 0-2 for qkv's, o's and
-        gate/up's; down's items take two buffers in turn (bars 3 and 4, given back on x_free)."""
+                  W: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr):
+        """The W consumer warps: every layer's items in one loop (module docstring)."""
         M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
         pid = gl.program_id(0)
         gdc_launch_dependents()
         gdc_wait()
-        q, o, g, d_items = _shares(pid, programs, K, H, INTER, W)
+        q, o, g, d = _shares(pid, programs, K, H, INTER, W)
         e0 = q[3]
         e1 = e0 + o[3]
-        per_layer = e1 + g[3] + d_items
+        e2 = e1 + g[3]
+        per_layer = e2 + d[3]
         mbarrier.wait(bars.index(0), 0)                  # the launch's index is known by then (the loader's arrival)
         parity = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs % 2
         for j in range(L * per_layer):
             layer = j // per_layer
             i = j - layer * per_layer
-            kind, index, tile0, _, slice = _item(i, pid, programs, q, o, g, e0, e1, d_items, SLACK, MAXD, K, H, INTER,
-                                                 W)
-            down = layer * d_items + index               # (down's: its use of the two x buffers)
-            buffer = gl.where(kind == 3, 3 + down % 2, kind)
-            if kind == 3:
-                mbarrier.wait(bars.index(buffer), (down // 2) & 1)
-            elif (i == 0) | (i == e0) | (i == e1):
+            kind = _kind_of(i, e0, e1, e2)
+            if (i == 0) | (i == e0) | (i == e1) | (i == e2):
+                if i > 0:                                # the kind before done
+                    _stamp(trace_ptr, layer, 3 + kind, L, TRACE)
+                elif layer > 0:
+                    _stamp(trace_ptr, layer - 1, 7, L, TRACE)
                 mbarrier.wait(bars.index(kind), layer & 1)
             slot = j % STAGES
             mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), xf.index(buffer), xs.index(buffer), W, _KS)
+            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), xf.index(kind), xs.index(kind), W, _KS)
             mbarrier.arrive(empty.index(slot))
-            if kind == 3:
-                mbarrier.arrive(x_free.index(down % 2))
             region = work_ptr + (parity * L + layer) * _WIDTH
-            # o's slice 0 adds the layer's input (h, or z of the layer before), down's chunk 0 adds y
+            first = _pick(kind, q[1], o[1], g[1], d[1])
+            stride = _pick(kind, q[2], o[2], g[2], d[2])
+            start = _pick(kind, 0, e0, e1, e2)
+            tile0 = (first + (i - start) * stride) * W
+            # o's slice 0 adds the layer's input (h, or z of the layer before), down's slice 0 adds y
             if layer == 0:
                 layer_in = h_ptr
             else:
@@ -327,31 +261,30 @@ if HAS_GLUON:
             add_ptr = region + _Y
             if kind == 1:
                 add_ptr = layer_in
-            adds = ((kind == 1) | (kind == 3)) & (slice == 0)
+            adds = ((kind == 1) & (o[0] == 0)) | ((kind == 3) & (d[0] == 0))
             _add_rows(region + _pick(kind, 0, _Y, _GU, _Z), tile0, lo, hi, M2, W, add_ptr, adds)
             if j >= _HANDOFFS:                           # the counter warp's release fence stalls only that warp
                 mbarrier.wait(tile_free.index(j % _HANDOFFS), (j // _HANDOFFS - 1) & 1)
             mbarrier.arrive(tile_done.index(j % _HANDOFFS))   # after the partition's barrier: atomics issued
-            if (i == e0 - 1) | (i == e1 - 1) | ((kind == 2) & (index == g[3] - 1)):
-                _stamp(trace_ptr, layer, 4 + kind, L, TRACE)         # its kind's last item done
-            if i == per_layer - 1:
-                _stamp(trace_ptr, layer, 7, L, TRACE)
+        _stamp(trace_ptr, L - 1, 7, L, TRACE)
 
     @gluon.jit
     def _counter(counts_ptr, tile_done, tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
-                 INTER: gl.constexpr, W: gl.constexpr, SLACK: gl.constexpr, MAXD: gl.constexpr):
+                 INTER: gl.constexpr, W: gl.constexpr):
         """The counter warp: counts each handed-over item on its counter (release), then gives the handoff back."""
-        pid = gl.program_id(0)
-        q, o, g, d_items = _shares(pid, programs, K, H, INTER, W)
+        q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
         e0 = q[3]
         e1 = e0 + o[3]
-        per_layer = e1 + g[3] + d_items
+        e2 = e1 + g[3]
+        per_layer = e2 + d[3]
         for j in range(L * per_layer):
             layer = j // per_layer
-            kind, _, tile0, _, _ = _item(j - layer * per_layer, pid, programs, q, o, g, e0, e1, d_items, SLACK, MAXD,
-                                         K, H, INTER, W)
+            i = j - layer * per_layer
             mbarrier.wait(tile_done.index(j % _HANDOFFS), (j // _HANDOFFS) & 1)
-            at = _pick(kind, tile0 // _HT, _O_DONE, _CHUNKS + tile0 * 8 // (64 * _KS), _DN_DONE)
+            head = (q[1] + i * q[2]) * W // _HT
+            chunk = (g[1] + (i - e1) * g[2]) * W * 8 // (64 * _KS)
+            kind = _kind_of(i, e0, e1, e2)
+            at = _pick(kind, head, _O_DONE, _CHUNKS + chunk, _DN_DONE)
             gl.atomic_add(counts_ptr + (layer * _NC + at) * 32, gl.where((kind == 0) | (kind == 2), W, 1),
                           sem="release", scope="gpu")
             mbarrier.arrive(tile_free.index(j % _HANDOFFS))
@@ -368,14 +301,14 @@ if HAS_GLUON:
 
     @gluon.jit
     def _loader(h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, xf, xs, bars,
-                x_free, programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
+                programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
                 INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, LOADS: gl.constexpr, TRACE: gl.constexpr):
         """The x loader warp (module docstring). bars k: kind k's x ready."""
         pid = gl.program_id(0)
         gdc_wait()
         launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
         parity = launch % 2
-        q, o, g, d_items = _shares(pid, programs, K, H, INTER, W)
+        q, o, g, d = _shares(pid, programs, K, H, INTER, W)
         errors = sync_ptr + 1
         per: gl.constexpr = _KS * 64 // HD                              # heads per o slice
         part_width: gl.constexpr = H * S * (HD + 2) + H * HD
@@ -417,20 +350,16 @@ if HAS_GLUON:
             mbarrier.arrive(bars.index(2))
             _stamp(trace_ptr, layer, 2, L, TRACE)
             rstd = _rstd(region + _Y, eps, K, 1)
-            for b in range(d_items):                     # each down item's x: act over its chunk of the channels
-                down = layer * d_items + b
-                if down >= 2:                            # its buffer's use before consumed
-                    mbarrier.wait(x_free.index(down % 2), (down // 2 - 1) & 1)
-                chunk = (pid + programs * b) // (K // 16 // W)
-                tiles = gl.minimum(64 * _KS, INTER - chunk * 64 * _KS) // 8
-                _wait(counters, errors, _CHUNKS + chunk, (launch + 1) * tiles * _GS, LOADS)
-                channel = chunk * (64 * _KS) + _value_offsets(_KS)
+            if d[3] > 0:                                 # down's x: act over its chunk of the channels
+                tiles = gl.minimum(64 * _KS, INTER - d[0] * 64 * _KS) // 8
+                _wait(counters, errors, _CHUNKS + d[0], (launch + 1) * tiles * _GS, LOADS)
+                channel = d[0] * (64 * _KS) + _value_offsets(_KS)
                 live = channel < INTER
                 gate_at = (channel // 8) * 16 + channel % 8
                 gate = gl.load(region + _GU + gate_at, mask=live, other=0.0, cache_modifier=".cg") * rstd
                 up = gl.load(region + _GU + gate_at + 8, mask=live, other=0.0, cache_modifier=".cg") * rstd
-                _fragments(gate / (1.0 + gl.exp(-gate)) * up, _KS, xf.index(3 + down % 2), xs.index(3 + down % 2))
-                mbarrier.arrive(bars.index(3 + down % 2))
+                _fragments(gate / (1.0 + gl.exp(-gate)) * up, _KS, xf.index(3), xs.index(3))
+            mbarrier.arrive(bars.index(3))
             _stamp(trace_ptr, layer, 3, L, TRACE)
 
     @gluon.jit
@@ -549,12 +478,10 @@ if HAS_GLUON:
     @gluon.jit
     def _mma_step(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, k_desc, v_desc,
                   h_ptr, attn_norm_ptr, mlp_norm_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr,
-                  work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, qkv_at, o_at, gu_at,
-                  dn_at, qkv_s_at, o_s_at, gu_s_at, dn_s_at, L: gl.constexpr,
+                  work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
-                  AW: gl.constexpr, SLACK: gl.constexpr, MAXD: gl.constexpr, LOADS: gl.constexpr = False,
-                  AHEAD: gl.constexpr = 0, TRACE: gl.constexpr = False):
+                  AW: gl.constexpr, LOADS: gl.constexpr = False, TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -562,29 +489,25 @@ if HAS_GLUON:
         ..]) and over the caches [L NB, BS, H, HD] (boxes [1, BS, 1, HD / 2], 128-byte swizzled). work fp32 [2, L,
         WIDTH] (per parity and layer: qkv sums, y, gate/up sums, z; the other parity zeroed for the next launch),
         part fp32 [L, H S (HD + 2) + H HD], counts int32 [L COUNTERS 32], sync int32 [2] (arrivals, waits that gave
-        up), trace int64 [programs, L, _POINTS]; qkv_at .. dn_s_at: the stacked codes' and pairs' addresses (int64,
-        for the prefetch warp, AHEAD > 0). The consumers are the launch's num_warps (W)."""
+        up), trace int64 [programs, L, _POINTS]. The consumers are the launch's num_warps (W)."""
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
         kbuf = gl.allocate_shared_memory(gl.bfloat16, [2 * NI * MAXB, 1, BS, 1, HD // 2], k_desc.layout)
         vbuf = gl.allocate_shared_memory(gl.bfloat16, [2 * NI * MAXB, 1, BS, 1, HD // 2], v_desc.layout)
-        xf = gl.allocate_shared_memory(gl.int32, [5, _KS, 32], _PLAIN2)      # x fragments: qkv, o, gate/up, 2 down
-        xs = gl.allocate_shared_memory(gl.float32, [5, _KS, 4], _PLAIN2)
+        xf = gl.allocate_shared_memory(gl.int32, [4, _KS, 32], _PLAIN2)      # x fragments per kind
+        xs = gl.allocate_shared_memory(gl.float32, [4, _KS, 4], _PLAIN2)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
-        x_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         kv_bars = gl.allocate_shared_memory(gl.int64, [NI, 1], mbarrier.MBarrierLayout())
         tile_done = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         tile_free = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(5):
+        for i in gl.static_range(4):
             mbarrier.init(bars.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(x_free.index(i), count=1)
         for i in gl.static_range(NI):
             mbarrier.init(kv_bars.index(i), count=1)
         for i in gl.static_range(_HANDOFFS):
@@ -592,35 +515,24 @@ if HAS_GLUON:
             mbarrier.init(tile_free.index(i), count=1)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs,
-                                         bars, x_free, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES,
-                                         SLACK, MAXD, TRACE)),
+                                         bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE)),
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
-                                         dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES,
-                                         SLACK, MAXD)),
+                                         dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
                             (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
-                                       trace_ptr, xf, xs, bars, x_free, programs, eps, L, K, H, HD, INTER, W, S, LOADS,
-                                       TRACE)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, SLACK, MAXD)),
+                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, LOADS, TRACE)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W)),
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, LOADS, TRACE)),
-                            (_prefetcher, (empty, programs, qkv_at, o_at, gu_at, dn_at, qkv_s_at, o_s_at, gu_s_at,
-                                           dn_s_at, L, K, H, INTER, W, STAGES, SLACK, MAXD, AHEAD))],
-                           [1, 1, 1, AW, 1], [40, 128, 40, 208, 48])
+                                          NI, AW, LOADS, TRACE))],
+                           [1, 1, 1, AW], [40, 128, 40, 208])
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW:SLACK:AHEAD[l] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached
-    tokens per head, attention warps, gate/up items between a down item's chunk and the item (_down_place; past
-    the CTA's gate/up items: after them all), items past the ring the prefetch warp asks L2 for (0: none); "l":
-    counters polled by acquiring loads instead of atomics)."""
-    flags = spec.lstrip("0123456789:")
-    stages, warps, splits, attention_warps, slack, ahead = map(int, spec[:len(spec) - len(flags)].split(":"))
-    if warps != 4:
-        raise ValueError(f"{spec}: W = 4 (down's items are chunk-major over quads of 4 tiles)")
-    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "SLACK": slack, "AHEAD": ahead,
-            "LOADS": "l" in flags}
+    """STAGES:W:S:AW[l] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per
+    head, attention warps; "l": counters polled by acquiring loads instead of atomics)."""
+    stages, warps, splits, attention_warps = map(int, spec.rstrip("l").split(":"))
+    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "LOADS": spec.endswith("l")}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -724,11 +636,9 @@ class Step:
             *self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
             state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
             self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
-            *(t.data_ptr() for t in self.kept[0::2] + self.kept[1::2]),
             L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
-            SLACK=config["SLACK"], MAXD=-(-DN_QUADS * DN_SLICES // self.programs), LOADS=config["LOADS"],
-            AHEAD=config["AHEAD"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
+            LOADS=config["LOADS"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
         self.launches += 1
 
 
@@ -831,7 +741,10 @@ def main(argv=None) -> int:
         entry["us"] = round(entry["us_per_step"] / args.layers, 2)
         entry["over_engine"] = round(entry["us"] / result["engine_us_per_layer"], 3)
         entry["over_floor"] = round(entry["us"] / result["floor_us_per_layer"], 3)
+        # the timing's chained launches (~90 since the reset, back to back): the last one's layers checked again
+        entry["rel_err_after_timing"] = layer_errors(step, weights, h)
         entry["gave_up_waits_after_timing"] = int(step.sync[1].item())
+        entry["counts_as_expected_after_timing"] = step.counts_as_expected()
         if args.trace:
             step.reset()
             chained_us(lambda _: step.launch(h, trace=True), list(range(2)))
@@ -853,14 +766,20 @@ def main(argv=None) -> int:
 
 def step_checks(entries: list) -> list:
     """Per checked config: both check launches' layers within 1e-2 of the fp32 reference, no wait gave up, counts
-    as expected."""
-    return [{"name": f"{e['config']}: every layer's deltas and cached k and v within 1e-2 of the fp32 reference on "
-                     "both check launches, no wait gave up, counts as expected",
-             "value": max(max(e[f"rel_err_{launch}"].values()) for launch in ("first_launch", "second_launch")),
-             "op": "<=", "target": 1e-2,
-             "passed": max(max(e[f"rel_err_{launch}"].values()) for launch in ("first_launch", "second_launch"))
-             <= 1e-2 and e["gave_up_waits"] == 0 and e["counts_as_expected"]}
-            for e in entries if "rel_err_second_launch" in e]
+    as expected; per timed config the same of the last launch after the timing's chained launches."""
+    checks = []
+    for e in entries:
+        for keys, when in ((("rel_err_first_launch", "rel_err_second_launch"), "both check launches"),
+                           (("rel_err_after_timing",), "the last launch after the timing's chained launches")):
+            if keys[-1] in e:
+                worst = max(max(e[key].values()) for key in keys)
+                suffix = "_after_timing" if "after" in keys[0] else ""
+                checks.append({"name": f"{e['config']}: every layer's deltas and cached k and v within 1e-2 of the "
+                                       f"fp32 reference on {when}, no wait gave up, counts as expected",
+                               "value": worst, "op": "<=", "target": 1e-2,
+                               "passed": worst <= 1e-2 and e[f"gave_up_waits{suffix}"] == 0
+                               and e[f"counts_as_expected{suffix}"]})
+    return checks
 
 
 if __name__ == "__main__":
