@@ -604,7 +604,6 @@ class Step:
         self.counts = torch.zeros(self.layers * COUNTERS * 32, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)
         self.trace = torch.zeros(self.programs, self.layers, len(TRACE_POINTS), device="cuda", dtype=torch.int64)
-        self.launches = 0
 
     def reset(self) -> None:
         """Counters, arrivals and buffers to zero before a series of launches (the waits that gave up stay)."""
@@ -612,7 +611,11 @@ class Step:
         self.sync[0].zero_()
         self.work.zero_()
         self.trace.zero_()
-        self.launches = 0
+
+    @property
+    def launches(self) -> int:
+        """The launches run since the reset, from the CTAs' arrivals (a CUDA graph's replays launch without Python)."""
+        return int(self.sync[0].item()) // self.programs
 
     def region(self, layer: int) -> torch.Tensor:
         """The last launch's work row of layer (its parity's)."""
@@ -620,7 +623,7 @@ class Step:
 
     def counts_as_expected(self) -> bool:
         """Every layer's counters at their items per launch times the launches since the reset; every CTA's arrival
-        counted."""
+        counted (whole launches of arrivals)."""
         chunk = [min(KS * GROUP, INTERMEDIATE - c * KS * GROUP) // 8 * GU_SLICES for c in range(DN_SLICES)]
         per_launch = ([HEAD_TILES * QKV_SLICES] * HEADS + [self.config["S"]] * HEADS
                       + [KS * GROUP // HEAD_DIM] * O_SLICES + [HIDDEN // TILE // self.config["W"] * O_SLICES] + chunk
@@ -639,7 +642,6 @@ class Step:
             L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
             LOADS=config["LOADS"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
-        self.launches += 1
 
 
 def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:
