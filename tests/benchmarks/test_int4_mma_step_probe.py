@@ -1,0 +1,68 @@
+"""The decode-step probe's host side (benchmarks/int4_mma_step_probe.py), on CPU: its configs, the work buffer's
+regions and the counters' places, the trace summary (a stamp an earlier launch left is not this launch's), and its
+checks. The kernel runs on a GPU in the probe, which checks every layer's deltas and cached k and v against the fp32
+reference before and after its timing."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+def test_configs_parse_and_polls_by_loads_are_a_flag():
+    from int4_mma_step_probe import parse_config
+
+    assert parse_config("2:4:4:4") == {"STAGES": 2, "W": 4, "S": 4, "AW": 4, "LOADS": False}
+    assert parse_config("3:4:8:4l") == {"STAGES": 3, "W": 4, "S": 8, "AW": 4, "LOADS": True}
+    with pytest.raises(ValueError):
+        parse_config("2:4:4")
+
+
+def test_work_regions_and_counters_do_not_overlap():
+    import int4_mma_step_probe as p
+
+    regions = [(p.QKV_AT, 3 * p.HEADS * p.HEAD_DIM), (p.Y_AT, p.HIDDEN), (p.GU_AT, 2 * p.INTERMEDIATE),
+               (p.Z_AT, p.HIDDEN)]
+    ends = [at + width for at, width in regions]
+    assert [at for at, _ in regions[1:]] == ends[:-1] and ends[-1] == p.WIDTH
+    places = ([range(0, p.HEADS), range(p.SPLITS_AT, p.SPLITS_AT + p.HEADS),
+               range(p.MERGED_AT, p.MERGED_AT + p.O_SLICES), [p.O_DONE_AT],
+               range(p.CHUNKS_AT, p.CHUNKS_AT + p.DN_SLICES), [p.DN_DONE_AT]])
+    flat = [i for place in places for i in place]
+    assert flat == list(range(p.COUNTERS))
+    assert p.DN_SLICES * p.KS * p.GROUP >= p.INTERMEDIATE > (p.DN_SLICES - 1) * p.KS * p.GROUP
+
+
+def test_trace_summary_starts_at_the_loaders_first_stamp_and_skips_stale_stamps():
+    from int4_mma_step_probe import TRACE_POINTS, trace_summary
+
+    programs, layers = 4, 3
+    trace = torch.zeros(programs, layers, len(TRACE_POINTS), dtype=torch.int64)
+    start = 1_000_000
+    for layer in range(layers):
+        trace[:, layer, 11] = start + layer * 40_000 + torch.arange(programs) * 1_000    # loader: layer started
+        trace[:, layer, 0] = start + layer * 40_000 + 5_000 + torch.arange(programs) * 1_000
+    trace[0, 1, 15] = start - 500_000          # a merge stamp an earlier launch left
+    trace[2, 1, 15] = start + 50_000
+    summary = trace_summary(trace)
+    started = summary["loader: layer started"]
+    assert started["layers_0_1_mid_last_us"] == [1.0, 41.0, 41.0, 81.0]        # torch's lower median of 0-3 us
+    assert started["mid_latest_us"] == 43.0 and started["median_period_us"] == 40.0
+    assert summary["loader: qkv's x ready"]["layers_0_1_mid_last_us"][0] == 6.0
+    assert summary["attention: a head merged"]["layers_0_1_mid_last_us"][1] == 50.0
+
+
+def test_checks_fail_a_config_whose_launch_after_the_timing_is_off():
+    from int4_mma_step_probe import step_checks
+
+    good = {"attention": 3e-3, "mlp": 2e-3, "k_cached": 3e-3, "v_cached": 2e-3}
+    entry = {"config": "2:4:4:4", "rel_err_first_launch": good, "rel_err_second_launch": good, "gave_up_waits": 0,
+             "counts_as_expected": True, "rel_err_after_timing": dict(good, mlp=0.5),
+             "gave_up_waits_after_timing": 0, "counts_as_expected_after_timing": True}
+    checks = step_checks([entry])
+    assert [c["passed"] for c in checks] == [True, False]
+    entry["rel_err_after_timing"] = good
+    entry["counts_as_expected_after_timing"] = False
+    assert [c["passed"] for c in step_checks([entry])] == [True, False]
