@@ -79,7 +79,7 @@ TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up
                 "consumers: down items done", "attention: first head counted", "attention: first split counted",
                 "attention: KV asked", "loader: layer started", "attention: rstd known", "attention: KV arrived",
                 "attention: first split computed", "attention: a head merged"]
-CONFIGS = ["2:4:4:4l", "2:4:4:4lp"]
+CONFIGS = ["2:4:4:4", "2:4:4:4l"]
 
 if HAS_GLUON:
     from int4_mma_attention_block_probe import _rotated, _share, _split_on_tensor_cores
@@ -131,29 +131,11 @@ if HAS_GLUON:
             gl.store(trace_ptr + (gl.program_id(0) * L + layer) * _POINTS + at, now, mask=live)
 
     @gluon.jit
-    def _shares(pid, programs, K: gl.constexpr, H: gl.constexpr, W: gl.constexpr):
-        """The CTA's qkv and o items per layer: (slice, first quad, quad stride, count) each (_share's)."""
-        return _share(pid, programs, _QS, H * _HT // W), _share(pid, programs, _OS, K // 16 // W)
-
-    @gluon.jit
-    def _entry(plan, t, WARPS: gl.constexpr):
-        """Row t of the CTA's MLP plan (shared int32 [MAXT, 4]): kind (2 gate/up, 3 down), quad, K slice (down: its
-        chunk), down's x buffer."""
-        L1: gl.constexpr = gl.BlockedLayout([4], [32], [WARPS], [0])
-        row = plan.index(t).load(L1)
-        at = gl.arange(0, 4, layout=L1)
-        return (gl.sum(gl.where(at == 0, row, 0), axis=0), gl.sum(gl.where(at == 1, row, 0), axis=0),
-                gl.sum(gl.where(at == 2, row, 0), axis=0), gl.sum(gl.where(at == 3, row, 0), axis=0))
-
-    @gluon.jit
-    def _item(i, q, o, e0, e1, plan, W: gl.constexpr, WARPS: gl.constexpr):
-        """Item i of a layer for the CTA: kind (0 qkv, 1 o, 2 gate/up, 3 down), its box's first tile (in the
-        layer's stored tiles), its K slice (down: its chunk), its x buffer (bars and xf's index)."""
-        kind, quad, k, buffer = _entry(plan, gl.maximum(i - e1, 0), WARPS)
-        kind = gl.where(i < e0, 0, gl.where(i < e1, 1, kind))
-        quad = gl.where(i < e0, q[1] + i * q[2], gl.where(i < e1, o[1] + (i - e0) * o[2], quad))
-        k = gl.where(i < e0, q[0], gl.where(i < e1, o[0], k))
-        return kind, quad * W, k, gl.where(kind == 3, 3 + buffer, kind)
+    def _shares(pid, programs, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr):
+        """The CTA's items of each kind per layer: (slice, first quad, quad stride, count) for qkv, o, gate/up and
+        down (_share's)."""
+        return (_share(pid, programs, _QS, H * _HT // W), _share(pid, programs, _OS, K // 16 // W),
+                _share(pid, programs, _GS, 2 * INTER // 16 // W), _share(pid, programs, _DS, K // 16 // W))
 
     @gluon.jit
     def _wait(counts_ptr, errors_ptr, at, target, LOADS: gl.constexpr):
@@ -175,44 +157,49 @@ if HAS_GLUON:
             _wait_count(counts_ptr, errors_ptr, at, target)
 
     @gluon.jit
+    def _kind_of(i, e0, e1, e2):
+        """An item's kind from its index in the layer: 0 qkv, 1 o, 2 gate/up, 3 down."""
+        return (i >= e0).to(gl.int32) + (i >= e1).to(gl.int32) + (i >= e2).to(gl.int32)
+
+    @gluon.jit
     def _pick(kind, a, b, c, d):
         return gl.where(kind == 0, a, gl.where(kind == 1, b, gl.where(kind == 2, c, d)))
 
     @gluon.jit
     def _producer(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready,
-                  empty, plan, meta_ptr, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
-                  INTER: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr):
+                  empty, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
+                  W: gl.constexpr, STAGES: gl.constexpr):
         """The producer warp: every layer's items, in the consumers' order, into the ring without a break."""
-        pid = gl.program_id(0)
-        q, o = _shares(pid, programs, K, H, W)
+        q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
         e0 = q[3]
         e1 = e0 + o[3]
-        per_layer = e1 + gl.load(meta_ptr + pid * 4)
+        e2 = e1 + g[3]
+        per_layer = e2 + d[3]
         for j in range(L * per_layer):
             layer = j // per_layer
-            kind, tile, k, _ = _item(j - layer * per_layer, q, o, e0, e1, plan, W, 1)
+            i = j - layer * per_layer
             slot = j % STAGES
             if j >= STAGES:
                 mbarrier.wait(empty.index(slot), ((j // STAGES) - 1) & 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, W * _KS * (128 + 16) * 4)        # (down's last slice: zeros past the end count too)
             codes, pairs = ring.index(slot), s_ring.index(slot)
-            if kind == 0:
-                row = layer * (H * _HT) + tile
-                tma.async_copy_global_to_shared(qkv_desc, [row, k * _KS, 0], bar, codes)
-                tma.async_copy_global_to_shared(qkv_s_desc, [row, k * _KS, 0], bar, pairs)
-            elif kind == 1:
-                row = layer * (K // 16) + tile
-                tma.async_copy_global_to_shared(o_desc, [row, k * _KS, 0], bar, codes)
-                tma.async_copy_global_to_shared(o_s_desc, [row, k * _KS, 0], bar, pairs)
-            elif kind == 2:
-                row = layer * (2 * INTER // 16) + tile
-                tma.async_copy_global_to_shared(gu_desc, [row, k * _KS, 0], bar, codes)
-                tma.async_copy_global_to_shared(gu_s_desc, [row, k * _KS, 0], bar, pairs)
+            if i < e0:
+                row = layer * (H * _HT) + (q[1] + i * q[2]) * W
+                tma.async_copy_global_to_shared(qkv_desc, [row, q[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(qkv_s_desc, [row, q[0] * _KS, 0], bar, pairs)
+            elif i < e1:
+                row = layer * (K // 16) + (o[1] + (i - e0) * o[2]) * W
+                tma.async_copy_global_to_shared(o_desc, [row, o[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(o_s_desc, [row, o[0] * _KS, 0], bar, pairs)
+            elif i < e2:
+                row = layer * (2 * INTER // 16) + (g[1] + (i - e1) * g[2]) * W
+                tma.async_copy_global_to_shared(gu_desc, [row, g[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(gu_s_desc, [row, g[0] * _KS, 0], bar, pairs)
             else:
-                row = layer * (K // 16) + tile
-                tma.async_copy_global_to_shared(dn_desc, [row, k * _KS, 0], bar, codes)
-                tma.async_copy_global_to_shared(dn_s_desc, [row, k * _KS, 0], bar, pairs)
+                row = layer * (K // 16) + (d[1] + (i - e2) * d[2]) * W
+                tma.async_copy_global_to_shared(dn_desc, [row, d[0] * _KS, 0], bar, codes)
+                tma.async_copy_global_to_shared(dn_s_desc, [row, d[0] * _KS, 0], bar, pairs)
 
     @gluon.jit
     def _add_rows(out_ptr, tile0, lo, hi, M2: gl.constexpr, W: gl.constexpr, add_ptr, ADD):
@@ -233,33 +220,40 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer(h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs, bars, tile_done,
-                  tile_free, plan, meta_ptr, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
-                  INTER: gl.constexpr, W: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr):
-        """The W consumer warps: every layer's items in one loop (module docstring); each item waits for its x
-        buffer's phase of the layer (bars: qkv's, o's, gate/up's, then down's chunks')."""
+                  tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
+                  W: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr):
+        """The W consumer warps: every layer's items in one loop (module docstring)."""
         M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
         pid = gl.program_id(0)
         gdc_launch_dependents()
         gdc_wait()
-        q, o = _shares(pid, programs, K, H, W)
+        q, o, g, d = _shares(pid, programs, K, H, INTER, W)
         e0 = q[3]
         e1 = e0 + o[3]
-        per_layer = e1 + gl.load(meta_ptr + pid * 4)
+        e2 = e1 + g[3]
+        per_layer = e2 + d[3]
         mbarrier.wait(bars.index(0), 0)                  # the launch's index is known by then (the loader's arrival)
         parity = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs % 2
         for j in range(L * per_layer):
             layer = j // per_layer
             i = j - layer * per_layer
-            kind, tile0, k, buffer = _item(i, q, o, e0, e1, plan, W, W)
-            if (i == e0) | (i == e1):
-                _stamp(trace_ptr, layer, 3 + kind, L, TRACE)         # the kind before done
-            mbarrier.wait(bars.index(buffer), layer & 1)
+            kind = _kind_of(i, e0, e1, e2)
+            if (i == 0) | (i == e0) | (i == e1) | (i == e2):
+                if i > 0:                                # the kind before done
+                    _stamp(trace_ptr, layer, 3 + kind, L, TRACE)
+                elif layer > 0:
+                    _stamp(trace_ptr, layer - 1, 7, L, TRACE)
+                mbarrier.wait(bars.index(kind), layer & 1)
             slot = j % STAGES
             mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), xf.index(buffer), xs.index(buffer), W, _KS)
+            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), xf.index(kind), xs.index(kind), W, _KS)
             mbarrier.arrive(empty.index(slot))
             region = work_ptr + (parity * L + layer) * _WIDTH
-            # o's slice 0 adds the layer's input (h, or z of the layer before), down's chunk 0 adds y
+            first = _pick(kind, q[1], o[1], g[1], d[1])
+            stride = _pick(kind, q[2], o[2], g[2], d[2])
+            start = _pick(kind, 0, e0, e1, e2)
+            tile0 = (first + (i - start) * stride) * W
+            # o's slice 0 adds the layer's input (h, or z of the layer before), down's slice 0 adds y
             if layer == 0:
                 layer_in = h_ptr
             else:
@@ -267,29 +261,30 @@ if HAS_GLUON:
             add_ptr = region + _Y
             if kind == 1:
                 add_ptr = layer_in
-            adds = ((kind == 1) | (kind == 3)) & (k == 0)
+            adds = ((kind == 1) & (o[0] == 0)) | ((kind == 3) & (d[0] == 0))
             _add_rows(region + _pick(kind, 0, _Y, _GU, _Z), tile0, lo, hi, M2, W, add_ptr, adds)
             if j >= _HANDOFFS:                           # the counter warp's release fence stalls only that warp
                 mbarrier.wait(tile_free.index(j % _HANDOFFS), (j // _HANDOFFS - 1) & 1)
             mbarrier.arrive(tile_done.index(j % _HANDOFFS))   # after the partition's barrier: atomics issued
-            if i == per_layer - 1:
-                _stamp(trace_ptr, layer, 7, L, TRACE)
+        _stamp(trace_ptr, L - 1, 7, L, TRACE)
 
     @gluon.jit
-    def _counter(counts_ptr, tile_done, tile_free, plan, meta_ptr, programs, L: gl.constexpr, K: gl.constexpr,
-                 H: gl.constexpr, W: gl.constexpr):
-        """The counter warp: counts each handed-over item on its counter (release), then gives the handoff back:
-        qkv's per head, o's per layer, gate/up's per down chunk, down's per layer."""
-        pid = gl.program_id(0)
-        q, o = _shares(pid, programs, K, H, W)
+    def _counter(counts_ptr, tile_done, tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
+                 INTER: gl.constexpr, W: gl.constexpr):
+        """The counter warp: counts each handed-over item on its counter (release), then gives the handoff back."""
+        q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
         e0 = q[3]
         e1 = e0 + o[3]
-        per_layer = e1 + gl.load(meta_ptr + pid * 4)
+        e2 = e1 + g[3]
+        per_layer = e2 + d[3]
         for j in range(L * per_layer):
             layer = j // per_layer
-            kind, tile0, _, _ = _item(j - layer * per_layer, q, o, e0, e1, plan, W, 1)
+            i = j - layer * per_layer
             mbarrier.wait(tile_done.index(j % _HANDOFFS), (j // _HANDOFFS) & 1)
-            at = _pick(kind, tile0 // _HT, _O_DONE, _CHUNKS + tile0 * 8 // (64 * _KS), _DN_DONE)
+            head = (q[1] + i * q[2]) * W // _HT
+            chunk = (g[1] + (i - e1) * g[2]) * W * 8 // (64 * _KS)
+            kind = _kind_of(i, e0, e1, e2)
+            at = _pick(kind, head, _O_DONE, _CHUNKS + chunk, _DN_DONE)
             gl.atomic_add(counts_ptr + (layer * _NC + at) * 32, gl.where((kind == 0) | (kind == 2), W, 1),
                           sem="release", scope="gpu")
             mbarrier.arrive(tile_free.index(j % _HANDOFFS))
@@ -306,17 +301,14 @@ if HAS_GLUON:
 
     @gluon.jit
     def _loader(h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, xf, xs, bars,
-                meta_ptr, programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
-                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, NXD: gl.constexpr, LOADS: gl.constexpr,
-                TRACE: gl.constexpr):
-        """The x loader warp (module docstring). bars: qkv's, o's and gate/up's x ready, then one per down chunk of
-        the CTA (meta: its plan's length, gate/up's K slice, its down chunks in order or -1)."""
+                programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
+                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, LOADS: gl.constexpr, TRACE: gl.constexpr):
+        """The x loader warp (module docstring). bars k: kind k's x ready."""
         pid = gl.program_id(0)
         gdc_wait()
         launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
         parity = launch % 2
-        q, o = _shares(pid, programs, K, H, W)
-        gu_slice = gl.load(meta_ptr + pid * 4 + 1)
+        q, o, g, d = _shares(pid, programs, K, H, INTER, W)
         errors = sync_ptr + 1
         per: gl.constexpr = _KS * 64 // HD                              # heads per o slice
         part_width: gl.constexpr = H * S * (HD + 2) + H * HD
@@ -352,24 +344,22 @@ if HAS_GLUON:
             _stamp(trace_ptr, layer, 1, L, TRACE)
             # gate/up's x: y (all of it, for the norm) times the norm's weight; the rstd goes into act
             _wait(counters, errors, _O_DONE, (launch + 1) * (K // 16 // W) * _OS, LOADS)
-            at_x = gu_slice * (64 * _KS) + _value_offsets(_KS)
+            at_x = g[0] * (64 * _KS) + _value_offsets(_KS)
             _fragments(gl.load(region + _Y + at_x, cache_modifier=".cg")
                        * gl.load(mlp_norm_ptr + layer * K + at_x).to(gl.float32), _KS, xf.index(2), xs.index(2))
             mbarrier.arrive(bars.index(2))
             _stamp(trace_ptr, layer, 2, L, TRACE)
             rstd = _rstd(region + _Y, eps, K, 1)
-            for b in gl.static_range(NXD):               # down's x per chunk of the CTA: act over its channels
-                chunk = gl.load(meta_ptr + pid * 4 + 2 + b)
-                if chunk >= 0:
-                    tiles = gl.minimum(64 * _KS, INTER - chunk * 64 * _KS) // 8
-                    _wait(counters, errors, _CHUNKS + chunk, (launch + 1) * tiles * _GS, LOADS)
-                    channel = chunk * (64 * _KS) + _value_offsets(_KS)
-                    live = channel < INTER
-                    gate_at = (channel // 8) * 16 + channel % 8
-                    gate = gl.load(region + _GU + gate_at, mask=live, other=0.0, cache_modifier=".cg") * rstd
-                    up = gl.load(region + _GU + gate_at + 8, mask=live, other=0.0, cache_modifier=".cg") * rstd
-                    _fragments(gate / (1.0 + gl.exp(-gate)) * up, _KS, xf.index(3 + b), xs.index(3 + b))
-                    mbarrier.arrive(bars.index(3 + b))
+            if d[3] > 0:                                 # down's x: act over its chunk of the channels
+                tiles = gl.minimum(64 * _KS, INTER - d[0] * 64 * _KS) // 8
+                _wait(counters, errors, _CHUNKS + d[0], (launch + 1) * tiles * _GS, LOADS)
+                channel = d[0] * (64 * _KS) + _value_offsets(_KS)
+                live = channel < INTER
+                gate_at = (channel // 8) * 16 + channel % 8
+                gate = gl.load(region + _GU + gate_at, mask=live, other=0.0, cache_modifier=".cg") * rstd
+                up = gl.load(region + _GU + gate_at + 8, mask=live, other=0.0, cache_modifier=".cg") * rstd
+                _fragments(gate / (1.0 + gl.exp(-gate)) * up, _KS, xf.index(3), xs.index(3))
+            mbarrier.arrive(bars.index(3))
             _stamp(trace_ptr, layer, 3, L, TRACE)
 
     @gluon.jit
@@ -488,12 +478,10 @@ if HAS_GLUON:
     @gluon.jit
     def _mma_step(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, k_desc, v_desc,
                   h_ptr, attn_norm_ptr, mlp_norm_ptr, cos_ptr, sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr,
-                  work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, plan_ptr, meta_ptr, programs, eps, scale,
-                  L: gl.constexpr,
+                  work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
-                  AW: gl.constexpr, MAXT: gl.constexpr, NXD: gl.constexpr, LOADS: gl.constexpr = False,
-                  TRACE: gl.constexpr = False):
+                  AW: gl.constexpr, LOADS: gl.constexpr = False, TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -501,31 +489,24 @@ if HAS_GLUON:
         ..]) and over the caches [L NB, BS, H, HD] (boxes [1, BS, 1, HD / 2], 128-byte swizzled). work fp32 [2, L,
         WIDTH] (per parity and layer: qkv sums, y, gate/up sums, z; the other parity zeroed for the next launch),
         part fp32 [L, H S (HD + 2) + H HD], counts int32 [L COUNTERS 32], sync int32 [2] (arrivals, waits that gave
-        up), trace int64 [programs, L, _POINTS]. The MLP's items follow a plan made on the host (mlp_plan): plan
-        int32 [programs, MAXT, 4] (per CTA its gate/up and down items in order: kind, quad, K slice or chunk, down's
-        x buffer), meta int32 [programs, 4] (its plan's length, gate/up's K slice, its NXD down chunks or -1). The
-        consumers are the launch's num_warps (W)."""
+        up), trace int64 [programs, L, _POINTS]. The consumers are the launch's num_warps (W)."""
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
         kbuf = gl.allocate_shared_memory(gl.bfloat16, [2 * NI * MAXB, 1, BS, 1, HD // 2], k_desc.layout)
         vbuf = gl.allocate_shared_memory(gl.bfloat16, [2 * NI * MAXB, 1, BS, 1, HD // 2], v_desc.layout)
-        xf = gl.allocate_shared_memory(gl.int32, [3 + NXD, _KS, 32], _PLAIN2)      # qkv, o, gate/up, down's chunks
-        xs = gl.allocate_shared_memory(gl.float32, [3 + NXD, _KS, 4], _PLAIN2)
-        plan = gl.allocate_shared_memory(gl.int32, [MAXT, 4], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        PL: gl.constexpr = gl.BlockedLayout([4], [32], [W], [0])
-        for t in gl.static_range(MAXT):                  # row by row (the buffer is indexed by rows)
-            plan.index(t).store(gl.load(plan_ptr + (gl.program_id(0) * MAXT + t) * 4 + gl.arange(0, 4, layout=PL)))
+        xf = gl.allocate_shared_memory(gl.int32, [4, _KS, 32], _PLAIN2)      # x fragments per kind
+        xs = gl.allocate_shared_memory(gl.float32, [4, _KS, 4], _PLAIN2)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [3 + NXD, 1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         kv_bars = gl.allocate_shared_memory(gl.int64, [NI, 1], mbarrier.MBarrierLayout())
         tile_done = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         tile_free = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(3 + NXD):
+        for i in gl.static_range(4):
             mbarrier.init(bars.index(i), count=1)
         for i in gl.static_range(NI):
             mbarrier.init(kv_bars.index(i), count=1)
@@ -533,17 +514,13 @@ if HAS_GLUON:
             mbarrier.init(tile_done.index(i), count=1)
             mbarrier.init(tile_free.index(i), count=1)
         fence_async_shared()
-        gl.thread_barrier()                              # the plan stored before any partition reads it
         gl.warp_specialize([(_consumer, (h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs,
-                                         bars, tile_done, tile_free, plan, meta_ptr, programs, L, K, H, INTER, W,
-                                         STAGES, TRACE)),
+                                         bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE)),
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
-                                         dn_s_desc, ring, s_ring, ready, empty, plan, meta_ptr, programs, L, K, H,
-                                         INTER, W, STAGES)),
+                                         dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
                             (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
-                                       trace_ptr, xf, xs, bars, meta_ptr, programs, eps, L, K, H, HD, INTER, W, S, NXD,
-                                       LOADS, TRACE)),
-                            (_counter, (counts_ptr, tile_done, tile_free, plan, meta_ptr, programs, L, K, H, W)),
+                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, LOADS, TRACE)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W)),
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
@@ -552,73 +529,10 @@ if HAS_GLUON:
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW[l][p] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per
-    head, attention warps; "l": counters polled by acquiring loads instead of atomics; "p": the MLP planned in
-    groups of CTAs that own two chunks of the intermediate each, else split over all CTAs: mlp_plan)."""
-    flags = spec.lstrip("0123456789:")
-    stages, warps, splits, attention_warps = map(int, spec[:len(spec) - len(flags)].split(":"))
-    if warps != 4:
-        raise ValueError(f"{spec}: W = 4 (the MLP's plans are in quads of 4 tiles)")
-    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "LOADS": "l" in flags,
-            "PLAN": "paired" if "p" in flags else "split"}
-
-
-def chunk_quads(chunk: int) -> int:
-    """gate/up's quads (4 tiles of 8 channels) in a chunk of the intermediate (down's K slice of KS groups)."""
-    return min(KS * GROUP, INTERMEDIATE - chunk * KS * GROUP) // 32
-
-
-def mlp_plan(programs: int, mode: str) -> tuple[list, list]:
-    """Each CTA's gate/up and down items per layer, in order, as rows (kind 2 gate/up or 3 down, quad, K slice or
-    chunk, down's x buffer: the chunk's place among the CTA's chunks), and its meta (the rows' count, gate/up's K
-    slice, its down chunks, -1 past them).
-    - "split" (the first form): gate/up's items over all CTAs (K slice pid % 4, quads round robin over the slice's
-      CTAs), then down's: chunk pid % 11, its 64 quads round robin over the chunk's 12 CTAs. A CTA's down items wait
-      for its chunk's gate/up tiles from every CTA; the CTAs of the last chunk start theirs last.
-    - "paired": groups of 24 CTAs own two chunks each (the last chunk, 12 CTAs alone). A member keeps one gate/up K
-      slice; per chunk, the group's gate/up items, then its down items: a down item waits only on its group, and
-      each group's second chunk's gate/up items stream while its first chunk's wait."""
-    quads_per_chunk_row = HIDDEN // TILE // 4                            # down's quads (4 tiles of 16 rows)
-    plans = [[] for _ in range(programs)]
-    chunks_of = [[] for _ in range(programs)]
-    slices = [0] * programs
-    if mode == "split":
-        per_slice = programs // GU_SLICES
-        gu_quads = 2 * INTERMEDIATE // TILE // 4
-        per_chunk = programs // DN_SLICES
-        for pid in range(programs):
-            slices[pid], r = pid % GU_SLICES, pid // GU_SLICES
-            plans[pid] += [(2, quad, slices[pid], 0) for quad in range(r, gu_quads, per_slice)]
-            chunk, r = pid % DN_SLICES, pid // DN_SLICES
-            chunks_of[pid] = [chunk]
-            plans[pid] += [(3, quad, chunk, 0) for quad in range(r, quads_per_chunk_row, per_chunk)]
-    elif mode == "paired":
-        groups, first = [], 0
-        for chunk in range(0, DN_SLICES, 2):
-            owned = [c for c in (chunk, chunk + 1) if c < DN_SLICES]
-            size = 12 * len(owned)
-            groups.append((range(first, first + size), owned))
-            first += size
-        if first != programs:
-            raise ValueError(f"the paired plan is for {first} CTAs, not {programs}")
-        for ctas, owned in groups:
-            members = len(ctas)
-            for m, pid in enumerate(ctas):
-                slices[pid], r = m % GU_SLICES, m // GU_SLICES
-                chunks_of[pid] = owned
-                for b, chunk in enumerate(owned):
-                    first_quad = sum(chunk_quads(c) for c in range(chunk))
-                    plans[pid] += [(2, first_quad + quad, slices[pid], 0)
-                                   for quad in range(r, chunk_quads(chunk), members // GU_SLICES)]
-                    plans[pid] += [(3, quad, chunk, b) for quad in range(m, quads_per_chunk_row, members)]
-    else:
-        raise ValueError(f"unknown MLP plan {mode!r}")
-    gate_up = sorted((q, k) for plan in plans for kind, q, k, _ in plan if kind == 2)
-    down = sorted((q, k) for plan in plans for kind, q, k, _ in plan if kind == 3)
-    assert gate_up == sorted((q, k) for q in range(2 * INTERMEDIATE // TILE // 4) for k in range(GU_SLICES))
-    assert down == sorted((q, k) for q in range(quads_per_chunk_row) for k in range(DN_SLICES))
-    metas = [[len(plan), slices[pid]] + (chunks_of[pid] + [-1, -1])[:2] for pid, plan in enumerate(plans)]
-    return plans, metas
+    """STAGES:W:S:AW[l] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per
+    head, attention warps; "l": counters polled by acquiring loads instead of atomics)."""
+    stages, warps, splits, attention_warps = map(int, spec.rstrip("l").split(":"))
+    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "LOADS": spec.endswith("l")}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -690,13 +604,6 @@ class Step:
         self.counts = torch.zeros(self.layers * COUNTERS * 32, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)
         self.trace = torch.zeros(self.programs, self.layers, len(TRACE_POINTS), device="cuda", dtype=torch.int64)
-        plans, metas = mlp_plan(self.programs, config["PLAN"])
-        self.max_rows = triton.next_power_of_2(max(len(plan) for plan in plans))
-        self.plan = torch.zeros(self.programs, self.max_rows, 4, dtype=torch.int32)
-        for pid, plan in enumerate(plans):
-            self.plan[pid, :len(plan)] = torch.tensor(plan, dtype=torch.int32)
-        self.plan = self.plan.cuda()
-        self.meta = torch.tensor(metas, dtype=torch.int32, device="cuda")
 
     def reset(self) -> None:
         """Counters, arrivals and buffers to zero before a series of launches (the waits that gave up stay)."""
@@ -731,11 +638,10 @@ class Step:
         _mma_step[(self.programs,)](
             *self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
             state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
-            self.part, self.counts, self.sync, self.trace, self.plan, self.meta, self.programs, EPS,
-            1.0 / math.sqrt(HEAD_DIM),
+            self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
             L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
-            MAXT=self.max_rows, NXD=2, LOADS=config["LOADS"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
+            LOADS=config["LOADS"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
 
 
 def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:
