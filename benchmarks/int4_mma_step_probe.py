@@ -35,7 +35,8 @@ epilogue, paged decode attention split and merge, XHALF's o; HELD's gate/up, XHA
 kernel). Every layer's two deltas (attention and MLP) and cached k and v are checked against the fp32 reference
 computed from the kernel's own input to that layer.
 
-    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW,...] [--layers N] [--trace] [--out PATH]
+    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW[l],...] [--layers N] [--context TOKENS] [--trace]
+        [--out PATH]
 """
 from __future__ import annotations
 
@@ -549,12 +550,12 @@ def step_weights(layers: int, gen: torch.Generator) -> dict:
             "mlp_norm": (1 + 0.1 * torch.randn(layers, HIDDEN, device="cuda", generator=gen)).bfloat16()}
 
 
-def stacked_state(layers: int, gen: torch.Generator) -> dict:
+def stacked_state(layers: int, gen: torch.Generator, context: int = CONTEXT) -> dict:
     """int4_attention_block_probe's layer_state for layers layers, with every layer's K and V caches views of one
     tensor each ([layers, blocks, BLOCK_SIZE, HEADS, HEAD_DIM]), as the kernel's descriptors take them."""
     from int4_attention_block_probe import layer_state
 
-    state = layer_state(HEADS, layers, CONTEXT, gen, "cuda")
+    state = layer_state(HEADS, layers, context, gen, "cuda")
     for name in ("k_cache", "v_cache"):
         stacked = torch.stack([layer[name] for layer in state["layers"]])
         state[name] = stacked
@@ -702,6 +703,9 @@ def main(argv=None) -> int:
     parser = probe_parser(__doc__, "int4-mma-step-probe-h200.json")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="STAGES:W:S:AW, comma-separated")
     parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument("--context", type=int, default=CONTEXT,
+                        help="tokens in the sequence with the new one (shorter: fewer KV blocks in shared memory, "
+                             "room for more ring slots)")
     parser.add_argument("--trace", action="store_true", help="also record where each config's last launch's time goes")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
@@ -709,7 +713,7 @@ def main(argv=None) -> int:
     copy_GBps = hbm_copy_GBps()
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = step_weights(args.layers, gen)
-    state = stacked_state(args.layers, gen)
+    state = stacked_state(args.layers, gen, args.context)
     h = torch.randn(HIDDEN, device="cuda", generator=gen)
     h_bf16 = h.bfloat16()
     act = torch.randn(1, INTERMEDIATE, device="cuda", generator=gen).bfloat16()
@@ -723,7 +727,7 @@ def main(argv=None) -> int:
     layer_bytes = (sum(t.nbytes for t in weights["attention"][0].values())
                    + sum(weights[name][0][key].nbytes for name in ("gate_up", "down")
                          for key in ("qweight", "scales", "mins"))
-                   + 2 * (CONTEXT - 1) * HEADS * HEAD_DIM * 2)
+                   + 2 * (args.context - 1) * HEADS * HEAD_DIM * 2)
     result = {"layers": args.layers, "floor_us_per_layer": round(layer_bytes / (copy_GBps * 1e9) * 1e6, 2),
               "engine_us_per_layer": round(chained_us(engine_layer, list(range(args.layers))), 2)}
     print(result, flush=True)
@@ -756,12 +760,12 @@ def main(argv=None) -> int:
     write_result(args.out, "int4-mma-step-probe", torch.device("cuda"),
                  {"hbm_copy_GBps(read+write)": round(copy_GBps, 1),
                   "note": "floor_us_per_layer: a layer's int4 weights (qkv, o, gate/up, down: codes, scales, mins) "
-                          f"and its {CONTEXT - 1}-token KV cache at the copy rate"},
+                          f"and its {args.context - 1}-token KV cache at the copy rate"},
                  {"note": "the engine's chain of the same layers in the same run: qkv's preparing kernel and HELD "
                           f"(norm, rotary epilogue, cache write) at {HELD_QKV[0]}, paged decode attention, XHALF's o; "
                           "HELD's gate/up and XHALF's down, each after its preparing kernel; all with PDL"},
                  result, step_checks(entries),
-                 {"layers": args.layers, "group": GROUP, "ks": KS, "context": CONTEXT, "pdl": True, "eps": EPS})
+                 {"layers": args.layers, "group": GROUP, "ks": KS, "context": args.context, "pdl": True, "eps": EPS})
     print(f"wrote {args.out}")
     return 0
 
