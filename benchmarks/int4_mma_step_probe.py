@@ -96,11 +96,7 @@ if HAS_GLUON:
     )
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-    )
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -139,6 +135,16 @@ if HAS_GLUON:
                 _share(pid, programs, _GS, 2 * INTER // 16 // W), _share(pid, programs, _DS, K // 16 // W))
 
     @gluon.jit
+    def _sequence(pid, programs, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr):
+        """The CTA's items per layer (_shares) and where each kind starts in its sequence: qkv's at 0, o's at e0,
+        gate/up's at e1, down's at e2; per_layer in all."""
+        q, o, g, d = _shares(pid, programs, K, H, INTER, W)
+        e0 = q[3]
+        e1 = e0 + o[3]
+        e2 = e1 + g[3]
+        return q, o, g, d, e0, e1, e2, e2 + d[3]
+
+    @gluon.jit
     def _wait(counts_ptr, errors_ptr, at, target, LOADS: gl.constexpr):
         """_wait_count's wait on counter at, polled by acquiring loads where LOADS (an atomic's read-modify-write on a
         line that others count on waits behind their atomics, and theirs behind it)."""
@@ -171,11 +177,7 @@ if HAS_GLUON:
                   empty, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
                   W: gl.constexpr, STAGES: gl.constexpr):
         """The producer warp: every layer's items, in the consumers' order, into the ring without a break."""
-        q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
-        e0 = q[3]
-        e1 = e0 + o[3]
-        e2 = e1 + g[3]
-        per_layer = e2 + d[3]
+        q, o, g, d, e0, e1, e2, per_layer = _sequence(gl.program_id(0), programs, K, H, INTER, W)
         for j in range(L * per_layer):
             layer = j // per_layer
             i = j - layer * per_layer
@@ -228,11 +230,7 @@ if HAS_GLUON:
         pid = gl.program_id(0)
         gdc_launch_dependents()
         gdc_wait()
-        q, o, g, d = _shares(pid, programs, K, H, INTER, W)
-        e0 = q[3]
-        e1 = e0 + o[3]
-        e2 = e1 + g[3]
-        per_layer = e2 + d[3]
+        q, o, g, d, e0, e1, e2, per_layer = _sequence(pid, programs, K, H, INTER, W)
         mbarrier.wait(bars.index(0), 0)                  # the launch's index is known by then (the loader's arrival)
         parity = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs % 2
         for j in range(L * per_layer):
@@ -273,11 +271,7 @@ if HAS_GLUON:
     def _counter(counts_ptr, tile_done, tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
                  INTER: gl.constexpr, W: gl.constexpr):
         """The counter warp: counts each handed-over item on its counter (release), then gives the handoff back."""
-        q, o, g, d = _shares(gl.program_id(0), programs, K, H, INTER, W)
-        e0 = q[3]
-        e1 = e0 + o[3]
-        e2 = e1 + g[3]
-        per_layer = e2 + d[3]
+        q, o, g, d, e0, e1, e2, per_layer = _sequence(gl.program_id(0), programs, K, H, INTER, W)
         for j in range(L * per_layer):
             layer = j // per_layer
             i = j - layer * per_layer
