@@ -37,10 +37,10 @@ computed from the kernel's own input to that layer, on the first two launches an
 
 Measured on an H200 (benchmarks/notes/gpu-decode.md, session 51): 46.3-46.4 us per layer at 2:4:4:4l (counters
 polled by loads; 47.1 by atomics) against 52.7-53.3 for the engine's chain in the same runs (0.870-0.879; bytes
-28.7), every layer within 3.6e-3 of the reference. --trace: qkv and gate/up stream at the copy rate, and the
-consumers take an item's bytes' time; ~19 us per layer are waits between phases (the attention's counts and hops
-~7.6, all of y before gate/up ~3, down's tail). L2 prefetches, waits on a K slice's rows, down's items among
-gate/up's, groups of CTAs owning the MLP's chunks and deeper rings (--context 272) were all slower.
+28.7), every layer within 3.6e-3 of the reference. --trace: qkv and gate/up stream at the copy rate; ~19 us per
+layer are waits between phases (the attention's counts and hops ~7.6, all of y before gate/up ~3, down's tail). L2
+prefetches, waits on a K slice's rows, down's items among gate/up's, groups of CTAs owning the MLP's chunks and
+deeper rings (--context 272) were all slower.
 
     python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW[l],...] [--layers N] [--context TOKENS] [--trace]
         [--out PATH]
