@@ -85,6 +85,14 @@ if HAS_GLUON:
     _STAGED = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
 
     @gluon.jit
+    def _init_barriers(bars, COUNT: gl.constexpr, pair=None):
+        """mbarriers 0 .. COUNT - 1 of bars (and of pair, alongside: a ring's ready and empty) set to one arrival."""
+        for i in gl.static_range(COUNT):
+            mbarrier.init(bars.index(i), count=1)
+            if pair is not None:
+                mbarrier.init(pair.index(i), count=1)
+
+    @gluon.jit
     def _value_index(WARPS: gl.constexpr):
         """The value index within a word [1, 1, 1, 8] in _staged's layout: odd values are high nibbles."""
         RAW: gl.constexpr = gl.BlockedLayout([1, 2, 4, 8], [32, 1, 1, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
@@ -399,16 +407,10 @@ if HAS_GLUON:
         act_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         tile_done = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         tile_free = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(act_ready.index(i), count=1)
-            mbarrier.init(act_empty.index(i), count=1)
+        _init_barriers(ready, STAGES, empty)
+        _init_barriers(act_ready, 2, act_empty)
         mbarrier.init(act_ready.index(2), count=1)
-        for i in gl.static_range(_HANDOFFS):
-            mbarrier.init(tile_done.index(i), count=1)
-            mbarrier.init(tile_free.index(i), count=1)
+        _init_barriers(tile_done, _HANDOFFS, tile_free)
         fence_async_shared()
         gl.warp_specialize([(_mlp_consumer, (h_ptr, norm_ptr, act_ptr, y_ptr, ring, s_ring, ready, empty, bufs,
                                              planes, factors, group_sums, rstd_buf, act_ready, act_empty, tile_done,

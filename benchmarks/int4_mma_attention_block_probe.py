@@ -57,6 +57,7 @@ from int4_attention_block_probe import (  # noqa: E402
     layer_state,
     relative_error,
 )
+from int4_mma_mlp_block_probe import ParityBuffers  # noqa: E402
 from int4_mma_ring_probe import GROUP, HAS_GLUON, TILE, repacked  # noqa: E402
 from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 
@@ -72,6 +73,7 @@ CONFIGS = ["2:4:4:4t", "2:4:8:4t", "2:4:4:8t", "2:4:4:4"]
 HELD_QKV = [(2, 1, 16), (2, 1, 12), (4, 2, 4)]     # (BLOCK_N, warps, per SM) tried for the chain (rotary: even BN)
 
 if HAS_GLUON:
+    from int4_mlp_block_probe import _init_barriers
     from int4_mma_mlp_block_probe import (
         _HANDOFFS,
         _Q3_4,
@@ -483,16 +485,10 @@ if HAS_GLUON:
         kv_bars = gl.allocate_shared_memory(gl.int64, [NI, 1], mbarrier.MBarrierLayout())
         tile_done = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         tile_free = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(bars.index(i), count=1)
-        for i in gl.static_range(NI):
-            mbarrier.init(kv_bars.index(i), count=1)
-        for i in gl.static_range(_HANDOFFS):
-            mbarrier.init(tile_done.index(i), count=1)
-            mbarrier.init(tile_free.index(i), count=1)
+        _init_barriers(ready, STAGES, empty)
+        _init_barriers(bars, 2)
+        _init_barriers(kv_bars, NI)
+        _init_barriers(tile_done, _HANDOFFS, tile_free)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, sums_ptr, y_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, gx,
                                          gs, ox, os, bars, tile_done, tile_free, programs, K, H, HD, W, STAGES, KS_O,
@@ -538,7 +534,7 @@ def stored_o(w: dict, heads: int = HEADS) -> dict:
     return repacked({key: w[key][rows:] for key in ("qweight", "scales", "mins")})
 
 
-class Block:
+class Block(ParityBuffers):
     """The kernel's launches over one config: descriptors per copy, the buffers and counters."""
 
     def __init__(self, weights: list, state: dict, config: dict):
@@ -574,17 +570,9 @@ class Block:
         self.launches = 0
 
     def reset(self) -> None:
-        """Counters, arrivals and buffers to zero before a series of launches (the waits that gave up stay)."""
-        self.counts.zero_()
-        self.sync[0].zero_()
-        self.sums.zero_()
-        self.y.zero_()
+        """ParityBuffers' reset, and the trace."""
+        super().reset()
         self.trace.zero_()
-        self.launches = 0
-
-    def output(self) -> torch.Tensor:
-        """The last launch's y (its parity's buffer)."""
-        return self.y[(self.launches - 1) % 2]
 
     def counts_as_expected(self) -> bool:
         """Each head's counters at its tiles (times the K slices) and its splits, each o slice's at its heads, times

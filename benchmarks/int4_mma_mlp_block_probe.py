@@ -84,6 +84,7 @@ def chunk_tiles(ks_dn: int) -> list[int]:
 
 
 if HAS_GLUON:
+    from int4_mlp_block_probe import _init_barriers
     from int4_mma_ring_probe import _CG, _MMA_ASM, _PLAIN2, _PLAIN3, _PLAIN4, MAGIC_
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -381,14 +382,9 @@ if HAS_GLUON:
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         tile_done = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         tile_free = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(bars.index(i), count=1)
-        for i in gl.static_range(_HANDOFFS):
-            mbarrier.init(tile_done.index(i), count=1)
-            mbarrier.init(tile_free.index(i), count=1)
+        _init_barriers(ready, STAGES, empty)
+        _init_barriers(bars, 2)
+        _init_barriers(tile_done, _HANDOFFS, tile_free)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, sums_ptr, y_ptr, sync_ptr, ring, s_ring, ready, empty, gx, gs, dx, ds,
                                          bars, tile_done, tile_free, programs, dn_shift, K, INTER, W, STAGES, KS_DN,
@@ -422,7 +418,24 @@ def gate_row(channel: torch.Tensor) -> torch.Tensor:
     return channel // 8 * 16 + channel % 8
 
 
-class Block:
+class ParityBuffers:
+    """The host side the tensor-core block probes share: counters and arrivals (counts, sync), and the sums and y
+    buffers the kernels double-buffer by the launch's parity (launches since the reset)."""
+
+    def reset(self) -> None:
+        """Counters, arrivals and buffers to zero before a series of launches (the waits that gave up stay)."""
+        self.counts.zero_()
+        self.sync[0].zero_()
+        self.sums.zero_()
+        self.y.zero_()
+        self.launches = 0
+
+    def output(self) -> torch.Tensor:
+        """The last launch's y (its parity's buffer)."""
+        return self.y[(self.launches - 1) % 2]
+
+
+class Block(ParityBuffers):
     """The kernel's launches over one config: descriptors per copy, the sums and y buffers, counters."""
 
     def __init__(self, gate_ups: list, downs: list, config: dict):
@@ -450,18 +463,6 @@ class Block:
         # down item: CTA p takes down's place (p + dn_shift) % programs
         per_dn_slice = self.programs // len(self.chunk_tiles)
         self.dn_shift = len(self.chunk_tiles) * (HIDDEN // TILE // warps % per_dn_slice)
-
-    def reset(self) -> None:
-        """Counters, arrivals and buffers to zero before a series of launches (the waits that gave up stay)."""
-        self.counts.zero_()
-        self.sync[0].zero_()
-        self.sums.zero_()
-        self.y.zero_()
-        self.launches = 0
-
-    def output(self) -> torch.Tensor:
-        """The last launch's y (its parity's buffer)."""
-        return self.y[(self.launches - 1) % 2]
 
     def counts_as_expected(self) -> bool:
         """Each chunk's counter at its items times the launches since the reset, every CTA's arrival counted."""

@@ -90,6 +90,7 @@ TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up
 CONFIGS = ["2:4:4:4", "2:4:4:4l"]
 
 if HAS_GLUON:
+    from int4_mlp_block_probe import _init_barriers
     from int4_mma_attention_block_probe import _rotated, _share, _split_on_tensor_cores
     from int4_mma_mlp_block_probe import (
         _HANDOFFS,
@@ -506,16 +507,10 @@ if HAS_GLUON:
         kv_bars = gl.allocate_shared_memory(gl.int64, [NI, 1], mbarrier.MBarrierLayout())
         tile_done = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
         tile_free = gl.allocate_shared_memory(gl.int64, [_HANDOFFS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(4):
-            mbarrier.init(bars.index(i), count=1)
-        for i in gl.static_range(NI):
-            mbarrier.init(kv_bars.index(i), count=1)
-        for i in gl.static_range(_HANDOFFS):
-            mbarrier.init(tile_done.index(i), count=1)
-            mbarrier.init(tile_free.index(i), count=1)
+        _init_barriers(ready, STAGES, empty)
+        _init_barriers(bars, 4)
+        _init_barriers(kv_bars, NI)
+        _init_barriers(tile_done, _HANDOFFS, tile_free)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs,
                                          bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE)),
