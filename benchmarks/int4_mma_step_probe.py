@@ -87,6 +87,9 @@ TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up
                 "consumers: down items done", "attention: first head counted", "attention: first split counted",
                 "attention: KV asked", "loader: layer started", "attention: rstd known", "attention: KV arrived",
                 "attention: first split computed", "attention: a head merged"]
+ITEM_ITEMS = 32                  # the middle layer's items with clock stamps (4 each; then the clock's calibration)
+ITEM_ROWS = 9                    # trace rows after the layers' that hold them
+ITEM_STAMPS = ["before its slot's wait", "slot ready", "sums added", "handed over"]
 CONFIGS = ["2:4:4:4", "2:4:4:4l"]
 
 if HAS_GLUON:
@@ -125,15 +128,31 @@ if HAS_GLUON:
     _DN_DONE = gl.constexpr(DN_DONE_AT)
     _NC = gl.constexpr(COUNTERS)
     _POINTS = gl.constexpr(len(TRACE_POINTS))
+    _ITEM_ROWS = gl.constexpr(ITEM_ROWS)
+    _ITEM_ITEMS = gl.constexpr(ITEM_ITEMS)
     _PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
 
     @gluon.jit
     def _stamp(trace_ptr, layer, at, L: gl.constexpr, TRACE: gl.constexpr, live=True):
-        """With TRACE, the global timer (ns) into trace (int64 [programs, L, _POINTS]) at (CTA, layer, at)."""
+        """With TRACE, the global timer (ns) into trace (int64 [programs, L + _ITEM_ROWS, _POINTS]) at (CTA, layer,
+        at); rows L .. hold the consumers' item stamps (_stamp_item)."""
         if TRACE:
             now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
                                             pack=1)
-            gl.store(trace_ptr + (gl.program_id(0) * L + layer) * _POINTS + at, now, mask=live)
+            gl.store(trace_ptr + (gl.program_id(0) * (L + _ITEM_ROWS) + layer) * _POINTS + at, now, mask=live)
+
+    @gluon.jit
+    def _clock(trace_ptr, at, L: gl.constexpr, TRACE: gl.constexpr, live=True):
+        """With TRACE, the SM's clock (cycles: finer than the global timer's ticks) into the trace's rows after the
+        layers' at (CTA, at)."""
+        if TRACE:
+            now = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+            gl.store(trace_ptr + (gl.program_id(0) * (L + _ITEM_ROWS) + L) * _POINTS + at, now, mask=live)
+
+    @gluon.jit
+    def _stamp_item(trace_ptr, layer, i, at, L: gl.constexpr, TRACE: gl.constexpr):
+        """With TRACE, the clock at item i's stamp at (ITEM_STAMPS) of the middle layer (its first _ITEM_ITEMS)."""
+        _clock(trace_ptr, i * 4 + at, L, TRACE, (layer == L // 2) & (i < _ITEM_ITEMS))
 
     @gluon.jit
     def _shares(pid, programs, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr):
@@ -187,111 +206,143 @@ if HAS_GLUON:
                   W: gl.constexpr, STAGES: gl.constexpr):
         """The producer warp: every layer's items, in the consumers' order, into the ring without a break."""
         q, o, g, d, e0, e1, e2, per_layer = _sequence(gl.program_id(0), programs, K, H, INTER, W)
-        for j in range(L * per_layer):
-            layer = j // per_layer
-            i = j - layer * per_layer
-            slot = j % STAGES
-            if j >= STAGES:
-                mbarrier.wait(empty.index(slot), ((j // STAGES) - 1) & 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, W * _KS * (128 + 16) * 4)        # (down's last slice: zeros past the end count too)
-            codes, pairs = ring.index(slot), s_ring.index(slot)
-            if i < e0:
-                row = layer * (H * _HT) + (q[1] + i * q[2]) * W
-                tma.async_copy_global_to_shared(qkv_desc, [row, q[0] * _KS, 0], bar, codes)
-                tma.async_copy_global_to_shared(qkv_s_desc, [row, q[0] * _KS, 0], bar, pairs)
-            elif i < e1:
-                row = layer * (K // 16) + (o[1] + (i - e0) * o[2]) * W
-                tma.async_copy_global_to_shared(o_desc, [row, o[0] * _KS, 0], bar, codes)
-                tma.async_copy_global_to_shared(o_s_desc, [row, o[0] * _KS, 0], bar, pairs)
-            elif i < e2:
-                row = layer * (2 * INTER // 16) + (g[1] + (i - e1) * g[2]) * W
-                tma.async_copy_global_to_shared(gu_desc, [row, g[0] * _KS, 0], bar, codes)
-                tma.async_copy_global_to_shared(gu_s_desc, [row, g[0] * _KS, 0], bar, pairs)
-            else:
-                row = layer * (K // 16) + (d[1] + (i - e2) * d[2]) * W
-                tma.async_copy_global_to_shared(dn_desc, [row, d[0] * _KS, 0], bar, codes)
-                tma.async_copy_global_to_shared(dn_s_desc, [row, d[0] * _KS, 0], bar, pairs)
+        for layer in range(L):
+            for i in range(per_layer):
+                j = layer * per_layer + i
+                slot = j % STAGES
+                if j >= STAGES:
+                    mbarrier.wait(empty.index(slot), ((j // STAGES) - 1) & 1)
+                bar = ready.index(slot)
+                mbarrier.expect(bar, W * _KS * (128 + 16) * 4)    # (down's last slice: zeros past the end count too)
+                codes, pairs = ring.index(slot), s_ring.index(slot)
+                if i < e0:
+                    row = layer * (H * _HT) + (q[1] + i * q[2]) * W
+                    tma.async_copy_global_to_shared(qkv_desc, [row, q[0] * _KS, 0], bar, codes)
+                    tma.async_copy_global_to_shared(qkv_s_desc, [row, q[0] * _KS, 0], bar, pairs)
+                elif i < e1:
+                    row = layer * (K // 16) + (o[1] + (i - e0) * o[2]) * W
+                    tma.async_copy_global_to_shared(o_desc, [row, o[0] * _KS, 0], bar, codes)
+                    tma.async_copy_global_to_shared(o_s_desc, [row, o[0] * _KS, 0], bar, pairs)
+                elif i < e2:
+                    row = layer * (2 * INTER // 16) + (g[1] + (i - e1) * g[2]) * W
+                    tma.async_copy_global_to_shared(gu_desc, [row, g[0] * _KS, 0], bar, codes)
+                    tma.async_copy_global_to_shared(gu_s_desc, [row, g[0] * _KS, 0], bar, pairs)
+                else:
+                    row = layer * (K // 16) + (d[1] + (i - e2) * d[2]) * W
+                    tma.async_copy_global_to_shared(dn_desc, [row, d[0] * _KS, 0], bar, codes)
+                    tma.async_copy_global_to_shared(dn_s_desc, [row, d[0] * _KS, 0], bar, pairs)
 
     @gluon.jit
-    def _add_rows(out_ptr, tile0, lo, hi, M2: gl.constexpr, W: gl.constexpr, add_ptr, ADD):
-        """Each warp's tile sums [W, 8, 4] (lane t: its groups') summed over t and added into out by fp32 atomics
-        from lanes t == 0, rows 16 (tile0 + w) + gid and + 8; plus add's rows (fp32, from L2) where ADD."""
-        wi = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, M2)))[:, None, None]
+    def _item_rows(tile0, M2: gl.constexpr, WARPS: gl.constexpr, HALVES: gl.constexpr, add_ptr, ADD):
+        """An item's rows in M2 [WARPS, 8, 4]: 16 (tile0 + w // HALVES) + gid (its + 8 rows follow), the lanes that
+        add them (t == 0), and add's values at both (fp32, from L2; zeros unless ADD, at each tile's first warp),
+        asked before the products so that their latency hides behind them."""
+        wi = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, M2)))[:, None, None]
         gid = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, M2)))[None, :, None]
         t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, M2)))[None, None, :]
-        rows = (tile0 + wi) * 16 + gid + t * 0
+        rows = (tile0 + wi // HALVES) * 16 + gid + t * 0
         first = (t == 0) & (wi >= 0) & (gid >= 0)
-        lo = gl.sum(lo, axis=2)[:, :, None] + gl.zeros([W, 8, 4], gl.float32, M2)
-        hi = gl.sum(hi, axis=2)[:, :, None] + gl.zeros([W, 8, 4], gl.float32, M2)
-        added = first & ADD
-        lo += gl.load(add_ptr + rows, mask=added, other=0.0, cache_modifier=".cg")
-        hi += gl.load(add_ptr + rows + 8, mask=added, other=0.0, cache_modifier=".cg")
+        added = first & ADD & (wi % HALVES == 0)
+        return (rows, first, gl.load(add_ptr + rows, mask=added, other=0.0, cache_modifier=".cg"),
+                gl.load(add_ptr + rows + 8, mask=added, other=0.0, cache_modifier=".cg"))
+
+    @gluon.jit
+    def _add_rows(out_ptr, rows, first, lo, hi, add_lo, add_hi, M2: gl.constexpr):
+        """Each warp's sums [WARPS, 8, 4] (lane t: its groups') summed over t, plus add_lo and add_hi, added into out
+        by fp32 atomics at the item's rows and + 8 from the lanes first (_item_rows)."""
+        lo = gl.sum(lo, axis=2)[:, :, None] + add_lo
+        hi = gl.sum(hi, axis=2)[:, :, None] + add_hi
         gl.atomic_add(out_ptr + rows, lo, mask=first, sem="relaxed")
         gl.atomic_add(out_ptr + rows + 8, hi, mask=first, sem="relaxed")
 
     @gluon.jit
     def _consumer(h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs, bars, tile_done,
                   tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
-                  W: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr):
-        """The W consumer warps: every layer's items in one loop (module docstring)."""
-        M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
+                  W: gl.constexpr, HALVES: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr):
+        """The W HALVES consumer warps: every layer's items in one loop (module docstring). With HALVES = 2 warps
+        2 w and 2 w + 1 take tile w's first and second half of the groups (the slot seen as [2 W, KS / 2, ..], x's
+        fragments as [2 kinds, KS / 2, ..]): two warps a scheduler to hide each other's latencies."""
+        WARPS: gl.constexpr = W * HALVES
+        M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if WARPS == 4 else _Q3_8)
         pid = gl.program_id(0)
+        half = 0
+        if HALVES == 2:                                  # the warp's half of the groups
+            half = gl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r", [], dtype=gl.int32, is_pure=True,
+                                             pack=1) // 32 % 2
         gdc_launch_dependents()
         gdc_wait()
         q, o, g, d, e0, e1, e2, per_layer = _sequence(pid, programs, K, H, INTER, W)
         mbarrier.wait(bars.index(0), 0)                  # the launch's index is known by then (the loader's arrival)
         parity = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs % 2
-        for j in range(L * per_layer):
-            layer = j // per_layer
-            i = j - layer * per_layer
-            kind = _kind_of(i, e0, e1, e2)
-            if (i == 0) | (i == e0) | (i == e1) | (i == e2):
-                if i > 0:                                # the kind before done
-                    _stamp(trace_ptr, layer, 3 + kind, L, TRACE)
-                elif layer > 0:
-                    _stamp(trace_ptr, layer - 1, 7, L, TRACE)
-                mbarrier.wait(bars.index(kind), layer & 1)
-            slot = j % STAGES
-            mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-            lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), xf.index(kind), xs.index(kind), W, _KS)
-            mbarrier.arrive(empty.index(slot))
-            region = work_ptr + (parity * L + layer) * _WIDTH
-            first = _pick(kind, q[1], o[1], g[1], d[1])
-            stride = _pick(kind, q[2], o[2], g[2], d[2])
-            start = _pick(kind, 0, e0, e1, e2)
-            tile0 = (first + (i - start) * stride) * W
-            # o's slice 0 adds the layer's input (h, or z of the layer before), down's slice 0 adds y
-            if layer == 0:
-                layer_in = h_ptr
-            else:
-                layer_in = work_ptr + (parity * L + layer - 1) * _WIDTH + _Z
-            add_ptr = region + _Y
-            if kind == 1:
-                add_ptr = layer_in
-            adds = ((kind == 1) & (o[0] == 0)) | ((kind == 3) & (d[0] == 0))
-            _add_rows(region + _pick(kind, 0, _Y, _GU, _Z), tile0, lo, hi, M2, W, add_ptr, adds)
-            if j >= _HANDOFFS:                           # the counter warp's release fence stalls only that warp
-                mbarrier.wait(tile_free.index(j % _HANDOFFS), (j // _HANDOFFS - 1) & 1)
-            mbarrier.arrive(tile_done.index(j % _HANDOFFS))   # after the partition's barrier: atomics issued
+        _clock(trace_ptr, _ITEM_ITEMS * 4, L, TRACE)                 # the clock's calibration: clock and timer
+        _stamp(trace_ptr, L + _ITEM_ITEMS * 4 // _POINTS, _ITEM_ITEMS * 4 % _POINTS + 1, L, TRACE)
+        for layer in range(L):
+            for i in range(per_layer):
+                j = layer * per_layer + i
+                kind = _kind_of(i, e0, e1, e2)
+                if (i == 0) | (i == e0) | (i == e1) | (i == e2):
+                    if i > 0:                                # the kind before done
+                        _stamp(trace_ptr, layer, 3 + kind, L, TRACE)
+                    elif layer > 0:
+                        _stamp(trace_ptr, layer - 1, 7, L, TRACE)
+                    mbarrier.wait(bars.index(kind), layer & 1)
+                slot = j % STAGES
+                region = work_ptr + (parity * L + layer) * _WIDTH
+                first = _pick(kind, q[1], o[1], g[1], d[1])
+                stride = _pick(kind, q[2], o[2], g[2], d[2])
+                start = _pick(kind, 0, e0, e1, e2)
+                tile0 = (first + (i - start) * stride) * W
+                # o's slice 0 adds the layer's input (h, or z of the layer before), down's slice 0 adds y
+                if layer == 0:
+                    layer_in = h_ptr
+                else:
+                    layer_in = work_ptr + (parity * L + layer - 1) * _WIDTH + _Z
+                add_ptr = region + _Y
+                if kind == 1:
+                    add_ptr = layer_in
+                adds = ((kind == 1) & (o[0] == 0)) | ((kind == 3) & (d[0] == 0))
+                rows, lanes, add_lo, add_hi = _item_rows(tile0, M2, WARPS, HALVES, add_ptr, adds)
+                _stamp_item(trace_ptr, layer, i, 0, L, TRACE)
+                mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+                _stamp_item(trace_ptr, layer, i, 1, L, TRACE)
+                if HALVES == 1:
+                    lo, hi = _item_dots(ring.index(slot), s_ring.index(slot), xf.index(kind), xs.index(kind), W, _KS)
+                else:
+                    lo, hi = _item_dots(ring.index(slot), s_ring.index(slot),
+                                        xf._reinterpret(gl.int32, [8, _KS // 2, 32], _PLAIN2).index(2 * kind + half),
+                                        xs._reinterpret(gl.float32, [8, _KS // 2, 4], _PLAIN2).index(2 * kind + half),
+                                        WARPS, _KS // 2)
+                mbarrier.arrive(empty.index(slot))
+                _add_rows(region + _pick(kind, 0, _Y, _GU, _Z), rows, lanes, lo, hi, add_lo, add_hi, M2)
+                _stamp_item(trace_ptr, layer, i, 2, L, TRACE)
+                if j >= _HANDOFFS:                           # the counter warp's release fence stalls only that warp
+                    mbarrier.wait(tile_free.index(j % _HANDOFFS), (j // _HANDOFFS - 1) & 1)
+                mbarrier.arrive(tile_done.index(j % _HANDOFFS))   # after the partition's barrier: atomics issued
+                _stamp_item(trace_ptr, layer, i, 3, L, TRACE)
         _stamp(trace_ptr, L - 1, 7, L, TRACE)
+        _clock(trace_ptr, _ITEM_ITEMS * 4 + 2, L, TRACE)
+        _stamp(trace_ptr, L + _ITEM_ITEMS * 4 // _POINTS, _ITEM_ITEMS * 4 % _POINTS + 3, L, TRACE)
 
     @gluon.jit
     def _counter(counts_ptr, tile_done, tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
-                 INTER: gl.constexpr, W: gl.constexpr):
-        """The counter warp: counts each handed-over item on its counter (release), then gives the handoff back."""
+                 INTER: gl.constexpr, W: gl.constexpr, FIRST: gl.constexpr = 0, CW: gl.constexpr = 1):
+        """A counter warp: counts each handed-over item j = FIRST, FIRST + CW, .. on its counter (release), then gives
+        the handoff back. A count waits ~1 us under the streaming (its release fence), about an item's time: with
+        CW = 2 two warps count alternate items (a second warp with FIRST = 1 and CW = 1 has none)."""
         q, o, g, d, e0, e1, e2, per_layer = _sequence(gl.program_id(0), programs, K, H, INTER, W)
-        for j in range(L * per_layer):
-            layer = j // per_layer
-            i = j - layer * per_layer
-            mbarrier.wait(tile_done.index(j % _HANDOFFS), (j // _HANDOFFS) & 1)
-            head = (q[1] + i * q[2]) * W // _HT
-            chunk = (g[1] + (i - e1) * g[2]) * W * 8 // (64 * _KS)
-            kind = _kind_of(i, e0, e1, e2)
-            at = _pick(kind, head, _O_DONE, _CHUNKS + chunk, _DN_DONE)
-            gl.atomic_add(counts_ptr + (layer * _NC + at) * 32, gl.where((kind == 0) | (kind == 2), W, 1),
-                          sem="release", scope="gpu")
-            mbarrier.arrive(tile_free.index(j % _HANDOFFS))
+        if FIRST < CW:
+            for layer in range(L):
+                for i in range(per_layer):
+                    j = layer * per_layer + i
+                    if j % CW == FIRST:
+                        mbarrier.wait(tile_done.index(j % _HANDOFFS), (j // _HANDOFFS) & 1)
+                        head = (q[1] + i * q[2]) * W // _HT
+                        chunk = (g[1] + (i - e1) * g[2]) * W * 8 // (64 * _KS)
+                        kind = _kind_of(i, e0, e1, e2)
+                        at = _pick(kind, head, _O_DONE, _CHUNKS + chunk, _DN_DONE)
+                        gl.atomic_add(counts_ptr + (layer * _NC + at) * 32,
+                                      gl.where((kind == 0) | (kind == 2), W, 1), sem="release", scope="gpu")
+                        mbarrier.arrive(tile_free.index(j % _HANDOFFS))
 
     @gluon.jit
     def _rstd(x_ptr, eps, K: gl.constexpr, WARPS: gl.constexpr):
@@ -485,7 +536,8 @@ if HAS_GLUON:
                   work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
-                  AW: gl.constexpr, LOADS: gl.constexpr = False, TRACE: gl.constexpr = False):
+                  AW: gl.constexpr, LOADS: gl.constexpr = False, HALVES: gl.constexpr = 1, CW: gl.constexpr = 1,
+                  TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -494,7 +546,7 @@ if HAS_GLUON:
         WIDTH] (per parity and layer: qkv sums, y, gate/up sums, z; the other parity zeroed for the next launch),
         part fp32 [L, H S (HD + 2) + H HD], counts int32 [L COUNTERS 32], sync int32 [2] (arrivals, waits that gave
         up), trace int64 [programs, L, _POINTS]. The consumers are the launch's num_warps (W)."""
-        W: gl.constexpr = gl.num_warps()
+        W: gl.constexpr = gl.num_warps() // HALVES
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
         kbuf = gl.allocate_shared_memory(gl.bfloat16, [2 * NI * MAXB, 1, BS, 1, HD // 2], k_desc.layout)
@@ -513,24 +565,33 @@ if HAS_GLUON:
         _init_barriers(tile_done, _HANDOFFS, tile_free)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs,
-                                         bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE)),
+                                         bars, tile_done, tile_free, programs, L, K, H, INTER, W, HALVES, STAGES,
+                                         TRACE)),
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
                                          dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
                             (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
                                        trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, LOADS, TRACE)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 0, CW)),
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, LOADS, TRACE))],
-                           [1, 1, 1, AW], [40, 128, 40, 208])
+                                          NI, AW, LOADS, TRACE)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1, CW))],
+                           [1, 1, 1, AW, 1], [40, 128, 40, 208, 40])
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW[l] (ring slots, consumer warps: tiles of 16 rows per item, splits of the cached tokens per
-    head, attention warps; "l": counters polled by acquiring loads instead of atomics)."""
-    stages, warps, splits, attention_warps = map(int, spec.rstrip("l").split(":"))
-    return {"STAGES": stages, "W": warps, "S": splits, "AW": attention_warps, "LOADS": spec.endswith("l")}
+    """STAGES:W:S:AW[l][h][c] (ring slots, tiles of 16 rows per item, splits of the cached tokens per head, attention
+    warps; "l": counters polled by acquiring loads instead of atomics; "h": two consumer warps per tile, each with
+    half of its groups, else one; "c": two counter warps, each counting alternate items, else one)."""
+    numbers = spec.rstrip("lhc")
+    flags = spec[len(numbers):]
+    stages, tiles, splits, attention_warps = map(int, numbers.split(":"))
+    halves = 2 if "h" in flags else 1
+    if tiles * halves not in (4, 8):
+        raise ValueError(f"{spec}: the consumers are 4 or 8 warps (W times 2 with h)")
+    return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps, "LOADS": "l" in flags,
+            "HALVES": halves, "CW": 2 if "c" in flags else 1}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -601,7 +662,8 @@ class Step:
                                 dtype=torch.float32)
         self.counts = torch.zeros(self.layers * COUNTERS * 32, device="cuda", dtype=torch.int32)
         self.sync = torch.zeros(2, device="cuda", dtype=torch.int32)
-        self.trace = torch.zeros(self.programs, self.layers, len(TRACE_POINTS), device="cuda", dtype=torch.int64)
+        self.trace = torch.zeros(self.programs, self.layers + ITEM_ROWS, len(TRACE_POINTS), device="cuda",
+                                 dtype=torch.int64)
 
     def reset(self) -> None:
         """Counters, arrivals and buffers to zero before a series of launches (the waits that gave up stay)."""
@@ -639,7 +701,8 @@ class Step:
             self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
             L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
-            LOADS=config["LOADS"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
+            LOADS=config["LOADS"], HALVES=config["HALVES"], CW=config["CW"], TRACE=trace,
+            num_warps=config["W"] * config["HALVES"], launch_pdl=True)
 
 
 def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:
@@ -688,6 +751,54 @@ def trace_summary(trace: torch.Tensor) -> dict:
                                               if len(known) > 2 else None)}
     return summary
 
+
+def item_kinds(pid: int, programs: int, tiles: int) -> list[str]:
+    """The kinds of a CTA's items per layer, in order (the kernel's _sequence on the host)."""
+    kinds = []
+    for kind, slices, quads in (("qkv", QKV_SLICES, HEADS * HEAD_TILES // tiles),
+                                ("o", O_SLICES, HIDDEN // 16 // tiles),
+                                ("gate/up", GU_SLICES, 2 * INTERMEDIATE // 16 // tiles),
+                                ("down", DN_SLICES, HIDDEN // 16 // tiles)):
+        s, r = pid % slices, pid // slices
+        n = (programs - s + slices - 1) // slices
+        kinds += [kind] * max(0, -(-(quads - r) // n))
+    return kinds
+
+
+def item_summary(trace: torch.Tensor, layers: int, tiles: int) -> dict:
+    """The middle layer's first ITEM_ITEMS items per CTA (trace rows layers ..: SM clock stamps, ITEM_STAMPS each,
+    then the clock and the timer at the consumers' start and end): the SM's clock rate (GHz, median over CTAs) and
+    per kind the means over CTAs and items of the wait for the slot, the products and flush, the handoff, and the
+    step to the next item's slot wait (us at the CTA's clock), and the median CTA's span from its first item's slot
+    wait to its last item's handoff."""
+    programs = trace.shape[0]
+    flat = trace[:, layers:].reshape(programs, -1).double()
+    stamps = flat[:, :ITEM_ITEMS * 4].view(programs, ITEM_ITEMS, 4)                      # [CTA, item, stamp] cycles
+    clock0, timer0, clock1, timer1 = flat[:, ITEM_ITEMS * 4:ITEM_ITEMS * 4 + 4].unbind(1)
+    ghz = (clock1 - clock0) / (timer1 - timer0)                                          # cycles per ns, per CTA
+    parts = {}
+    for pid in range(programs):
+        kinds = item_kinds(pid, programs, tiles)[:ITEM_ITEMS]
+        for i, kind in enumerate(kinds):
+            t = stamps[pid, i] / ghz[pid] / 1e3                                          # us
+            after = stamps[pid, i + 1, 0] / ghz[pid] / 1e3 if i + 1 < len(kinds) and kinds[i + 1] == kind else None
+            parts.setdefault(kind, []).append((t[1] - t[0], t[2] - t[1], t[3] - t[2],
+                                               None if after is None else after - t[3], pid, t[0], t[3]))
+    summary = {"sm_clock_GHz": round(float(ghz.median()), 3)}
+    for kind, rows in parts.items():
+        spans = {}
+        for *_, pid, first, last in rows:
+            begin, end = spans.get(pid, (first, last))
+            spans[pid] = (min(begin, first), max(end, last))
+
+        def mean(c: int, rows=rows) -> float:
+            values = [float(row[c]) for row in rows if row[c] is not None]
+            return round(sum(values) / len(values), 3) if values else None
+
+        summary[kind] = {"items": len(rows), "slot_wait_us": mean(0), "products_and_flush_us": mean(1),
+                         "handoff_us": mean(2), "to_next_item_us": mean(3),
+                         "span_us": round(float(torch.tensor([float(e - b) for b, e in spans.values()]).median()), 2)}
+    return summary
 
 def main(argv=None) -> int:
     from int4_mlp_block_probe import engine_chain as mlp_engine_chain
@@ -751,7 +862,8 @@ def main(argv=None) -> int:
         if args.trace:
             step.reset()
             chained_us(lambda _: step.launch(h, trace=True), list(range(2)))
-            entry["trace"] = trace_summary(step.trace)
+            entry["trace"] = trace_summary(step.trace[:, :step.layers])
+            entry["item_trace"] = item_summary(step.trace, step.layers, step.config["W"])
 
     entries = measured_configs(args.configs.split(","), measure, result, "over_engine")
     write_result(args.out, "int4-mma-step-probe", torch.device("cuda"),
