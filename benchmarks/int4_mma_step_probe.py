@@ -328,7 +328,7 @@ if HAS_GLUON:
                  INTER: gl.constexpr, W: gl.constexpr, FIRST: gl.constexpr = 0, CW: gl.constexpr = 1):
         """A counter warp: counts each handed-over item j = FIRST, FIRST + CW, .. on its counter (release), then gives
         the handoff back. A count waits ~1 us under the streaming (its release fence), about an item's time: with
-        CW = 2 or 4 warps count alternate items (a warp with FIRST >= CW has none)."""
+        CW = 2 two warps count alternate items (a second warp with FIRST = 1 and CW = 1 has none)."""
         q, o, g, d, e0, e1, e2, per_layer = _sequence(gl.program_id(0), programs, K, H, INTER, W)
         if FIRST < CW:
             for layer in range(L):
@@ -576,25 +576,22 @@ if HAS_GLUON:
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
                                           NI, AW, LOADS, TRACE)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1, CW)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 2, CW)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 3, CW))],
-                           [1, 1, 1, AW, 1, 1, 1], [40, 128, 40, 208, 40, 40, 40])
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1, CW))],
+                           [1, 1, 1, AW, 1], [40, 128, 40, 208, 40])
 
 
 def parse_config(spec: str) -> dict:
     """STAGES:W:S:AW[l][h][c] (ring slots, tiles of 16 rows per item, splits of the cached tokens per head, attention
     warps; "l": counters polled by acquiring loads instead of atomics; "h": two consumer warps per tile, each with
-    half of its groups, else one; "c" or "C": two or four counter warps, each counting every second or fourth item,
-    else one)."""
-    numbers = spec.rstrip("lhcC")
+    half of its groups, else one; "c": two counter warps, each counting alternate items, else one)."""
+    numbers = spec.rstrip("lhc")
     flags = spec[len(numbers):]
     stages, tiles, splits, attention_warps = map(int, numbers.split(":"))
     halves = 2 if "h" in flags else 1
     if tiles * halves not in (4, 8):
         raise ValueError(f"{spec}: the consumers are 4 or 8 warps (W times 2 with h)")
     return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps, "LOADS": "l" in flags,
-            "HALVES": halves, "CW": 4 if "C" in flags else 2 if "c" in flags else 1}
+            "HALVES": halves, "CW": 2 if "c" in flags else 1}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
