@@ -292,14 +292,14 @@ if HAS_GLUON:
     @gluon.jit
     def _split_on_tensor_cores(row, cos_ptr, sin_ptr, rstd, kbuf, vbuf, base: gl.constexpr, blocks, b0, cached, scale,
                                SLOTS: gl.constexpr, MAXB: gl.constexpr, AW: gl.constexpr, BS: gl.constexpr,
-                               HD: gl.constexpr, DL: gl.constexpr, SKIP: gl.constexpr = False):
+                               HD: gl.constexpr, DL: gl.constexpr, CHUNKS: gl.constexpr = 0):
         """_split_on_cuda_cores's result by mma.sync (bf16 in, fp32 out), AW blocks (ROWS tokens) at a time: the
         scores as K [ROWS, HD] times q (rotated from the sums' row, in bf16) in all 8 columns, the acc as V^T [HD,
         ROWS] times p (bf16) in all 8 columns, in two passes over the chunks. Each block's K and V are two boxes
         of HD / 2 dims (the slots' first and second halves), stored with 128-byte swizzles so that ldmatrix reads them
         without bank conflicts (rows of 256 bytes unswizzled put a matrix's 8 rows on the same banks). The result in
-        layout DL. With SKIP the chunks past the split's blocks (MAXB is a power of 2 above them) are skipped, else
-        computed and masked out (the same result: their scores are -1e30, their p 0)."""
+        layout DL. CHUNKS (if not 0) chunks of AW blocks instead of MAXB // AW: MAXB, a power of 2, may hold more
+        than a split's blocks, and the chunks past them give nothing (their scores are -1e30, their p 0)."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[AW, 1], instr_shape=[16, 8])
         OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         OPB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
@@ -320,25 +320,23 @@ if HAS_GLUON:
         # two passes, so that no chunk waits on the one before: the scores' max (elementwise over the chunks, one
         # reduction across the warps at the end), then the scores again, their exps and the acc
         tops = gl.full([ROWS], -1e30, gl.float32, RL)
-        for c in gl.static_range(MAXB // AW):           # unrolled: the chunks' loads and MMAs interleave
-            if (not SKIP) or (c * AW < blocks):
-                score = _chunk_scores(k2, base // AW + c, CH, q8_lo, q8_hi, scale, c, tok, blocks, b0, cached, AW, BS,
-                                      MMA, OPA)
-                tops = gl.maximum(tops, score)
+        NC: gl.constexpr = CHUNKS if CHUNKS > 0 else MAXB // AW
+        for c in gl.static_range(NC):                   # unrolled: the chunks' loads and MMAs interleave
+            score = _chunk_scores(k2, base // AW + c, CH, q8_lo, q8_hi, scale, c, tok, blocks, b0, cached, AW, BS, MMA,
+                                  OPA)
+            tops = gl.maximum(tops, score)
         top = gl.max(tops, axis=0)
         totals = gl.zeros([ROWS], gl.float32, RL)
         acc_lo = gl.zeros([HB, 8], gl.float32, MMA)
         acc_hi = gl.zeros([HB, 8], gl.float32, MMA)
-        for c in gl.static_range(MAXB // AW):
-            if (not SKIP) or (c * AW < blocks):
-                chunk = base // AW + c
-                score = _chunk_scores(k2, chunk, CH, q8_lo, q8_hi, scale, c, tok, blocks, b0, cached, AW, BS, MMA, OPA)
-                p = gl.where(score > -1e30, gl.exp(score - top), 0.0)
-                totals += p
-                p8 = gl.convert_layout((gl.expand_dims(p, 1) + gl.zeros([ROWS, 8], gl.float32, MMA)).to(gl.bfloat16),
-                                       OPB)
-                acc_lo = mma_v2(v2.index(chunk).permute((1, 0)).load(OPA), p8, acc_lo)       # V^T [HB, ROWS]
-                acc_hi = mma_v2(v2.index(CH + chunk).permute((1, 0)).load(OPA), p8, acc_hi)
+        for c in gl.static_range(NC):
+            chunk = base // AW + c
+            score = _chunk_scores(k2, chunk, CH, q8_lo, q8_hi, scale, c, tok, blocks, b0, cached, AW, BS, MMA, OPA)
+            p = gl.where(score > -1e30, gl.exp(score - top), 0.0)
+            totals += p
+            p8 = gl.convert_layout((gl.expand_dims(p, 1) + gl.zeros([ROWS, 8], gl.float32, MMA)).to(gl.bfloat16), OPB)
+            acc_lo = mma_v2(v2.index(chunk).permute((1, 0)).load(OPA), p8, acc_lo)       # V^T [HB, ROWS]
+            acc_hi = mma_v2(v2.index(CH + chunk).permute((1, 0)).load(OPA), p8, acc_hi)
         total = gl.sum(totals, axis=0)
         out = gl.reshape(gl.permute(gl.join(gl.max(acc_lo, axis=1), gl.max(acc_hi, axis=1)), (1, 0)), [HD])
         return top, total, gl.convert_layout(out, DL)

@@ -422,7 +422,7 @@ if HAS_GLUON:
                    slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
                    L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr,
                    NB: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr, AW: gl.constexpr,
-                   LOADS: gl.constexpr, SKIP: gl.constexpr, TRACE: gl.constexpr):
+                   LOADS: gl.constexpr, CHUNKS: gl.constexpr, TRACE: gl.constexpr):
         """The attention warps: per layer the CTA's items pid, pid + programs, .. of (head, split), head-major
         (int4_mma_attention_block_probe's _attention with its tensor-core splits, over the layers)."""
         pid = gl.program_id(0)
@@ -495,7 +495,7 @@ if HAS_GLUON:
                         _stamp(trace_ptr, layer, 13, L, TRACE, i == 0)
                         top, total, acc = _split_on_tensor_cores(row, cos_ptr, sin_ptr, rstd, kbuf, vbuf, i * MAXB,
                                                                  b1 - b0, b0, cached, scale, NI * MAXB, MAXB, AW, BS,
-                                                                 HD, DL, SKIP)
+                                                                 HD, DL, CHUNKS)
                         if last:                                 # the new token
                             new_score = gl.sum(q * k_new.to(gl.float32), axis=0) * scale
                             new_top = gl.maximum(top, new_score)
@@ -537,7 +537,7 @@ if HAS_GLUON:
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
                   AW: gl.constexpr, LOADS: gl.constexpr = False, HALVES: gl.constexpr = 1, CW: gl.constexpr = 1,
-                  SKIP: gl.constexpr = False, TRACE: gl.constexpr = False):
+                  CHUNKS: gl.constexpr = 0, TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -575,7 +575,7 @@ if HAS_GLUON:
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, LOADS, SKIP, TRACE)),
+                                          NI, AW, LOADS, CHUNKS, TRACE)),
                             (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1, CW))],
                            [1, 1, 1, AW, 1], [40, 128, 40, 208, 40])
 
@@ -584,7 +584,7 @@ def parse_config(spec: str) -> dict:
     """STAGES:W:S:AW[l][h][c] (ring slots, tiles of 16 rows per item, splits of the cached tokens per head, attention
     warps; "l": counters polled by acquiring loads instead of atomics; "h": two consumer warps per tile, each with
     half of its groups, else one; "c": two counter warps, each counting alternate items, else one; "s": the attention
-    skips its chunks of blocks past the split's, else computes them masked)."""
+    computes as many chunks of AW blocks as a split has, else MAXB / AW)."""
     numbers = spec.rstrip("lhcs")
     flags = spec[len(numbers):]
     stages, tiles, splits, attention_warps = map(int, numbers.split(":"))
@@ -592,7 +592,7 @@ def parse_config(spec: str) -> dict:
     if tiles * halves not in (4, 8):
         raise ValueError(f"{spec}: the consumers are 4 or 8 warps (W times 2 with h)")
     return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps, "LOADS": "l" in flags,
-            "HALVES": halves, "CW": 2 if "c" in flags else 1, "SKIP": "s" in flags}
+            "HALVES": halves, "CW": 2 if "c" in flags else 1, "FIT": "s" in flags}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -653,7 +653,9 @@ class Step:
                                             [1, BLOCK_SIZE, 1, HEAD_DIM // 2], halves),)
         self.cache_blocks = state["k_cache"].shape[1]
         blocks = -(-(int(state["context_len"].max()) - 1) // BLOCK_SIZE)
-        self.max_blocks = max(triton.next_power_of_2(-(-blocks // config["S"])), config["AW"])
+        split_blocks = -(-blocks // config["S"])
+        self.max_blocks = max(triton.next_power_of_2(split_blocks), config["AW"])
+        self.chunks = -(-split_blocks // config["AW"]) if config["FIT"] else 0     # 0: MAXB / AW
         self.programs = torch.cuda.get_device_properties(0).multi_processor_count
         if self.programs % math.lcm(QKV_SLICES, DN_SLICES):
             raise ValueError(f"{self.programs} SMs: the kernel needs a multiple of {math.lcm(QKV_SLICES, DN_SLICES)}")
@@ -702,7 +704,7 @@ class Step:
             self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
             L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
-            LOADS=config["LOADS"], HALVES=config["HALVES"], CW=config["CW"], SKIP=config["SKIP"], TRACE=trace,
+            LOADS=config["LOADS"], HALVES=config["HALVES"], CW=config["CW"], CHUNKS=self.chunks, TRACE=trace,
             num_warps=config["W"] * config["HALVES"], launch_pdl=True)
 
 
