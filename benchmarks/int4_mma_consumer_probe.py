@@ -6,10 +6,16 @@ Why: in the step kernel (session 51) every phase runs at ~1.05-1.15 us per item 
 are in the ring long before its x is ready; two warps per tile (half of the groups each, "h") did not change that
 (session 52). Here one CTA per SM (a shared-memory pad keeps it alone) loads STAGES slots of random codes, pairs
 and x fragments once and then runs ITEMS items over them with no wait: the products (_item_dots) alone, and with each
-item's sums flushed by fp32 atomics as the step kernel does (_add_rows). Outputs are not checked here: the step probe
-checks the same code against the fp32 reference.
+item's sums flushed by fp32 atomics as the step kernel does (_add_rows), and with each item counted by a counter warp
+as well ("c"). Outputs are not checked here (only that they are finite): the step probe checks the same code against
+the fp32 reference.
 
-    python benchmarks/int4_mma_consumer_probe.py [--configs W[h][f],...] [--items N] [--out PATH]
+Measured on an H200 (benchmarks/notes/gpu-decode.md, session 52): 0.61 us an item of 4 tiles alone, 0.65 flushed,
+0.75 flushed and counted, against 1.14 us for its bytes at one SM's share of the copy rate; two warps per tile 0.57,
+0.63 and 0.79. In the step kernel an item's products and flush took ~0.72-0.76 us: the consumers keep ahead of the
+bytes, and its streaming phases run at the copy rate.
+
+    python benchmarks/int4_mma_consumer_probe.py [--configs W[h][f][c],...] [--items N] [--out PATH]
 """
 from __future__ import annotations
 

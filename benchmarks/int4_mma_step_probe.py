@@ -16,8 +16,9 @@ Per CTA (one per SM, all resident), five partitions, each a loop over the layers
   (qkv sums, y = x + o(..), gate/up sums, z = y + down(..)); o's slice 0 adds the layer's input, down's slice 0 y.
   Every item is handed to the counter warp.
 - one producer warp: TMA for every item of every layer into a ring, without a break.
-- one counter warp: counts each handed-over item (release): qkv's on its head's counter, o's on the layer's o
-  counter, gate/up's on its chunk's counter (down's K slice), down's on the layer's down counter.
+- one counter warp (two with "c", each taking every second item): counts each handed-over item (release): qkv's on
+  its head's counter, o's on the layer's o counter, gate/up's on its chunk's counter (down's K slice), down's on the
+  layer's down counter.
 - one x loader warp, per layer: waits for the layer before's down items (all of them: the norm needs all of z),
   writes qkv's x fragments from its input times the norm's weight; o's from its o slice's merged heads (one
   counter); gate/up's from y once all o items are counted; down's act = SiLU(rstd gate) * (rstd up) once its chunk
@@ -35,15 +36,16 @@ epilogue, paged decode attention split and merge, XHALF's o; HELD's gate/up, XHA
 kernel). Every layer's two deltas (attention and MLP) and cached k and v are checked against the fp32 reference
 computed from the kernel's own input to that layer, on the first two launches and on the last after the timing.
 
-Measured on an H200 (benchmarks/notes/gpu-decode.md, session 51): 46.3-46.4 us per layer at 2:4:4:4l (counters
-polled by loads; 47.1 by atomics) against 52.7-53.3 for the engine's chain in the same runs (0.870-0.879; bytes
-28.7), every layer within 3.6e-3 of the reference. --trace: qkv and gate/up stream at the copy rate; ~19 us per
-layer are waits between phases (the attention's counts and hops ~7.6, all of y before gate/up ~3, down's tail). L2
-prefetches, waits on a K slice's rows, down's items among gate/up's, groups of CTAs owning the MLP's chunks and
-deeper rings (--context 272) were all slower.
+Measured on an H200 (benchmarks/notes/gpu-decode.md, sessions 51-52): 41.87-41.93 us per layer at 2:4:4:4lcs
+(counters polled by loads, two counter warps, the attention's chunks sized to the split) against 52.6-52.7 for the
+engine's chain in the same runs (0.796; bytes 28.8), every layer within 3.6e-3 of the reference; 46.4 at session
+51's 2:4:4:4l. --trace: qkv and gate/up stream at the copy rate, each item's products ~0.72 us against ~1.1 of bytes;
+~16 us per layer are waits between phases (from qkv's items to o's x ~6.5, all of y before gate/up ~3, down's tail
+~5). L2 prefetches, waits on a K slice's rows, down's items among gate/up's, groups of CTAs owning the MLP's chunks,
+deeper rings (--context 272), two consumer warps per tile ("h") and four counter warps were all slower or no faster.
 
-    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW[l],...] [--layers N] [--context TOKENS] [--trace]
-        [--out PATH]
+    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW[l][h][c][s],...] [--layers N]
+        [--context TOKENS] [--trace] [--out PATH]
 """
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ TRACE_POINTS = ["loader: qkv's x ready", "loader: o's x ready", "loader: gate/up
 ITEM_ITEMS = 32                  # the middle layer's items with clock stamps (4 each; then the clock's calibration)
 ITEM_ROWS = 9                    # trace rows after the layers' that hold them
 ITEM_STAMPS = ["before its slot's wait", "slot ready", "sums added", "handed over"]
-CONFIGS = ["2:4:4:4", "2:4:4:4l"]
+CONFIGS = ["2:4:4:4l", "2:4:4:4lcs"]
 
 if HAS_GLUON:
     from int4_mlp_block_probe import _init_barriers

@@ -69,3 +69,38 @@ def test_checks_fail_a_config_whose_launch_after_the_timing_is_off():
     entry["rel_err_after_timing"] = good
     entry["counts_as_expected_after_timing"] = False
     assert [c["passed"] for c in step_checks([entry])] == [True, False]
+
+
+def test_item_kinds_cover_every_item_of_a_layer_once():
+    import int4_mma_step_probe as p
+
+    programs, tiles = 132, 4
+    counts = {}
+    for pid in range(programs):
+        kinds = p.item_kinds(pid, programs, tiles)
+        assert kinds == sorted(kinds, key=["qkv", "o", "gate/up", "down"].index)     # in the consumers' order
+        for kind in kinds:
+            counts[kind] = counts.get(kind, 0) + 1
+    per_kind = {"qkv": p.HEADS * p.HEAD_TILES // tiles * p.QKV_SLICES, "o": p.HIDDEN // 16 // tiles * p.O_SLICES,
+                "gate/up": 2 * p.INTERMEDIATE // 16 // tiles * p.GU_SLICES,
+                "down": p.HIDDEN // 16 // tiles * p.DN_SLICES}
+    assert counts == per_kind
+
+
+def test_item_summary_reads_clock_stamps_at_each_ctas_clock_rate():
+    import int4_mma_step_probe as p
+
+    programs, layers = 132, 3
+    trace = torch.zeros(programs, layers + p.ITEM_ROWS, len(p.TRACE_POINTS), dtype=torch.int64)
+    flat = trace[:, layers:].reshape(programs, -1)
+    # item i at 1000 + 2000 i cycles: slot wait 100, products 1400, handoff 200, then 300 to the next item's wait
+    item = torch.arange(p.ITEM_ITEMS)[:, None] * 2000 + 1000 + torch.tensor([0, 100, 1500, 1700])
+    flat[:, :p.ITEM_ITEMS * 4] = item.reshape(-1)
+    flat[:, p.ITEM_ITEMS * 4:p.ITEM_ITEMS * 4 + 4] = torch.tensor([0, 0, 2_000_000, 1_000_000])      # 2 GHz
+    trace[:, layers:] = flat.view(programs, p.ITEM_ROWS, -1)
+    summary = p.item_summary(trace, layers, 4)
+    assert summary["sm_clock_GHz"] == 2.0
+    qkv = summary["qkv"]
+    assert (qkv["slot_wait_us"], qkv["products_and_flush_us"], qkv["handoff_us"], qkv["to_next_item_us"]) == \
+        (0.05, 0.7, 0.1, 0.15)
+    assert qkv["items"] == sum(p.item_kinds(pid, programs, 4).count("qkv") for pid in range(programs))
