@@ -547,7 +547,8 @@ if HAS_GLUON:
         ..]) and over the caches [L NB, BS, H, HD] (boxes [1, BS, 1, HD / 2], 128-byte swizzled). work fp32 [2, L,
         WIDTH] (per parity and layer: qkv sums, y, gate/up sums, z; the other parity zeroed for the next launch),
         part fp32 [L, H S (HD + 2) + H HD], counts int32 [L COUNTERS 32], sync int32 [2] (arrivals, waits that gave
-        up), trace int64 [programs, L, _POINTS]. The consumers are the launch's num_warps (W)."""
+        up), trace int64 [programs, L + _ITEM_ROWS, _POINTS]. The consumers are the launch's num_warps (W HALVES
+        warps); CW counter warps; CHUNKS the attention's chunks of AW blocks per split (0: MAXB / AW)."""
         W: gl.constexpr = gl.num_warps() // HALVES
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
