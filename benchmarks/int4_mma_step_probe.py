@@ -357,10 +357,35 @@ if HAS_GLUON:
         return gl.rsqrt(gl.sum(squares, axis=0) / K + eps)
 
     @gluon.jit
+    def _merged_heads(part, head0, S: gl.constexpr, HD: gl.constexpr):
+        """The merged attention outputs of heads head0 .. (an o slice's: _KS 64 values) from their S split records
+        each in part (acc [HD], top, total per (head, split); fp32, from L2), in _value_offsets's layout: per head
+        sum_s exp(top_s - top) acc_s / sum_s exp(top_s - top) total_s, top = max_s top_s."""
+        V: gl.constexpr = gl.BlockedLayout([1, 1, 2, 4], [4, 8, 1, 1], [1, 1, 1, 1], [3, 2, 1, 0])   # _value_offsets's
+        at = _value_offsets(_KS)                                         # [_KS, 8, 2, 4]: the slice's values
+        GL: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, V)))
+        group = gl.arange(0, _KS, layout=GL)                             # a group's 64 values lie in one head
+        recs = part + (head0 + group * 64 // HD) * S * (HD + 2)           # [_KS]: the group's head's records
+        dims = (at % HD)
+        top = gl.load(recs + HD, cache_modifier=".cg")
+        for s in gl.static_range(1, S):
+            top = gl.maximum(top, gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg"))
+        num = gl.zeros([_KS, 8, 2, 4], gl.float32, V)
+        den = gl.zeros([_KS], gl.float32, GL)
+        for s in gl.static_range(S):
+            weight = gl.exp(gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg") - top)
+            den += weight * gl.load(recs + s * (HD + 2) + HD + 1, cache_modifier=".cg")
+            rec = recs[:, None, None, None] + s * (HD + 2)
+            num += weight[:, None, None, None] * gl.load(rec + dims, cache_modifier=".cg")
+        return num / den[:, None, None, None]
+
+    @gluon.jit
     def _loader(h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, xf, xs, bars,
                 programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
-                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, LOADS: gl.constexpr, TRACE: gl.constexpr):
-        """The x loader warp (module docstring). bars k: kind k's x ready."""
+                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, LOADS: gl.constexpr, MERGES: gl.constexpr,
+                TRACE: gl.constexpr):
+        """The x loader warp (module docstring); with MERGES it merges its o slice's heads from their splits'
+        records itself. bars k: kind k's x ready."""
         pid = gl.program_id(0)
         gdc_wait()
         launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
@@ -393,10 +418,14 @@ if HAS_GLUON:
                     offs = piece * 1024 + at
                     gl.store(other + offs, zeros, mask=offs < L * _WIDTH)
             if o[3] > 0:                                 # o's x: the heads of its slice, merged
-                _wait(counters, errors, _MERGED + o[0], (launch + 1) * per, LOADS)
-                merged = part_ptr + layer * part_width + H * S * (HD + 2) + o[0] * per * HD
-                _fragments(gl.load(merged + _value_offsets(_KS), cache_modifier=".cg"), _KS, xf.index(1),
-                           xs.index(1))
+                if MERGES:                               # here, from the splits' records
+                    _wait(counters, errors, _MERGED + o[0], (launch + 1) * per * S, LOADS)
+                    values = _merged_heads(part_ptr + layer * part_width, o[0] * per, S, HD)
+                else:                                    # by each head's last split
+                    _wait(counters, errors, _MERGED + o[0], (launch + 1) * per, LOADS)
+                    merged = part_ptr + layer * part_width + H * S * (HD + 2) + o[0] * per * HD
+                    values = gl.load(merged + _value_offsets(_KS), cache_modifier=".cg")
+                _fragments(values, _KS, xf.index(1), xs.index(1))
             mbarrier.arrive(bars.index(1))
             _stamp(trace_ptr, layer, 1, L, TRACE)
             # gate/up's x: y (all of it, for the norm) times the norm's weight; the rstd goes into act
@@ -424,7 +453,7 @@ if HAS_GLUON:
                    slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
                    L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr,
                    NB: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr, AW: gl.constexpr,
-                   LOADS: gl.constexpr, CHUNKS: gl.constexpr, TRACE: gl.constexpr):
+                   LOADS: gl.constexpr, CHUNKS: gl.constexpr, MERGES: gl.constexpr, TRACE: gl.constexpr):
         """The attention warps: per layer the CTA's items pid, pid + programs, .. of (head, split), head-major
         (int4_mma_attention_block_probe's _attention with its tensor-core splits, over the layers)."""
         pid = gl.program_id(0)
@@ -512,9 +541,13 @@ if HAS_GLUON:
                         two = gl.arange(0, 2, layout=HL)
                         gl.store(rec + HD + two, gl.where(two == 0, top, total))
                         gl.thread_barrier()                      # every warp's stores issued before the release
-                        done = gl.atomic_add(counters + (_SPLITS + head) * 32, 1, sem="acq_rel", scope="gpu")
+                        if MERGES:                               # the loaders merge: counted on the o slice
+                            gl.atomic_add(counters + (_MERGED + head // per) * 32, 1, sem="release", scope="gpu")
+                            done = 0
+                        else:
+                            done = gl.atomic_add(counters + (_SPLITS + head) * 32, 1, sem="acq_rel", scope="gpu")
                         _stamp(trace_ptr, layer, 9, L, TRACE, i == 0)
-                        if done == (launch + 1) * S - 1:         # the head's last split: merges its S records
+                        if (not MERGES) and (done == (launch + 1) * S - 1):   # the head's last split merges it
                             recs = part + head * S * (HD + 2)
                             top = gl.load(recs + HD, cache_modifier=".cg")
                             for s in gl.static_range(1, S):
@@ -539,7 +572,7 @@ if HAS_GLUON:
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
                   AW: gl.constexpr, LOADS: gl.constexpr = False, HALVES: gl.constexpr = 1, CW: gl.constexpr = 1,
-                  CHUNKS: gl.constexpr = 0, TRACE: gl.constexpr = False):
+                  CHUNKS: gl.constexpr = 0, MERGES: gl.constexpr = False, TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -573,12 +606,13 @@ if HAS_GLUON:
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
                                          dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
                             (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
-                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, LOADS, TRACE)),
+                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, LOADS,
+                                       MERGES, TRACE)),
                             (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 0, CW)),
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, LOADS, CHUNKS, TRACE)),
+                                          NI, AW, LOADS, CHUNKS, MERGES, TRACE)),
                             (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1, CW))],
                            [1, 1, 1, AW, 1], [40, 128, 40, 208, 40])
 
@@ -587,15 +621,16 @@ def parse_config(spec: str) -> dict:
     """STAGES:W:S:AW[l][h][c] (ring slots, tiles of 16 rows per item, splits of the cached tokens per head, attention
     warps; "l": counters polled by acquiring loads instead of atomics; "h": two consumer warps per tile, each with
     half of its groups, else one; "c": two counter warps, each counting alternate items, else one; "s": the attention
-    computes as many chunks of AW blocks as a split has, else MAXB / AW)."""
-    numbers = spec.rstrip("lhcs")
+    computes as many chunks of AW blocks as a split has, else MAXB / AW; "m": the x loaders merge their o slice's
+    heads from the splits' records, else each head's last split merges it)."""
+    numbers = spec.rstrip("lhcsm")
     flags = spec[len(numbers):]
     stages, tiles, splits, attention_warps = map(int, numbers.split(":"))
     halves = 2 if "h" in flags else 1
     if tiles * halves not in (4, 8):
         raise ValueError(f"{spec}: the consumers are 4 or 8 warps (W times 2 with h)")
     return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps, "LOADS": "l" in flags,
-            "HALVES": halves, "CW": 2 if "c" in flags else 1, "FIT": "s" in flags}
+            "HALVES": halves, "CW": 2 if "c" in flags else 1, "FIT": "s" in flags, "MERGES": "m" in flags}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -691,8 +726,11 @@ class Step:
         """Every layer's counters at their items per launch times the launches since the reset; every CTA's arrival
         counted (whole launches of arrivals)."""
         chunk = [min(KS * GROUP, INTERMEDIATE - c * KS * GROUP) // 8 * GU_SLICES for c in range(DN_SLICES)]
-        per_launch = ([HEAD_TILES * QKV_SLICES] * HEADS + [self.config["S"]] * HEADS
-                      + [KS * GROUP // HEAD_DIM] * O_SLICES + [HIDDEN // TILE // self.config["W"] * O_SLICES] + chunk
+        splits, per = self.config["S"], KS * GROUP // HEAD_DIM         # per: heads per o slice
+        per_launch = ([HEAD_TILES * QKV_SLICES] * HEADS
+                      + ([0] * HEADS + [per * splits] * O_SLICES if self.config["MERGES"]
+                         else [splits] * HEADS + [per] * O_SLICES)
+                      + [HIDDEN // TILE // self.config["W"] * O_SLICES] + chunk
                       + [HIDDEN // TILE // self.config["W"] * DN_SLICES])
         counted = self.counts.view(self.layers, COUNTERS, 32)[:, :, 0]
         want = torch.tensor(per_launch, device="cuda", dtype=torch.int32) * self.launches
@@ -707,8 +745,8 @@ class Step:
             self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
             L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
             STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
-            LOADS=config["LOADS"], HALVES=config["HALVES"], CW=config["CW"], CHUNKS=self.chunks, TRACE=trace,
-            num_warps=config["W"] * config["HALVES"], launch_pdl=True)
+            LOADS=config["LOADS"], HALVES=config["HALVES"], CW=config["CW"], CHUNKS=self.chunks,
+            MERGES=config["MERGES"], TRACE=trace, num_warps=config["W"] * config["HALVES"], launch_pdl=True)
 
 
 def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:

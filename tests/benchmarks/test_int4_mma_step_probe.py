@@ -14,10 +14,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 def test_configs_parse_and_polls_by_loads_are_a_flag():
     from int4_mma_step_probe import parse_config
 
-    base = {"STAGES": 2, "W": 4, "S": 4, "AW": 4, "LOADS": False, "HALVES": 1, "CW": 1, "FIT": False}
+    base = {"STAGES": 2, "W": 4, "S": 4, "AW": 4, "LOADS": False, "HALVES": 1, "CW": 1, "FIT": False, "MERGES": False}
     assert parse_config("2:4:4:4") == base
     assert parse_config("3:4:8:4l") == {**base, "STAGES": 3, "S": 8, "LOADS": True}
     assert parse_config("2:4:4:4lhcs") == {**base, "LOADS": True, "HALVES": 2, "CW": 2, "FIT": True}
+    assert parse_config("2:4:4:4lcsm")["MERGES"]
     for bad in ("2:4:4", "2:8:4:4h", "2:2:4:4"):          # three numbers; 16 or 2 consumer warps
         with pytest.raises(ValueError):
             parse_config(bad)
