@@ -35,6 +35,7 @@ from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser,
 
 from tierllm.bench.results import write_result  # noqa: E402
 from tierllm.kernels.int4_half_dot import _run_dot_asm  # noqa: E402
+from tierllm.kernels.int4_tiles import scale_min_pairs  # noqa: E402
 from tierllm.quant.formats import dequantize_int4  # noqa: E402
 
 GROUP = 64
@@ -220,11 +221,6 @@ if HAS_GLUON:
             step, tile = _advance(step, tile, k_iters, programs)
         if not REGS:
             async_copy.wait_group(0)
-
-
-def scale_min_pairs(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """fp16 [N, G] scales and mins -> int32 [N, G]: the scale's bits low, the min's high."""
-    return (scales.view(torch.int16).int() & 0xFFFF) | (mins.view(torch.int16).int() << 16)
 
 
 def parse_config(spec: str) -> dict:

@@ -57,6 +57,7 @@ from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser 
 from int4_tma_ring_probe import COPIES, GROUP, HAS_GLUON, descriptors, held_step, layer_weights, xhalf_step  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels.int4_tiles import interleaved_rows  # noqa: E402
 from tierllm.quant.formats import dequantize_int4  # noqa: E402
 
 HIDDEN, INTERMEDIATE = 4096, 11008
@@ -433,13 +434,6 @@ def parse_config(spec: str) -> dict:
     return {"R": r, "STAGES": stages, "WARPS": rest[0], "CTAS": rest[1]}
 
 
-def interleaved_rows(n_half: int, half: int) -> torch.Tensor:
-    """The stored row order the kernel reads gate/up in: blocks of `half` gate rows, then the same channels' up rows
-    (gate is rows 0 .. n_half - 1 of [gate; up], up the rest)."""
-    channel = torch.arange(n_half).view(-1, half)
-    return torch.stack([channel, channel + n_half], dim=1).reshape(-1)
-
-
 def block_inputs(gate_up: dict, down: dict, gen: torch.Generator) -> dict:
     """h, the norm's weight, and the reference: h + down(SiLU(gate) * up) in fp32 over the dequantized weights, with
     gate/up's rows as [gate; up]; the kernel reads them stored blockwise (interleaved_rows)."""
@@ -742,8 +736,9 @@ def stress(specs: str, launches: int, out: Path) -> int:
 
 def profile(spec: str) -> int:
     """Launch one config (R:STAGES:WARPS:CTAS:PARTS) three times on one random copy of each weight, for a profiler."""
-    from int4_gluon_probe import scale_min_pairs
     from int4_stream_probe import random_int4_copies
+
+    from tierllm.kernels.int4_tiles import scale_min_pairs
 
     *config, parts = spec.split(":")
     parts = int(parts)

@@ -58,10 +58,11 @@ from int4_attention_block_probe import (  # noqa: E402
     relative_error,
 )
 from int4_mma_mlp_block_probe import ParityBuffers  # noqa: E402
-from int4_mma_ring_probe import GROUP, HAS_GLUON, TILE, repacked  # noqa: E402
+from int4_mma_ring_probe import HAS_GLUON  # noqa: E402
 from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels.int4_tiles import GROUP, TILE, stored_o, stored_qkv  # noqa: E402
 
 HEADS, HIDDEN = 32, 4096
 EPS = 1e-5
@@ -516,26 +517,6 @@ def parse_config(spec: str) -> dict:
             "TC": spec.endswith("t")}
 
 
-def head_major_rows(heads: int = HEADS) -> torch.Tensor:
-    """qkv's stored row order: head h's q rows, then its k rows, then its v rows ([q; k; v] as the engine stacks
-    them, heads * HEAD_DIM rows each)."""
-    rows = heads * HEAD_DIM
-    within = torch.arange(HEAD_DIM)
-    return torch.cat([torch.cat([part * rows + h * HEAD_DIM + within for part in range(3)]) for h in range(heads)])
-
-
-def stored_qkv(w: dict, heads: int = HEADS) -> dict:
-    """One stacked [q; k; v; o] copy's qkv rows, head by head (head_major_rows), repacked as the consumers read."""
-    order = head_major_rows(heads).to(w["qweight"].device)
-    return repacked({key: w[key][order] for key in ("qweight", "scales", "mins")})
-
-
-def stored_o(w: dict, heads: int = HEADS) -> dict:
-    """One stacked copy's o rows, repacked."""
-    rows = 3 * heads * HEAD_DIM
-    return repacked({key: w[key][rows:] for key in ("qweight", "scales", "mins")})
-
-
 class Block(ParityBuffers):
     """The kernel's launches over one config: descriptors per copy, the buffers and counters."""
 
@@ -554,7 +535,7 @@ class Block(ParityBuffers):
             return TensorDescriptor(cache, list(cache.shape), list(cache.stride()),
                                     [1, BLOCK_SIZE, 1, HEAD_DIM // pieces], halves)
 
-        self.descs = [descs(stored_qkv(w), KS) + descs(stored_o(w), config["KS_O"])
+        self.descs = [descs(stored_qkv(w, HEADS, HEAD_DIM), KS) + descs(stored_o(w, HEADS, HEAD_DIM), config["KS_O"])
                       + (cache_desc(layer["k_cache"]), cache_desc(layer["v_cache"]))
                       for w, layer in zip(weights, state["layers"], strict=True)]
         blocks = -(-(int(state["context_len"].max()) - 1) // BLOCK_SIZE)

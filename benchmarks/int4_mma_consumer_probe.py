@@ -26,10 +26,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_mma_ring_probe import GROUP, HAS_GLUON, TILE  # noqa: E402
+from int4_mma_ring_probe import HAS_GLUON  # noqa: E402
 from int4_stream_probe import graph_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels.int4_tiles import GROUP, TILE  # noqa: E402
 
 KS = 16                          # groups per item (the step kernel's)
 STAGES = 2

@@ -11,8 +11,8 @@ Per CTA (one per SM, all resident; 132 on an H200), four partitions:
 - W consumer warps. An item is W tiles of 16 rows (warp w takes tile w) times KS = 16 groups (down: KS_DN, 16 or
   8); each CTA keeps one K slice of each weight (gate/up: 4 slices, 33 CTAs each; down: 11 slices of 12 CTAs, or
   22 of 6; the grid must be a multiple of 44), so its x fragments come once per phase. gate/up is stored in tiles
-  of 8 gate rows then the same channels' 8 up rows (interleaved_rows), repacked as int4_mma_ring_probe.repacked. A
-  tile's partial sums over the slice go to an fp32 buffer of gate/up sums by atomics (rows gid, gid + 8: a
+  of 8 gate rows then the same channels' 8 up rows (interleaved_rows), repacked as tierllm/kernels/int4_tiles.py
+  lays out. A tile's partial sums over the slice go to an fp32 buffer of gate/up sums by atomics (rows gid, gid + 8: a
   channel's gate and up), and each item is handed to the counter warp. down's items add into y, fp32, by atomics
   (the CTAs of slice 0 add h).
 - one producer warp issuing every slot's TMA: the CTA's gate/up items, then its down items, without a break.
@@ -57,15 +57,15 @@ from int4_mlp_block_probe import (  # noqa: E402
     block_error,
     block_setup,
     engine_chain_us,
-    interleaved_rows,
     measured_configs,
     parity_stress,
     stress_inputs,
 )
-from int4_mma_ring_probe import CG, GROUP, HAS_GLUON, TILE, repacked  # noqa: E402
+from int4_mma_ring_probe import HAS_GLUON  # noqa: E402
 from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels.int4_tiles import CG, GROUP, TILE, repacked, stored_gate_up  # noqa: E402
 
 KS = 16                          # gate/up's groups per item (a CTA's K slice of it); down's: the config's KS_DN
 SPIN_LIMIT = 1 << 20             # polls before a wait gives up and counts an error (a schedule bug, not a hang)
@@ -405,19 +405,6 @@ def parse_config(spec: str) -> dict:
     return {"STAGES": stages, "W": warps, "KS_DN": ks_dn[0] if ks_dn else KS, "SHIFT": spec.startswith("s")}
 
 
-def stored_gate_up(w: dict, inter: int = INTERMEDIATE) -> dict:
-    """One gate/up copy (rows [gate; up], inter channels) repacked with its rows in tiles of 8 gate rows then the
-    same channels' up rows (interleaved_rows), so that a tile's rows gid and gid + 8 are one channel's gate and up:
-    channel c's gate sum lands at gate_row(c), its up sum 8 rows further."""
-    order = interleaved_rows(inter, TILE // 2).to(w["qweight"].device)
-    return repacked({"qweight": w["qweight"][order], "scales": w["scales"][order], "mins": w["mins"][order]})
-
-
-def gate_row(channel: torch.Tensor) -> torch.Tensor:
-    """The stored row of a channel's gate (the x loader's addressing of the gate/up sums)."""
-    return channel // 8 * 16 + channel % 8
-
-
 class ParityBuffers:
     """The host side the tensor-core block probes share: counters and arrivals (counts, sync), and the sums and y
     buffers the kernels double-buffer by the launch's parity (launches since the reset)."""
@@ -447,7 +434,7 @@ class Block(ParityBuffers):
             return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [warps, ks, t.shape[2]], layout)
                          for t in (packed["codes"], packed["pairs"]))
 
-        self.descs = [descs(stored_gate_up(gu), KS) + descs(repacked(dn), config["KS_DN"])
+        self.descs = [descs(stored_gate_up(gu, INTERMEDIATE), KS) + descs(repacked(dn), config["KS_DN"])
                       for gu, dn in zip(gate_ups, downs, strict=True)]
         self.chunk_tiles = chunk_tiles(config["KS_DN"])
         self.sums = torch.zeros(2, 2 * INTERMEDIATE, device="cuda", dtype=torch.float32)

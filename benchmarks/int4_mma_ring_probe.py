@@ -11,12 +11,12 @@ with its rows' dots. Per (row, group) then: scale * (C - X1) + min * X0, with X1
 1024s and X0 = sum(x), both per group. Offline (Triton 3.6, sm90) the loop is 346 SASS instructions per item of 8
 groups, 1.35 per code (131 LOP3, 33 SHF, 32 HMMA, 28 LDS), against XHALF's ~1.8-2.1.
 
-Layout (a load-time repack, as Marlin's): weights in tiles of 16 rows; per (tile, group) 512 bytes, lane
-l = 4 gid + t holding [row gid: words 2t, 2t+1; row gid + 8: words 2t, 2t+1] of the group, so that a lane's four
-words are one conflict-free 16-byte shared-memory read; the (scale, min) pairs per (tile, group) as [gid][row gid,
-row gid + 8]. x per group as each lane t's eight fp16 pairs (B fragments): pair 4h + j = (x[8w + j], x[8w + j + 4])
-/ m_j for word w = 2t + h, m_j = 16 for odd j; and (X0, X1, 0, 0) per group. The MMA's k order within a group is
-thereby: mma s (h = s // 2, j = 2 (s % 2) + half) takes nibbles j and j + 4 of words 2t + h.
+Layout (a load-time repack, as Marlin's; tierllm/kernels/int4_tiles.py): weights in tiles of 16 rows; per (tile,
+group) 512 bytes, lane l = 4 gid + t holding [row gid: words 2t, 2t+1; row gid + 8: words 2t, 2t+1] of the group, so
+that a lane's four words are one conflict-free 16-byte shared-memory read; the (scale, min) pairs per (tile, group)
+as [gid][row gid, row gid + 8]. x per group as each lane t's eight fp16 pairs (B fragments): pair 4h + j = (x[8w +
+j], x[8w + j + 4]) / m_j for word w = 2t + h, m_j = 16 for odd j; and (X0, X1, 0, 0) per group. The MMA's k order
+within a group is thereby: mma s (h = s // 2, j = 2 (s % 2) + half) takes nibbles j and j + 4 of words 2t + h.
 
 Programs are one warp, PER_SM per SM, each with a TMA ring of STAGES slots; an item is one tile's KS groups (codes
 and pairs, and x's fragments and sums unless x is loaded once: bulk copies on one mbarrier). Items go in contiguous
@@ -53,11 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels.int4_tiles import CG, GROUP, MAGIC, TILE, emulated, repacked, x_fragments  # noqa: E402
 
-GROUP = 64
-TILE = 16                        # weight rows per MMA tile
-MAGIC = 1024.0                   # the fp16 whose bits a code is ORed into (its last mantissa unit is 1)
-CG = 4                           # groups a lane computes at once from a slot (its registers)
 CONFIGS = ["x8:4:8", "x8:6:6", "x16:3:6", "x16:2:8", "x16:2:10", "w8:4:8", "w8:6:6", "w8:3:8", "w8:5:7"]
 XHALF_RING = "4:1:4:8"           # int4_tma_ring_probe's fastest one-warp config (sessions 44-48)
 LAYER_SETS = ["x8:2:8", "x8:2:6", "x8:3:6", "w8:2:8"]      # fewer slots: room for the next GEMV's programs
@@ -351,56 +348,6 @@ def prepare_fragments(x: torch.Tensor, xf: dict) -> None:
     _x_fragments_kernel[(x.numel() // GROUP,)](x, xf["frags"], xf["sums"], MAGIC_=MAGIC, PDL=pdl, num_warps=1,
                                                launch_pdl=pdl)
 
-
-
-def repacked(w: dict) -> dict:
-    """One copy (quant/formats.py's int4: codes uint8 [N, K / 2], fp16 scales and mins [N, G]) in the probe's
-    layout: codes int32 [N / 16, G, 128] (per (tile, group) lane 4 gid + t's words: row gid's 2t, 2t + 1, then row
-    gid + 8's) and (scale, min) pairs int32 [N / 16, G, 16] ([gid][row gid, row gid + 8])."""
-    from int4_gluon_probe import scale_min_pairs
-
-    n, groups = w["scales"].shape
-    words = w["qweight"].view(torch.int32).view(n // TILE, 2, 8, groups, 4, 2)       # tile, half, gid, g, t, h
-    pairs = scale_min_pairs(w["scales"], w["mins"]).view(n // TILE, 2, 8, groups)
-    return {"codes": words.permute(0, 3, 2, 4, 1, 5).contiguous().view(n // TILE, groups, 128),
-            "pairs": pairs.permute(0, 3, 2, 1).contiguous().view(n // TILE, groups, 16)}
-
-
-def x_fragments(x: torch.Tensor) -> dict:
-    """x (any float [K]) as the kernel takes it: per group lane t's eight fp16 pairs, pair 4h + j = (x[8w + j],
-    x[8w + j + 4]) / m_j for word w = 2t + h (m_j = 16 for odd j), int32 [G, 32]; and per group (X0, X1, 0, 0) fp32
-    [G, 4], X0 = sum(x) and X1 = 1024 * sum of the fp16 values (the 1024s' bias in the MMA's sums)."""
-    groups = x.numel() // GROUP
-    m = torch.tensor([1.0, 16.0, 1.0, 16.0], device=x.device)
-    halves = (x.float().view(groups, 8, 2, 4) / m).half()                           # [g, w, e, j]
-    bits = halves.view(torch.int16).int() & 0xFFFF
-    frags = (bits[:, :, 0] | (bits[:, :, 1] << 16)).contiguous().view(groups, 32)    # [g, w = 2t + h, j]
-    sums = torch.zeros(groups, 4, device=x.device, dtype=torch.float32)
-    sums[:, 0] = x.float().view(groups, GROUP).sum(1)
-    sums[:, 1] = MAGIC * halves.float().view(groups, GROUP).sum(1)
-    return {"frags": frags, "sums": sums}
-
-
-def emulated(codes: torch.Tensor, pairs: torch.Tensor, frags: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
-    """What the kernel computes, in torch (fp32): per (tile, group, lane) the registers its PTX builds (1024 + m_j *
-    nibble) times x's B pairs, summed as the MMAs sum them, then scale * (C - X1) + min * X0; y [N]. For tests of the
-    layouts on CPU (the MMA's register order itself is checked on a GPU)."""
-    tiles, groups, _ = codes.shape
-    words = codes.view(tiles, groups, 8, 4, 2, 2).long() & 0xFFFFFFFF                # tile, g, gid, t, half, h
-    j = torch.arange(4, device=codes.device).view(4, 1)
-    e = torch.arange(2, device=codes.device).view(1, 2)
-    nibbles = (words[..., None, None] >> (4 * (j + 4 * e))) & 0xF                     # [..., half, h, j, e]
-    m = torch.tensor([1.0, 16.0, 1.0, 16.0], device=codes.device).view(4, 1)
-    a = MAGIC + m * nibbles.float()
-    b_bits = frags.view(groups, 4, 2, 4).long() & 0xFFFFFFFF                          # g, t, h, j
-    b = torch.stack([(b_bits >> (16 * k)) & 0xFFFF for k in range(2)], -1)           # [g, t, h, j, e]
-    b = b.to(torch.int16).view(torch.float16).float()
-    c = torch.einsum("xgdtrhje,gthje->xgrd", a, b)                                    # [tile, g, half, gid]
-    p = pairs.view(tiles, groups, 8, 2).permute(0, 1, 3, 2).long() & 0xFFFFFFFF        # [tile, g, half, gid]
-    scale = (p & 0xFFFF).to(torch.int16).view(torch.float16).float()
-    low = (p >> 16).to(torch.int16).view(torch.float16).float()
-    y = scale * (c - sums[None, :, 1, None, None]) + low * sums[None, :, 0, None, None]
-    return y.sum(1).reshape(tiles * TILE)
 
 
 def parse_config(spec: str) -> dict:

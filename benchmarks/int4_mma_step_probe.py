@@ -60,10 +60,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int4_attention_block_probe import BLOCK_SIZE, CONTEXT, HEAD_DIM, relative_error  # noqa: E402
 from int4_mlp_block_probe import INTERMEDIATE  # noqa: E402
-from int4_mma_ring_probe import GROUP, HAS_GLUON, TILE  # noqa: E402
+from int4_mma_ring_probe import HAS_GLUON  # noqa: E402
 from int4_stream_probe import chained_us, lacks_cuda, lacks_gluon, probe_parser  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels.int4_tiles import GROUP, TILE  # noqa: E402
 
 HEADS, HIDDEN = 32, 4096
 LAYERS = 32
@@ -665,9 +666,7 @@ class Step:
     """The kernel's launches over one config: descriptors over the stacked weights and caches, the buffers."""
 
     def __init__(self, weights: dict, state: dict, config: dict):
-        from int4_mma_attention_block_probe import stored_o, stored_qkv
-        from int4_mma_mlp_block_probe import stored_gate_up
-        from int4_mma_ring_probe import repacked
+        from tierllm.kernels.int4_tiles import repacked, stored_gate_up, stored_o, stored_qkv
 
         self.config, self.state, self.weights = config, state, weights
         self.layers = len(weights["attention"])
@@ -681,9 +680,9 @@ class Step:
                          for t in self.kept[-2:])
 
         self.kept = []                                   # the stacked tensors the descriptors point into
-        self.descs = (descs([stored_qkv(w) for w in weights["attention"]])
-                      + descs([stored_o(w) for w in weights["attention"]])
-                      + descs([stored_gate_up(w) for w in weights["gate_up"]])
+        self.descs = (descs([stored_qkv(w, HEADS, HEAD_DIM) for w in weights["attention"]])
+                      + descs([stored_o(w, HEADS, HEAD_DIM) for w in weights["attention"]])
+                      + descs([stored_gate_up(w, INTERMEDIATE) for w in weights["gate_up"]])
                       + descs([repacked(w) for w in weights["down"]]))
         for name in ("k_cache", "v_cache"):
             cache = state[name].view(-1, *state[name].shape[2:])                          # [layers blocks, ..]

@@ -526,10 +526,10 @@ def main(argv=None) -> int:
 def profile(spec: str) -> int:
     """Launch one shape's GEMV (SHAPE:CONFIG:MODE, CONFIG as --configs takes it) three times on one random copy, for
     a profiler."""
-    from int4_gluon_probe import scale_min_pairs
     from int4_stream_probe import random_int4_copies
 
     from tierllm.kernels.int4_prepared_x import prepare_x_half_triton
+    from tierllm.kernels.int4_tiles import scale_min_pairs
 
     name, rest = spec.split(":", 1)
     config_spec, x_mode = rest.rsplit(":", 1)

@@ -45,10 +45,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int4_gluon_probe import packed_run_dot_asm, scale_min_pairs  # noqa: E402
+from int4_gluon_probe import packed_run_dot_asm  # noqa: E402
 from int4_stream_probe import chained_us, graph_us, lacks_cuda, lacks_gluon, probe_parser, random_int4_copies  # noqa: E402
 
 from tierllm.bench.results import write_result  # noqa: E402
+from tierllm.kernels.int4_tiles import scale_min_pairs  # noqa: E402
 from tierllm.quant.formats import dequantize_int4  # noqa: E402
 
 GROUP = 64
