@@ -77,6 +77,8 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+    from tierllm.kernels.gluon_tiles import _init_barriers
+
     _CHUNK = gl.constexpr(CHUNK)
     _SPIN_LIMIT = gl.constexpr(SPIN_LIMIT)
     _HANDOFFS = gl.constexpr(4)      # gate/up tiles the consumers may hand the counter warp before it counts them
@@ -84,14 +86,6 @@ if HAS_GLUON:
     # 16-byte chunks swizzled by row, so that the 8 lanes of a shared-memory phase reading the same chunk of 8 rows
     # hit different banks
     _STAGED = gl.constexpr(gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
-
-    @gluon.jit
-    def _init_barriers(bars, COUNT: gl.constexpr, pair=None):
-        """mbarriers 0 .. COUNT - 1 of bars (and of pair, alongside: a ring's ready and empty) set to one arrival."""
-        for i in gl.static_range(COUNT):
-            mbarrier.init(bars.index(i), count=1)
-            if pair is not None:
-                mbarrier.init(pair.index(i), count=1)
 
     @gluon.jit
     def _value_index(WARPS: gl.constexpr):

@@ -39,14 +39,13 @@ PAD_BYTES = 64 * 1024            # shared memory that keeps a second CTA off the
 CONFIGS = ["4", "4h", "8", "4f", "4hf", "8f", "4fc", "4hfc", "8fc"]
 
 if HAS_GLUON:
-    from int4_mlp_block_probe import _init_barriers
-    from int4_mma_mlp_block_probe import _HANDOFFS, _Q3_4, _Q3_8, _item_dots
-    from int4_mma_ring_probe import _PLAIN2
     from int4_mma_step_probe import _add_rows, _item_rows
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from tierllm.kernels.gluon_tiles import _HANDOFFS, _PLAIN2, _Q3_4, _Q3_8, _init_barriers, _item_dots
 
     _KS = gl.constexpr(KS)
 

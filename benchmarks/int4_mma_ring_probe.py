@@ -72,42 +72,18 @@ except ImportError:                              # a Triton without Gluon: the p
 
 from tierllm.kernels._dispatch import HAS_TRITON  # noqa: E402
 
-
-def group_mma_asm() -> str:
-    """PTX, pack=4: one (tile, group) of a lane. $4-$7: its words (row gid: words 2t, 2t+1; row gid + 8: the same);
-    $8-$15: x's B pairs 4h + j. Out $0-$3: the group's C fragment (C[gid, 2t], C[gid, 2t + 1], C[gid + 8, 2t],
-    C[gid + 8, 2t + 1]; the columns are equal). Word i's register j: nibbles j and j + 4 as 1024 + code (times 16
-    for odd j)."""
-    lines = ["{", ".reg .b32 a<16>, t, m;", ".reg .f32 z;", "mov.b32 m, 0x64006400;", "mov.f32 z, 0f00000000;"]
-    for i in range(4):
-        lines += [f"lop3.b32 a{4 * i}, ${4 + i}, 0x000F000F, m, 0xEA;",
-                  f"lop3.b32 a{4 * i + 1}, ${4 + i}, 0x00F000F0, m, 0xEA;", f"shr.u32 t, ${4 + i}, 8;",
-                  f"lop3.b32 a{4 * i + 2}, t, 0x000F000F, m, 0xEA;", f"lop3.b32 a{4 * i + 3}, t, 0x00F000F0, m, 0xEA;"]
-    for s in range(4):
-        h, jp = s // 2, 2 * (s % 2)
-        a = [4 * h + jp, 4 * (2 + h) + jp, 4 * h + jp + 1, 4 * (2 + h) + jp + 1]
-        c = "{z, z, z, z}" if s == 0 else "{$0, $1, $2, $3}"
-        lines.append(f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{$0, $1, $2, $3}}, "
-                     f"{{a{a[0]}, a{a[1]}, a{a[2]}, a{a[3]}}}, {{${8 + 4 * h + jp}, ${9 + 4 * h + jp}}}, {c};")
-    return "\n        ".join(lines + ["}"])
-
-
 if HAS_GLUON:
-    _MMA_ASM = gl.constexpr(group_mma_asm())
-    _CG = gl.constexpr(CG)
+    from tierllm.kernels.gluon_tiles import _CG, _MMA_ASM, _PLAIN2, _PLAIN3, _PLAIN4, MAGIC_
+
     _TILE = gl.constexpr(TILE)
     # a lane's registers: [groups, gid, t, 4] (lane 4 gid + t), one warp
     _P4 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 4], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
     _P8 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 8], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
     _P16 = gl.constexpr(gl.BlockedLayout([CG, 1, 1, 16], [1, 8, 4, 1], [1, 1, 1, 1], [3, 2, 1, 0]))
-    MAGIC_ = gl.constexpr(MAGIC)
     _P3 = gl.constexpr(gl.BlockedLayout([CG, 1, 1], [1, 8, 4], [1, 1, 1], [2, 1, 0]))
     _L2 = gl.constexpr(gl.SliceLayout(0, _P3))                                    # [gid, t]: one value a lane
     _PP = gl.constexpr(gl.BlockedLayout([1, 1, 2], [8, 4, 1], [1, 1, 1], [2, 1, 0]))   # [gid, t, 2]: group t's pair
     _PS = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [1, 1], [0, 1]))              # [t, 4]: group t's sums
-    _PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    _PLAIN4 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0]))
-    _PLAIN3 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
 
     @gluon.jit
     def _issue(w_desc, s_desc, x_desc, xs_desc, ring, s_ring, x_ring, xs_ring, bars, j, n, start, step,

@@ -96,23 +96,25 @@ ITEM_STAMPS = ["before its slot's wait", "slot ready", "sums added", "handed ove
 CONFIGS = ["2:4:4:4l", "2:4:4:4lcs"]
 
 if HAS_GLUON:
-    from int4_mlp_block_probe import _init_barriers
-    from int4_mma_attention_block_probe import _rotated, _share, _split_on_tensor_cores
-    from int4_mma_mlp_block_probe import (
-        _HANDOFFS,
-        _Q3_4,
-        _Q3_8,
-        _SPIN,
-        _fragments,
-        _item_dots,
-        _value_offsets,
-        _wait_count,
-    )
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    from tierllm.kernels.gluon_split_attention import _rotated, _share, _split_on_tensor_cores
+    from tierllm.kernels.gluon_tiles import (
+        _HANDOFFS,
+        _PLAIN2,
+        _Q3_4,
+        _Q3_8,
+        _SPIN,
+        _fragments,
+        _init_barriers,
+        _item_dots,
+        _value_offsets,
+        _wait_count,
+    )
 
     _KS = gl.constexpr(KS)
     _HT = gl.constexpr(HEAD_TILES)
@@ -133,7 +135,6 @@ if HAS_GLUON:
     _POINTS = gl.constexpr(len(TRACE_POINTS))
     _ITEM_ROWS = gl.constexpr(ITEM_ROWS)
     _ITEM_ITEMS = gl.constexpr(ITEM_ITEMS)
-    _PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
 
     @gluon.jit
     def _stamp(trace_ptr, layer, at, L: gl.constexpr, TRACE: gl.constexpr, live=True):
