@@ -1,4 +1,4 @@
-"""Gluon device code for decode attention inside the persistent int4 kernels (the step kernel in int4_step.py and
+"""Gluon device code for decode attention inside the persistent int4 kernels (benchmarks/int4_mma_step_probe.py and
 benchmarks/int4_mma_attention_block_probe.py): one (head, split) of a sequence's cached tokens on the tensor cores
 (_split_on_tensor_cores: K's blocks times q and V^T times p by mma.sync, bf16 in, fp32 out, the softmax in two
 passes), the rotary embedding of a head's row of sums, and a CTA's share of a phase's items. Hopper (sm90) and a
