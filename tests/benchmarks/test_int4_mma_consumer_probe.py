@@ -11,10 +11,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 def test_configs_parse_into_warps_and_flags():
     from int4_mma_consumer_probe import parse_config
 
-    assert parse_config("4") == {"W": 4, "HALVES": 1, "FLUSH": False, "COUNT": False}
-    assert parse_config("4hfc") == {"W": 4, "HALVES": 2, "FLUSH": True, "COUNT": True}
-    assert parse_config("8f") == {"W": 8, "HALVES": 1, "FLUSH": True, "COUNT": False}
-    for bad in ("8h", "2", "x"):                     # 16 or 2 warps; not a number
+    assert parse_config("4") == {"W": 4, "FLUSH": False, "COUNT": False}
+    assert parse_config("4fc") == {"W": 4, "FLUSH": True, "COUNT": True}
+    assert parse_config("8f") == {"W": 8, "FLUSH": True, "COUNT": False}
+    for bad in ("16", "2", "x"):                     # 16 or 2 warps; not a number
         with pytest.raises(ValueError):
             parse_config(bad)
 

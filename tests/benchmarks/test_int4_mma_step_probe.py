@@ -11,21 +11,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
-def test_configs_parse_and_polls_by_loads_are_a_flag():
+def test_configs_parse_and_the_loader_merge_is_a_flag():
     from int4_mma_step_probe import parse_config
 
-    base = {"STAGES": 2, "W": 4, "S": 4, "AW": 4, "LOADS": False, "HALVES": 1, "CW": 1, "FIT": False, "MERGES": False}
-    assert parse_config("2:4:4:4") == base
-    assert parse_config("3:4:8:4l") == {**base, "STAGES": 3, "S": 8, "LOADS": True}
-    assert parse_config("2:4:4:4lhcs") == {**base, "LOADS": True, "HALVES": 2, "CW": 2, "FIT": True}
-    assert parse_config("2:4:4:4lcsm")["MERGES"]
-    for bad in ("2:4:4", "2:8:4:4h", "2:2:4:4"):          # three numbers; 16 or 2 consumer warps
+    assert parse_config("2:4:4:4") == {"STAGES": 2, "W": 4, "S": 4, "AW": 4, "MERGES": False}
+    assert parse_config("3:8:8:4m") == {"STAGES": 3, "W": 8, "S": 8, "AW": 4, "MERGES": True}
+    for bad in ("2:4:4", "2:16:4:4", "2:2:4:4", "2:4:4:4l"):  # three numbers; 16 or 2 consumer warps; a flag
         with pytest.raises(ValueError):
             parse_config(bad)
 
 
 def test_work_regions_and_counters_do_not_overlap():
-    import int4_mma_step_probe as p
+    import tierllm.kernels.int4_step as p
+    from tierllm.kernels.int4_tiles import GROUP
 
     regions = [(p.QKV_AT, 3 * p.HEADS * p.HEAD_DIM), (p.Y_AT, p.HIDDEN), (p.GU_AT, 2 * p.INTERMEDIATE),
                (p.Z_AT, p.HIDDEN)]
@@ -36,7 +34,7 @@ def test_work_regions_and_counters_do_not_overlap():
                range(p.CHUNKS_AT, p.CHUNKS_AT + p.DN_SLICES), [p.DN_DONE_AT]])
     flat = [i for place in places for i in place]
     assert flat == list(range(p.COUNTERS))
-    assert p.DN_SLICES * p.KS * p.GROUP >= p.INTERMEDIATE > (p.DN_SLICES - 1) * p.KS * p.GROUP
+    assert p.DN_SLICES * p.KS * GROUP >= p.INTERMEDIATE > (p.DN_SLICES - 1) * p.KS * GROUP
 
 
 def test_trace_summary_starts_at_the_loaders_first_stamp_and_skips_stale_stamps():

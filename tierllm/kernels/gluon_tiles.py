@@ -1,5 +1,5 @@
-"""Gluon device code shared by the tensor-core int4 decode kernels (the decode-step kernel and the block kernels of
-benchmarks/int4_mma_*_probe.py, until the step kernel moves into the engine): the tile products of one item
+"""Gluon device code shared by the tensor-core int4 decode kernels (int4_step.py's decode-step kernel and the block
+kernels of benchmarks/int4_mma_*_probe.py): the tile products of one item
 (_item_dots: mma.sync m16n8k16 on the codes of tierllm/kernels/int4_tiles.py's layout against x's B fragments), x's
 fragments made by a warp (_fragments), and the mbarrier and counter helpers their partitions use. Hopper (sm90) and
 a Triton with Gluon; nothing here runs on a CPU (the layouts' arithmetic is emulated in torch by
