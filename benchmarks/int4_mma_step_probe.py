@@ -77,6 +77,7 @@ if HAS_GLUON:
 
     from tierllm.kernels.int4_step import _int4_step
 
+
 def parse_config(spec: str) -> dict:
     """STAGES:W:S:AW[m] (ring slots, tiles of 16 rows per item and consumer warps, splits of the cached tokens per
     head, attention warps; "m": the x loaders merge their o slice's heads from the splits' records, else each head's
