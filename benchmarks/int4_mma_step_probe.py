@@ -37,7 +37,6 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -72,10 +71,7 @@ EPS = 1e-5
 CONFIGS = ["2:4:4:4", "2:4:4:4m"]
 
 if HAS_GLUON:
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from tierllm.kernels.int4_step import _int4_step
+    from tierllm.kernels.int4_step import attention_blocks, attention_chunks, launch_step, step_descriptors
 
 
 def parse_config(spec: str) -> dict:
@@ -126,33 +122,20 @@ class Step:
 
         self.config, self.state, self.weights = config, state, weights
         self.layers = len(weights["attention"])
-        warps = config["W"]
-        words = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
-        halves = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
 
-        def descs(packed: list) -> tuple:
-            self.kept.extend(torch.cat([p[key] for p in packed]) for key in ("codes", "pairs"))
-            return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [warps, KS, t.shape[2]], words)
-                         for t in self.kept[-2:])
+        def stacked(packed: list) -> list:
+            return [torch.cat([p[key] for p in packed]) for key in ("codes", "pairs")]
 
-        self.kept = []                                   # the stacked tensors the descriptors point into
-        self.descs = (descs([stored_qkv(w, HEADS, HEAD_DIM) for w in weights["attention"]])
-                      + descs([stored_o(w, HEADS, HEAD_DIM) for w in weights["attention"]])
-                      + descs([stored_gate_up(w, INTERMEDIATE) for w in weights["gate_up"]])
-                      + descs([repacked(w) for w in weights["down"]]))
-        for name in ("k_cache", "v_cache"):
-            cache = state[name].view(-1, *state[name].shape[2:])                          # [layers blocks, ..]
-            self.descs += (TensorDescriptor(cache, list(cache.shape), list(cache.stride()),
-                                            [1, BLOCK_SIZE, 1, HEAD_DIM // 2], halves),)
-        self.cache_blocks = state["k_cache"].shape[1]
-        blocks = -(-(int(state["context_len"].max()) - 1) // BLOCK_SIZE)
-        split_blocks = -(-blocks // config["S"])
-        self.max_blocks = max(triton.next_power_of_2(split_blocks), config["AW"])
-        self.chunks = -(-split_blocks // config["AW"])                           # the split's, of MAXB / AW
+        self.kept = (stacked([stored_qkv(w, HEADS, HEAD_DIM) for w in weights["attention"]])   # the descriptors'
+                     + stacked([stored_o(w, HEADS, HEAD_DIM) for w in weights["attention"]])
+                     + stacked([stored_gate_up(w, INTERMEDIATE) for w in weights["gate_up"]])
+                     + stacked([repacked(w) for w in weights["down"]]))
+        self.descs = step_descriptors(self.kept, state["k_cache"], state["v_cache"], config["W"])
+        self.chunks = attention_chunks(int(state["context_len"].max()), BLOCK_SIZE, config["S"], config["AW"])
+        self.max_blocks = attention_blocks(self.chunks, config["AW"])
         self.programs = torch.cuda.get_device_properties(0).multi_processor_count
         if self.programs % math.lcm(QKV_SLICES, DN_SLICES):
             raise ValueError(f"{self.programs} SMs: the kernel needs a multiple of {math.lcm(QKV_SLICES, DN_SLICES)}")
-        self.items = triton.next_power_of_2(-(-HEADS * config["S"] // self.programs))      # a CTA's, at most
         self.work = torch.zeros(2, self.layers, WIDTH, device="cuda", dtype=torch.float32)
         self.part = torch.zeros(self.layers, HEADS * (config["S"] * (HEAD_DIM + 2) + HEAD_DIM), device="cuda",
                                 dtype=torch.float32)
@@ -194,13 +177,10 @@ class Step:
     def launch(self, h: torch.Tensor, trace: bool = False) -> None:
         """One step from h (fp32 [HIDDEN]) through every layer."""
         state, config = self.state, self.config
-        _int4_step[(self.programs,)](
-            *self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
-            state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
-            self.part, self.counts, self.sync, self.trace, self.programs, EPS, 1.0 / math.sqrt(HEAD_DIM),
-            L=self.layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE, BS=BLOCK_SIZE, NB=self.cache_blocks,
-            STAGES=config["STAGES"], S=config["S"], MAXB=self.max_blocks, NI=self.items, AW=config["AW"],
-            CHUNKS=self.chunks, MERGES=config["MERGES"], TRACE=trace, num_warps=config["W"], launch_pdl=True)
+        launch_step(self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
+                    state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
+                    self.part, self.counts, self.sync, self.trace, self.programs, EPS, self.max_blocks, self.chunks,
+                    config["STAGES"], config["S"], config["AW"], config["W"], config["MERGES"], trace)
 
 
 def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:

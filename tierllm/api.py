@@ -27,6 +27,7 @@ from tierllm.offload.kv_offload import KVOffload, host_kv_blocks
 from tierllm.offload.placement import module_bytes
 from tierllm.quant.quantize import quantize_model
 from tierllm.quant.saved import load_prequantized
+from tierllm.runner.int4_decode_step import attach_int4_decode_step
 from tierllm.runner.kv_cache import bytes_per_block, plan_num_blocks
 from tierllm.runner.model_runner import ModelRunner
 from tierllm.sampling import SamplingParams, sampling_params_from_hf
@@ -312,6 +313,8 @@ def build_engine(model=None, *, dtype=None, device=None, max_model_len: int | No
                                     is_offloaded=offload is not None, quant=quant, show_progress=show_progress)
         if parallel.invariant_parts and any(hasattr(m, "qweight") for m in native.modules()):
             raise ValueError(_INVARIANT_QUANT_ERROR)                 # a folder saved by `tierllm quantize`
+        if enable_cuda_graph is not False and offload is None and not kv_offload and parallel.tp_size == 1:
+            attach_int4_decode_step(native, torch_dtype, device, block_size)   # before the KV cache takes the rest
         block_bytes = bytes_per_block(native.attention_layers(), block_size, torch_dtype)
         # with KV offload the GPU holds two layers' working buffers of the pool, not every layer's blocks
         gpu_block_bytes = 2 * block_bytes // len(native.attention_layers()) if kv_offload else block_bytes

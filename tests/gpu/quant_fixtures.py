@@ -10,6 +10,11 @@ def first_config_only(monkeypatch):
     each fusion) would otherwise compile and time every config of every kernel, minutes on the GPU machine; the
     kernel tests run each config on its own. The graph tuner likewise times only the first config it is offered
     (an int4 tiny model took over 5 minutes without), with no tuning file and no decode-step tuning."""
+    keep_first_configs(monkeypatch)
+
+
+def keep_first_configs(monkeypatch) -> None:
+    """first_config_only's patches, on any MonkeyPatch (a module's fixture holds one for its engine's life)."""
     from triton.runtime.autotuner import Autotuner
 
     from tierllm.kernels import gemv, graph_tuning

@@ -30,6 +30,8 @@ split, a power of 2: 16 blocks of 16 tokens at S = 4, up to 1024 tokens).
 """
 from __future__ import annotations
 
+import triton
+
 from tierllm.kernels.int4_tiles import GROUP, TILE
 
 try:
@@ -470,8 +472,9 @@ if HAS_GLUON:
                         v_new = (gl.load(row + 2 * HD + d, cache_modifier=".cg") * rstd).to(gl.bfloat16)
                         last = split == S - 1
                         if last:                                 # the new token's k and v into the cache
-                            gl.store(kc + slot * (H * HD) + head * HD + d, k_new)
-                            gl.store(vc + slot * (H * HD) + head * HD + d, v_new)
+                            written = (d < HD) & (slot >= 0)     # (a graph's padding step: slot -1)
+                            gl.store(kc + slot * (H * HD) + head * HD + d, k_new, mask=written)
+                            gl.store(vc + slot * (H * HD) + head * HD + d, v_new, mask=written)
                         mbarrier.wait(kv_bars.index(i), layer & 1)
                         _stamp(trace_ptr, layer, 13, L, TRACE, i == 0)
                         top, total, acc = _split_on_tensor_cores(row, cos_ptr, sin_ptr, rstd, kbuf, vbuf, i * MAXB,
@@ -566,3 +569,47 @@ if HAS_GLUON:
                             (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1))],
                            [1, 1, 1, AW, 1], [40, 128, 40, 208, 40])
 
+
+
+def attention_chunks(context_len: int, block_size: int, splits: int = 4, attention_warps: int = 4) -> int:
+    """The kernel's CHUNKS for a sequence of context_len tokens with the new one: a split's cached blocks in chunks
+    of attention_warps blocks (at least one; the chunks are unrolled, so the count is a constexpr)."""
+    blocks = triton.cdiv(context_len - 1, block_size)
+    return max(1, triton.cdiv(triton.cdiv(blocks, splits), attention_warps))
+
+
+def attention_blocks(chunks: int, attention_warps: int = 4) -> int:
+    """The kernel's MAXB for CHUNKS chunks: a split's KV blocks in shared memory (a power of 2)."""
+    return triton.next_power_of_2(chunks * attention_warps)
+
+
+def step_descriptors(weights: list, k_cache, v_cache, warps: int) -> tuple:
+    """The kernel's TMA descriptors: over the stacked repacked weights (codes and pairs of qkv, o, gate/up and down,
+    each int32 [layers rows, G, ..]; boxes [warps, KS, ..]) and over every layer's K and V caches (bf16 [layers,
+    blocks, BS, H, HD], seen as [layers blocks, ..]; boxes [1, BS, 1, HD / 2], 128-byte swizzled)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    words = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+    halves = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    descs = tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [warps, KS, t.shape[2]], words)
+                  for t in weights)
+    for cache in (k_cache, v_cache):
+        flat = cache.view(-1, *cache.shape[2:])                                     # [layers blocks, BS, H, HD]
+        descs += (TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [1, flat.shape[1], 1, HEAD_DIM // 2],
+                                   halves),)
+    return descs
+
+
+def launch_step(descs: tuple, h, attn_norm, mlp_norm, cos, sin, table, context_len, slot, k_cache, v_cache, work,
+                part, counts, sync, trace, programs: int, eps: float, max_blocks: int, chunks: int, stages: int = 2,
+                splits: int = 4, attention_warps: int = 4, warps: int = 4, merges: bool = False,
+                traced: bool = False) -> None:
+    """One launch of _int4_step over every layer (its docstring), on programs CTAs with programmatic dependent
+    launch; k_cache, v_cache [layers, blocks, BS, H, HD] as step_descriptors took them."""
+    layers, blocks, block_size = k_cache.shape[:3]
+    _int4_step[(programs,)](
+        *descs, h, attn_norm, mlp_norm, cos, sin, table, context_len, slot, k_cache, v_cache, work, part, counts, sync,
+        trace, programs, eps, HEAD_DIM ** -0.5, L=layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE,
+        BS=block_size, NB=blocks, STAGES=stages, S=splits, MAXB=max_blocks,
+        NI=triton.next_power_of_2(-(-HEADS * splits // programs)), AW=attention_warps, CHUNKS=chunks, MERGES=merges,
+        TRACE=traced, num_warps=warps, launch_pdl=True)

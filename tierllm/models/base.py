@@ -26,6 +26,7 @@ class NativeModel(nn.Module):
         super().__init__()
         self.layer_streamer: ResidentLayers | LayerStreamer = ResidentLayers()
         self.placement_plan = None                 # the offload PlacementPlan, when layers were placed by one
+        self.decode_step = None                    # runner/int4_decode_step.py's kernel, where it runs this model
 
     def decoder_layers(self) -> nn.ModuleList:
         return self.get_submodule(self.layers_path)

@@ -170,4 +170,7 @@ class LlamaForCausalLM(NativeModel):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]"""
+        step = self.decode_step
+        if step is not None and step.chunks is not None:      # a batch-1 decode graph of the step kernel
+            return step(self.model, input_ids, positions, meta)
         return self.model(input_ids, positions, meta, self.layer_streamer)

@@ -1,5 +1,7 @@
 """CUDA-graph decode: pure-decode steps captured once per batch-size bucket over static input buffers and
-replayed later. Padding rows carry slot -1 (no cache write) and context length 0 (attention output 0)."""
+replayed later. Padding rows carry slot -1 (no cache write) and context length 0 (attention output 0). Where the
+int4 step kernel runs the model (runner/int4_decode_step.py), batch-1 steps also have a graph per attention chunk
+count of the kernel, keyed (1, chunks)."""
 from __future__ import annotations
 
 import logging
@@ -11,6 +13,7 @@ import torch
 from tierllm.layers.attention import AttentionMetadata
 from tierllm.models.base import NativeModel
 from tierllm.runner.input_builder import StepPlan
+from tierllm.runner.int4_decode_step import Int4DecodeStep, chunk_counts, step_chunks
 
 logger = logging.getLogger("tierllm")
 
@@ -80,11 +83,17 @@ class CudaGraphDecoder(CapturedGraphs):
     the front, device to device, unless the runner sampled them there: `token_front`). Before this layout a step
     took ten transfers and small kernels ahead of its replay (its inputs, the previous tokens' rows, five copies into
     separate buffers): for int4 llama-7b on an H200 the device's time from one step's sampling kernel to the next
-    step's first layer kernel went from ~52 us to ~29 us (the embedding and the token feed included)."""
+    step's first layer kernel went from ~52 us to ~29 us (the embedding and the token feed included).
 
-    def __init__(self, model: NativeModel, max_batch: int, max_blocks_per_seq: int, device: torch.device):
+    step: the model's int4 step kernel, bound to the KV cache; a batch-1 step whose context fits one of its chunk
+    counts (up to max_model_len) replays the graph (1, chunks), any other the graph of its bucket."""
+
+    def __init__(self, model: NativeModel, max_batch: int, max_blocks_per_seq: int, device: torch.device,
+                 step: Int4DecodeStep | None = None, max_model_len: int = 0):
         super().__init__(device)
         self.model = model
+        self.step = step
+        self.step_chunks = chunk_counts(max_model_len) if step is not None else []
         self.buckets = batch_buckets(max_batch)
         self.width = max_blocks_per_seq
         self.front = self.buckets[-1]                       # the previous tokens' slots (int64)
@@ -101,20 +110,29 @@ class CudaGraphDecoder(CapturedGraphs):
         views["tokens"] = self.staged[:self.step_start + 2 * batch].view(torch.int64)   # [front + batch]
         return views
 
-    def _forward(self, batch: int) -> torch.Tensor:
+    def _forward(self, key: int | tuple[int, int]) -> torch.Tensor:
+        batch, chunks = (key, None) if isinstance(key, int) else key
         v = self.fields(batch)
         meta = AttentionMetadata(slot_mapping=v["slot_mapping"], num_decode_tokens=batch,
                                  decode_block_tables=v["block_tables"], decode_context_lens=v["context_lens"],
                                  prefill_block_tables=v["block_tables"][:0], prefill_query_lens=[],
                                  prefill_context_lens=[])
         input_ids = v["tokens"].index_select(0, v["token_index"])                     # [batch]
-        hidden = self.model(input_ids, v["positions"], meta)
+        if chunks is not None:                           # the model runs the step kernel (LlamaForCausalLM.forward)
+            self.step.chunks = chunks
+        try:
+            hidden = self.model(input_ids, v["positions"], meta)
+        finally:
+            if self.step is not None:
+                self.step.chunks = None
         return self.model.compute_logits(hidden)                                   # [batch, vocab]
 
     def capture(self) -> None:
-        self.capture_each(list(reversed(self.buckets)), self._forward, prepare=self.load_padding)
-        logger.info("tierllm: captured %d decode CUDA graphs (batch %s) in %.2f s", len(self.graphs),
-                    self.buckets, self.capture_seconds)
+        keys = list(reversed(self.buckets)) + [(1, chunks) for chunks in self.step_chunks]
+        self.capture_each(keys, self._forward, prepare=self.load_padding)
+        logger.info("tierllm: captured %d decode CUDA graphs (batch %s%s) in %.2f s", len(self.graphs),
+                    self.buckets, f"; batch 1 by the int4 step kernel at {len(self.step_chunks)} attention chunk "
+                    "counts" if self.step_chunks else "", self.capture_seconds)
 
     def fits(self, plan: StepPlan) -> bool:
         """Whether a pure-decode plan fits the largest bucket's layout."""
@@ -141,10 +159,22 @@ class CudaGraphDecoder(CapturedGraphs):
             v["block_tables"][row, :len(table)] = table
         return host
 
+    def bucket(self, plan: StepPlan) -> int:
+        return next(b for b in self.buckets if b >= len(plan.input_ids))
+
+    def key_for(self, plan: StepPlan) -> int | tuple[int, int]:
+        """The graph a pure-decode plan replays: (1, chunks) where the step kernel takes it, else its bucket."""
+        batch = self.bucket(plan)
+        if batch == 1 and self.step_chunks and not self.step.failed:
+            chunks = step_chunks(plan.decode_context_lens[0])
+            if chunks in self.step_chunks:
+                return 1, chunks
+        return batch
+
     def load(self, plan: StepPlan, previous_tokens: torch.Tensor | None = None) -> int:
         """Stage a pure-decode plan without a device sync -> its bucket. previous_tokens: the tokens its
         prev_token_rows take (StepPlan), on the device; copied to the front unless they are there already."""
-        batch = next(b for b in self.buckets if b >= len(plan.input_ids))
+        batch = self.bucket(plan)
         host = self.host_step(plan, batch)
         self.staged[self.step_start:self.step_start + host.numel()].copy_(host, non_blocking=True)
         if plan.prev_token_rows and previous_tokens.data_ptr() != self.staged.data_ptr():
@@ -157,8 +187,9 @@ class CudaGraphDecoder(CapturedGraphs):
         next step's rows read them there."""
         return self.staged[:2 * rows].view(torch.int64)
 
-    def load_padding(self, batch: int) -> None:
-        """The graph of `batch` rows on padding alone (capture and step tuning run on it)."""
+    def load_padding(self, key: int | tuple[int, int]) -> None:
+        """The graph of `key` (batch rows, or (1, chunks)) on padding alone (capture and step tuning run on it)."""
+        batch = key if isinstance(key, int) else key[0]
         v = self.fields(batch)
         self.staged.zero_()
         v["slot_mapping"].fill_(-1)
@@ -166,9 +197,17 @@ class CudaGraphDecoder(CapturedGraphs):
 
     def run(self, plan: StepPlan, previous_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """One pure-decode step of n sequences -> logits [n, vocab] (a view into the graph's output)."""
-        batch = self.load(plan, previous_tokens)
-        self.graphs[batch].replay()
-        return self.logits[batch][:len(plan.input_ids)]
+        return self.replay(self.key_for(plan), plan, previous_tokens)
+
+    def replay(self, key: int | tuple[int, int], plan: StepPlan,
+               previous_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """The plan staged and the graph of `key` replayed (run's pick, or another that holds the plan: tests
+        compare the step kernel's graph with the chain's) -> logits [n, vocab]."""
+        self.load(plan, previous_tokens)
+        self.graphs[key].replay()
+        if not isinstance(key, int):
+            self.step.replayed()
+        return self.logits[key][:len(plan.input_ids)]
 
     def padded_forward(self, plan: StepPlan, previous_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """The step run eagerly in its staged layout -> logits [n, vocab] (what its graph computes; tests compare

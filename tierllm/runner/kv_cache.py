@@ -35,12 +35,27 @@ def plan_num_blocks(cache: CacheConfig, scheduler: SchedulerConfig, block_bytes:
 
 def allocate_kv_cache(layers: list[Attention], num_blocks: int, block_size: int, dtype: torch.dtype,
                       device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Zero-filled, so masked-out padding slots never hold NaN."""
-    caches = []
-    for layer in layers:
-        shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
-        caches.append((torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)))
-    return caches
+    """Zero-filled, so masked-out padding slots never hold NaN. Where every layer's cache has one shape, the layers'
+    K caches are views of one tensor [layers, num_blocks, ...] (and V's of another): the int4 step kernel
+    (runner/int4_decode_step.py) reads every layer's through one descriptor (stacked_kv_cache)."""
+    shapes = [(num_blocks, block_size, layer.num_kv_heads, layer.head_dim) for layer in layers]
+    if len(set(shapes)) == 1:
+        k_stack, v_stack = (torch.zeros((len(layers), *shapes[0]), dtype=dtype, device=device) for _ in range(2))
+        return list(zip(k_stack.unbind(0), v_stack.unbind(0), strict=True))
+    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for shape in shapes]
+
+
+def stacked_kv_cache(caches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The K and V tensors [layers, num_blocks, ...] whose views allocate_kv_cache handed out, or None where the
+    layers' caches are separate tensors."""
+    stacks = tuple(caches[0][which]._base for which in (0, 1))
+    for which, stack in enumerate(stacks):
+        if stack is None or stack.shape[0] != len(caches):
+            return None
+        if any(layer[which].data_ptr() != view.data_ptr() for layer, view in zip(caches, stack, strict=True)):
+            return None
+    return stacks
 
 
 def copy_blocks(caches: list[tuple[torch.Tensor, torch.Tensor]], copies: list[tuple[int, int]]) -> None:

@@ -26,7 +26,7 @@ from tierllm.models.base import NativeModel
 from tierllm.offload.kv_offload import KVOffload
 from tierllm.runner.cuda_graph import CudaGraphDecoder
 from tierllm.runner.input_builder import StepPlan, build_step_plan, inputs_from_plan
-from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks
+from tierllm.runner.kv_cache import allocate_kv_cache, copy_blocks, stacked_kv_cache
 from tierllm.runner.mixed_graph import MixedStepGraphs, unsupported_reason
 from tierllm.runner.step_tuning import step_tuning, tune_decode_step
 
@@ -74,7 +74,8 @@ class ModelRunner:
             if device.type != "cuda":
                 raise ValueError("enable_cuda_graph=True needs a CUDA device")
             max_blocks = -(-max_model_len // block_size)
-            self.graphs = CudaGraphDecoder(model, max_num_seqs, max_blocks, device)
+            self.graphs = CudaGraphDecoder(model, max_num_seqs, max_blocks, device, self._decode_step(),
+                                           max_model_len)
             reason = unsupported_reason(model, dtype) if mixed_graph_tokens > 0 else None
             if reason is not None:
                 logger.info("tierllm: steps with prompt tokens run eagerly (no mixed-step CUDA graphs): %s", reason)
@@ -86,6 +87,15 @@ class ModelRunner:
                 if self.driver is not None:
                     self.driver.release_before_close(graphs.release)
                 graphs.capture()                                # every rank captures its collectives together
+
+    def _decode_step(self):
+        """The model's int4 step kernel (runner/int4_decode_step.py) bound to the KV cache, or None."""
+        step = self.model.decode_step
+        stacks = stacked_kv_cache(self.kv_caches) if step is not None and self.kv_offload is None else None
+        if step is None or stacks is None or self.parallel.tp_size > 1:
+            return None
+        step.bind_kv_cache(*stacks)
+        return step
 
     def _tune_decode_step(self, num_blocks: int, block_size: int) -> list[dict]:
         """The batch-1 decode GEMVs' configs retimed in the step (runner/step_tuning.py), on every rank at once, rank
