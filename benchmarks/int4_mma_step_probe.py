@@ -28,7 +28,7 @@ MLP's chunks, deeper rings (--context 272), two consumer warps per tile ("h") an
 or no faster.
 
     python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW[m],...] [--layers N] [--context TOKENS]
-        [--trace] [--out PATH]
+        [--trace] [--isolated] [--out PATH]
 """
 from __future__ import annotations
 
@@ -293,6 +293,9 @@ def main(argv=None) -> int:
                         help="tokens in the sequence with the new one (shorter: fewer KV blocks in shared memory, "
                              "room for more ring slots)")
     parser.add_argument("--trace", action="store_true", help="also record where each config's last launch's time goes")
+    parser.add_argument("--isolated", action="store_true",
+                        help="also time launches each after a plain kernel, as the engine's decode graph runs them "
+                             "(no launch overlaps the one before)")
     args = parser.parse_args(argv)
     if lacks_cuda() or lacks_gluon(HAS_GLUON):
         return 2
@@ -337,6 +340,12 @@ def main(argv=None) -> int:
         entry["rel_err_after_timing"] = layer_errors(step, weights, h)
         entry["gave_up_waits_after_timing"] = int(step.sync[1].item())
         entry["counts_as_expected_after_timing"] = step.counts_as_expected()
+        if args.isolated:        # as in the engine's graph: a plain kernel (h's copy) before each launch
+            h_in = h.clone()
+            step.reset()
+            isolated = chained_us(lambda _: (h_in.copy_(h), step.launch(h_in)), list(range(4)))
+            entry["us_isolated"] = round(isolated / args.layers, 2)
+            entry["gave_up_waits_isolated"] = int(step.sync[1].item())
         if args.trace:
             step.reset()
             chained_us(lambda _: step.launch(h, trace=True), list(range(2)))

@@ -23,6 +23,7 @@ import torch
 
 from tierllm.kernels import int4_step as k
 from tierllm.kernels.int4_tiles import GROUP, repacked, stored_gate_up, stored_qkv
+from tierllm.kernels.step_io import final_norm, step_input
 
 logger = logging.getLogger("tierllm")
 
@@ -135,6 +136,7 @@ class Int4DecodeStep:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         self.h = zeros(k.HIDDEN)                                         # the token's embedding row, fp32
+        self.cos_sin = zeros(2, k.HEAD_DIM, dtype=self.attn_norm.dtype)  # its position's rotary rows
         self.work = zeros(2, self.layers, k.WIDTH)
         self.part = zeros(self.layers, k.HEADS * (SPLITS * (k.HEAD_DIM + 2) + k.HEAD_DIM))
         self.counts = zeros(self.layers * k.COUNTERS * 32, dtype=torch.int32)
@@ -160,18 +162,17 @@ class Int4DecodeStep:
     def __call__(self, model, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
         """One decode token (input_ids, positions [1]; meta's slot, block table and context length) through every
         layer of model (a LlamaModel) -> the final norm's output [1, hidden]."""
-        hidden = model.embed_tokens(input_ids)                                      # [1, hidden]
-        self.h.copy_(hidden[0])
-        cos, sin = model.rotary.lookup(positions)                                  # [1, head_dim] each
-        k.launch_step(self.descs, self.h, self.attn_norm, self.mlp_norm, cos, sin, meta.decode_block_tables,
-                      meta.decode_context_lens, meta.slot_mapping, *self.caches, self.work, self.part, self.counts,
-                      self.sync, self.trace, self.programs, self.eps, k.attention_blocks(self.chunks, ATTENTION_WARPS),
-                      self.chunks, STAGES, SPLITS, ATTENTION_WARPS, CONSUMER_WARPS)
+        step_input(input_ids, positions, model.embed_tokens.weight, model.rotary.cos_sin, self.h, self.cos_sin)
+        k.launch_step(self.descs, self.h, self.attn_norm, self.mlp_norm, self.cos_sin[0], self.cos_sin[1],
+                      meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping, *self.caches, self.work,
+                      self.part, self.counts, self.sync, self.trace, self.programs, self.eps,
+                      k.attention_blocks(self.chunks, ATTENTION_WARPS), self.chunks, STAGES, SPLITS, ATTENTION_WARPS,
+                      CONSUMER_WARPS)
         if not torch.cuda.is_current_stream_capturing():
             self.launches += 1
-        # the last layer's z: the launch zeroed the other parity's work, so the sum over parities is this launch's
-        z = self.work[:, -1, k.Z_AT:k.Z_AT + k.HIDDEN].sum(0)                      # fp32 [hidden]
-        return model.norm(z.to(hidden.dtype).view(1, -1))[0]
+        # the last layer's output, in the parity this launch wrote (it zeroed the other)
+        z = self.work[:, -1, k.Z_AT:k.Z_AT + k.HIDDEN]                               # fp32 [2, hidden]
+        return final_norm(z, model.norm.weight, model.norm.eps, self.attn_norm.dtype)   # [1, hidden]
 
     def replayed(self) -> None:
         """After a replay of a step graph: every CHECK_EVERY launches the waits that gave up are read (a device
