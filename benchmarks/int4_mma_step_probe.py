@@ -27,7 +27,7 @@ down's tail ~5). L2 prefetches, waits on a K slice's rows, down's items among ga
 MLP's chunks, deeper rings (--context 272), two consumer warps per tile ("h") and four counter warps were all slower
 or no faster.
 
-    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW[m],...] [--layers N] [--context TOKENS]
+    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW,...] [--layers N] [--context TOKENS]
         [--trace] [--isolated] [--out PATH]
 """
 from __future__ import annotations
@@ -37,6 +37,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -68,22 +70,28 @@ from tierllm.kernels.int4_tiles import GROUP, TILE  # noqa: E402
 
 LAYERS = 32
 EPS = 1e-5
-CONFIGS = ["2:4:4:4", "2:4:4:4m"]
+CONFIGS = ["2:4:4:4"]
 
 if HAS_GLUON:
+    from triton.language.extra.cuda import globaltimer
+
     from tierllm.kernels.int4_step import attention_blocks, attention_chunks, launch_step, step_descriptors
+
+    @triton.jit
+    def _now(out_ptr, at):
+        """The global timer (ns) into out[at]."""
+        tl.store(out_ptr + at, globaltimer())
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW[m] (ring slots, tiles of 16 rows per item and consumer warps, splits of the cached tokens per
-    head, attention warps; "m": the x loaders merge their o slice's heads from the splits' records, else each head's
-    last split merges it). Session 52's flags are fixed: counters polled by loads ("l"), two counter warps ("c"), the
-    attention's chunks sized to the split ("s"); one consumer warp per tile ("h" lost)."""
-    numbers = spec.rstrip("m")
-    stages, tiles, splits, attention_warps = map(int, numbers.split(":"))
+    """STAGES:W:S:AW (ring slots, tiles of 16 rows per item and consumer warps, splits of the cached tokens per
+    head, attention warps). Session 52's flags are fixed: counters polled by loads ("l"), two counter warps ("c"), the
+    attention's chunks sized to the split ("s"); lost: one consumer warp per tile ("h"), the x loaders merging their
+    o slice's heads ("m", session 53: 43.30 against 42.08)."""
+    stages, tiles, splits, attention_warps = map(int, spec.split(":"))
     if tiles not in (4, 8):
         raise ValueError(f"{spec}: the consumers are 4 or 8 warps")
-    return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps, "MERGES": spec.endswith("m")}
+    return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -166,8 +174,7 @@ class Step:
         chunk = [min(KS * GROUP, INTERMEDIATE - c * KS * GROUP) // 8 * GU_SLICES for c in range(DN_SLICES)]
         splits, per = self.config["S"], KS * GROUP // HEAD_DIM         # per: heads per o slice
         per_launch = ([HEAD_TILES * QKV_SLICES] * HEADS
-                      + ([0] * HEADS + [per * splits] * O_SLICES if self.config["MERGES"]
-                         else [splits] * HEADS + [per] * O_SLICES)
+                      + [splits] * HEADS + [per] * O_SLICES
                       + [HIDDEN // TILE // self.config["W"] * O_SLICES] + chunk
                       + [HIDDEN // TILE // self.config["W"] * DN_SLICES])
         counted = self.counts.view(self.layers, COUNTERS, 32)[:, :, 0]
@@ -180,7 +187,7 @@ class Step:
         launch_step(self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
                     state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
                     self.part, self.counts, self.sync, self.trace, self.programs, EPS, self.max_blocks, self.chunks,
-                    config["STAGES"], config["S"], config["AW"], config["W"], config["MERGES"], trace)
+                    config["STAGES"], config["S"], config["AW"], config["W"], trace)
 
 
 def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:
@@ -278,6 +285,34 @@ def item_summary(trace: torch.Tensor, layers: int, tiles: int) -> dict:
                          "span_us": round(float(torch.tensor([float(e - b) for b, e in spans.values()]).median()), 2)}
     return summary
 
+def isolated_launch(step: Step, h: torch.Tensor, h_in: torch.Tensor, chained: bool = False) -> dict:
+    """Where an isolated launch's time goes (the global timer, in one CUDA graph: a stamp kernel, h's copy, the
+    launch with its trace, a stamp kernel; chained: a launch before it, back to back): from the first stamp to the
+    first CTA's loader starting layer 0, from there to the last CTA's last down item of the last layer, and from
+    that to the second stamp; and the trace's summary (trace_summary)."""
+    stamps = torch.zeros(2, dtype=torch.int64, device="cuda")
+    step.reset()
+
+    def launches(_):
+        _now[(1,)](stamps, 0)
+        h_in.copy_(h)
+        if chained:
+            step.launch(h_in, trace=True)
+        step.launch(h_in, trace=True)
+        _now[(1,)](stamps, 1)
+
+    chained_us(launches, [0])
+    trace = step.trace[:, :step.layers]
+    first = int(trace[:, 0, 11][trace[:, 0, 11] > 0].min())
+    last = int(trace[:, -1, 7].max())
+    a, b = (int(t) for t in stamps)
+    sms = step.trace[:, step.layers:].reshape(step.programs, -1)[:, -1].tolist()         # each CTA's SM
+    return {"start_us": round((first - a) / 1e3, 2), "layers_us": round((last - first) / 1e3, 2),
+            "end_us": round((b - last) / 1e3, 2), "total_us": round((b - a) / 1e3, 2),
+            "sm_clock_GHz": item_summary(step.trace, step.layers, step.config["W"])["sm_clock_GHz"],
+            "sm_of_cta": sms, "trace": trace_summary(trace)}
+
+
 def main(argv=None) -> int:
     from int4_mlp_block_probe import engine_chain as mlp_engine_chain
     from int4_mlp_block_probe import measured_configs
@@ -346,6 +381,8 @@ def main(argv=None) -> int:
             isolated = chained_us(lambda _: (h_in.copy_(h), step.launch(h_in)), list(range(4)))
             entry["us_isolated"] = round(isolated / args.layers, 2)
             entry["gave_up_waits_isolated"] = int(step.sync[1].item())
+            entry["isolated_launch_us"] = isolated_launch(step, h, h_in)
+            entry["second_of_two_chained_launches_us"] = isolated_launch(step, h, h_in, chained=True)
         if args.trace:
             step.reset()
             chained_us(lambda _: step.launch(h, trace=True), list(range(2)))

@@ -15,12 +15,11 @@ Per CTA (one per SM, all resident), partitions that each loop over the layers:
   item's time, so one warp falls behind): qkv's on its head's counter, o's on the layer's o counter, gate/up's on its
   chunk's counter (down's K slice), down's on the layer's down counter.
 - one x loader warp, per layer: waits for the layer before's down items (all of them: the norm needs all of z),
-  writes qkv's x fragments from its input times the norm's weight; o's from its o slice's merged heads (or, with
-  MERGES, merges them itself from the splits' records); gate/up's from y once all o items are counted; down's act =
-  SiLU(rstd gate) * (rstd up) once its chunk is counted.
+  writes qkv's x fragments from its input times the norm's weight; o's from its o slice's merged heads; gate/up's
+  from y once all o items are counted; down's act = SiLU(rstd gate) * (rstd up) once its chunk is counted.
 - AW attention warps, per layer: the CTA's (head, split) items' K and V blocks asked by TMA as soon as the layer
   before's items are done, then gluon_split_attention's tensor-core split (q, k and v of the new token from the sums
-  times the norm's rstd, rotary, the cache write), the last split merging its head unless the loaders do.
+  times the norm's rstd, rotary, the cache write), the last split merging its head.
 Counters are polled by acquiring loads and carry launch epochs (never zeroed); the work buffer is double-buffered by
 the launch's parity, each launch zeroing the other parity for the next.
 
@@ -119,6 +118,14 @@ if HAS_GLUON:
         if TRACE:
             now = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
             gl.store(trace_ptr + (gl.program_id(0) * (L + _ITEM_ROWS) + L) * _POINTS + at, now, mask=live)
+
+    @gluon.jit
+    def _sm_id(trace_ptr, L: gl.constexpr, TRACE: gl.constexpr):
+        """With TRACE, the CTA's SM (%smid) into the last slot of the trace's rows after the layers'."""
+        if TRACE:
+            sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            gl.store(trace_ptr + (gl.program_id(0) * (L + _ITEM_ROWS) + L) * _POINTS + _ITEM_ROWS * _POINTS - 1,
+                     sm.to(gl.int64))
 
     @gluon.jit
     def _stamp_item(trace_ptr, layer, i, at, L: gl.constexpr, TRACE: gl.constexpr):
@@ -237,6 +244,7 @@ if HAS_GLUON:
         mbarrier.wait(bars.index(0), 0)                  # the launch's index is known by then (the loader's arrival)
         parity = (gl.atomic_add(sync_ptr, 0, sem="relaxed", scope="gpu") - 1) // programs % 2
         _clock(trace_ptr, _ITEM_ITEMS * 4, L, TRACE)                 # the clock's calibration: clock and timer
+        _sm_id(trace_ptr, L, TRACE)
         _stamp(trace_ptr, L + _ITEM_ITEMS * 4 // _POINTS, _ITEM_ITEMS * 4 % _POINTS + 1, L, TRACE)
         for layer in range(L):
             for i in range(per_layer):
@@ -310,35 +318,10 @@ if HAS_GLUON:
         return gl.rsqrt(gl.sum(squares, axis=0) / K + eps)
 
     @gluon.jit
-    def _merged_heads(part, head0, S: gl.constexpr, HD: gl.constexpr):
-        """The merged attention outputs of heads head0 .. (an o slice's: _KS 64 values) from their S split records
-        each in part (acc [HD], top, total per (head, split); fp32, from L2), in _value_offsets's layout: per head
-        sum_s exp(top_s - top) acc_s / sum_s exp(top_s - top) total_s, top = max_s top_s."""
-        V: gl.constexpr = gl.BlockedLayout([1, 1, 2, 4], [4, 8, 1, 1], [1, 1, 1, 1], [3, 2, 1, 0])   # _value_offsets's
-        at = _value_offsets(_KS)                                         # [_KS, 8, 2, 4]: the slice's values
-        GL: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, V)))
-        group = gl.arange(0, _KS, layout=GL)                             # a group's 64 values lie in one head
-        recs = part + (head0 + group * 64 // HD) * S * (HD + 2)           # [_KS]: the group's head's records
-        dims = (at % HD)
-        top = gl.load(recs + HD, cache_modifier=".cg")
-        for s in gl.static_range(1, S):
-            top = gl.maximum(top, gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg"))
-        num = gl.zeros([_KS, 8, 2, 4], gl.float32, V)
-        den = gl.zeros([_KS], gl.float32, GL)
-        for s in gl.static_range(S):
-            weight = gl.exp(gl.load(recs + s * (HD + 2) + HD, cache_modifier=".cg") - top)
-            den += weight * gl.load(recs + s * (HD + 2) + HD + 1, cache_modifier=".cg")
-            rec = recs[:, None, None, None] + s * (HD + 2)
-            num += weight[:, None, None, None] * gl.load(rec + dims, cache_modifier=".cg")
-        return num / den[:, None, None, None]
-
-    @gluon.jit
     def _loader(h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, xf, xs, bars,
                 programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
-                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, MERGES: gl.constexpr,
-                TRACE: gl.constexpr):
-        """The x loader warp (module docstring); with MERGES it merges its o slice's heads from their splits'
-        records itself. bars k: kind k's x ready."""
+                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, TRACE: gl.constexpr):
+        """The x loader warp (module docstring). bars k: kind k's x ready."""
         pid = gl.program_id(0)
         gdc_wait()
         launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
@@ -369,15 +352,11 @@ if HAS_GLUON:
                 for piece in range(pid, (L * _WIDTH + 1023) // 1024, programs):
                     offs = piece * 1024 + at
                     gl.store(other + offs, zeros, mask=offs < L * _WIDTH)
-            if o[3] > 0:                                 # o's x: the heads of its slice, merged
-                if MERGES:                               # here, from the splits' records
-                    _wait(counters, errors, _MERGED + o[0], (launch + 1) * per * S)
-                    values = _merged_heads(part_ptr + layer * part_width, o[0] * per, S, HD)
-                else:                                    # by each head's last split
-                    _wait(counters, errors, _MERGED + o[0], (launch + 1) * per)
-                    merged = part_ptr + layer * part_width + H * S * (HD + 2) + o[0] * per * HD
-                    values = gl.load(merged + _value_offsets(_KS), cache_modifier=".cg")
-                _fragments(values, _KS, xf.index(1), xs.index(1))
+            if o[3] > 0:                                 # o's x: the heads of its slice, merged by their last splits
+                _wait(counters, errors, _MERGED + o[0], (launch + 1) * per)
+                merged = part_ptr + layer * part_width + H * S * (HD + 2) + o[0] * per * HD
+                _fragments(gl.load(merged + _value_offsets(_KS), cache_modifier=".cg"), _KS, xf.index(1),
+                           xs.index(1))
             mbarrier.arrive(bars.index(1))
             _stamp(trace_ptr, layer, 1, L, TRACE)
             # gate/up's x: y (all of it, for the norm) times the norm's weight; the rstd goes into act
@@ -405,7 +384,7 @@ if HAS_GLUON:
                    slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
                    L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr,
                    NB: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr, AW: gl.constexpr,
-                   CHUNKS: gl.constexpr, MERGES: gl.constexpr, TRACE: gl.constexpr):
+                   CHUNKS: gl.constexpr, TRACE: gl.constexpr):
         """The attention warps: per layer the CTA's items pid, pid + programs, .. of (head, split), head-major
         (int4_mma_attention_block_probe's _attention with its tensor-core splits, over the layers)."""
         pid = gl.program_id(0)
@@ -494,13 +473,9 @@ if HAS_GLUON:
                         two = gl.arange(0, 2, layout=HL)
                         gl.store(rec + HD + two, gl.where(two == 0, top, total))
                         gl.thread_barrier()                      # every warp's stores issued before the release
-                        if MERGES:                               # the loaders merge: counted on the o slice
-                            gl.atomic_add(counters + (_MERGED + head // per) * 32, 1, sem="release", scope="gpu")
-                            done = 0
-                        else:
-                            done = gl.atomic_add(counters + (_SPLITS + head) * 32, 1, sem="acq_rel", scope="gpu")
+                        done = gl.atomic_add(counters + (_SPLITS + head) * 32, 1, sem="acq_rel", scope="gpu")
                         _stamp(trace_ptr, layer, 9, L, TRACE, i == 0)
-                        if (not MERGES) and (done == (launch + 1) * S - 1):   # the head's last split merges it
+                        if done == (launch + 1) * S - 1:         # the head's last split merges it
                             recs = part + head * S * (HD + 2)
                             top = gl.load(recs + HD, cache_modifier=".cg")
                             for s in gl.static_range(1, S):
@@ -524,8 +499,7 @@ if HAS_GLUON:
                   work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
-                  AW: gl.constexpr, CHUNKS: gl.constexpr = 0, MERGES: gl.constexpr = False,
-                  TRACE: gl.constexpr = False):
+                  AW: gl.constexpr, CHUNKS: gl.constexpr = 0, TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -535,7 +509,7 @@ if HAS_GLUON:
         part fp32 [L, H S (HD + 2) + H HD], counts int32 [L COUNTERS 32], sync int32 [2] (arrivals, waits that gave
         up), trace int64 [programs, L + _ITEM_ROWS, _POINTS]. The consumers are the launch's num_warps (W); CHUNKS
         the attention's chunks of AW blocks per split (0: MAXB / AW; the chunks are unrolled, so a split's count is a
-        constexpr); MERGES: the x loaders merge their o slice's heads, else each head's last split does."""
+        constexpr)."""
         W: gl.constexpr = gl.num_warps()
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 128], qkv_desc.layout)
         s_ring = gl.allocate_shared_memory(gl.int32, [STAGES, W, _KS, 16], qkv_s_desc.layout)
@@ -559,13 +533,12 @@ if HAS_GLUON:
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
                                          dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
                             (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
-                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, MERGES,
-                                       TRACE)),
+                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, TRACE)),
                             (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 0)),
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, CHUNKS, MERGES, TRACE)),
+                                          NI, AW, CHUNKS, TRACE)),
                             (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1))],
                            [1, 1, 1, AW, 1], [40, 128, 40, 208, 40])
 
@@ -602,8 +575,7 @@ def step_descriptors(weights: list, k_cache, v_cache, warps: int) -> tuple:
 
 def launch_step(descs: tuple, h, attn_norm, mlp_norm, cos, sin, table, context_len, slot, k_cache, v_cache, work,
                 part, counts, sync, trace, programs: int, eps: float, max_blocks: int, chunks: int, stages: int = 2,
-                splits: int = 4, attention_warps: int = 4, warps: int = 4, merges: bool = False,
-                traced: bool = False) -> None:
+                splits: int = 4, attention_warps: int = 4, warps: int = 4, traced: bool = False) -> None:
     """One launch of _int4_step over every layer (its docstring), on programs CTAs with programmatic dependent
     launch; k_cache, v_cache [layers, blocks, BS, H, HD] as step_descriptors took them."""
     layers, blocks, block_size = k_cache.shape[:3]
@@ -611,5 +583,5 @@ def launch_step(descs: tuple, h, attn_norm, mlp_norm, cos, sin, table, context_l
         *descs, h, attn_norm, mlp_norm, cos, sin, table, context_len, slot, k_cache, v_cache, work, part, counts, sync,
         trace, programs, eps, HEAD_DIM ** -0.5, L=layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE,
         BS=block_size, NB=blocks, STAGES=stages, S=splits, MAXB=max_blocks,
-        NI=triton.next_power_of_2(-(-HEADS * splits // programs)), AW=attention_warps, CHUNKS=chunks, MERGES=merges,
+        NI=triton.next_power_of_2(-(-HEADS * splits // programs)), AW=attention_warps, CHUNKS=chunks,
         TRACE=traced, num_warps=warps, launch_pdl=True)
