@@ -27,7 +27,7 @@ down's tail ~5). L2 prefetches, waits on a K slice's rows, down's items among ga
 MLP's chunks, deeper rings (--context 272), two consumer warps per tile ("h") and four counter warps were all slower
 or no faster.
 
-    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW,...] [--layers N] [--context TOKENS]
+    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW[p],...] [--layers N] [--context TOKENS]
         [--trace] [--isolated] [--out PATH]
 """
 from __future__ import annotations
@@ -70,12 +70,18 @@ from tierllm.kernels.int4_tiles import GROUP, TILE  # noqa: E402
 
 LAYERS = 32
 EPS = 1e-5
-CONFIGS = ["2:4:4:4"]
+CONFIGS = ["2:4:4:4", "2:4:4:4p"]
 
 if HAS_GLUON:
     from triton.language.extra.cuda import globaltimer
 
-    from tierllm.kernels.int4_step import attention_blocks, attention_chunks, launch_step, step_descriptors
+    from tierllm.kernels.int4_step import (
+        attention_blocks,
+        attention_chunks,
+        launch_step,
+        step_descriptors,
+        work_id,
+    )
 
     @triton.jit
     def _now(out_ptr, at):
@@ -84,14 +90,15 @@ if HAS_GLUON:
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW (ring slots, tiles of 16 rows per item and consumer warps, splits of the cached tokens per
-    head, attention warps). Session 52's flags are fixed: counters polled by loads ("l"), two counter warps ("c"), the
+    """STAGES:W:S:AW[p] (ring slots, tiles of 16 rows per item and consumer warps, splits of the cached tokens per
+    head, attention warps; "p": the CTAs of a TPC take work ids k and k + programs / 2, else their program ids).
+    Session 52's flags are fixed: counters polled by loads ("l"), two counter warps ("c"), the
     attention's chunks sized to the split ("s"); lost: one consumer warp per tile ("h"), the x loaders merging their
     o slice's heads ("m", session 53: 43.30 against 42.08)."""
-    stages, tiles, splits, attention_warps = map(int, spec.split(":"))
+    stages, tiles, splits, attention_warps = map(int, spec.rstrip("p").split(":"))
     if tiles not in (4, 8):
         raise ValueError(f"{spec}: the consumers are 4 or 8 warps")
-    return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps}
+    return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps, "PAIRS": spec.endswith("p")}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -187,7 +194,7 @@ class Step:
         launch_step(self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
                     state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
                     self.part, self.counts, self.sync, self.trace, self.programs, EPS, self.max_blocks, self.chunks,
-                    config["STAGES"], config["S"], config["AW"], config["W"], trace)
+                    config["STAGES"], config["S"], config["AW"], config["W"], trace, config["PAIRS"])
 
 
 def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:
@@ -250,7 +257,7 @@ def item_kinds(pid: int, programs: int, tiles: int) -> list[str]:
     return kinds
 
 
-def item_summary(trace: torch.Tensor, layers: int, tiles: int) -> dict:
+def item_summary(trace: torch.Tensor, layers: int, tiles: int, pairs: bool) -> dict:
     """The middle layer's first ITEM_ITEMS items per CTA (trace rows layers ..: SM clock stamps, ITEM_STAMPS each,
     then the clock and the timer at the consumers' start and end): the SM's clock rate (GHz, median over CTAs) and
     per kind the means over CTAs and items of the wait for the slot, the products and flush, the handoff, and the
@@ -263,7 +270,7 @@ def item_summary(trace: torch.Tensor, layers: int, tiles: int) -> dict:
     ghz = (clock1 - clock0) / (timer1 - timer0)                                          # cycles per ns, per CTA
     parts = {}
     for pid in range(programs):
-        kinds = item_kinds(pid, programs, tiles)[:ITEM_ITEMS]
+        kinds = item_kinds(work_id(pid, programs, pairs), programs, tiles)[:ITEM_ITEMS]
         for i, kind in enumerate(kinds):
             t = stamps[pid, i] / ghz[pid] / 1e3                                          # us
             after = stamps[pid, i + 1, 0] / ghz[pid] / 1e3 if i + 1 < len(kinds) and kinds[i + 1] == kind else None
@@ -309,7 +316,8 @@ def isolated_launch(step: Step, h: torch.Tensor, h_in: torch.Tensor, chained: bo
     sms = step.trace[:, step.layers:].reshape(step.programs, -1)[:, -1].tolist()         # each CTA's SM
     return {"start_us": round((first - a) / 1e3, 2), "layers_us": round((last - first) / 1e3, 2),
             "end_us": round((b - last) / 1e3, 2), "total_us": round((b - a) / 1e3, 2),
-            "sm_clock_GHz": item_summary(step.trace, step.layers, step.config["W"])["sm_clock_GHz"],
+            "sm_clock_GHz": item_summary(step.trace, step.layers, step.config["W"],
+                                         step.config["PAIRS"])["sm_clock_GHz"],
             "sm_of_cta": sms, "trace": trace_summary(trace)}
 
 
@@ -387,7 +395,7 @@ def main(argv=None) -> int:
             step.reset()
             chained_us(lambda _: step.launch(h, trace=True), list(range(2)))
             entry["trace"] = trace_summary(step.trace[:, :step.layers])
-            entry["item_trace"] = item_summary(step.trace, step.layers, step.config["W"])
+            entry["item_trace"] = item_summary(step.trace, step.layers, step.config["W"], step.config["PAIRS"])
 
     entries = measured_configs(args.configs.split(","), measure, result, "over_engine")
     write_result(args.out, "int4-mma-step-probe", torch.device("cuda"),

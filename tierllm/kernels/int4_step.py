@@ -133,6 +133,18 @@ if HAS_GLUON:
         _clock(trace_ptr, i * 4 + at, L, TRACE, (layer == L // 2) & (i < _ITEM_ITEMS))
 
     @gluon.jit
+    def _work_id(programs, PAIRS: gl.constexpr):
+        """The CTA's index in the assignment of the work: the two CTAs on a TPC (the block scheduler places program
+        ids 2k and 2k + 1 on its two SMs) take k and k + programs / 2. The first CTAs' shares hold the extra items
+        of each kind, and the two SMs of a TPC share its path to the memory: a TPC holds one of the first CTAs and
+        one of the last (measured: program ids as work ids, launches after a plain kernel, took 43.3 us per layer
+        against 42.5 for launches placed as the ones before them ended)."""
+        pid = gl.program_id(0)
+        if PAIRS:
+            pid = pid // 2 + (pid % 2) * (programs // 2)
+        return pid
+
+    @gluon.jit
     def _shares(pid, programs, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr):
         """The CTA's items of each kind per layer: (slice, first quad, quad stride, count) for qkv, o, gate/up and
         down (_share's)."""
@@ -179,9 +191,9 @@ if HAS_GLUON:
     @gluon.jit
     def _producer(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready,
                   empty, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
-                  W: gl.constexpr, STAGES: gl.constexpr):
+                  W: gl.constexpr, STAGES: gl.constexpr, PAIRS: gl.constexpr):
         """The producer warp: every layer's items, in the consumers' order, into the ring without a break."""
-        q, o, g, d, e0, e1, e2, per_layer = _sequence(gl.program_id(0), programs, K, H, INTER, W)
+        q, o, g, d, e0, e1, e2, per_layer = _sequence(_work_id(programs, PAIRS), programs, K, H, INTER, W)
         for layer in range(L):
             for i in range(per_layer):
                 j = layer * per_layer + i
@@ -234,10 +246,10 @@ if HAS_GLUON:
     @gluon.jit
     def _consumer(h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs, bars, tile_done,
                   tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
-                  W: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr):
+                  W: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr, PAIRS: gl.constexpr):
         """The W consumer warps: every layer's items in one loop (module docstring)."""
         M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
-        pid = gl.program_id(0)
+        pid = _work_id(programs, PAIRS)
         gdc_launch_dependents()
         gdc_wait()
         q, o, g, d, e0, e1, e2, per_layer = _sequence(pid, programs, K, H, INTER, W)
@@ -289,11 +301,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _counter(counts_ptr, tile_done, tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
-                 INTER: gl.constexpr, W: gl.constexpr, FIRST: gl.constexpr):
+                 INTER: gl.constexpr, W: gl.constexpr, FIRST: gl.constexpr, PAIRS: gl.constexpr):
         """A counter warp of the two: counts each handed-over item j = FIRST, FIRST + 2, .. on its counter (release),
         then gives the handoff back. A count waits ~1 us under the streaming (its release fence), about an item's
         time: one warp would fall behind the consumers."""
-        q, o, g, d, e0, e1, e2, per_layer = _sequence(gl.program_id(0), programs, K, H, INTER, W)
+        q, o, g, d, e0, e1, e2, per_layer = _sequence(_work_id(programs, PAIRS), programs, K, H, INTER, W)
         for layer in range(L):
             for i in range(per_layer):
                 j = layer * per_layer + i
@@ -320,9 +332,9 @@ if HAS_GLUON:
     @gluon.jit
     def _loader(h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, xf, xs, bars,
                 programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
-                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, TRACE: gl.constexpr):
+                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, TRACE: gl.constexpr, PAIRS: gl.constexpr):
         """The x loader warp (module docstring). bars k: kind k's x ready."""
-        pid = gl.program_id(0)
+        pid = _work_id(programs, PAIRS)
         gdc_wait()
         launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
         parity = launch % 2
@@ -384,10 +396,10 @@ if HAS_GLUON:
                    slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
                    L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr,
                    NB: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr, AW: gl.constexpr,
-                   CHUNKS: gl.constexpr, TRACE: gl.constexpr):
+                   CHUNKS: gl.constexpr, TRACE: gl.constexpr, PAIRS: gl.constexpr):
         """The attention warps: per layer the CTA's items pid, pid + programs, .. of (head, split), head-major
         (int4_mma_attention_block_probe's _attention with its tensor-core splits, over the layers)."""
-        pid = gl.program_id(0)
+        pid = _work_id(programs, PAIRS)
         L3: gl.constexpr = gl.BlockedLayout([1, 8, 8], [1, 2, 16], [AW, 1, 1], [2, 1, 0])
         DL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L3))
         HL: gl.constexpr = gl.BlockedLayout([4], [32], [AW], [0])
@@ -499,7 +511,8 @@ if HAS_GLUON:
                   work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
-                  AW: gl.constexpr, CHUNKS: gl.constexpr = 0, TRACE: gl.constexpr = False):
+                  AW: gl.constexpr, CHUNKS: gl.constexpr = 0, TRACE: gl.constexpr = False,
+                  PAIRS: gl.constexpr = True):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -529,19 +542,27 @@ if HAS_GLUON:
         _init_barriers(tile_done, _HANDOFFS, tile_free)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs,
-                                         bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE)),
+                                         bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE,
+                                         PAIRS)),
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
-                                         dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
+                                         dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES,
+                                         PAIRS)),
                             (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
-                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, TRACE)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 0)),
+                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, TRACE,
+                                       PAIRS)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 0, PAIRS)),
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, CHUNKS, TRACE)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1))],
+                                          NI, AW, CHUNKS, TRACE, PAIRS)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1, PAIRS))],
                            [1, 1, 1, AW, 1], [40, 128, 40, 208, 40])
 
+
+
+def work_id(pid: int, programs: int, pairs: bool = True) -> int:
+    """The kernel's _work_id on the host: the work a program id takes."""
+    return pid // 2 + (pid % 2) * (programs // 2) if pairs else pid
 
 
 def attention_chunks(context_len: int, block_size: int, splits: int = 4, attention_warps: int = 4) -> int:
@@ -575,7 +596,8 @@ def step_descriptors(weights: list, k_cache, v_cache, warps: int) -> tuple:
 
 def launch_step(descs: tuple, h, attn_norm, mlp_norm, cos, sin, table, context_len, slot, k_cache, v_cache, work,
                 part, counts, sync, trace, programs: int, eps: float, max_blocks: int, chunks: int, stages: int = 2,
-                splits: int = 4, attention_warps: int = 4, warps: int = 4, traced: bool = False) -> None:
+                splits: int = 4, attention_warps: int = 4, warps: int = 4, traced: bool = False,
+                pairs: bool = True) -> None:
     """One launch of _int4_step over every layer (its docstring), on programs CTAs with programmatic dependent
     launch; k_cache, v_cache [layers, blocks, BS, H, HD] as step_descriptors took them."""
     layers, blocks, block_size = k_cache.shape[:3]
@@ -584,4 +606,4 @@ def launch_step(descs: tuple, h, attn_norm, mlp_norm, cos, sin, table, context_l
         trace, programs, eps, HEAD_DIM ** -0.5, L=layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE,
         BS=block_size, NB=blocks, STAGES=stages, S=splits, MAXB=max_blocks,
         NI=triton.next_power_of_2(-(-HEADS * splits // programs)), AW=attention_warps, CHUNKS=chunks,
-        TRACE=traced, num_warps=warps, launch_pdl=True)
+        TRACE=traced, PAIRS=pairs, num_warps=warps, launch_pdl=True)
