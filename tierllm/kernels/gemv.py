@@ -399,14 +399,14 @@ def takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, pdl: bool = False) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """[M, K] @ [N, K]^T: the GEMV kernel for one x row in fp16/bf16 on CUDA (GEMV_ROWS), cuBLAS otherwise.
     out_dtype=torch.float32 returns the fp32 accumulator instead of rounding it to x's dtype (partial sums that
     are all-reduced before rounding). TIERLLM_GEMV=0 sends everything to cuBLAS (for A/B runs). A tensor-core
     variant (x padded to 16 rows, pipelined weight tiles) measured 2-6% slower than this one on an H100 and was
-    dropped. pdl: the GEMV launched with programmatic dependent launch (gemv_triton)."""
+    dropped."""
     if x.shape[0] <= GEMV_ROWS and takes_gemv(x, weight):
-        return gemv_triton(x, weight, bias, out_dtype, pdl=pdl)
+        return gemv_triton(x, weight, bias, out_dtype)
     return linear_ref(x, weight, bias, out_dtype)
 
 

@@ -75,12 +75,11 @@ class LMHead(nn.Module):
         """[vocab (/ tp), hidden]: the head's own weight, or the tied embedding's."""
         return self.tied_embedding.weight if self.tied_embedding is not None else self.weight
 
-    def forward(self, hidden: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [rows, hidden] -> [rows, vocab]
-        """pdl: a one-row GEMV launched with programmatic dependent launch (after a kernel that lets it start)."""
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
         weight = self.dense_weight
         if self.invariant_parts:
             return kernels.invariant_linear(hidden, weight, parts=self.invariant_parts)
-        return kernels.linear(hidden, weight, pdl=pdl)
+        return kernels.linear(hidden, weight)
 
 
 class ParallelLMHead(LMHead):
@@ -101,8 +100,8 @@ class ParallelLMHead(LMHead):
     def _load_rows(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         load_vocab_rows(param, loaded, self.vocab_size, self.vocab_start)
 
-    def forward(self, hidden: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [rows, hidden] -> [rows, vocab]
-        return gather_vocab(super().forward(hidden, pdl), self.parallel, self.vocab_size)
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
+        return gather_vocab(super().forward(hidden), self.parallel, self.vocab_size)
 
 
 def gather_vocab(logits: torch.Tensor, parallel: ParallelState, vocab_size: int) -> torch.Tensor:

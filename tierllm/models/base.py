@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from tierllm.layers.attention import Attention
-from tierllm.layers.embedding import LMHead
 from tierllm.offload.streamer import LayerStreamer, ResidentLayers
 
 
@@ -49,11 +48,7 @@ class NativeModel(nn.Module):
         for layer, (k_cache, v_cache) in zip(self.attention_layers(), kv_caches, strict=True):
             layer.k_cache, layer.v_cache = k_cache, v_cache
 
-    def compute_logits(self, hidden: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [rows, hidden] -> [.., vocab]
-        """pdl: hidden comes from a kernel that lets the next one launch as it starts (kernels/step_io.py's final
-        norm): a dense head's GEMV launches early, its first weights loaded before it waits."""
-        if pdl and isinstance(self.lm_head, LMHead):
-            return self.lm_head(hidden, pdl=True)
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:   # [rows, hidden] -> [rows, vocab]
         return self.lm_head(hidden)
 
 

@@ -125,7 +125,7 @@ class CudaGraphDecoder(CapturedGraphs):
         finally:
             if self.step is not None:
                 self.step.chunks = None
-        return self.model.compute_logits(hidden, pdl=chunks is not None)           # [batch, vocab]
+        return self.model.compute_logits(hidden)                                   # [batch, vocab]
 
     def capture(self) -> None:
         keys = list(reversed(self.buckets)) + [(1, chunks) for chunks in self.step_chunks]
