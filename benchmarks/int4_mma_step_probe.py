@@ -18,16 +18,18 @@ epilogue, paged decode attention split and merge, XHALF's o; HELD's gate/up, XHA
 kernel). Every layer's two deltas (attention and MLP) and cached k and v are checked against the fp32 reference
 computed from the kernel's own input to that layer, on the first two launches and on the last after the timing.
 
-Measured on an H200 (benchmarks/notes/gpu-decode.md, sessions 51-52): 41.87-41.93 us per layer at 2:4:4:4 (then
-2:4:4:4lcs: counters polled by loads, two counter warps, the attention's chunks sized to the split) against 52.6-52.7
-for the engine's chain in the same runs (0.796; bytes 28.8), every layer within 3.6e-3 of the reference; 46.4 at
-session 51's 2:4:4:4l. --trace: qkv and gate/up stream at the copy rate, each item's products ~0.72 us against ~1.1
-of bytes; ~16 us per layer are waits between phases (from qkv's items to o's x ~6.5, all of y before gate/up ~3,
-down's tail ~5). L2 prefetches, waits on a K slice's rows, down's items among gate/up's, groups of CTAs owning the
-MLP's chunks, deeper rings (--context 272), two consumer warps per tile ("h") and four counter warps were all slower
-or no faster.
+Measured on an H200 (benchmarks/notes/gpu-decode.md, sessions 51-53): 41.87-42.08 us per layer at 2:4:4:4 (then
+2:4:4:4lcs: counters polled by loads, two counter warps, the attention's chunks sized to the split) against 52.4-53.0
+for the engine's chain in the same runs (0.796-0.803; bytes 28.6-29.0), every layer within 3.6e-3 of the reference;
+46.4 at session 51's 2:4:4:4l; 41.85 with the CTAs of a TPC taking work ids k and k + programs / 2 (session 53).
+--isolated: launches each after a plain kernel, as the engine's graph runs them. --trace: qkv and gate/up stream at
+the copy rate, each item's products ~0.72 us against ~1.1 of bytes; ~16 us per layer are waits between phases (from
+qkv's items to o's x ~6.5, all of y before gate/up ~3, down's tail ~5). L2 prefetches, waits on a K slice's rows,
+down's items among gate/up's, groups of CTAs owning the MLP's chunks, deeper rings (--context 272), two consumer
+warps per tile ("h"), four counter warps and the x loaders merging their o slice's heads ("m") were all slower or
+no faster.
 
-    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW[p],...] [--layers N] [--context TOKENS]
+    python benchmarks/int4_mma_step_probe.py [--configs STAGES:W:S:AW,...] [--layers N] [--context TOKENS]
         [--trace] [--isolated] [--out PATH]
 """
 from __future__ import annotations
@@ -70,7 +72,7 @@ from tierllm.kernels.int4_tiles import GROUP, TILE  # noqa: E402
 
 LAYERS = 32
 EPS = 1e-5
-CONFIGS = ["2:4:4:4", "2:4:4:4p"]
+CONFIGS = ["2:4:4:4"]
 
 if HAS_GLUON:
     from triton.language.extra.cuda import globaltimer
@@ -90,15 +92,16 @@ if HAS_GLUON:
 
 
 def parse_config(spec: str) -> dict:
-    """STAGES:W:S:AW[p] (ring slots, tiles of 16 rows per item and consumer warps, splits of the cached tokens per
-    head, attention warps; "p": the CTAs of a TPC take work ids k and k + programs / 2, else their program ids).
+    """STAGES:W:S:AW (ring slots, tiles of 16 rows per item and consumer warps, splits of the cached tokens per
+    head, attention warps). Since session 53 the CTAs of a TPC take work ids k and k + programs / 2 ("p": 41.85 us
+    per layer against 42.07 for program ids, chained; an isolated launch's layers 1349.9 us against 1381.4).
     Session 52's flags are fixed: counters polled by loads ("l"), two counter warps ("c"), the
     attention's chunks sized to the split ("s"); lost: one consumer warp per tile ("h"), the x loaders merging their
     o slice's heads ("m", session 53: 43.30 against 42.08)."""
-    stages, tiles, splits, attention_warps = map(int, spec.rstrip("p").split(":"))
+    stages, tiles, splits, attention_warps = map(int, spec.split(":"))
     if tiles not in (4, 8):
         raise ValueError(f"{spec}: the consumers are 4 or 8 warps")
-    return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps, "PAIRS": spec.endswith("p")}
+    return {"STAGES": stages, "W": tiles, "S": splits, "AW": attention_warps}
 
 
 def step_weights(layers: int, gen: torch.Generator) -> dict:
@@ -194,7 +197,7 @@ class Step:
         launch_step(self.descs, h, self.weights["attn_norm"], self.weights["mlp_norm"], state["cos"], state["sin"],
                     state["table"], state["context_len"], state["slot"], state["k_cache"], state["v_cache"], self.work,
                     self.part, self.counts, self.sync, self.trace, self.programs, EPS, self.max_blocks, self.chunks,
-                    config["STAGES"], config["S"], config["AW"], config["W"], trace, config["PAIRS"])
+                    config["STAGES"], config["S"], config["AW"], config["W"], trace)
 
 
 def layer_errors(step: Step, weights: dict, h: torch.Tensor) -> dict:
@@ -257,7 +260,7 @@ def item_kinds(pid: int, programs: int, tiles: int) -> list[str]:
     return kinds
 
 
-def item_summary(trace: torch.Tensor, layers: int, tiles: int, pairs: bool) -> dict:
+def item_summary(trace: torch.Tensor, layers: int, tiles: int) -> dict:
     """The middle layer's first ITEM_ITEMS items per CTA (trace rows layers ..: SM clock stamps, ITEM_STAMPS each,
     then the clock and the timer at the consumers' start and end): the SM's clock rate (GHz, median over CTAs) and
     per kind the means over CTAs and items of the wait for the slot, the products and flush, the handoff, and the
@@ -270,7 +273,7 @@ def item_summary(trace: torch.Tensor, layers: int, tiles: int, pairs: bool) -> d
     ghz = (clock1 - clock0) / (timer1 - timer0)                                          # cycles per ns, per CTA
     parts = {}
     for pid in range(programs):
-        kinds = item_kinds(work_id(pid, programs, pairs), programs, tiles)[:ITEM_ITEMS]
+        kinds = item_kinds(work_id(pid, programs), programs, tiles)[:ITEM_ITEMS]
         for i, kind in enumerate(kinds):
             t = stamps[pid, i] / ghz[pid] / 1e3                                          # us
             after = stamps[pid, i + 1, 0] / ghz[pid] / 1e3 if i + 1 < len(kinds) and kinds[i + 1] == kind else None
@@ -316,8 +319,7 @@ def isolated_launch(step: Step, h: torch.Tensor, h_in: torch.Tensor, chained: bo
     sms = step.trace[:, step.layers:].reshape(step.programs, -1)[:, -1].tolist()         # each CTA's SM
     return {"start_us": round((first - a) / 1e3, 2), "layers_us": round((last - first) / 1e3, 2),
             "end_us": round((b - last) / 1e3, 2), "total_us": round((b - a) / 1e3, 2),
-            "sm_clock_GHz": item_summary(step.trace, step.layers, step.config["W"],
-                                         step.config["PAIRS"])["sm_clock_GHz"],
+            "sm_clock_GHz": item_summary(step.trace, step.layers, step.config["W"])["sm_clock_GHz"],
             "sm_of_cta": sms, "trace": trace_summary(trace)}
 
 
@@ -395,7 +397,7 @@ def main(argv=None) -> int:
             step.reset()
             chained_us(lambda _: step.launch(h, trace=True), list(range(2)))
             entry["trace"] = trace_summary(step.trace[:, :step.layers])
-            entry["item_trace"] = item_summary(step.trace, step.layers, step.config["W"], step.config["PAIRS"])
+            entry["item_trace"] = item_summary(step.trace, step.layers, step.config["W"])
 
     entries = measured_configs(args.configs.split(","), measure, result, "over_engine")
     write_result(args.out, "int4-mma-step-probe", torch.device("cuda"),

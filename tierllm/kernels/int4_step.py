@@ -1,8 +1,9 @@
 """A decode step's layers in one persistent Gluon kernel at batch 1 on int4 weights (Hopper), launched once per token:
 every layer's qkv, attention, o, gate/up and down without a kernel boundary, each phase waiting on fine-grained
 counters of the one before rather than on a kernel's end. Measured, correct and timed, by
-benchmarks/int4_mma_step_probe.py (benchmarks/notes/gpu-decode.md, sessions 51-52: 41.9 us per layer on llama-7b's
-32 layers against 52.6 for the engine's chain of separate kernels in the same run); not yet taken into the engine.
+benchmarks/int4_mma_step_probe.py (benchmarks/notes/gpu-decode.md, sessions 51-53: 41.9 us per layer on llama-7b's
+32 layers against 52.6 for the engine's chain of separate kernels in the same run). The engine runs it for batch-1
+decode of int4 llama-7b-shaped models (runner/int4_decode_step.py).
 
 Per CTA (one per SM, all resident), partitions that each loop over the layers:
 - W consumer warps: per layer qkv's, o's, gate/up's and down's items in one loop (one copy of the tensor-core
@@ -133,16 +134,16 @@ if HAS_GLUON:
         _clock(trace_ptr, i * 4 + at, L, TRACE, (layer == L // 2) & (i < _ITEM_ITEMS))
 
     @gluon.jit
-    def _work_id(programs, PAIRS: gl.constexpr):
-        """The CTA's index in the assignment of the work: the two CTAs on a TPC (the block scheduler places program
-        ids 2k and 2k + 1 on its two SMs) take k and k + programs / 2. The first CTAs' shares hold the extra items
-        of each kind, and the two SMs of a TPC share its path to the memory: a TPC holds one of the first CTAs and
-        one of the last (measured: program ids as work ids, launches after a plain kernel, took 43.3 us per layer
-        against 42.5 for launches placed as the ones before them ended)."""
+    def _work_id(programs):
+        """The CTA's index in the assignment of the work: the two CTAs on a TPC (a launch after another kernel
+        places program ids 2k and 2k + 1 on its two SMs) take k and k + programs / 2. The first CTAs' shares hold
+        the extra items of each kind, and the two SMs of a TPC share its path to the memory: this way a TPC holds
+        one of the first CTAs and one of the last. Measured on an H200 (benchmarks/notes/gpu-decode.md, session
+        53): with program ids as work ids, a launch after a plain kernel (as in the engine's graph) spent 1381.4 us
+        in its 32 layers against 1373.3 for a launch placed as the one before it ended; with these, 1349.9 and
+        1344.7; the engine's batch-1 int4 decode went from 2.726x to 2.791x bf16."""
         pid = gl.program_id(0)
-        if PAIRS:
-            pid = pid // 2 + (pid % 2) * (programs // 2)
-        return pid
+        return pid // 2 + (pid % 2) * (programs // 2)
 
     @gluon.jit
     def _shares(pid, programs, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr, W: gl.constexpr):
@@ -191,9 +192,9 @@ if HAS_GLUON:
     @gluon.jit
     def _producer(qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc, dn_s_desc, ring, s_ring, ready,
                   empty, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
-                  W: gl.constexpr, STAGES: gl.constexpr, PAIRS: gl.constexpr):
+                  W: gl.constexpr, STAGES: gl.constexpr):
         """The producer warp: every layer's items, in the consumers' order, into the ring without a break."""
-        q, o, g, d, e0, e1, e2, per_layer = _sequence(_work_id(programs, PAIRS), programs, K, H, INTER, W)
+        q, o, g, d, e0, e1, e2, per_layer = _sequence(_work_id(programs), programs, K, H, INTER, W)
         for layer in range(L):
             for i in range(per_layer):
                 j = layer * per_layer + i
@@ -246,10 +247,10 @@ if HAS_GLUON:
     @gluon.jit
     def _consumer(h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs, bars, tile_done,
                   tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, INTER: gl.constexpr,
-                  W: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr, PAIRS: gl.constexpr):
+                  W: gl.constexpr, STAGES: gl.constexpr, TRACE: gl.constexpr):
         """The W consumer warps: every layer's items in one loop (module docstring)."""
         M2: gl.constexpr = gl.SliceLayout(1, _Q3_4 if W == 4 else _Q3_8)
-        pid = _work_id(programs, PAIRS)
+        pid = _work_id(programs)
         gdc_launch_dependents()
         gdc_wait()
         q, o, g, d, e0, e1, e2, per_layer = _sequence(pid, programs, K, H, INTER, W)
@@ -301,11 +302,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _counter(counts_ptr, tile_done, tile_free, programs, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr,
-                 INTER: gl.constexpr, W: gl.constexpr, FIRST: gl.constexpr, PAIRS: gl.constexpr):
+                 INTER: gl.constexpr, W: gl.constexpr, FIRST: gl.constexpr):
         """A counter warp of the two: counts each handed-over item j = FIRST, FIRST + 2, .. on its counter (release),
         then gives the handoff back. A count waits ~1 us under the streaming (its release fence), about an item's
         time: one warp would fall behind the consumers."""
-        q, o, g, d, e0, e1, e2, per_layer = _sequence(_work_id(programs, PAIRS), programs, K, H, INTER, W)
+        q, o, g, d, e0, e1, e2, per_layer = _sequence(_work_id(programs), programs, K, H, INTER, W)
         for layer in range(L):
             for i in range(per_layer):
                 j = layer * per_layer + i
@@ -332,9 +333,9 @@ if HAS_GLUON:
     @gluon.jit
     def _loader(h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, xf, xs, bars,
                 programs, eps, L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr,
-                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, TRACE: gl.constexpr, PAIRS: gl.constexpr):
+                INTER: gl.constexpr, W: gl.constexpr, S: gl.constexpr, TRACE: gl.constexpr):
         """The x loader warp (module docstring). bars k: kind k's x ready."""
-        pid = _work_id(programs, PAIRS)
+        pid = _work_id(programs)
         gdc_wait()
         launch = gl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu") // programs
         parity = launch % 2
@@ -396,10 +397,10 @@ if HAS_GLUON:
                    slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf, vbuf, bars, kv_bars, programs, eps, scale,
                    L: gl.constexpr, K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, BS: gl.constexpr,
                    NB: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr, AW: gl.constexpr,
-                   CHUNKS: gl.constexpr, TRACE: gl.constexpr, PAIRS: gl.constexpr):
+                   CHUNKS: gl.constexpr, TRACE: gl.constexpr):
         """The attention warps: per layer the CTA's items pid, pid + programs, .. of (head, split), head-major
         (int4_mma_attention_block_probe's _attention with its tensor-core splits, over the layers)."""
-        pid = _work_id(programs, PAIRS)
+        pid = _work_id(programs)
         L3: gl.constexpr = gl.BlockedLayout([1, 8, 8], [1, 2, 16], [AW, 1, 1], [2, 1, 0])
         DL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L3))
         HL: gl.constexpr = gl.BlockedLayout([4], [32], [AW], [0])
@@ -511,8 +512,7 @@ if HAS_GLUON:
                   work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, programs, eps, scale, L: gl.constexpr,
                   K: gl.constexpr, H: gl.constexpr, HD: gl.constexpr, INTER: gl.constexpr, BS: gl.constexpr,
                   NB: gl.constexpr, STAGES: gl.constexpr, S: gl.constexpr, MAXB: gl.constexpr, NI: gl.constexpr,
-                  AW: gl.constexpr, CHUNKS: gl.constexpr = 0, TRACE: gl.constexpr = False,
-                  PAIRS: gl.constexpr = True):
+                  AW: gl.constexpr, CHUNKS: gl.constexpr = 0, TRACE: gl.constexpr = False):
         """L decode layers at batch 1: x = h (fp32 [K]); per layer y = x + o(attention(rotary(qkv(RMSNorm(x) *
         attn_norm[layer])))), z = y + down(SiLU(gate(n)) * up(n)), n = RMSNorm(y) * mlp_norm[layer], x = z; the new
         token's k and v into each layer's paged caches. Descriptors over every layer's weights stacked by rows
@@ -542,27 +542,24 @@ if HAS_GLUON:
         _init_barriers(tile_done, _HANDOFFS, tile_free)
         fence_async_shared()
         gl.warp_specialize([(_consumer, (h_ptr, work_ptr, sync_ptr, trace_ptr, ring, s_ring, ready, empty, xf, xs,
-                                         bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE,
-                                         PAIRS)),
+                                         bars, tile_done, tile_free, programs, L, K, H, INTER, W, STAGES, TRACE)),
                             (_producer, (qkv_desc, qkv_s_desc, o_desc, o_s_desc, gu_desc, gu_s_desc, dn_desc,
-                                         dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES,
-                                         PAIRS)),
+                                         dn_s_desc, ring, s_ring, ready, empty, programs, L, K, H, INTER, W, STAGES)),
                             (_loader, (h_ptr, attn_norm_ptr, mlp_norm_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr,
-                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, TRACE,
-                                       PAIRS)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 0, PAIRS)),
+                                       trace_ptr, xf, xs, bars, programs, eps, L, K, H, HD, INTER, W, S, TRACE)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 0)),
                             (_attention, (h_ptr, work_ptr, part_ptr, counts_ptr, sync_ptr, trace_ptr, cos_ptr,
                                           sin_ptr, table_ptr, ctx_ptr, slot_ptr, kc_ptr, vc_ptr, k_desc, v_desc, kbuf,
                                           vbuf, bars, kv_bars, programs, eps, scale, L, K, H, HD, BS, NB, S, MAXB,
-                                          NI, AW, CHUNKS, TRACE, PAIRS)),
-                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1, PAIRS))],
+                                          NI, AW, CHUNKS, TRACE)),
+                            (_counter, (counts_ptr, tile_done, tile_free, programs, L, K, H, INTER, W, 1))],
                            [1, 1, 1, AW, 1], [40, 128, 40, 208, 40])
 
 
 
-def work_id(pid: int, programs: int, pairs: bool = True) -> int:
+def work_id(pid: int, programs: int) -> int:
     """The kernel's _work_id on the host: the work a program id takes."""
-    return pid // 2 + (pid % 2) * (programs // 2) if pairs else pid
+    return pid // 2 + (pid % 2) * (programs // 2)
 
 
 def attention_chunks(context_len: int, block_size: int, splits: int = 4, attention_warps: int = 4) -> int:
@@ -596,8 +593,7 @@ def step_descriptors(weights: list, k_cache, v_cache, warps: int) -> tuple:
 
 def launch_step(descs: tuple, h, attn_norm, mlp_norm, cos, sin, table, context_len, slot, k_cache, v_cache, work,
                 part, counts, sync, trace, programs: int, eps: float, max_blocks: int, chunks: int, stages: int = 2,
-                splits: int = 4, attention_warps: int = 4, warps: int = 4, traced: bool = False,
-                pairs: bool = True) -> None:
+                splits: int = 4, attention_warps: int = 4, warps: int = 4, traced: bool = False) -> None:
     """One launch of _int4_step over every layer (its docstring), on programs CTAs with programmatic dependent
     launch; k_cache, v_cache [layers, blocks, BS, H, HD] as step_descriptors took them."""
     layers, blocks, block_size = k_cache.shape[:3]
@@ -606,4 +602,4 @@ def launch_step(descs: tuple, h, attn_norm, mlp_norm, cos, sin, table, context_l
         trace, programs, eps, HEAD_DIM ** -0.5, L=layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE,
         BS=block_size, NB=blocks, STAGES=stages, S=splits, MAXB=max_blocks,
         NI=triton.next_power_of_2(-(-HEADS * splits // programs)), AW=attention_warps, CHUNKS=chunks,
-        TRACE=traced, PAIRS=pairs, num_warps=warps, launch_pdl=True)
+        TRACE=traced, num_warps=warps, launch_pdl=True)
