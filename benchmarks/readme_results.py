@@ -930,6 +930,13 @@ INT4_H200_LATEST = [
     ("the same code on another machine, int4 with the bf16 head too",
      "quant-bf16-int4-int4-head8-step-tail-llama-7b-h200.json"),
     ("the step tail in order, no side streams (787a28b, session 37)", "quant-bf16-int4-head8-at-787a28b-h200.json"),
+    ("the chain of kernels at session 43's defaults", "quant-bf16-int4-b1-session43-h200.json"),
+    ("batch 1 through the int4 step kernel, one launch for the 32 layers (session 53)",
+     "quant-bf16-int4-b1-step-first-h200.json"),
+    ("its input gathered and its final norm applied by one small kernel each, the step launched early",
+     "quant-bf16-int4-b1-step-io-h200.json"),
+    ("the CTAs of a TPC take work ids k and k + programs / 2 (the defaults)", "quant-bf16-int4-b1-step-pairs-h200.json"),
+    ("the LM head's GEMV launched by PDL after the norm (reverted)", "quant-bf16-int4-b1-step-pdl-head-h200.json"),
 ]
 
 
@@ -1037,9 +1044,8 @@ GLANCE = [
     ("offload (#4)", "offload-llama-7b-h100.json", None),
     ("offload (#4)", "offload-nvme-kv-llama-7b-h100.json", None),
     ("quantization (#5)", "quant-bf16-int4-int8-head8-llama-7b-h200.json", ["batch-1 decode tok/s: int8"]),
-    ("quantization (#5)", "quant-bf16-int4-b64-spans-third-h200.json", None),
-    ("quantization (#5)", "quant-bf16-int4-int4-head8-step-tail-llama-7b-h200.json",
-     ["batch-1 decode tok/s: int4-g64 with an int8 LM head"]),
+    ("quantization (#5)", "quant-bf16-int4-b1-step-pairs-h200.json", None),
+    ("quantization (#5)", "quant-bf16-int4-b64-spans-third-h200.json", ["batch-64"]),
     ("quantization (#5)", "offload-int4-llama-70b-at-f7312d1-h200.json", None),
     ("tensor parallelism (#6)", "tp-1-2-llama-13b-h200x2.json", None),
     ("tensor parallelism (#6)", "tp-1-2-4-smollm2-1.7b-llama-13b-invariant-h100x4.json", None),
