@@ -30,8 +30,6 @@ split, a power of 2: 16 blocks of 16 tokens at S = 4, up to 1024 tokens).
 """
 from __future__ import annotations
 
-import triton
-
 from tierllm.kernels.int4_tiles import GROUP, TILE
 
 try:
@@ -565,13 +563,14 @@ def work_id(pid: int, programs: int) -> int:
 def attention_chunks(context_len: int, block_size: int, splits: int = 4, attention_warps: int = 4) -> int:
     """The kernel's CHUNKS for a sequence of context_len tokens with the new one: a split's cached blocks in chunks
     of attention_warps blocks (at least one; the chunks are unrolled, so the count is a constexpr)."""
-    blocks = triton.cdiv(context_len - 1, block_size)
-    return max(1, triton.cdiv(triton.cdiv(blocks, splits), attention_warps))
+    blocks = -(-(context_len - 1) // block_size)                   # (ceiling divisions)
+    split_blocks = -(-blocks // splits)
+    return max(1, -(-split_blocks // attention_warps))
 
 
 def attention_blocks(chunks: int, attention_warps: int = 4) -> int:
     """The kernel's MAXB for CHUNKS chunks: a split's KV blocks in shared memory (a power of 2)."""
-    return triton.next_power_of_2(chunks * attention_warps)
+    return 1 << (chunks * attention_warps - 1).bit_length()
 
 
 def step_descriptors(weights: list, k_cache, v_cache, warps: int) -> tuple:
@@ -601,5 +600,5 @@ def launch_step(descs: tuple, h, attn_norm, mlp_norm, cos, sin, table, context_l
         *descs, h, attn_norm, mlp_norm, cos, sin, table, context_len, slot, k_cache, v_cache, work, part, counts, sync,
         trace, programs, eps, HEAD_DIM ** -0.5, L=layers, K=HIDDEN, H=HEADS, HD=HEAD_DIM, INTER=INTERMEDIATE,
         BS=block_size, NB=blocks, STAGES=stages, S=splits, MAXB=max_blocks,
-        NI=triton.next_power_of_2(-(-HEADS * splits // programs)), AW=attention_warps, CHUNKS=chunks,
+        NI=1 << (-(-HEADS * splits // programs) - 1).bit_length(), AW=attention_warps, CHUNKS=chunks,
         TRACE=traced, num_warps=warps, launch_pdl=True)

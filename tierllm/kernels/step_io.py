@@ -1,5 +1,5 @@
 """The two small kernels around the int4 step kernel (kernels/int4_step.py) in a batch-1 decode graph
-(runner/int4_decode_step.py), each one CTA:
+(runner/int4_decode_step.py), each one CTA holding a whole row (the hidden size and the rotary width powers of 2):
 
 - step_input: the token's embedding row in fp32 (the step kernel's input h) and its position's rotary cos and sin
   rows, into fixed buffers. It lets the step kernel launch as it starts (programmatic dependent launch): the step's
