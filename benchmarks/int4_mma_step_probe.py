@@ -67,6 +67,7 @@ from tierllm.kernels.int4_step import (  # noqa: E402
     WIDTH,
     Y_AT,
     Z_AT,
+    work_id,
 )
 from tierllm.kernels.int4_tiles import GROUP, TILE  # noqa: E402
 
@@ -77,13 +78,7 @@ CONFIGS = ["2:4:4:4"]
 if HAS_GLUON:
     from triton.language.extra.cuda import globaltimer
 
-    from tierllm.kernels.int4_step import (
-        attention_blocks,
-        attention_chunks,
-        launch_step,
-        step_descriptors,
-        work_id,
-    )
+    from tierllm.kernels.int4_step import attention_blocks, attention_chunks, launch_step, step_descriptors
 
     @triton.jit
     def _now(out_ptr, at):

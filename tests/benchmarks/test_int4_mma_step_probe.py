@@ -11,14 +11,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
-def test_configs_parse_and_the_loader_merge_is_a_flag():
+def test_configs_parse():
     from int4_mma_step_probe import parse_config
 
-    assert parse_config("2:4:4:4") == {"STAGES": 2, "W": 4, "S": 4, "AW": 4, "MERGES": False}
-    assert parse_config("3:8:8:4m") == {"STAGES": 3, "W": 8, "S": 8, "AW": 4, "MERGES": True}
-    for bad in ("2:4:4", "2:16:4:4", "2:2:4:4", "2:4:4:4l"):  # three numbers; 16 or 2 consumer warps; a flag
-        with pytest.raises(ValueError):
+    assert parse_config("2:4:4:4") == {"STAGES": 2, "W": 4, "S": 4, "AW": 4}
+    assert parse_config("3:8:8:4") == {"STAGES": 3, "W": 8, "S": 8, "AW": 4}
+    for bad in ("2:4:4", "2:16:4:4", "2:2:4:4", "2:4:4:4l", "2:4:4:4m"):  # three numbers; 16 or 2 consumer
+        with pytest.raises(ValueError):                                    # warps; a flag (none is left)
             parse_config(bad)
+
+
+def test_the_two_ctas_of_a_tpc_take_one_of_the_first_work_ids_and_one_of_the_last():
+    from tierllm.kernels.int4_step import work_id
+
+    programs = 132
+    ids = [work_id(pid, programs) for pid in range(programs)]
+    assert sorted(ids) == list(range(programs))
+    assert all(ids[2 * k] == k and ids[2 * k + 1] == k + programs // 2 for k in range(programs // 2))
 
 
 def test_work_regions_and_counters_do_not_overlap():
