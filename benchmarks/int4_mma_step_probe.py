@@ -90,9 +90,9 @@ def parse_config(spec: str) -> dict:
     """STAGES:W:S:AW (ring slots, tiles of 16 rows per item and consumer warps, splits of the cached tokens per
     head, attention warps). Since session 53 the CTAs of a TPC take work ids k and k + programs / 2 ("p": 41.85 us
     per layer against 42.07 for program ids, chained; an isolated launch's layers 1349.9 us against 1381.4).
-    Session 52's flags are fixed: counters polled by loads ("l"), two counter warps ("c"), the
-    attention's chunks sized to the split ("s"); lost: one consumer warp per tile ("h"), the x loaders merging their
-    o slice's heads ("m", session 53: 43.30 against 42.08)."""
+    Session 52's flags are fixed: counters polled by loads ("l"), two counter warps ("c"), the attention's chunks
+    sized to the split ("s"); lost: one consumer warp per tile ("h"), the x loaders merging their o slice's heads
+    ("m", session 53: 43.30 against 42.08)."""
     stages, tiles, splits, attention_warps = map(int, spec.split(":"))
     if tiles not in (4, 8):
         raise ValueError(f"{spec}: the consumers are 4 or 8 warps")
@@ -289,6 +289,7 @@ def item_summary(trace: torch.Tensor, layers: int, tiles: int) -> dict:
                          "handoff_us": mean(2), "to_next_item_us": mean(3),
                          "span_us": round(float(torch.tensor([float(e - b) for b, e in spans.values()]).median()), 2)}
     return summary
+
 
 def isolated_launch(step: Step, h: torch.Tensor, h_in: torch.Tensor, chained: bool = False) -> dict:
     """Where an isolated launch's time goes (the global timer, in one CUDA graph: a stamp kernel, h's copy, the

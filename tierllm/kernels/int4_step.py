@@ -554,7 +554,6 @@ if HAS_GLUON:
                            [1, 1, 1, AW, 1], [40, 128, 40, 208, 40])
 
 
-
 def work_id(pid: int, programs: int) -> int:
     """The kernel's _work_id on the host: the work a program id takes."""
     return pid // 2 + (pid % 2) * (programs // 2)
