@@ -8,7 +8,8 @@
   gather here, three launches).
 - final_norm: the last layer's output (the step's work buffer holds it in one of two parities, the other zeroed by
   the launch: their sum), in the model dtype as the chain's residual stream is, through the final RMSNorm. Launched
-  with PDL after the step kernel, it lets the LM head's GEMV launch as it starts.
+  with PDL after the step kernel, it gets onto an SM as the step's CTAs leave and waits for the step's end. (The LM
+  head's GEMV launched by PDL after it was slower: benchmarks/notes/gpu-decode.md, session 53.)
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ if HAS_TRITON:
     def _final_norm_kernel(z_ptr, parity_stride, weight_ptr, out_ptr, eps, HIDDEN: tl.constexpr,
                            PDL: tl.constexpr):
         if PDL:
-            gdc_launch_dependents()
             gdc_wait()
         at = tl.arange(0, HIDDEN)
         z = tl.load(z_ptr + at) + tl.load(z_ptr + parity_stride + at)
