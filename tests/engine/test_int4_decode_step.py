@@ -107,3 +107,32 @@ def test_each_layers_repacked_weight_is_stacked_by_rows():
     codes, pairs = glue._stacked(layers, repacked)
     assert torch.equal(codes, torch.cat([repacked(w)["codes"] for w in layers]))
     assert torch.equal(pairs, torch.cat([repacked(w)["pairs"] for w in layers]))
+
+
+class _RecordingStep:
+    """Stands in for the kernel: the model's final hidden rows from its own chain, and what it was asked."""
+
+    failed = False
+
+    def __init__(self):
+        self.chunks, self.calls = None, []
+
+    def __call__(self, model, input_ids, positions, meta):
+        self.calls.append((self.chunks, input_ids.tolist(), positions.tolist(), meta.decode_context_lens.tolist()))
+        return torch.zeros(len(input_ids), model.norm.weight.shape[0])
+
+
+def test_a_step_graphs_forward_runs_the_step_with_its_chunk_count_and_the_chain_otherwise():
+    from conftest import build_hf_model, make_engine
+
+    model = make_engine(build_hf_model("llama")).engine.runner.model
+    step = _RecordingStep()
+    model.decode_step = step
+    graphs = CudaGraphDecoder(model, 2, 4, torch.device("cpu"), step, max_model_len=64)
+    assert graphs.step_chunks == [1]
+    graphs.load(_plan([40]))
+    logits = graphs._forward((1, 1))
+    assert step.calls == [(1, [1], [39], [40])] and step.chunks is None       # the chunk count only while it runs
+    assert torch.equal(logits, model.compute_logits(torch.zeros(1, model.model.norm.weight.shape[0])))
+    chain = graphs._forward(1)
+    assert len(step.calls) == 1 and chain.shape == logits.shape and not torch.equal(chain, logits)
