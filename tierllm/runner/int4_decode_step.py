@@ -11,8 +11,9 @@ count. TIERLLM_INT4_STEP=0 turns it off.
 The kernel's state lives here: its work buffer (fp32 [2, layers, WIDTH]: per launch parity the qkv sums, y, the
 gate/up sums and z of every layer; each launch zeroes the other parity), the splits' records, the counters (which
 carry launch epochs and are never zeroed between launches) and the arrivals. A wait in the kernel that gives up
-(its CTAs were not all resident: a schedule bug, never a hang) is counted in `sync[1]`; the decoder reads it every
-CHECK_EVERY launches and turns the step off if it is not zero."""
+(its CTAs were not all resident: a schedule bug, never a hang) is counted in `sync[1]`: every CHECK_EVERY launches
+a copy of it starts for the host, which reads it at the next check (by then long done: no sync in the decode loop)
+and turns the step off if it is not zero."""
 from __future__ import annotations
 
 import logging
@@ -141,6 +142,8 @@ class Int4DecodeStep:
         self.part = zeros(self.layers, k.HEADS * (SPLITS * (k.HEAD_DIM + 2) + k.HEAD_DIM))
         self.counts = zeros(self.layers * k.COUNTERS * 32, dtype=torch.int32)
         self.sync = zeros(2, dtype=torch.int32)                          # arrivals, waits that gave up
+        self.gave_up = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # sync[1] at the last check, for the host
+        self.gave_up_copied: torch.cuda.Event | None = None
         self.trace = zeros(1, dtype=torch.int64)                         # (not traced)
         self.caches = self.descs = None
         self.chunks: int | None = None
@@ -175,17 +178,22 @@ class Int4DecodeStep:
         return final_norm(z, model.norm.weight, model.norm.eps, self.attn_norm.dtype)   # [1, hidden]
 
     def replayed(self) -> None:
-        """After a replay of a step graph: every CHECK_EVERY launches the waits that gave up are read (a device
-        sync; any turns the step off, with an error in the log), and every RESET_EVERY the counters start again."""
+        """After a replay of a step graph: every CHECK_EVERY launches the count of waits that gave up copied at the
+        check before is read (any turns the step off, with an error in the log) and a new copy starts; every
+        RESET_EVERY the counters start again."""
         self.launches += 1
         if self.launches % CHECK_EVERY == 0:
-            gave_up = int(self.sync[1].item())
-            if gave_up:
-                self.failed = True
-                logger.error("tierllm: %d waits of the int4 step kernel gave up (its CTAs were not all resident "
-                             "on the GPU); the last %d batch-1 decode steps may be wrong. Batch-1 decode runs the "
-                             "kernel chain from now on; TIERLLM_INT4_STEP=0 turns the step kernel off", gave_up,
-                             CHECK_EVERY)
+            if self.gave_up_copied is not None:
+                self.gave_up_copied.synchronize()          # queued CHECK_EVERY steps ago: done, nothing waits
+                if int(self.gave_up[0]):
+                    self.failed = True
+                    logger.error("tierllm: %d waits of the int4 step kernel gave up (its CTAs were not all "
+                                 "resident on the GPU); up to %d batch-1 decode steps before this one may be "
+                                 "wrong. Batch-1 decode runs the kernel chain from now on; TIERLLM_INT4_STEP=0 "
+                                 "turns the step kernel off", int(self.gave_up[0]), 2 * CHECK_EVERY)
+            self.gave_up.copy_(self.sync[1:], non_blocking=True)
+            self.gave_up_copied = torch.cuda.Event()
+            self.gave_up_copied.record()
         if self.launches >= RESET_EVERY:
             self.reset()
 
